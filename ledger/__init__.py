@@ -1,0 +1,68 @@
+"""fleetledger's pure core: event types, state folds, invariants. No I/O at all.
+
+The public surface: events (`Event`, payload types, `parse_event`, `make_event`), the authority
+vector, `MissionState` and its fold, the kernel's `decide`, the item status firewall, money,
+ids, clocks, and the error tree rooted at `FleetError`.
+"""
+
+from ledger.authority import ANY, UNBOUNDED, Authority, Sensitivity, intersect, widenings
+from ledger.clock import Clock, ManualClock, SystemClock
+from ledger.errors import (
+    BinaryMissing,
+    ComponentTimeout,
+    ErrorCode,
+    FleetError,
+    InvalidInput,
+    Rule,
+    RuleViolation,
+    Unreachable,
+)
+from ledger.events import KINDS, POLICY_VERSION, Event, GrantSpec, make_event, parse_event
+from ledger.ids import new_id
+from ledger.items import Actor, Item, ItemStatus, open_items, record_judgement, transition
+from ledger.kernel import ActionRequest, Decision, decide
+from ledger.mission import MISSION_SCOPE, MissionState, admit_grant, evolve, fold
+from ledger.money import format_amount, parse_amount
+
+__all__ = [
+    "ANY",
+    "KINDS",
+    "MISSION_SCOPE",
+    "POLICY_VERSION",
+    "UNBOUNDED",
+    "ActionRequest",
+    "Actor",
+    "Authority",
+    "BinaryMissing",
+    "Clock",
+    "ComponentTimeout",
+    "Decision",
+    "ErrorCode",
+    "Event",
+    "FleetError",
+    "GrantSpec",
+    "InvalidInput",
+    "Item",
+    "ItemStatus",
+    "ManualClock",
+    "MissionState",
+    "Rule",
+    "RuleViolation",
+    "Sensitivity",
+    "SystemClock",
+    "Unreachable",
+    "admit_grant",
+    "decide",
+    "evolve",
+    "fold",
+    "format_amount",
+    "intersect",
+    "make_event",
+    "new_id",
+    "open_items",
+    "parse_amount",
+    "parse_event",
+    "record_judgement",
+    "transition",
+    "widenings",
+]

@@ -1,0 +1,121 @@
+"""The one error root of fleetledger, its stable codes, and the rules a denial can name.
+
+    FleetError (code)                      root; `code` is stable and goes on logs, spans, exits
+    ├── InvalidInput (ValueError)          bad input: malformed event, unknown kind, bad amount
+    ├── RuleViolation                      a ledger invariant rejected it; names the `rule`
+    ├── Unreachable (ConnectionError)      NATS, Redis, coordinator or judge unreachable
+    ├── ComponentTimeout (TimeoutError)    a component did not answer in time
+    └── BinaryMissing (FileNotFoundError)  a server binary that a pip package should ship is absent
+
+CLI exit codes (SPEC S13) derive from the class: InvalidInput 2, RuleViolation 3,
+Unreachable/ComponentTimeout 4, anything else 1.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Stable machine-readable codes. Never renumber or rename; add new ones."""
+
+    INVALID_INPUT = "FL-INPUT"
+    UNKNOWN_KIND = "FL-UNKNOWN-KIND"
+    INVALID_AMOUNT = "FL-AMOUNT"
+    DUPLICATE = "FL-DUPLICATE"
+    NOT_FOUND = "FL-NOT-FOUND"
+    RULE_VIOLATION = "FL-RULE"
+    UNREACHABLE = "FL-UNREACHABLE"
+    TIMEOUT = "FL-TIMEOUT"
+    BINARY_MISSING = "FL-BINARY-MISSING"
+    INTERNAL = "FL-INTERNAL"
+
+
+class Rule(StrEnum):
+    """The rules of SPEC S4.2 (and their operational companions) a rejection can name."""
+
+    PURPOSE_BINDING = "purpose_binding"
+    ATTENUATION = "attenuation"
+    EVIDENCE_GATING = "evidence_gating"
+    BUDGET_CONSERVATION = "budget_conservation"
+    RISK_NON_ERASURE = "risk_non_erasure"
+    OUTCOME_HONESTY = "outcome_honesty"
+    NO_MODEL_TRANSITION = "no_model_transition"
+    APPROVAL_REQUIRED = "approval_required"
+    GRANT_AUTHORITY = "grant_authority"
+    GRANT_VALIDITY = "grant_validity"
+    MISSION_VALIDITY = "mission_validity"
+
+
+RULE_TITLES: dict[Rule, str] = {
+    Rule.PURPOSE_BINDING: "purpose binding",
+    Rule.ATTENUATION: "attenuation",
+    Rule.EVIDENCE_GATING: "evidence gating",
+    Rule.BUDGET_CONSERVATION: "budget conservation",
+    Rule.RISK_NON_ERASURE: "risk non-erasure",
+    Rule.OUTCOME_HONESTY: "outcome honesty",
+    Rule.NO_MODEL_TRANSITION: "no model-driven status transitions",
+    Rule.APPROVAL_REQUIRED: "human approval required",
+    Rule.GRANT_AUTHORITY: "grant authority",
+    Rule.GRANT_VALIDITY: "grant validity",
+    Rule.MISSION_VALIDITY: "mission validity",
+}
+
+
+class FleetError(Exception):
+    """Root of every error fleetledger raises on purpose."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": str(self.code), "message": self.message}
+
+
+class InvalidInput(FleetError, ValueError):
+    """Input that is malformed or out of range; nothing was applied."""
+
+    code = ErrorCode.INVALID_INPUT
+    exit_code = 2
+
+
+class RuleViolation(FleetError):
+    """A ledger invariant rejected a request or event; `rule` names which one."""
+
+    code = ErrorCode.RULE_VIOLATION
+    exit_code = 3
+
+    def __init__(self, rule: Rule, message: str) -> None:
+        super().__init__(f"{RULE_TITLES[rule]}: {message}")
+        self.rule = rule
+        self.reason = message
+
+    def to_dict(self) -> dict[str, str]:
+        return {**super().to_dict(), "rule": str(self.rule)}
+
+
+class Unreachable(FleetError, ConnectionError):
+    """A component (NATS, Redis, coordinator, judge) could not be reached; fail closed."""
+
+    code = ErrorCode.UNREACHABLE
+    exit_code = 4
+
+
+class ComponentTimeout(FleetError, TimeoutError):
+    """A component did not answer in time; treated like unreachable (fail closed)."""
+
+    code = ErrorCode.TIMEOUT
+    exit_code = 4
+
+
+class BinaryMissing(FleetError, FileNotFoundError):
+    """A server binary that should come from a pip package is not installed."""
+
+    code = ErrorCode.BINARY_MISSING
+    exit_code = 4

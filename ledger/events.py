@@ -1,0 +1,538 @@
+"""Ledger events: the envelope and every kind of SPEC S4.1 as a discriminated union on ``kind``.
+
+Events are immutable. ``parse_event`` is the one way in from bytes or dicts: unknown kinds and
+malformed payloads raise ``InvalidInput`` naming the problem, and nothing is half-built.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+
+from ledger.authority import Authority
+from ledger.clock import ensure_utc
+from ledger.errors import ErrorCode, InvalidInput, Rule
+from ledger.ids import new_id
+from ledger.money import MAX_MICROS
+
+MAX_EVENT_BYTES = 64 * 1024
+POLICY_VERSION = "2026-11.1"
+
+# Ids travel in NATS subjects and Redis keys: keep them to a safe alphabet.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,127}$"
+Ident = Annotated[str, Field(pattern=ID_PATTERN)]
+Text = Annotated[str, Field(min_length=1, max_length=4000)]
+Micros = Annotated[int, Field(ge=0, le=MAX_MICROS, strict=True)]
+UtcDatetime = Annotated[datetime, AfterValidator(ensure_utc)]
+
+
+def _uuid7(value: uuid.UUID) -> uuid.UUID:
+    if value.version != 7:
+        raise ValueError(f"event id {value} is not a UUIDv7")
+    return value
+
+
+EventId = Annotated[uuid.UUID, AfterValidator(_uuid7)]
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- missions and grants -------------------------------------------------------------------
+
+
+class MissionCreated(_Payload):
+    kind: Literal["mission.created"] = "mission.created"
+    purpose: str
+    owner: str
+    ceiling: Micros
+    expires_at: UtcDatetime | None = None
+    policy: Authority | None = None  # organisational policy: every grant is intersected with it
+    risk_roles: frozenset[str] = frozenset({"risk-officer"})  # may treat any risk
+    approver_roles: frozenset[str] = frozenset()  # empty: any approver role is accepted
+
+
+class GrantSpec(BaseModel):
+    """A grant as requested or issued: mission and purpose binding, authority, budget, validity."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    grant_id: Ident
+    parent_id: Ident | None = None
+    holder: str  # the agent the grant is issued to
+    purpose: str
+    owner: str
+    authority: Authority
+    budget: Micros
+    effective_from: UtcDatetime | None = None  # None: from issue
+    expires_at: UtcDatetime | None = None
+
+
+class GrantRequested(_Payload):
+    kind: Literal["grant.requested"] = "grant.requested"
+    grant: GrantSpec
+
+
+class GrantIssued(_Payload):
+    kind: Literal["grant.issued"] = "grant.issued"
+    grant: GrantSpec
+
+
+class GrantRejected(_Payload):
+    kind: Literal["grant.rejected"] = "grant.rejected"
+    grant_id: Ident
+    rule: Rule
+    reason: Text
+
+
+class GrantRevoked(_Payload):
+    kind: Literal["grant.revoked"] = "grant.revoked"
+    grant_id: Ident
+    by: Text
+    reason: Text
+
+
+# --- evidence, risks, approvals -------------------------------------------------------------
+
+
+class EvidenceRegistered(_Payload):
+    kind: Literal["evidence.registered"] = "evidence.registered"
+    evidence_id: Ident
+    source: Text
+    claim: Text
+    valid_from: UtcDatetime | None = None
+    valid_until: UtcDatetime | None = None
+
+
+class EvidenceSuperseded(_Payload):
+    kind: Literal["evidence.superseded"] = "evidence.superseded"
+    evidence_id: Ident
+    by: Ident  # the evidence that replaces it
+
+
+class RiskOpened(_Payload):
+    kind: Literal["risk.opened"] = "risk.opened"
+    risk_id: Ident
+    blocks: frozenset[str] = Field(min_length=1)
+    owner: Text
+    summary: Text
+    grant_id: Ident | None = None  # None: the whole mission; else that grant and descendants
+
+
+class TreatmentStatus(StrEnum):
+    ACCEPTED = "ACCEPTED"
+    MITIGATED = "MITIGATED"
+    TRANSFERRED = "TRANSFERRED"
+
+
+class RiskTreated(_Payload):
+    kind: Literal["risk.treated"] = "risk.treated"
+    risk_id: Ident
+    status: TreatmentStatus
+    by: Text
+    role: str | None = None
+
+
+class ApprovalConditions(BaseModel):
+    """What must still hold at the decision's cut for an approval to count."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_cost: Micros | None = None
+    evidence_ids: frozenset[str] = frozenset()  # each must still be valid
+    no_open_risks: bool = False  # no open risk blocking the action (beyond non-erasure)
+
+
+class ApprovalGranted(_Payload):
+    kind: Literal["approval.granted"] = "approval.granted"
+    approval_id: Ident
+    approver: Text
+    role: Text
+    action: Text
+    grant_id: Ident | None = None  # scope: None = any grant of the mission
+    evaluated_version: int = Field(ge=0)  # the ledger version the approver looked at
+    conditions: ApprovalConditions = ApprovalConditions()
+    expires_at: UtcDatetime
+
+
+# --- budget ---------------------------------------------------------------------------------
+
+
+class BudgetReserved(_Payload):
+    kind: Literal["budget.reserved"] = "budget.reserved"
+    reservation_id: Ident
+    grant_id: Ident | None  # None: the mission scope only
+    amount: Micros
+    lease_until: UtcDatetime
+
+
+class BudgetCommitted(_Payload):
+    kind: Literal["budget.committed"] = "budget.committed"
+    reservation_id: Ident
+
+
+class BudgetSettled(_Payload):
+    kind: Literal["budget.settled"] = "budget.settled"
+    reservation_id: Ident
+    actual: Micros
+
+
+class BudgetReleased(_Payload):
+    kind: Literal["budget.released"] = "budget.released"
+    reservation_id: Ident
+
+
+class BudgetExpired(_Payload):
+    kind: Literal["budget.expired"] = "budget.expired"
+    reservation_id: Ident
+
+
+class BudgetOverrun(_Payload):
+    """A settle above the reserved amount: recorded honestly, and it blocks the scope."""
+
+    kind: Literal["budget.overrun"] = "budget.overrun"
+    reservation_id: Ident
+    actual: Micros
+
+
+class BudgetOverrunTreated(_Payload):
+    kind: Literal["budget.overrun_treated"] = "budget.overrun_treated"
+    scope: Ident
+    by: Text
+
+
+# --- actions, decisions, effects ------------------------------------------------------------
+
+
+class ActionRequested(_Payload):
+    kind: Literal["action.requested"] = "action.requested"
+    action_id: Ident
+    action: Text
+    cost: Micros = 0
+    evidence_ids: frozenset[str] = frozenset()
+    resource_class: str | None = None
+    sensitivity: int | None = Field(default=None, ge=0, le=3)
+    value: Micros | None = None
+    audience: str | None = None
+
+
+class LevelBudget(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    scope: str  # "mission" or a grant id
+    ceiling: int
+    reserved: int
+    committed: int
+    settled: int
+
+    @property
+    def used(self) -> int:
+        return self.reserved + self.committed + self.settled
+
+    @property
+    def remaining(self) -> int:
+        return self.ceiling - self.used
+
+
+class DecisionRecorded(_Payload):
+    """The decision receipt: what was decided, on which cut, from which facts."""
+
+    kind: Literal["decision.recorded"] = "decision.recorded"
+    action_id: Ident
+    action: Text
+    allowed: bool
+    rule: Rule | None = None
+    reason: Text
+    cut: int = Field(ge=0)
+    policy_version: str
+    evidence: tuple[str, ...] = ()
+    risks: tuple[str, ...] = ()
+    approval_id: str | None = None
+    budget: tuple[LevelBudget, ...] = ()
+    reservation_id: Ident | None = None
+
+
+class Outcome(StrEnum):
+    VERIFIED_SUCCESS = "verified_success"
+    VERIFIED_FAILURE = "verified_failure"
+    UNKNOWN = "unknown"
+    COMPENSATED = "compensated"
+
+
+class EffectObserved(_Payload):
+    """The effect receipt."""
+
+    kind: Literal["effect.observed"] = "effect.observed"
+    action_id: Ident
+    outcome: Outcome
+    actual: Micros | None = None
+    detail: str = ""
+
+
+# --- node-local auto-ledger, execution state, claims ---------------------------------------
+
+
+class ItemCaptured(_Payload):
+    kind: Literal["item.captured"] = "item.captured"
+    item_id: Ident
+    session_id: Ident
+    text: Text
+    order: int = Field(ge=0)
+
+
+class ItemStatusChanged(_Payload):
+    kind: Literal["item.status_changed"] = "item.status_changed"
+    item_id: Ident
+    status: str
+    actor_kind: Literal["human", "coordinator", "check"]
+    actor: Text
+
+
+class JudgeVerdict(_Payload):
+    kind: Literal["judge.verdict"] = "judge.verdict"
+    item_id: Ident
+    judged_status: str
+    suggestion: str = ""
+    model: str
+    ledger_version: int = Field(ge=0)
+
+
+class ReminderEmitted(_Payload):
+    kind: Literal["reminder.emitted"] = "reminder.emitted"
+    session_id: Ident
+    open_items: tuple[str, ...]
+
+
+class TurnEnded(_Payload):
+    kind: Literal["turn.ended"] = "turn.ended"
+    session_id: Ident
+    turn: int = Field(ge=0)
+
+
+class ResourceObserved(_Payload):
+    kind: Literal["resource.observed"] = "resource.observed"
+    resource_id: Text
+    version: Text
+
+
+class ResourceModified(_Payload):
+    kind: Literal["resource.modified"] = "resource.modified"
+    resource_id: Text
+    version: Text
+
+
+class CommandRecorded(_Payload):
+    kind: Literal["command.recorded"] = "command.recorded"
+    fingerprint: Text
+    command: Text
+    cwd: str
+    inputs: dict[str, str] = Field(default_factory=dict)  # resource id -> version read
+    exit_status: int
+    result_ref: str = ""
+
+
+class CommandReused(_Payload):
+    kind: Literal["command.reused"] = "command.reused"
+    fingerprint: Text
+
+
+class CommandBlockedStale(_Payload):
+    kind: Literal["command.blocked_stale"] = "command.blocked_stale"
+    resource_id: Text
+    observed_version: Text
+    current_version: Text
+
+
+class ClaimRecorded(_Payload):
+    kind: Literal["claim.recorded"] = "claim.recorded"
+    claim_id: Ident
+    owner: Text
+    task: Text
+    fingerprint: Text
+    artifact: Text
+
+
+class TurnReceipt(_Payload):
+    kind: Literal["turn.receipt"] = "turn.receipt"
+    outcome: Literal["hit", "miss"]
+    model: str | None = None
+    status: str
+    prompt_tokens: int | None = Field(default=None, ge=0)  # unknown stays None, never 0
+    completion_tokens: int | None = Field(default=None, ge=0)
+    cost: Micros | None = None
+    inference_attempted: bool
+    inference_avoided: bool
+
+
+Payload = Annotated[
+    MissionCreated
+    | GrantRequested
+    | GrantIssued
+    | GrantRejected
+    | GrantRevoked
+    | EvidenceRegistered
+    | EvidenceSuperseded
+    | RiskOpened
+    | RiskTreated
+    | ApprovalGranted
+    | BudgetReserved
+    | BudgetCommitted
+    | BudgetSettled
+    | BudgetReleased
+    | BudgetExpired
+    | BudgetOverrun
+    | BudgetOverrunTreated
+    | ActionRequested
+    | DecisionRecorded
+    | EffectObserved
+    | ItemCaptured
+    | ItemStatusChanged
+    | JudgeVerdict
+    | ReminderEmitted
+    | TurnEnded
+    | ResourceObserved
+    | ResourceModified
+    | CommandRecorded
+    | CommandReused
+    | CommandBlockedStale
+    | ClaimRecorded
+    | TurnReceipt,
+    Field(discriminator="kind"),
+]
+
+KINDS: tuple[str, ...] = tuple(
+    t.model_fields["kind"].default
+    for t in (
+        MissionCreated, GrantRequested, GrantIssued, GrantRejected, GrantRevoked,
+        EvidenceRegistered, EvidenceSuperseded, RiskOpened, RiskTreated, ApprovalGranted,
+        BudgetReserved, BudgetCommitted, BudgetSettled, BudgetReleased, BudgetExpired,
+        BudgetOverrun, BudgetOverrunTreated, ActionRequested, DecisionRecorded, EffectObserved,
+        ItemCaptured, ItemStatusChanged, JudgeVerdict, ReminderEmitted, TurnEnded,
+        ResourceObserved, ResourceModified, CommandRecorded, CommandReused,
+        CommandBlockedStale, ClaimRecorded, TurnReceipt,
+    )
+)  # fmt: skip
+
+
+class TraceContext(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    traceparent: Annotated[
+        str, Field(pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+    ]
+    tracestate: str | None = None
+
+
+class Event(BaseModel):
+    """One immutable ledger event: the envelope of SPEC S4.1 around a typed payload."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_id: EventId
+    kind: str
+    mission_id: Ident
+    grant_id: Ident | None = None
+    node_id: Text
+    agent_id: Text
+    causal_parent: EventId | None = None
+    idempotency_key: Text
+    policy_version: str = POLICY_VERSION
+    recorded_at: UtcDatetime
+    effective_at: UtcDatetime
+    trace: TraceContext | None = None
+    signature: str | None = None
+    payload: Payload
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_into_payload(cls, data: Any) -> Any:
+        # The envelope names the kind once; the payload may omit it.
+        if isinstance(data, dict) and isinstance(data.get("payload"), dict):
+            payload = data["payload"]
+            if "kind" not in payload and "kind" in data:
+                data = {**data, "payload": {**payload, "kind": data["kind"]}}
+        return data
+
+    @model_validator(mode="after")
+    def _kind_matches(self) -> Event:
+        if self.kind != self.payload.kind:
+            raise ValueError(f"envelope kind {self.kind!r} != payload kind {self.payload.kind!r}")
+        return self
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(exclude_none=True).encode()
+
+
+_EVENT = TypeAdapter(Event)
+
+
+def parse_event(data: bytes | str | dict[str, Any]) -> Event:
+    """Parse and validate one event; raise ``InvalidInput`` naming the problem."""
+    if isinstance(data, bytes | str) and len(data) > MAX_EVENT_BYTES:
+        raise InvalidInput(f"event is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
+    kind = None
+    try:
+        if isinstance(data, dict):
+            kind = data.get("kind")
+            return _EVENT.validate_python(data)
+        return _EVENT.validate_json(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        for err in errors:
+            if err["type"] == "union_tag_invalid":
+                tag = err.get("ctx", {}).get("tag", kind)
+                raise InvalidInput(
+                    f"unknown event kind {tag!r}; known kinds: {', '.join(KINDS)}",
+                    code=ErrorCode.UNKNOWN_KIND,
+                ) from None
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'event'}: {err['msg']}" for err in errors[:5]
+        )
+        raise InvalidInput(f"malformed event: {detail}") from None
+
+
+def make_event(
+    payload: Any,
+    *,
+    mission_id: str,
+    at: datetime,
+    node_id: str = "local",
+    agent_id: str = "cli",
+    grant_id: str | None = None,
+    causal_parent: uuid.UUID | None = None,
+    idempotency_key: str | None = None,
+    effective_at: datetime | None = None,
+    trace: TraceContext | None = None,
+) -> Event:
+    """Build a validated event around ``payload`` with a fresh UUIDv7 id."""
+    event_id = new_id()
+    try:
+        return Event(
+            event_id=event_id,
+            kind=payload.kind,
+            mission_id=mission_id,
+            grant_id=grant_id,
+            node_id=node_id,
+            agent_id=agent_id,
+            causal_parent=causal_parent,
+            idempotency_key=idempotency_key or str(event_id),
+            recorded_at=at,
+            effective_at=effective_at or at,
+            trace=trace,
+            payload=payload,
+        )
+    except ValidationError as exc:
+        raise InvalidInput(f"malformed event: {exc.errors(include_url=False)[0]['msg']}") from None

@@ -1,0 +1,155 @@
+"""The authority kernel: ``decide(state, request, now) -> Decision``, pure and total.
+
+Checks run in the order of SPEC S6.2 (grant, attenuation, evidence, risks, approvals, outcome,
+then budget); the first failure is the denial and names its rule. The decision carries what a
+receipt records: the cut, policy version, evidence set, risk set and budget state.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ledger.authority import Authority, intersect
+from ledger.errors import Rule, RuleViolation
+from ledger.events import (
+    ID_PATTERN,
+    POLICY_VERSION,
+    ActionRequested,
+    DecisionRecorded,
+    LevelBudget,
+    Micros,
+)
+from ledger.invariants import (
+    ActionStatus,
+    check_action_permitted,
+    check_approval,
+    check_conservation,
+    check_evidence,
+    check_grant_valid,
+    check_outcome,
+    check_risks,
+)
+from ledger.mission import MissionState
+
+
+class ActionRequest(BaseModel):
+    """A consequential action an agent wants to take under a grant."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    action_id: str = Field(pattern=ID_PATTERN)
+    grant_id: str = Field(pattern=ID_PATTERN)
+    action: str = Field(min_length=1)
+    cost: Micros = 0
+    idempotency_key: str = Field(min_length=1)
+    evidence_ids: frozenset[str] = frozenset()
+    resource_class: str | None = None
+    sensitivity: int | None = Field(default=None, ge=0, le=3)
+    value: Micros | None = None
+    audience: str | None = None
+    tool_contract: Authority | None = None  # what the tool itself permits, if it says
+
+    def payload(self) -> ActionRequested:
+        return ActionRequested(
+            action_id=self.action_id, action=self.action, cost=self.cost,
+            evidence_ids=self.evidence_ids, resource_class=self.resource_class,
+            sensitivity=self.sensitivity, value=self.value, audience=self.audience,
+        )  # fmt: skip
+
+
+class Decision(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    allowed: bool
+    rule: Rule | None = None
+    reason: str
+    action_id: str
+    action: str
+    grant_id: str
+    cost: int
+    cut: int
+    policy_version: str = POLICY_VERSION
+    evidence: tuple[str, ...] = ()
+    risks: tuple[str, ...] = ()
+    approval_id: str | None = None
+    budget: tuple[LevelBudget, ...] = ()
+
+    def receipt(self, reservation_id: str | None = None) -> DecisionRecorded:
+        """The decision receipt payload to append to the ledger."""
+        return DecisionRecorded(
+            action_id=self.action_id, action=self.action, allowed=self.allowed, rule=self.rule,
+            reason=self.reason, cut=self.cut, policy_version=self.policy_version,
+            evidence=self.evidence, risks=self.risks, approval_id=self.approval_id,
+            budget=self.budget, reservation_id=reservation_id if self.allowed else None,
+        )  # fmt: skip
+
+
+def decide(state: MissionState, request: ActionRequest, now: datetime) -> Decision:
+    """Evaluate ``request`` against ``state`` at ``now``; never raises for a rule, denies."""
+    evidence: tuple[str, ...] = ()
+    risks: tuple[str, ...] = ()
+    approval_id: str | None = None
+    budget: tuple[LevelBudget, ...] = ()
+
+    def deny(exc: RuleViolation) -> Decision:
+        return Decision(
+            allowed=False, rule=exc.rule, reason=str(exc), action_id=request.action_id,
+            action=request.action, grant_id=request.grant_id, cost=request.cost,
+            cut=state.version, evidence=evidence, risks=risks, approval_id=approval_id,
+            budget=budget,
+        )  # fmt: skip
+
+    try:
+        mission = state.mission
+        if mission is None:
+            raise RuleViolation(Rule.MISSION_VALIDITY, f"mission {state.mission_id} does not exist")
+        if mission.expires_at is not None and now >= mission.expires_at:
+            raise RuleViolation(
+                Rule.MISSION_VALIDITY,
+                f"mission {state.mission_id} expired at {mission.expires_at.isoformat()}",
+            )
+        chain = state.chain(request.grant_id)
+        chain_ids = [g.grant_id for g in chain]
+        for grant in chain:  # a revoked or lapsed ancestor takes its descendants with it
+            check_grant_valid(
+                grant.grant_id, revoked=grant.revoked, effective_from=grant.effective_from,
+                expires_at=grant.spec.expires_at, now=now,
+            )  # fmt: skip
+        effective = state.effective_authority(request.grant_id)
+        if request.tool_contract is not None:
+            effective = intersect(effective, request.tool_contract)
+        check_action_permitted(
+            effective, grant_id=request.grant_id, action=request.action,
+            resource_class=request.resource_class, sensitivity=request.sensitivity,
+            value=request.value, audience=request.audience,
+        )  # fmt: skip
+        evidence = check_evidence(
+            action=request.action, required_for=effective.evidence_required_for,
+            cited=request.evidence_ids, known=state.evidence, mission_id=state.mission_id, now=now,
+        )  # fmt: skip
+        risks = check_risks(request.action, chain_ids, state.risks.values())
+        approval_id = check_approval(
+            action=request.action, required_for=effective.approval_required_for,
+            chain=chain_ids, cost=request.cost, approvals=state.approvals.values(),
+            evidence=state.evidence, open_risks=state.open_risks(),
+            mission_id=state.mission_id, now=now,
+        )  # fmt: skip
+        check_outcome(request.idempotency_key, _prior(state, request.idempotency_key))
+        budget = tuple(state.levels(request.grant_id))
+        check_conservation(budget, request.cost, state.blocked_scopes)
+    except RuleViolation as exc:
+        return deny(exc)
+    return Decision(
+        allowed=True, reason="all rules hold at the cut", action_id=request.action_id,
+        action=request.action, grant_id=request.grant_id, cost=request.cost, cut=state.version,
+        evidence=evidence, risks=risks, approval_id=approval_id, budget=budget,
+    )  # fmt: skip
+
+
+def _prior(state: MissionState, key: str) -> tuple[str, ActionStatus] | None:
+    action_id = state.idempotency.get(key)
+    if action_id is None:
+        return None
+    return action_id, state.actions[action_id].status

@@ -1,0 +1,671 @@
+"""Mission state: a deterministic fold over ledger events.
+
+``MissionState.apply`` runs every check (the pure functions of ``invariants``) *before* it
+touches anything, so a rejected event leaves the state exactly as it was; ``evolve`` and
+``fold`` are the copying, side-effect-free forms. Replaying the same events always yields the
+same state; ``snapshot()`` is the comparable form of it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ledger.authority import UNBOUNDED, Authority, intersect
+from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation
+from ledger.events import (
+    ActionRequested,
+    ApprovalGranted,
+    BudgetCommitted,
+    BudgetExpired,
+    BudgetOverrun,
+    BudgetOverrunTreated,
+    BudgetReleased,
+    BudgetReserved,
+    BudgetSettled,
+    DecisionRecorded,
+    EffectObserved,
+    Event,
+    EvidenceRegistered,
+    EvidenceSuperseded,
+    GrantIssued,
+    GrantRejected,
+    GrantRequested,
+    GrantRevoked,
+    GrantSpec,
+    LevelBudget,
+    MissionCreated,
+    RiskOpened,
+    RiskTreated,
+)
+from ledger.invariants import (
+    ActionStatus,
+    ApprovalFact,
+    EvidenceFact,
+    RiskFact,
+    check_attenuation,
+    check_conservation,
+    check_effect_transition,
+    check_purpose_binding,
+    check_risk_treatment,
+)
+
+MISSION_SCOPE = "mission"
+
+
+@dataclass
+class Mission:
+    mission_id: str
+    purpose: str
+    owner: str
+    ceiling: int
+    created_at: datetime
+    expires_at: datetime | None
+    policy: Authority | None
+    risk_roles: frozenset[str]
+    approver_roles: frozenset[str]
+
+
+@dataclass
+class Grant:
+    spec: GrantSpec
+    issued_at: datetime
+    revoked: bool = False
+
+    @property
+    def grant_id(self) -> str:
+        return self.spec.grant_id
+
+    @property
+    def effective_from(self) -> datetime:
+        return self.spec.effective_from or self.issued_at
+
+
+@dataclass
+class Usage:
+    reserved: int = 0
+    committed: int = 0
+    settled: int = 0
+
+
+@dataclass
+class Reservation:
+    reservation_id: str
+    scopes: tuple[str, ...]  # leaf grant first, mission last
+    amount: int
+    lease_until: datetime
+    state: str = "held"  # held | committed | settled | released | expired | overrun
+    actual: int | None = None
+
+
+@dataclass
+class ActionRecord:
+    action_id: str
+    grant_id: str | None
+    action: str
+    cost: int
+    idempotency_key: str
+    evidence_ids: frozenset[str]
+    status: ActionStatus = ActionStatus.REQUESTED
+    reservation_id: str | None = None
+    needs_review: bool = False  # cited evidence was superseded before its effect was recorded
+    decision_cut: int | None = None
+    rule: str | None = None
+
+
+@dataclass
+class MissionState:
+    """Everything the authority kernel needs to decide for one mission, at one version."""
+
+    mission_id: str
+    version: int = 0  # events applied; a decision's cut names it
+    mission: Mission | None = None
+    grants: dict[str, Grant] = field(default_factory=dict)
+    requested_grants: dict[str, GrantSpec] = field(default_factory=dict)
+    rejected_grants: dict[str, str] = field(default_factory=dict)
+    evidence: dict[str, EvidenceFact] = field(default_factory=dict)
+    risks: dict[str, RiskFact] = field(default_factory=dict)
+    treatments: dict[str, tuple[str, str, datetime]] = field(default_factory=dict)
+    approvals: dict[str, ApprovalFact] = field(default_factory=dict)
+    usage: dict[str, Usage] = field(default_factory=dict)
+    reservations: dict[str, Reservation] = field(default_factory=dict)
+    blocked_scopes: dict[str, str] = field(default_factory=dict)  # scope -> overrun reservation
+    actions: dict[str, ActionRecord] = field(default_factory=dict)
+    idempotency: dict[str, str] = field(default_factory=dict)  # key -> latest action id
+    decisions: list[DecisionRecorded] = field(default_factory=list)
+
+    # --- queries ---------------------------------------------------------------------------
+
+    def chain(self, grant_id: str) -> list[Grant]:
+        """The grant and its ancestors, leaf first."""
+        out: list[Grant] = []
+        current: str | None = grant_id
+        while current is not None:
+            grant = self.grants.get(current)
+            if grant is None:
+                raise RuleViolation(
+                    Rule.GRANT_VALIDITY,
+                    f"grant {current} is not issued in mission {self.mission_id}",
+                )
+            out.append(grant)
+            current = grant.spec.parent_id
+        return out
+
+    def scopes(self, grant_id: str | None) -> tuple[str, ...]:
+        ids = [g.grant_id for g in self.chain(grant_id)] if grant_id else []
+        return (*ids, MISSION_SCOPE)
+
+    def ceiling(self, scope: str) -> int:
+        if scope == MISSION_SCOPE:
+            return self.mission.ceiling if self.mission else 0
+        return self.grants[scope].spec.budget
+
+    def level(self, scope: str) -> LevelBudget:
+        use = self.usage.get(scope, Usage())
+        return LevelBudget(
+            scope=scope, ceiling=self.ceiling(scope),
+            reserved=use.reserved, committed=use.committed, settled=use.settled,
+        )  # fmt: skip
+
+    def levels(self, grant_id: str | None) -> list[LevelBudget]:
+        return [self.level(s) for s in self.scopes(grant_id)]
+
+    def remaining(self, scope: str) -> int:
+        return self.level(scope).remaining
+
+    def effective_authority(self, grant_id: str) -> Authority:
+        """Intersection of the chain and the organisational policy."""
+        chain = self.chain(grant_id)
+        effective = chain[0].spec.authority
+        for grant in chain[1:]:
+            effective = intersect(effective, grant.spec.authority)
+        if self.mission is not None and self.mission.policy is not None:
+            effective = intersect(effective, self.mission.policy)
+        return effective
+
+    def open_risks(self) -> list[RiskFact]:
+        return [r for r in self.risks.values() if r.open]
+
+    def descendants(self, grant_id: str) -> list[str]:
+        out = []
+        for gid in self.grants:
+            if gid != grant_id and grant_id in self.scopes(gid):
+                out.append(gid)
+        return sorted(out)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A plain, comparable picture of the state (for replay checks and views)."""
+        from dataclasses import asdict
+
+        data = asdict(self)
+        data["decisions"] = [d.model_dump(mode="json") for d in self.decisions]
+        return data
+
+    # --- the fold --------------------------------------------------------------------------
+
+    def apply(self, event: Event) -> None:
+        """Apply one event in place, or raise (``InvalidInput``/``RuleViolation``) unchanged."""
+        if event.mission_id != self.mission_id:
+            raise InvalidInput(
+                f"event {event.event_id} is for mission {event.mission_id}, not {self.mission_id}"
+            )
+        p = event.payload
+        if not isinstance(p, MissionCreated) and self.mission is None and _needs_mission(p):
+            raise RuleViolation(Rule.MISSION_VALIDITY, f"mission {self.mission_id} does not exist")
+        handler = _HANDLERS.get(type(p))
+        if handler is not None:
+            handler(self, event)  # validates fully, then mutates
+        self.version += 1
+
+
+def evolve(state: MissionState, event: Event) -> MissionState:
+    """The pure form of ``apply``: a new state; the given one is never touched."""
+    new = copy.deepcopy(state)
+    new.apply(event)
+    return new
+
+
+def fold(
+    events: Iterable[Event], state: MissionState | None = None, *, mission_id: str | None = None
+) -> MissionState:
+    """Fold events into a fresh state (or a copy of ``state``). Rejected events raise."""
+    if state is not None:
+        out = copy.deepcopy(state)
+    elif mission_id is not None:
+        out = MissionState(mission_id)
+    else:
+        events = list(events)
+        if not events:
+            raise InvalidInput("fold needs events or a mission id")
+        out = MissionState(events[0].mission_id)
+    for event in events:
+        out.apply(event)
+    return out
+
+
+def _needs_mission(payload: object) -> bool:
+    return not isinstance(payload, GrantRequested)
+
+
+# --- handlers: check everything first, then mutate ------------------------------------------
+
+
+def _mission_created(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, MissionCreated)
+    if s.mission is not None:
+        raise InvalidInput(f"mission {s.mission_id} already exists", code=ErrorCode.DUPLICATE)
+    check_purpose_binding(
+        what=f"mission {s.mission_id}", mission_id=e.mission_id,
+        purpose=p.purpose, owner=p.owner, expires_at=p.expires_at,
+    )  # fmt: skip
+    if p.expires_at is not None and p.expires_at <= e.effective_at:
+        raise RuleViolation(
+            Rule.PURPOSE_BINDING, f"mission {s.mission_id} would expire before it starts"
+        )
+    s.mission = Mission(
+        mission_id=e.mission_id, purpose=p.purpose, owner=p.owner, ceiling=p.ceiling,
+        created_at=e.effective_at, expires_at=p.expires_at, policy=p.policy,
+        risk_roles=p.risk_roles, approver_roles=p.approver_roles,
+    )  # fmt: skip
+
+
+def admit_grant(s: MissionState, spec: GrantSpec, now: datetime) -> None:
+    """Purpose binding and attenuation for a grant about to be issued (pure; raises)."""
+    if s.mission is None:
+        raise RuleViolation(Rule.MISSION_VALIDITY, f"mission {s.mission_id} does not exist")
+    if spec.grant_id in s.grants:
+        raise InvalidInput(f"grant {spec.grant_id} is already issued", code=ErrorCode.DUPLICATE)
+    check_purpose_binding(
+        what=f"grant {spec.grant_id}", mission_id=s.mission_id,
+        purpose=spec.purpose, owner=spec.owner, expires_at=spec.expires_at,
+    )  # fmt: skip
+    if not spec.holder.strip():
+        raise RuleViolation(
+            Rule.PURPOSE_BINDING, f"grant {spec.grant_id} must name the agent it is issued to"
+        )
+    if spec.expires_at is not None and spec.expires_at <= now:
+        raise RuleViolation(
+            Rule.PURPOSE_BINDING, f"grant {spec.grant_id} would expire before it is issued"
+        )
+    mission = s.mission
+    if mission.expires_at is not None and now >= mission.expires_at:
+        raise RuleViolation(
+            Rule.MISSION_VALIDITY,
+            f"mission {s.mission_id} expired at {mission.expires_at.isoformat()}",
+        )
+    if spec.parent_id is None:
+        check_attenuation(
+            spec,
+            parent_authority=mission.policy or UNBOUNDED,
+            parent_label=f"mission {s.mission_id}",
+            parent_may_delegate=True,
+            parent_from=None,
+            parent_until=mission.expires_at,
+            parent_remaining=s.remaining(MISSION_SCOPE),
+        )
+        return
+    parent = s.grants.get(spec.parent_id)
+    if parent is None:
+        raise RuleViolation(
+            Rule.ATTENUATION,
+            f"parent grant {spec.parent_id} is not issued in mission {s.mission_id}",
+        )
+    for ancestor in s.chain(spec.parent_id):
+        if ancestor.revoked:
+            raise RuleViolation(
+                Rule.ATTENUATION,
+                f"parent chain of {spec.grant_id} includes revoked grant {ancestor.grant_id}",
+            )
+    check_attenuation(
+        spec,
+        parent_authority=parent.spec.authority,
+        parent_label=f"parent grant {parent.grant_id}",
+        parent_may_delegate=parent.spec.authority.may_delegate,
+        parent_from=parent.spec.effective_from,
+        parent_until=parent.spec.expires_at,
+        parent_remaining=s.remaining(parent.grant_id),
+    )
+
+
+def _grant_requested(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, GrantRequested)
+    s.requested_grants[p.grant.grant_id] = p.grant
+
+
+def _grant_issued(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, GrantIssued)
+    admit_grant(s, p.grant, e.effective_at)
+    s.grants[p.grant.grant_id] = Grant(spec=p.grant, issued_at=e.effective_at)
+    s.requested_grants.pop(p.grant.grant_id, None)
+
+
+def _grant_rejected(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, GrantRejected)
+    s.rejected_grants[p.grant_id] = f"{p.rule}: {p.reason}"
+    s.requested_grants.pop(p.grant_id, None)
+
+
+def _grant_revoked(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, GrantRevoked)
+    grant = s.grants.get(p.grant_id)
+    if grant is None:
+        raise InvalidInput(f"grant {p.grant_id} is not issued", code=ErrorCode.NOT_FOUND)
+    grant.revoked = True
+
+
+def _evidence_registered(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, EvidenceRegistered)
+    if p.evidence_id in s.evidence:
+        raise InvalidInput(
+            f"evidence {p.evidence_id} is already registered", code=ErrorCode.DUPLICATE
+        )
+    if p.valid_from and p.valid_until and p.valid_until <= p.valid_from:
+        raise InvalidInput(f"evidence {p.evidence_id} is valid until before it is valid from")
+    s.evidence[p.evidence_id] = EvidenceFact(
+        evidence_id=p.evidence_id, mission_id=e.mission_id,
+        valid_from=p.valid_from, valid_until=p.valid_until, superseded_by=None,
+    )  # fmt: skip
+
+
+def _evidence_superseded(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, EvidenceSuperseded)
+    old = s.evidence.get(p.evidence_id)
+    if old is None:
+        raise InvalidInput(f"evidence {p.evidence_id} is not registered", code=ErrorCode.NOT_FOUND)
+    if p.by not in s.evidence:
+        raise InvalidInput(
+            f"superseding evidence {p.by} is not registered", code=ErrorCode.NOT_FOUND
+        )
+    if p.by == p.evidence_id:
+        raise InvalidInput(f"evidence {p.evidence_id} cannot supersede itself")
+    if old.superseded_by is not None:
+        raise InvalidInput(
+            f"evidence {p.evidence_id} is already superseded by {old.superseded_by}",
+            code=ErrorCode.DUPLICATE,
+        )
+    s.evidence[p.evidence_id] = EvidenceFact(
+        old.evidence_id, old.mission_id, old.valid_from, old.valid_until, superseded_by=p.by
+    )
+    # Supersession moves accepted-but-unexecuted proposals that relied on it to review.
+    for rec in s.actions.values():
+        if rec.status is ActionStatus.ACCEPTED and p.evidence_id in rec.evidence_ids:
+            rec.needs_review = True
+
+
+def _risk_opened(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, RiskOpened)
+    if p.risk_id in s.risks:
+        raise InvalidInput(f"risk {p.risk_id} is already open or treated", code=ErrorCode.DUPLICATE)
+    if p.grant_id is not None and p.grant_id not in s.grants:
+        raise InvalidInput(f"risk scope grant {p.grant_id} is not issued", code=ErrorCode.NOT_FOUND)
+    s.risks[p.risk_id] = RiskFact(p.risk_id, p.blocks, p.owner, p.summary, p.grant_id, open=True)
+
+
+def _risk_treated(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, RiskTreated)
+    risk = s.risks.get(p.risk_id)
+    if risk is None:
+        raise InvalidInput(
+            f"risk {p.risk_id} is not open in mission {s.mission_id}", code=ErrorCode.NOT_FOUND
+        )
+    assert s.mission is not None
+    check_risk_treatment(risk, by=p.by, role=p.role, risk_roles=s.mission.risk_roles)
+    s.risks[p.risk_id] = RiskFact(
+        risk.risk_id, risk.blocks, risk.owner, risk.summary, risk.grant_id, open=False
+    )
+    s.treatments[p.risk_id] = (p.status.value, p.by, e.effective_at)
+
+
+def _approval_granted(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, ApprovalGranted)
+    assert s.mission is not None
+    if p.approval_id in s.approvals:
+        raise InvalidInput(f"approval {p.approval_id} already exists", code=ErrorCode.DUPLICATE)
+    if s.mission.approver_roles and p.role not in s.mission.approver_roles:
+        raise RuleViolation(
+            Rule.APPROVAL_REQUIRED,
+            f"role {p.role!r} may not approve in mission {s.mission_id}; allowed: {sorted(s.mission.approver_roles)}",
+        )
+    if p.grant_id is not None and p.grant_id not in s.grants:
+        raise InvalidInput(
+            f"approval scope grant {p.grant_id} is not issued", code=ErrorCode.NOT_FOUND
+        )
+    if p.expires_at <= e.effective_at:
+        raise InvalidInput(f"approval {p.approval_id} would expire before it is granted")
+    s.approvals[p.approval_id] = ApprovalFact(
+        approval_id=p.approval_id, action=p.action, grant_id=p.grant_id, approver=p.approver,
+        role=p.role, expires_at=p.expires_at, max_cost=p.conditions.max_cost,
+        evidence_ids=p.conditions.evidence_ids, no_open_risks=p.conditions.no_open_risks,
+    )  # fmt: skip
+
+
+# --- budget ---------------------------------------------------------------------------------
+
+
+def _budget_reserved(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, BudgetReserved)
+    existing = s.reservations.get(p.reservation_id)
+    scopes = s.scopes(p.grant_id)
+    if existing is not None:
+        if existing.amount == p.amount and existing.scopes == scopes:
+            return  # the same reservation again: idempotent
+        raise InvalidInput(
+            f"reservation {p.reservation_id} exists with other terms", code=ErrorCode.DUPLICATE
+        )
+    check_conservation([s.level(sc) for sc in scopes], p.amount, s.blocked_scopes)
+    s.reservations[p.reservation_id] = Reservation(
+        p.reservation_id, scopes, p.amount, p.lease_until
+    )
+    for sc in scopes:
+        s.usage.setdefault(sc, Usage()).reserved += p.amount
+
+
+def _reservation(s: MissionState, reservation_id: str) -> Reservation:
+    res = s.reservations.get(reservation_id)
+    if res is None:
+        raise InvalidInput(f"reservation {reservation_id} does not exist", code=ErrorCode.NOT_FOUND)
+    return res
+
+
+def _resolved_once(res: Reservation, wanted: str) -> bool:
+    """True when ``res`` is already in ``wanted`` (an idempotent retry); raise if resolved otherwise."""
+    if res.state == wanted:
+        return True
+    if res.state not in ("held", "committed"):
+        raise RuleViolation(
+            Rule.BUDGET_CONSERVATION,
+            f"reservation {res.reservation_id} is already {res.state}; it resolves at most once",
+        )
+    return False
+
+
+def _budget_committed(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, BudgetCommitted)
+    res = _reservation(s, p.reservation_id)
+    if _resolved_once(res, "committed"):
+        return
+    if e.effective_at >= res.lease_until:
+        raise RuleViolation(
+            Rule.BUDGET_CONSERVATION,
+            f"reservation {res.reservation_id}'s lease ended; it cannot be committed",
+        )
+    res.state = "committed"
+    for sc in res.scopes:
+        use = s.usage[sc]
+        use.reserved -= res.amount
+        use.committed += res.amount
+
+
+def _take_back(s: MissionState, res: Reservation) -> None:
+    for sc in res.scopes:
+        use = s.usage[sc]
+        if res.state == "held":
+            use.reserved -= res.amount
+        else:
+            use.committed -= res.amount
+
+
+def _budget_settled(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, BudgetSettled)
+    res = _reservation(s, p.reservation_id)
+    if res.state == "settled" and res.actual == p.actual:
+        return
+    _resolved_once(res, "settled")
+    if p.actual > res.amount:
+        raise InvalidInput(
+            f"settle of {res.reservation_id} for {p.actual} exceeds its reservation of {res.amount}; "
+            "record it as budget.overrun",
+            code=ErrorCode.INVALID_AMOUNT,
+        )
+    _take_back(s, res)
+    for sc in res.scopes:
+        s.usage[sc].settled += p.actual
+    res.state, res.actual = "settled", p.actual
+
+
+def _budget_overrun(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, BudgetOverrun)
+    res = _reservation(s, p.reservation_id)
+    if res.state == "overrun" and res.actual == p.actual:
+        return
+    _resolved_once(res, "overrun")
+    if p.actual <= res.amount:
+        raise InvalidInput(
+            f"overrun of {res.reservation_id} must exceed its reservation of {res.amount}"
+        )
+    _take_back(s, res)
+    for sc in res.scopes:
+        s.usage[sc].settled += p.actual  # honest: what was really spent
+    res.state, res.actual = "overrun", p.actual
+    s.blocked_scopes[res.scopes[0]] = res.reservation_id
+
+
+def _budget_overrun_treated(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, BudgetOverrunTreated)
+    assert s.mission is not None
+    if p.scope not in s.blocked_scopes:
+        raise InvalidInput(f"scope {p.scope} has no untreated overrun", code=ErrorCode.NOT_FOUND)
+    owner = s.mission.owner if p.scope == MISSION_SCOPE else s.grants[p.scope].spec.owner
+    if p.by not in (owner, s.mission.owner):
+        raise RuleViolation(
+            Rule.BUDGET_CONSERVATION,
+            f"{p.by} may not treat the overrun on {p.scope}; its owner {owner} may",
+        )
+    del s.blocked_scopes[p.scope]
+
+
+def _budget_released(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, BudgetReleased)
+    res = _reservation(s, p.reservation_id)
+    if _resolved_once(res, "released"):
+        return
+    _take_back(s, res)
+    res.state = "released"
+
+
+def _budget_expired(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, BudgetExpired)
+    res = _reservation(s, p.reservation_id)
+    if _resolved_once(res, "expired"):
+        return
+    if res.state != "held":
+        raise RuleViolation(
+            Rule.BUDGET_CONSERVATION,
+            f"reservation {res.reservation_id} is committed; its lease no longer expires it",
+        )
+    if e.effective_at < res.lease_until:
+        raise RuleViolation(
+            Rule.BUDGET_CONSERVATION,
+            f"reservation {res.reservation_id}'s lease runs until {res.lease_until.isoformat()}",
+        )
+    _take_back(s, res)
+    res.state = "expired"
+
+
+# --- actions --------------------------------------------------------------------------------
+
+
+def _action_requested(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, ActionRequested)
+    if p.action_id in s.actions:
+        raise InvalidInput(f"action {p.action_id} was already requested", code=ErrorCode.DUPLICATE)
+    s.actions[p.action_id] = ActionRecord(
+        action_id=p.action_id, grant_id=e.grant_id, action=p.action, cost=p.cost,
+        idempotency_key=e.idempotency_key, evidence_ids=p.evidence_ids,
+    )  # fmt: skip
+
+
+def _decision_recorded(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, DecisionRecorded)
+    rec = s.actions.get(p.action_id)
+    if rec is None:
+        raise InvalidInput(f"decision for unknown action {p.action_id}", code=ErrorCode.NOT_FOUND)
+    if rec.status is not ActionStatus.REQUESTED:
+        raise InvalidInput(
+            f"action {p.action_id} is already decided ({rec.status.value})",
+            code=ErrorCode.DUPLICATE,
+        )
+    rec.status = ActionStatus.ACCEPTED if p.allowed else ActionStatus.REJECTED
+    rec.decision_cut, rec.rule = p.cut, (p.rule.value if p.rule else None)
+    rec.reservation_id = p.reservation_id
+    if p.allowed:
+        s.idempotency[rec.idempotency_key] = rec.action_id
+    s.decisions.append(p)
+
+
+def _effect_observed(s: MissionState, e: Event) -> None:
+    p = e.payload
+    assert isinstance(p, EffectObserved)
+    rec = s.actions.get(p.action_id)
+    if rec is None:
+        raise InvalidInput(f"effect for unknown action {p.action_id}", code=ErrorCode.NOT_FOUND)
+    outcome = ActionStatus(p.outcome.value)
+    check_effect_transition(rec.action_id, rec.status, outcome)
+    rec.status = outcome
+    rec.needs_review = False
+
+
+_HANDLERS: dict[type, Any] = {
+    MissionCreated: _mission_created,
+    GrantRequested: _grant_requested,
+    GrantIssued: _grant_issued,
+    GrantRejected: _grant_rejected,
+    GrantRevoked: _grant_revoked,
+    EvidenceRegistered: _evidence_registered,
+    EvidenceSuperseded: _evidence_superseded,
+    RiskOpened: _risk_opened,
+    RiskTreated: _risk_treated,
+    ApprovalGranted: _approval_granted,
+    BudgetReserved: _budget_reserved,
+    BudgetCommitted: _budget_committed,
+    BudgetSettled: _budget_settled,
+    BudgetOverrun: _budget_overrun,
+    BudgetOverrunTreated: _budget_overrun_treated,
+    BudgetReleased: _budget_released,
+    BudgetExpired: _budget_expired,
+    ActionRequested: _action_requested,
+    DecisionRecorded: _decision_recorded,
+    EffectObserved: _effect_observed,
+}

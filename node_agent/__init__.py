@@ -1,0 +1,1 @@
+"""node_agent (see SPEC S3)."""

@@ -1,0 +1,1 @@
+"""reservations (see SPEC S3)."""
