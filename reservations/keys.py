@@ -1,0 +1,51 @@
+"""The Redis key schema of reservations: one hash tag per mission, so one Cluster slot.
+
+    fl:{<mission>}:mission          hash  ceiling reserved committed settled [blocked]
+    fl:{<mission>}:grant:<grant>    hash  ceiling reserved committed settled parent [blocked]
+    fl:{<mission>}:res:<id>         hash  amount scopes state lease_until at actual ...
+    fl:{<mission>}:leases           zset  held reservation id -> lease end (Redis ms)
+
+``parent`` is ``mission`` for a root grant; ``scopes`` is the grant chain leaf first, comma
+joined (the mission is implicit); ``blocked`` names the overrun reservation blocking the scope.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ledger.errors import InvalidInput
+from ledger.events import ID_PATTERN
+
+MISSION_SCOPE = "mission"
+_ID = re.compile(ID_PATTERN)
+
+
+def check_id(value: str, *, what: str) -> str:
+    """Ids go into keys; keep them to the ledger's id alphabet (no commas, braces, colons)."""
+    if not isinstance(value, str) or not _ID.match(value):
+        raise InvalidInput(f"{what} {value!r} is not a valid id (letters, digits, '_' and '-')")
+    return value
+
+
+def prefix(mission_id: str) -> str:
+    return f"fl:{{{mission_id}}}:"
+
+
+def mission_key(mission_id: str) -> str:
+    return f"fl:{{{mission_id}}}:mission"
+
+
+def grant_key(mission_id: str, grant_id: str) -> str:
+    return f"fl:{{{mission_id}}}:grant:{grant_id}"
+
+
+def scope_key(mission_id: str, scope: str) -> str:
+    return mission_key(mission_id) if scope == MISSION_SCOPE else grant_key(mission_id, scope)
+
+
+def reservation_key(mission_id: str, reservation_id: str) -> str:
+    return f"fl:{{{mission_id}}}:res:{reservation_id}"
+
+
+def leases_key(mission_id: str) -> str:
+    return f"fl:{{{mission_id}}}:leases"

@@ -1,0 +1,162 @@
+"""Typed results of reservation calls, each with the ledger payload that records it.
+
+Every Redis transition has a matching ledger event (SPEC S7.2); the coordinator appends
+``result.ledger_payload()`` with ``effective_at=result.at`` (Redis time of the transition).
+``replayed`` marks an idempotent retry and, like ``at``, is left out of equality so a retry
+compares equal to the original result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from ledger.events import (
+    BudgetCommitted,
+    BudgetExpired,
+    BudgetOverrun,
+    BudgetOverrunTreated,
+    BudgetReleased,
+    BudgetReserved,
+    BudgetSettled,
+    LevelBudget,
+)
+from reservations.keys import MISSION_SCOPE
+
+__all__ = [
+    "CommitResult",
+    "ExpiredReservation",
+    "Level",
+    "OverrunTreatedResult",
+    "ReleaseResult",
+    "ReserveResult",
+    "SettleResult",
+    "SweepResult",
+    "from_ms",
+]
+
+
+def from_ms(ms: int) -> datetime:
+    """Redis TIME in milliseconds as an aware UTC datetime."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One level of a grant chain (a grant or the mission) as Redis holds it now."""
+
+    scope: str
+    ceiling: int
+    reserved: int
+    committed: int
+    settled: int
+    blocked_by: str | None = None  # the overrun reservation blocking this scope, if any
+
+    @property
+    def used(self) -> int:
+        return self.reserved + self.committed + self.settled
+
+    @property
+    def remaining(self) -> int:
+        return self.ceiling - self.used
+
+    def ledger_budget(self) -> LevelBudget:
+        return LevelBudget(
+            scope=self.scope, ceiling=self.ceiling, reserved=self.reserved,
+            committed=self.committed, settled=self.settled,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveResult:
+    mission_id: str
+    reservation_id: str
+    chain: tuple[str, ...]  # grant ids, leaf first; empty = mission scope only
+    amount: int
+    lease_until: datetime
+    at: datetime = field(compare=False)
+    replayed: bool = field(default=False, compare=False)
+
+    @property
+    def grant_id(self) -> str | None:
+        return self.chain[0] if self.chain else None
+
+    @property
+    def scopes(self) -> tuple[str, ...]:
+        return (*self.chain, MISSION_SCOPE)
+
+    def ledger_payload(self) -> BudgetReserved:
+        return BudgetReserved(
+            reservation_id=self.reservation_id, grant_id=self.grant_id,
+            amount=self.amount, lease_until=self.lease_until,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    mission_id: str
+    reservation_id: str
+    at: datetime = field(compare=False)
+    replayed: bool = field(default=False, compare=False)
+
+    def ledger_payload(self) -> BudgetCommitted:
+        return BudgetCommitted(reservation_id=self.reservation_id)
+
+
+@dataclass(frozen=True, slots=True)
+class SettleResult:
+    mission_id: str
+    reservation_id: str
+    actual: int
+    overrun: bool  # actual exceeded the reservation: recorded, and the leaf scope is blocked
+    at: datetime = field(compare=False)
+    replayed: bool = field(default=False, compare=False)
+
+    def ledger_payload(self) -> BudgetSettled | BudgetOverrun:
+        if self.overrun:
+            return BudgetOverrun(reservation_id=self.reservation_id, actual=self.actual)
+        return BudgetSettled(reservation_id=self.reservation_id, actual=self.actual)
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseResult:
+    mission_id: str
+    reservation_id: str
+    at: datetime = field(compare=False)
+    replayed: bool = field(default=False, compare=False)
+
+    def ledger_payload(self) -> BudgetReleased:
+        return BudgetReleased(reservation_id=self.reservation_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredReservation:
+    mission_id: str
+    reservation_id: str
+    amount: int
+    chain: tuple[str, ...]
+    at: datetime = field(compare=False)
+
+    def ledger_payload(self) -> BudgetExpired:
+        return BudgetExpired(reservation_id=self.reservation_id)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    mission_id: str
+    at: datetime
+    expired: tuple[ExpiredReservation, ...]
+
+    def ledger_payloads(self) -> list[BudgetExpired]:
+        return [e.ledger_payload() for e in self.expired]
+
+
+@dataclass(frozen=True, slots=True)
+class OverrunTreatedResult:
+    mission_id: str
+    scope: str
+    reservation_id: str  # the overrun that was blocking the scope
+    by: str
+
+    def ledger_payload(self) -> BudgetOverrunTreated:
+        return BudgetOverrunTreated(scope=self.scope, by=self.by)

@@ -1,0 +1,20 @@
+-- Commit a held reservation (work started): the lease no longer expires it.
+-- KEYS[1] reservation hash   KEYS[2] leases zset   ARGV[1] reservation id   ARGV[2] key prefix
+local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'lease_until', 'state',
+  'committed_at')
+if not r[1] then return {'missing'} end
+if r[4] == 'committed' then return {'dup', tonumber(r[5])} end
+if r[4] ~= 'held' then return {'resolved', r[4]} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if now >= tonumber(r[3]) then return {'lease_ended', tonumber(r[3])} end
+local keys = {}
+for id in string.gmatch(r[2], '[^,]+') do keys[#keys + 1] = ARGV[2] .. 'grant:' .. id end
+keys[#keys + 1] = ARGV[2] .. 'mission'
+for _, key in ipairs(keys) do
+  redis.call('HINCRBY', key, 'reserved', '-' .. r[1])
+  redis.call('HINCRBY', key, 'committed', r[1])
+end
+redis.call('HSET', KEYS[1], 'state', 'committed', 'committed_at', now)
+redis.call('ZREM', KEYS[2], ARGV[1])
+return {'ok', now}

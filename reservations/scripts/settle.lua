@@ -1,0 +1,30 @@
+-- Settle a held or committed reservation with its actual cost; the unused part returns.
+-- Above the reserved amount it is an overrun: recorded honestly and the leaf scope is blocked.
+-- KEYS[1] reservation hash   KEYS[2] leases zset
+-- ARGV[1] reservation id   ARGV[2] key prefix   ARGV[3] actual
+local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'state', 'actual', 'resolved_at')
+if not r[1] then return {'missing'} end
+if r[3] == 'settled' or r[3] == 'overrun' then
+  if r[4] == ARGV[3] then return {'dup', r[3], tonumber(r[5])} end
+  return {'resolved', r[3], r[4]}
+end
+if r[3] ~= 'held' and r[3] ~= 'committed' then return {'resolved', r[3], ''} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local from = 'committed'
+if r[3] == 'held' then from = 'reserved' end
+local keys = {}
+for id in string.gmatch(r[2], '[^,]+') do keys[#keys + 1] = ARGV[2] .. 'grant:' .. id end
+keys[#keys + 1] = ARGV[2] .. 'mission'
+for _, key in ipairs(keys) do
+  redis.call('HINCRBY', key, from, '-' .. r[1])
+  redis.call('HINCRBY', key, 'settled', ARGV[3])
+end
+local state = 'settled'
+if tonumber(ARGV[3]) > tonumber(r[1]) then
+  state = 'overrun'
+  redis.call('HSET', keys[1], 'blocked', ARGV[1])
+end
+redis.call('HSET', KEYS[1], 'state', state, 'actual', ARGV[3], 'resolved_at', now)
+redis.call('ZREM', KEYS[2], ARGV[1])
+return {'ok', state, now}

@@ -1,0 +1,468 @@
+"""The async reservation client: one Lua script per transition, run on Redis with EVALSHA.
+
+Redis holds the fast counters; the JetStream ledger is the record, so every successful call
+returns a typed result whose ``ledger_payload()`` the coordinator appends. Every call is
+idempotent by reservation id (redis-py's ``Retry`` may therefore resend any of them), and a
+Redis that cannot be reached raises ``Unreachable``: nothing is admitted (fail closed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib.resources import files
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation, Unreachable
+from ledger.money import check_micros, format_amount
+from reservations import keys as k
+from reservations.results import (
+    CommitResult,
+    ExpiredReservation,
+    Level,
+    OverrunTreatedResult,
+    ReleaseResult,
+    ReserveResult,
+    SettleResult,
+    SweepResult,
+    from_ms,
+)
+
+__all__ = ["MAX_LEASE_S", "ReservationClient", "ReservationStore"]
+
+MAX_LEASE_S = 24 * 3600.0
+SWEEP_BATCH = 1000
+_SCRIPTS = (
+    "create_mission", "create_grant", "reserve", "commit", "settle", "release", "sweep",
+    "treat_overrun",
+)  # fmt: skip
+
+
+class ReservationStore(Protocol):
+    """What the coordinator and branches need; ``ReservationClient`` is the Redis one."""
+
+    async def reserve(
+        self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
+        lease_s: float,
+    ) -> ReserveResult: ...  # fmt: skip
+
+    async def commit(self, mission_id: str, reservation_id: str) -> CommitResult: ...
+
+    async def settle(self, mission_id: str, reservation_id: str, actual: int) -> SettleResult: ...
+
+    async def release(self, mission_id: str, reservation_id: str) -> ReleaseResult: ...
+
+    async def sweep(self, mission_id: str) -> SweepResult: ...
+
+
+def _label(scope: str) -> str:
+    return "the mission" if scope == k.MISSION_SCOPE else f"grant {scope}"
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _denial(mission_id: str, what: str, amount: int, reply: list[Any]) -> RuleViolation | None:
+    """Turn a script's refusal into the error that names the level, amount and remaining."""
+    tag = _s(reply[0])
+    if tag == "deny":
+        scope, remaining, ceiling = _s(reply[1]), int(reply[2]), int(reply[3])
+        return RuleViolation(
+            Rule.BUDGET_CONSERVATION,
+            f"{what} of {format_amount(amount)} exceeds the {format_amount(max(remaining, 0))} "
+            f"remaining of {_label(scope)} (ceiling {format_amount(ceiling)}) "
+            f"in mission {mission_id}",
+        )
+    if tag == "blocked":
+        return RuleViolation(
+            Rule.BUDGET_CONSERVATION,
+            f"{_label(_s(reply[1]))} is blocked by an untreated overrun ({_s(reply[2])}); "
+            "treat the overrun before reserving again",
+        )
+    if tag == "parent":
+        got = _s(reply[2]) or "nothing"
+        return RuleViolation(
+            Rule.BUDGET_CONSERVATION,
+            f"grant {_s(reply[1])}'s parent is {got}, not {_s(reply[3])}; "
+            "pass the grant chain leaf first, as issued",
+        )
+    if tag == "missing":
+        return RuleViolation(
+            Rule.BUDGET_CONSERVATION,
+            f"{_label(_s(reply[1]))} has no budget in mission {mission_id}; create it first",
+        )
+    return None
+
+
+class ReservationClient:
+    """Async Redis client for mission-wide budget reservations (SPEC S7)."""
+
+    def __init__(self, redis: Redis, *, where: str = "redis") -> None:
+        self._redis = redis
+        self._where = where
+        self._scripts: dict[str, AsyncScript] = {
+            name: redis.register_script(
+                files("reservations").joinpath("scripts", f"{name}.lua").read_text()
+            )
+            for name in _SCRIPTS
+        }
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        connect_timeout_s: float = 2.0,
+        timeout_s: float = 5.0,
+        retries: int = 2,
+        max_connections: int = 64,
+    ) -> Self:
+        """A client on ``url`` (redis:// or rediss://) with short timeouts and a bounded retry."""
+        # A bounded pool that waits for a free connection instead of failing under bursts.
+        pool = BlockingConnectionPool.from_url(
+            url,
+            decode_responses=True,
+            socket_connect_timeout=connect_timeout_s,
+            socket_timeout=timeout_s,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries),
+            max_connections=max_connections,
+            timeout=timeout_s,
+        )
+        redis = Redis.from_pool(pool)
+        host = url.split("@")[-1].split("://")[-1]  # never echo credentials
+        return cls(redis, where=host)
+
+    @property
+    def redis(self) -> Redis:
+        return self._redis
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def _unreachable(self, exc: Exception) -> Unreachable:
+        return Unreachable(
+            f"Redis at {self._where} is unreachable ({type(exc).__name__}: {exc}); "
+            "nothing was admitted (fail closed)"
+        )
+
+    async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
+        try:
+            reply = await self._scripts[name](keys=keys, args=args)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise self._unreachable(exc) from exc
+        except RedisError as exc:
+            raise FleetError(f"reservation script {name} failed: {exc}") from exc
+        return list(reply)
+
+    # --- scopes ----------------------------------------------------------------------------
+
+    async def create_mission(self, mission_id: str, ceiling: int) -> bool:
+        """Create the mission's budget scope; True if created, False if it already existed."""
+        k.check_id(mission_id, what="mission id")
+        check_micros(ceiling, what="ceiling")
+        reply = await self._run("create_mission", [k.mission_key(mission_id)], [ceiling])
+        if reply[0] == "conflict":
+            raise InvalidInput(
+                f"mission {mission_id} exists with ceiling {format_amount(int(reply[1]))}",
+                code=ErrorCode.DUPLICATE,
+            )
+        return bool(reply[0] == "ok")
+
+    async def create_grant(
+        self, mission_id: str, grant_id: str, budget: int, parent_id: str | None = None
+    ) -> bool:
+        """Create a grant's budget scope atomically inside its parent's remaining budget.
+
+        True if created, False for an identical grant that already existed.
+        """
+        k.check_id(mission_id, what="mission id")
+        k.check_id(grant_id, what="grant id")
+        if grant_id == k.MISSION_SCOPE:
+            raise InvalidInput(f"grant id {grant_id!r} is reserved for the mission scope")
+        if parent_id is not None:
+            k.check_id(parent_id, what="parent grant id")
+        check_micros(budget, what="budget")
+        parent = parent_id or k.MISSION_SCOPE
+        reply = await self._run(
+            "create_grant",
+            [k.grant_key(mission_id, grant_id), k.scope_key(mission_id, parent)],
+            [budget, parent],
+        )
+        tag = reply[0]
+        if tag == "conflict":
+            raise InvalidInput(
+                f"grant {grant_id} exists with budget {format_amount(int(reply[1]))} "
+                f"under {reply[2]}",
+                code=ErrorCode.DUPLICATE,
+            )
+        if tag == "deny":
+            raise RuleViolation(
+                Rule.ATTENUATION,
+                f"grant {grant_id}'s budget of {format_amount(budget)} exceeds the "
+                f"{format_amount(max(int(reply[2]), 0))} remaining of {_label(parent)}",
+            )
+        if tag == "missing":
+            raise RuleViolation(
+                Rule.ATTENUATION, f"{_label(parent)} has no budget in mission {mission_id}"
+            )
+        return bool(tag == "ok")
+
+    async def treat_overrun(self, mission_id: str, scope: str, *, by: str) -> OverrunTreatedResult:
+        """Lift an overrun's block on ``scope`` (the ledger decides whether ``by`` may)."""
+        k.check_id(mission_id, what="mission id")
+        k.check_id(scope, what="scope")
+        reply = await self._run("treat_overrun", [k.scope_key(mission_id, scope)], [])
+        if reply[0] == "missing":
+            raise InvalidInput(f"{_label(scope)} has no budget", code=ErrorCode.NOT_FOUND)
+        if reply[0] == "not_blocked":
+            raise InvalidInput(
+                f"{_label(scope)} has no untreated overrun", code=ErrorCode.NOT_FOUND
+            )
+        return OverrunTreatedResult(mission_id, scope, str(reply[1]), by)
+
+    async def levels(self, mission_id: str, chain: Sequence[str]) -> list[Level]:
+        """Every level of ``chain`` (leaf first) and the mission, read in one transaction."""
+        scopes = [*(k.check_id(g, what="grant id") for g in chain), k.MISSION_SCOPE]
+        return await self._read_levels(mission_id, scopes)
+
+    async def level(self, mission_id: str, scope: str) -> Level:
+        """One scope: a grant id or ``"mission"``."""
+        return (await self._read_levels(mission_id, [k.check_id(scope, what="scope")]))[0]
+
+    async def _read_levels(self, mission_id: str, scopes: Sequence[str]) -> list[Level]:
+        k.check_id(mission_id, what="mission id")
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                for scope in scopes:
+                    pipe.hmget(
+                        k.scope_key(mission_id, scope),
+                        ["ceiling", "reserved", "committed", "settled", "blocked"],
+                    )
+                rows: list[list[str | None]] = await pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise self._unreachable(exc) from exc
+        out = []
+        for scope, row in zip(scopes, rows, strict=True):
+            ceiling, reserved, committed, settled, blocked = row
+            if ceiling is None or reserved is None or committed is None or settled is None:
+                raise InvalidInput(
+                    f"{_label(scope)} has no budget in mission {mission_id}",
+                    code=ErrorCode.NOT_FOUND,
+                )
+            out.append(
+                Level(scope, int(ceiling), int(reserved), int(committed), int(settled), blocked)
+            )
+        return out
+
+    # --- reservations ----------------------------------------------------------------------
+
+    def _reserve_call(
+        self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
+        lease_s: float,
+    ) -> tuple[list[str], list[Any]]:  # fmt: skip
+        k.check_id(mission_id, what="mission id")
+        k.check_id(reservation_id, what="reservation id")
+        for grant_id in chain:
+            k.check_id(grant_id, what="grant id")
+        check_micros(amount)
+        if isinstance(lease_s, bool) or not 0 < lease_s <= MAX_LEASE_S:
+            raise InvalidInput(f"lease of {lease_s!r}s must be in (0, {MAX_LEASE_S:.0f}] seconds")
+        keys = [
+            k.reservation_key(mission_id, reservation_id),
+            k.leases_key(mission_id),
+            k.mission_key(mission_id),
+            *(k.grant_key(mission_id, g) for g in chain),
+        ]
+        args = [reservation_id, amount, max(1, round(lease_s * 1000)), ",".join(chain), *chain]
+        return keys, args
+
+    def _reserve_result(
+        self, mission_id: str, chain: tuple[str, ...], reservation_id: str, amount: int,
+        reply: list[Any],
+    ) -> ReserveResult | FleetError:  # fmt: skip
+        tag = reply[0]
+        if tag in ("ok", "dup"):
+            return ReserveResult(
+                mission_id, reservation_id, chain, amount, from_ms(int(reply[1])),
+                from_ms(int(reply[2])), replayed=tag == "dup",
+            )  # fmt: skip
+        if tag == "conflict":
+            return InvalidInput(
+                f"reservation {reservation_id} exists with other terms "
+                f"({format_amount(int(reply[1]))} on chain {reply[2] or 'mission'})",
+                code=ErrorCode.DUPLICATE,
+            )
+        denial = _denial(mission_id, f"reservation {reservation_id}", amount, reply)
+        return denial or FleetError(f"unexpected reply from reserve: {reply!r}")
+
+    async def reserve(
+        self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
+        lease_s: float,
+    ) -> ReserveResult:  # fmt: skip
+        """Hold ``amount`` on every level of ``chain`` (leaf first) and the mission, or deny.
+
+        Raises ``RuleViolation(BUDGET_CONSERVATION)`` naming the level that refused it.
+        """
+        keys, args = self._reserve_call(mission_id, chain, reservation_id, amount, lease_s)
+        reply = await self._run("reserve", keys, args)
+        result = self._reserve_result(mission_id, tuple(chain), reservation_id, amount, reply)
+        if isinstance(result, FleetError):
+            raise result
+        return result
+
+    async def reserve_many(
+        self, mission_id: str, chain: Sequence[str], requests: Sequence[tuple[str, int]],
+        lease_s: float,
+    ) -> list[ReserveResult | FleetError]:  # fmt: skip
+        """Group admission: many ``(reservation_id, amount)`` in one pipelined round trip.
+
+        Each is admitted or denied on its own, in order; denials are returned, not raised.
+        """
+        calls = [self._reserve_call(mission_id, chain, rid, amt, lease_s) for rid, amt in requests]
+        replies = await self._pipeline("reserve", calls)
+        tchain = tuple(chain)
+        return [
+            self._reserve_result(mission_id, tchain, rid, amt, list(reply))
+            for (rid, amt), reply in zip(requests, replies, strict=True)
+        ]
+
+    async def _pipeline(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        script = self._scripts[name]
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for keys, args in calls:
+                    await script(keys=keys, args=args, client=pipe)
+                replies: list[Any] = await pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise self._unreachable(exc) from exc
+        except RedisError as exc:
+            raise FleetError(f"reservation script {name} failed: {exc}") from exc
+        return replies
+
+    def _ids(self, mission_id: str, reservation_id: str) -> tuple[list[str], list[Any]]:
+        k.check_id(mission_id, what="mission id")
+        k.check_id(reservation_id, what="reservation id")
+        keys = [k.reservation_key(mission_id, reservation_id), k.leases_key(mission_id)]
+        return keys, [reservation_id, k.prefix(mission_id)]
+
+    @staticmethod
+    def _unresolvable(reservation_id: str, reply: list[Any], wanted: str) -> FleetError:
+        tag = reply[0]
+        if tag == "missing":
+            return InvalidInput(
+                f"reservation {reservation_id} does not exist", code=ErrorCode.NOT_FOUND
+            )
+        if tag == "lease_ended":
+            return RuleViolation(
+                Rule.BUDGET_CONSERVATION,
+                f"reservation {reservation_id}'s lease ended at "
+                f"{from_ms(int(reply[1])).isoformat()}; it cannot be committed",
+            )
+        if tag == "resolved":
+            return RuleViolation(
+                Rule.BUDGET_CONSERVATION,
+                f"reservation {reservation_id} is already {reply[1]}; it resolves at most once "
+                f"(cannot be {wanted})",
+            )
+        return FleetError(f"unexpected reply: {reply!r}")
+
+    async def commit(self, mission_id: str, reservation_id: str) -> CommitResult:
+        """Work started: the held amount becomes committed and the lease no longer expires it."""
+        keys, args = self._ids(mission_id, reservation_id)
+        reply = await self._run("commit", keys, args)
+        if reply[0] in ("ok", "dup"):
+            return CommitResult(
+                mission_id, reservation_id, from_ms(int(reply[1])), replayed=reply[0] == "dup"
+            )
+        raise self._unresolvable(reservation_id, reply, "committed")
+
+    def _settle_result(
+        self, mission_id: str, reservation_id: str, actual: int, reply: list[Any]
+    ) -> SettleResult | FleetError:
+        if reply[0] in ("ok", "dup"):
+            return SettleResult(
+                mission_id, reservation_id, actual, reply[1] == "overrun",
+                from_ms(int(reply[2])), replayed=reply[0] == "dup",
+            )  # fmt: skip
+        if reply[0] == "resolved" and reply[2]:
+            return RuleViolation(
+                Rule.BUDGET_CONSERVATION,
+                f"reservation {reservation_id} is already {reply[1]} for "
+                f"{format_amount(int(reply[2]))}; it resolves at most once",
+            )
+        return self._unresolvable(reservation_id, reply, "settled")
+
+    async def settle(self, mission_id: str, reservation_id: str, actual: int) -> SettleResult:
+        """Record the actual cost; the unused part returns. Above the reservation it is an
+        overrun: recorded in full and the leaf scope blocks new reservations until treated."""
+        check_micros(actual, what="actual cost")
+        keys, args = self._ids(mission_id, reservation_id)
+        reply = await self._run("settle", keys, [*args, actual])
+        result = self._settle_result(mission_id, reservation_id, actual, reply)
+        if isinstance(result, FleetError):
+            raise result
+        return result
+
+    async def settle_many(
+        self, mission_id: str, settlements: Sequence[tuple[str, int]]
+    ) -> list[SettleResult | FleetError]:
+        """Settle many ``(reservation_id, actual)`` in one pipelined round trip."""
+        calls = []
+        for rid, actual in settlements:
+            check_micros(actual, what="actual cost")
+            keys, args = self._ids(mission_id, rid)
+            calls.append((keys, [*args, actual]))
+        replies = await self._pipeline("settle", calls)
+        return [
+            self._settle_result(mission_id, rid, actual, list(reply))
+            for (rid, actual), reply in zip(settlements, replies, strict=True)
+        ]
+
+    async def release(self, mission_id: str, reservation_id: str) -> ReleaseResult:
+        """The work never ran: the whole amount returns."""
+        keys, args = self._ids(mission_id, reservation_id)
+        reply = await self._run("release", keys, args)
+        if reply[0] in ("ok", "dup"):
+            return ReleaseResult(
+                mission_id, reservation_id, from_ms(int(reply[1])), replayed=reply[0] == "dup"
+            )
+        raise self._unresolvable(reservation_id, reply, "released")
+
+    async def sweep(self, mission_id: str, *, limit: int = SWEEP_BATCH) -> SweepResult:
+        """Expire held reservations whose lease has passed (Redis time); return what expired."""
+        k.check_id(mission_id, what="mission id")
+        reply = await self._run("sweep", [k.leases_key(mission_id)], [k.prefix(mission_id), limit])
+        at = from_ms(int(reply[0]))
+        expired = tuple(
+            ExpiredReservation(
+                mission_id,
+                str(reply[i]),
+                int(reply[i + 1]),
+                tuple(g for g in str(reply[i + 2]).split(",") if g),
+                at,
+            )
+            for i in range(1, len(reply), 3)
+        )
+        return SweepResult(mission_id, at, expired)
