@@ -1,0 +1,192 @@
+"""The coordinator's JetStream adapter: stream set-up, a continuous pull consumer, publishing.
+
+nats-py offers `fetch` only, which either polls (latency) or waits for a whole batch; the
+continuous pull here keeps pull requests outstanding like nats.go's `Consume`, so messages are
+applied as soon as they arrive and in batches under load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError
+from nats.js.kv import KeyValue
+
+from ledger.errors import ComponentTimeout, Unreachable
+from ledger.protocol import (
+    CONSUMER,
+    DEADLETTER_PREFIX,
+    DEADLETTER_STREAM,
+    RISK_BUCKET,
+    STREAM,
+    SUBJECT_PREFIX,
+)
+
+
+async def connect(url: str, *, name: str, connect_timeout: float = 2.0) -> Client:
+    """Connect with nats-py's own reconnect handling; unreachable -> ``Unreachable``."""
+    try:
+        return await nats.connect(
+            url,
+            name=name,
+            connect_timeout=connect_timeout,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+        )
+    except (OSError, TimeoutError, nats.errors.NoServersError) as exc:
+        raise Unreachable(f"NATS at {url} is unreachable: {exc or type(exc).__name__}") from None
+
+
+async def ensure_streams(
+    js: JetStreamContext, *, replicas: int = 1, duplicate_window_s: float = 120.0
+) -> None:
+    """The ledger stream (file storage, de-dup by Nats-Msg-Id) and the dead-letter stream."""
+    ledger = api.StreamConfig(
+        name=STREAM,
+        subjects=[f"{SUBJECT_PREFIX}.>"],
+        storage=api.StorageType.FILE,
+        num_replicas=replicas,
+        duplicate_window=duplicate_window_s,
+        retention=api.RetentionPolicy.LIMITS,
+        max_msg_size=64 * 1024,
+    )
+    dead = api.StreamConfig(
+        name=DEADLETTER_STREAM,
+        subjects=[f"{DEADLETTER_PREFIX}.>"],
+        storage=api.StorageType.FILE,
+        num_replicas=replicas,
+    )
+    for config in (ledger, dead):
+        try:
+            await js.stream_info(config.name or "")
+            await js.update_stream(config)
+        except NotFoundError:
+            await js.add_stream(config)
+
+
+async def ensure_risk_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:
+    try:
+        return await js.key_value(RISK_BUCKET)
+    except (NotFoundError, nats.js.errors.BucketNotFoundError):
+        return await js.create_key_value(
+            api.KeyValueConfig(
+                bucket=RISK_BUCKET, history=16, storage=api.StorageType.FILE, replicas=replicas
+            )
+        )
+
+
+Handler = Callable[[Msg], Awaitable[None]]
+
+
+class ContinuousPull:
+    """Keep up to ``batch`` messages requested from a durable pull consumer, apply in order."""
+
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        handler: Handler,
+        *,
+        durable: str = CONSUMER,
+        filter_subject: str = f"{SUBJECT_PREFIX}.>",
+        batch: int = 512,
+        expires_s: float = 5.0,
+    ) -> None:
+        self._nc, self._js, self._handler = nc, js, handler
+        self.durable, self.filter_subject = durable, filter_subject
+        self.batch, self.expires_s = batch, expires_s
+        self._outstanding = 0
+        self._sub: Subscription | None = None
+        self._inbox = ""
+        self._refill: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        config = api.ConsumerConfig(
+            durable_name=self.durable,
+            name=self.durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            deliver_policy=api.DeliverPolicy.ALL,
+            filter_subject=self.filter_subject,
+            max_ack_pending=self.batch * 8,
+            ack_wait=30.0,
+        )
+        try:
+            await self._js.consumer_info(STREAM, self.durable)
+        except NotFoundError:
+            await self._js.add_consumer(STREAM, config)
+        self._inbox = self._nc.new_inbox()
+        self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg, pending_msgs_limit=-1)
+        await self._pull()
+        self._refill = asyncio.create_task(self._keep_pulling())
+
+    async def _pull(self) -> None:
+        want = self.batch - self._outstanding
+        if want <= 0:
+            return
+        body = {"batch": want, "expires": int(self.expires_s * 1e9)}
+        await self._nc.publish(
+            f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.{self.durable}",
+            json.dumps(body).encode(),
+            reply=self._inbox,
+        )
+        self._outstanding += want
+
+    async def _keep_pulling(self) -> None:
+        # Pull requests expire; renew them so an idle consumer still wakes on the next event.
+        while True:
+            await asyncio.sleep(self.expires_s)
+            self._outstanding = 0
+            with contextlib.suppress(Exception):
+                await self._pull()
+
+    async def _on_msg(self, msg: Msg) -> None:
+        status = msg.headers.get("Status") if msg.headers else None
+        if status is not None and not msg.data:
+            if status in ("404", "408", "409"):
+                pending = msg.headers.get("Nats-Pending-Messages") if msg.headers else None
+                self._outstanding -= int(pending) if pending else self._outstanding
+                self._outstanding = max(self._outstanding, 0)
+            return  # 100 (heartbeat) and friends carry no data
+        self._outstanding -= 1
+        await self._handler(msg)
+        if self._outstanding <= self.batch // 2:
+            await self._pull()
+
+    async def stop(self) -> None:
+        if self._refill is not None:
+            self._refill.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refill
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+
+
+async def publish_checked(
+    js: JetStreamContext,
+    subject: str,
+    data: bytes,
+    *,
+    msg_id: str,
+    timeout: float = 2.0,
+    headers: dict[str, str] | None = None,
+) -> int:
+    """Publish with ``Nats-Msg-Id`` and return the stream sequence; fail closed on trouble."""
+    try:
+        ack = await js.publish(
+            subject, data, timeout=timeout, headers={**(headers or {}), "Nats-Msg-Id": msg_id}
+        )
+    except nats.errors.TimeoutError:
+        raise ComponentTimeout(f"JetStream did not acknowledge {subject} in {timeout}s") from None
+    except (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError, OSError) as exc:
+        raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
+    return int(ack.seq)

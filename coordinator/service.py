@@ -1,0 +1,628 @@
+"""The coordinator: ingest the ledger stream, decide at a consistent cut, propagate risks.
+
+- Ingest: a durable pull consumer applies every event of the stream in order, exactly once in
+  effect (a redelivered or duplicate sequence is acknowledged and skipped); what fails
+  validation is dead-lettered with its reason and changes nothing.
+- State: one ``MissionState`` per mission in memory, rebuilt from the stream on start.
+- Authorize (request/reply): wait until the sender's cut is applied, ``decide`` (pure), reserve
+  in Redis, append the action, reservation and decision receipt, reply. Per-mission locks keep
+  each mission's decisions serial, so every decision sees the one before it.
+- Risks: every risk opened or treated is written to a NATS KV bucket that node agents watch;
+  a watcher that joins late or reconnects receives the current value of every key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+from pydantic import ValidationError
+
+from coordinator.bus import (
+    ContinuousPull,
+    connect,
+    ensure_risk_bucket,
+    ensure_streams,
+    publish_checked,
+)
+from coordinator.health import HealthServer
+from coordinator.settings import CoordinatorSettings
+from coordinator.views import project
+from ledger.clock import Clock, SystemClock
+from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation, Unreachable
+from ledger.events import (
+    ApprovalGranted,
+    BudgetOverrunTreated,
+    EffectObserved,
+    Event,
+    EvidenceRegistered,
+    EvidenceSuperseded,
+    GrantIssued,
+    GrantRejected,
+    GrantRevoked,
+    GrantSpec,
+    MissionCreated,
+    Outcome,
+    RiskOpened,
+    RiskTreated,
+    make_event,
+    parse_event,
+)
+from ledger.kernel import Decision, decide
+from ledger.mission import MISSION_SCOPE, MissionState, admit_grant, evolve
+from ledger.protocol import (
+    AUTHORIZE_SUBJECT,
+    MANAGE_SUBJECT,
+    STREAM,
+    VIEW_SUBJECT,
+    AuthorizeReply,
+    AuthorizeRequest,
+    ErrorBody,
+    ManageReply,
+    ManageRequest,
+    ViewRequest,
+    deadletter_subject,
+    event_subject,
+    risk_key,
+)
+from reservations import ReservationClient
+
+log = logging.getLogger("fleetledger.coordinator")
+
+
+def error_body(exc: FleetError) -> ErrorBody:
+    rule = exc.rule.value if isinstance(exc, RuleViolation) else None
+    return ErrorBody(code=str(exc.code), message=exc.message, rule=rule)
+
+
+class Coordinator:
+    """One coordinator process (one active per mission partition)."""
+
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        *,
+        clock: Clock | None = None,
+        queue_group: str = "coordinators",
+    ) -> None:
+        self.settings = settings
+        self.clock: Clock = clock or SystemClock()
+        self.queue_group = queue_group
+        self.states: dict[str, MissionState] = {}
+        self.applied_seq = 0
+        self.dead_letters = 0
+        self.rebuild_seconds = 0.0
+        self._progress = asyncio.Event()
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._kv: KeyValue | None = None
+        self._pull: ContinuousPull | None = None
+        self._reservations: ReservationClient | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._health: HealthServer | None = None
+        self._ready_seq = 0
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def http_port(self) -> int:
+        return self._health.port if self._health else 0
+
+    async def start(self) -> None:
+        s = self.settings
+        self._nc = await connect(s.nats_url, name=f"fleetledger-{s.node_id}")
+        self._js = self._nc.jetstream()
+        await ensure_streams(
+            self._js, replicas=s.stream_replicas, duplicate_window_s=s.duplicate_window_s
+        )
+        self._kv = await ensure_risk_bucket(self._js, replicas=s.stream_replicas)
+        self._reservations = ReservationClient.from_url(s.redis_url)
+        await self._rebuild()
+        self._pull = ContinuousPull(self._nc, self._js, self._on_event)
+        await self._pull.start()
+        for subject, handler in (
+            (AUTHORIZE_SUBJECT, self._on_authorize),
+            (MANAGE_SUBJECT, self._on_manage),
+            (VIEW_SUBJECT, self._on_view),
+        ):
+            await self._nc.subscribe(subject, queue=self.queue_group, cb=handler)
+        self._tasks.append(asyncio.create_task(self._sweep_forever()))
+        self._health = HealthServer(s.http_host, s.http_port, live=self._live, ready=self._ready)
+        await self._health.start()
+        log.info("coordinator ready", extra={"applied_seq": self.applied_seq})
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._health:
+            await self._health.stop()
+        if self._pull:
+            await self._pull.stop()
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+        if self._reservations is not None:
+            await self._reservations.close()
+
+    async def _rebuild(self) -> None:
+        """Fold the whole stream into memory before serving (replay is deterministic)."""
+        assert self._js is not None
+        started = time.perf_counter()
+        info = await self._js.stream_info(STREAM)
+        last = int(info.state.last_seq)
+        if info.state.messages:
+            sub = await self._js.subscribe(STREAM_SUBJECTS, ordered_consumer=True)
+            try:
+                while self.applied_seq < last:
+                    msg = await sub.next_msg(timeout=10)
+                    seq = int(msg.metadata.sequence.stream)
+                    self._apply_bytes(msg.data, seq, live=False)
+                    self.applied_seq = seq
+            finally:
+                await sub.unsubscribe()
+        self.applied_seq = max(self.applied_seq, last)
+        self._ready_seq = last
+        if self._kv is not None:  # the KV may lag if we died between apply and put
+            for state in self.states.values():
+                for risk in state.risks.values():
+                    await self._put_risk(state.mission_id, risk.risk_id, state)
+        self.rebuild_seconds = time.perf_counter() - started
+
+    # --- ingest ----------------------------------------------------------------------------
+
+    def _apply_bytes(
+        self, data: bytes, seq: int, *, live: bool
+    ) -> tuple[Event | None, FleetError | None]:
+        try:
+            event = parse_event(data)
+        except FleetError as exc:
+            return None, exc
+        state = self.states.get(event.mission_id)
+        if state is None:
+            state = MissionState(event.mission_id)
+        try:
+            state.apply(event)
+        except FleetError as exc:
+            return event, exc
+        self.states[event.mission_id] = state
+        return event, None
+
+    async def _on_event(self, msg: Msg) -> None:
+        seq = int(msg.metadata.sequence.stream)
+        if seq <= self.applied_seq:
+            await msg.ack()  # redelivery or already folded during rebuild: no second effect
+            return
+        event, problem = self._apply_bytes(msg.data, seq, live=True)
+        self.applied_seq = seq
+        if problem is not None:
+            await self._dead_letter(msg, event, problem, seq)
+        elif event is not None and event.kind in ("risk.opened", "risk.treated"):
+            payload = event.payload
+            assert isinstance(payload, RiskOpened | RiskTreated)
+            await self._put_risk(event.mission_id, payload.risk_id, self.states[event.mission_id])
+        await msg.ack()
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    async def _dead_letter(self, msg: Msg, event: Event | None, exc: FleetError, seq: int) -> None:
+        assert self._js is not None
+        self.dead_letters += 1
+        mission = (
+            event.mission_id
+            if event
+            else msg.subject.split(".")[2]
+            if msg.subject.count(".") >= 3
+            else None
+        )
+        body = {
+            "seq": seq,
+            "subject": msg.subject,
+            "error": error_body(exc).model_dump(),
+            "data": msg.data.decode("utf-8", errors="replace")[:8192],
+        }
+        log.warning("dead-lettered seq %s: %s", seq, exc.message)
+        with contextlib.suppress(FleetError):
+            await publish_checked(
+                self._js,
+                deadletter_subject(mission if mission and _safe(mission) else None),
+                json.dumps(body).encode(),
+                msg_id=f"dl-{seq}",
+            )
+
+    async def _put_risk(self, mission_id: str, risk_id: str, state: MissionState) -> None:
+        if self._kv is None:
+            return
+        risk = state.risks[risk_id]
+        value = {
+            "mission_id": mission_id,
+            "risk_id": risk_id,
+            "blocks": sorted(risk.blocks),
+            "owner": risk.owner,
+            "summary": risk.summary,
+            "grant_id": risk.grant_id,
+            "status": "open" if risk.open else "treated",
+            "version": state.version,
+        }
+        await self._kv.put(risk_key(mission_id, risk_id), json.dumps(value).encode())
+
+    async def wait_applied(self, seq: int, timeout: float) -> None:
+        """Return once the stream is applied up to ``seq``; else fail closed."""
+        deadline = time.monotonic() + timeout
+        while self.applied_seq < seq:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Unreachable(
+                    f"the coordinator has applied the stream up to {self.applied_seq}, not yet "
+                    f"{seq}; refusing to decide on an older cut"
+                )
+            progress = self._progress
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(progress.wait(), left)
+
+    async def _append(self, events: list[Event]) -> list[int]:
+        """Publish events in order (one connection keeps order) and wait for every PubAck."""
+        assert self._js is not None
+        js = self._js
+        return list(
+            await asyncio.gather(
+                *(
+                    publish_checked(
+                        js, event_subject(e.mission_id, e.kind), e.to_json(), msg_id=str(e.event_id)
+                    )
+                    for e in events
+                )
+            )
+        )
+
+    def _event(
+        self, payload: Any, mission_id: str, *, at: datetime | None = None, **kw: Any
+    ) -> Event:
+        return make_event(
+            payload,
+            mission_id=mission_id,
+            at=at or self.clock.now(),
+            node_id=self.settings.node_id,
+            **kw,
+        )
+
+    # --- authorize -------------------------------------------------------------------------
+
+    async def _on_authorize(self, msg: Msg) -> None:
+        try:
+            req = AuthorizeRequest.model_validate_json(msg.data)
+        except ValidationError as exc:
+            err = InvalidInput(
+                f"malformed authorize request: {exc.errors(include_url=False)[0]['msg']}"
+            )
+            await msg.respond(AuthorizeReply(error=error_body(err)).model_dump_json().encode())
+            return
+        try:
+            reply = await self.authorize(req)
+        except FleetError as exc:
+            reply = AuthorizeReply(error=error_body(exc))
+        await msg.respond(reply.model_dump_json(exclude_none=True).encode())
+
+    async def authorize(self, req: AuthorizeRequest) -> AuthorizeReply:
+        await self.wait_applied(req.after_seq, self.settings.cut_timeout_s)
+        async with self._locks[req.mission_id]:
+            return await self._authorize_locked(req)
+
+    async def _authorize_locked(self, req: AuthorizeRequest) -> AuthorizeReply:
+        assert self._reservations is not None
+        state = self.states.get(req.mission_id) or MissionState(req.mission_id)
+        action = req.request
+        existing = state.actions.get(action.action_id)
+        if existing is not None:  # a retried request: answer with the receipt already recorded
+            for prior in reversed(state.decisions):
+                if prior.action_id == action.action_id:
+                    return AuthorizeReply(
+                        decision=_from_receipt(prior, action.grant_id, action.cost),
+                        reservation_id=prior.reservation_id,
+                    )
+            raise InvalidInput(
+                f"action {action.action_id} is already requested and undecided",
+                code=ErrorCode.DUPLICATE,
+            )
+        now = self.clock.now()
+        decision = decide(state, action, now)
+        requested = self._event(
+            action.payload(),
+            req.mission_id,
+            at=now,
+            grant_id=action.grant_id,
+            agent_id=req.agent_id,
+            idempotency_key=action.idempotency_key,
+            trace=req.trace,
+        )
+        events = [requested]
+        reservation_id: str | None = None
+        if decision.allowed and action.cost > 0:
+            chain = [s for s in state.scopes(action.grant_id) if s != MISSION_SCOPE]
+            try:
+                res = await self._reservations.reserve(
+                    req.mission_id,
+                    chain,
+                    f"r-{action.action_id}",
+                    action.cost,
+                    self.settings.lease_s,
+                )
+            except RuleViolation as exc:
+                decision = decision.model_copy(
+                    update={"allowed": False, "rule": exc.rule, "reason": str(exc)}
+                )
+            except Unreachable as exc:
+                decision = decision.model_copy(
+                    update={
+                        "allowed": False,
+                        "rule": None,
+                        "reason": f"budget store unreachable, refused (fail closed): {exc.message}",
+                    }
+                )
+            else:
+                reservation_id = res.reservation_id
+                events.append(
+                    self._event(
+                        res.ledger_payload(),
+                        req.mission_id,
+                        at=res.at,
+                        grant_id=action.grant_id,
+                        causal_parent=requested.event_id,
+                    )
+                )
+        receipt = self._event(
+            decision.receipt(reservation_id),
+            req.mission_id,
+            at=now,
+            grant_id=action.grant_id,
+            causal_parent=requested.event_id,
+        )
+        events.append(receipt)
+        try:
+            seqs = await self._append(events)
+        except FleetError:
+            if reservation_id is not None:  # nothing recorded: give the money back
+                with contextlib.suppress(FleetError):
+                    await self._reservations.release(req.mission_id, reservation_id)
+            raise
+        await self.wait_applied(seqs[-1], self.settings.cut_timeout_s)
+        if decision.rule is None and not decision.allowed:
+            raise Unreachable(decision.reason)
+        return AuthorizeReply(
+            decision=decision,
+            reservation_id=reservation_id,
+            decision_seq=seqs[-1],
+            decision_event_id=str(receipt.event_id),
+        )
+
+    # --- management ------------------------------------------------------------------------
+
+    async def _on_manage(self, msg: Msg) -> None:
+        try:
+            req = ManageRequest.model_validate_json(msg.data)
+            async with self._locks[req.mission_id]:
+                reply = await self.manage(req)
+        except ValidationError as exc:
+            err = InvalidInput(f"malformed request: {_first_error(exc)}")
+            reply = ManageReply(ok=False, error=error_body(err))
+        except FleetError as exc:
+            reply = ManageReply(ok=False, error=error_body(exc))
+        await msg.respond(reply.model_dump_json(exclude_none=True).encode())
+
+    async def manage(self, req: ManageRequest) -> ManageReply:
+        assert self._reservations is not None
+        state = self.states.get(req.mission_id) or MissionState(req.mission_id)
+        now = self.clock.now()
+        op, args = req.op, req.args
+        extra: list[Event] = []
+        result: dict[str, Any] = {}
+        try:
+            payload: Any
+            if op == "mission.create":
+                payload = MissionCreated.model_validate(args)
+                evolve(state, self._event(payload, req.mission_id, at=now))
+                await self._reservations.create_mission(req.mission_id, payload.ceiling)
+            elif op == "grant.issue":
+                spec = GrantSpec.model_validate(args)
+                try:
+                    admit_grant(state, spec, now)
+                except RuleViolation as exc:
+                    rejected = self._event(
+                        GrantRejected(grant_id=spec.grant_id, rule=exc.rule, reason=exc.reason),
+                        req.mission_id,
+                        at=now,
+                        agent_id=req.actor,
+                    )
+                    await self._commit([rejected])
+                    raise
+                parent_id = spec.parent_id
+                await self._reservations.create_grant(
+                    req.mission_id, spec.grant_id, spec.budget, parent_id=parent_id
+                )
+                payload = GrantIssued(grant=spec)
+            elif op == "grant.revoke":
+                payload = GrantRevoked.model_validate(args)
+            elif op == "evidence.register":
+                payload = EvidenceRegistered.model_validate(args)
+            elif op == "evidence.supersede":
+                payload = EvidenceSuperseded.model_validate(args)
+            elif op == "risk.open":
+                payload = RiskOpened.model_validate(args)
+            elif op == "risk.treat":
+                payload = RiskTreated.model_validate(args)
+            elif op == "approve":
+                payload = ApprovalGranted.model_validate(
+                    {"evaluated_version": state.version, **args}
+                )
+            elif op == "overrun.treat":
+                payload = BudgetOverrunTreated.model_validate(args)
+                evolve(state, self._event(payload, req.mission_id, at=now))
+                await self._reservations.treat_overrun(req.mission_id, payload.scope, by=payload.by)
+            elif op == "effect.record":
+                payload, extra, result = await self._effect(state, args, now)
+            else:  # pragma: no cover - ManageOp is a closed Literal
+                raise InvalidInput(f"unknown operation {op!r}")
+        except ValidationError as exc:
+            raise InvalidInput(f"{op}: {_first_error(exc)}") from None
+        event = self._event(payload, req.mission_id, at=now, agent_id=req.actor)
+        events = [*extra, event]
+        check = state
+        for e in events:  # validate the whole change before anything is appended
+            check = evolve(check, e)
+        seqs = await self._commit(events)
+        return ManageReply(ok=True, event_id=str(event.event_id), seq=seqs[-1], result=result)
+
+    async def _effect(
+        self, state: MissionState, args: dict[str, Any], now: datetime
+    ) -> tuple[Any, list[Event], dict[str, Any]]:
+        assert self._reservations is not None
+        payload = EffectObserved.model_validate(args)
+        record = state.actions.get(payload.action_id)
+        if record is None:
+            raise InvalidInput(
+                f"action {payload.action_id} was never requested in mission {state.mission_id}",
+                code=ErrorCode.NOT_FOUND,
+            )
+        # Check the outcome transition before touching Redis: nothing half-applied.
+        evolve(state, self._event(payload, state.mission_id, at=now))
+        extra: list[Event] = []
+        rid = record.reservation_id
+        res = state.reservations.get(rid) if rid else None
+        if rid and res is not None and res.state in ("held", "committed"):
+            if payload.outcome is Outcome.UNKNOWN:
+                moved: Any = await self._reservations.commit(
+                    state.mission_id, rid
+                )  # hold until reconciled
+            elif payload.actual is not None:
+                moved = await self._reservations.settle(state.mission_id, rid, payload.actual)
+            elif payload.outcome is Outcome.VERIFIED_FAILURE:
+                moved = await self._reservations.release(state.mission_id, rid)
+            else:
+                moved = await self._reservations.settle(state.mission_id, rid, res.amount)
+            extra.append(
+                self._event(
+                    moved.ledger_payload(), state.mission_id, at=moved.at, grant_id=record.grant_id
+                )
+            )
+        return payload, extra, {"reservation_id": rid}
+
+    async def _commit(self, events: list[Event]) -> list[int]:
+        seqs = await self._append(events)
+        await self.wait_applied(seqs[-1], self.settings.cut_timeout_s)
+        return seqs
+
+    # --- views, sweeper, health ------------------------------------------------------------
+
+    async def _on_view(self, msg: Msg) -> None:
+        try:
+            req = ViewRequest.model_validate_json(msg.data)
+        except ValidationError as exc:
+            await msg.respond(
+                json.dumps(
+                    {"error": error_body(InvalidInput(_first_error(exc))).model_dump()}
+                ).encode()
+            )
+            return
+        state = self.states.get(req.mission_id)
+        if state is None or state.mission is None:
+            err = InvalidInput(f"mission {req.mission_id} does not exist", code=ErrorCode.NOT_FOUND)
+            await msg.respond(json.dumps({"error": error_body(err).model_dump()}).encode())
+            return
+        await msg.respond(
+            json.dumps(project(state, req.role, applied_seq=self.applied_seq)).encode()
+        )
+
+    async def sweep_once(self) -> int:
+        """Expire held reservations whose lease passed, recording each in the ledger."""
+        assert self._reservations is not None
+        expired = 0
+        for mission_id, state in list(self.states.items()):
+            if not any(r.state == "held" for r in state.reservations.values()):
+                continue
+            async with self._locks[mission_id]:
+                result = await self._reservations.sweep(mission_id)
+                events = [
+                    self._event(
+                        e.ledger_payload(),
+                        mission_id,
+                        at=e.at,
+                        grant_id=e.chain[0] if e.chain else None,
+                    )
+                    for e in result.expired
+                ]
+                if events:
+                    await self._commit(events)
+                    expired += len(events)
+        return expired
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.sweep_interval_s)
+            try:
+                await self.sweep_once()
+            except FleetError as exc:
+                log.warning("sweep failed: %s", exc.message)
+
+    async def _live(self) -> tuple[bool, dict[str, object]]:
+        return True, {"status": "alive", "applied_seq": self.applied_seq}
+
+    async def _ready(self) -> tuple[bool, dict[str, object]]:
+        nats_ok = self._nc is not None and self._nc.is_connected
+        redis_ok = False
+        if self._reservations is not None:
+            with contextlib.suppress(Exception):
+                redis_ok = bool(await self._reservations.redis.ping())
+        caught_up = self.applied_seq >= self._ready_seq
+        ok = nats_ok and redis_ok and caught_up
+        return ok, {
+            "nats": nats_ok,
+            "redis": redis_ok,
+            "caught_up": caught_up,
+            "applied_seq": self.applied_seq,
+        }
+
+
+STREAM_SUBJECTS = "fleet.ledger.>"
+
+
+def _safe(token: str) -> bool:
+    return token.replace("-", "").replace("_", "").isalnum()
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"{loc}: {err['msg']}" if loc else str(err["msg"])
+
+
+def _from_receipt(receipt: Any, grant_id: str, cost: int) -> Decision:
+    return Decision(
+        allowed=receipt.allowed,
+        rule=receipt.rule,
+        reason=receipt.reason,
+        action_id=receipt.action_id,
+        action=receipt.action,
+        grant_id=grant_id,
+        cost=cost,
+        cut=receipt.cut,
+        policy_version=receipt.policy_version,
+        evidence=receipt.evidence,
+        risks=receipt.risks,
+        approval_id=receipt.approval_id,
+        budget=receipt.budget,
+    )
+
+
+__all__ = ["Coordinator", "Rule"]

@@ -1,0 +1,23 @@
+"""Coordinator settings: FLEET_* environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class CoordinatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="FLEET_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=8080, ge=0, le=65535)  # 0: pick a free port
+    stream_replicas: int = Field(default=1, ge=1, le=5)
+    duplicate_window_s: float = Field(default=120.0, gt=0)
+    lease_s: float = Field(default=300.0, gt=0)  # reservation lease for authorised actions
+    cut_timeout_s: float = Field(default=2.0, gt=0)  # how long to wait to reach a sender's cut
+    sweep_interval_s: float = Field(default=1.0, gt=0)
+    node_id: str = "coordinator"
