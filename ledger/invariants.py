@@ -164,7 +164,8 @@ def check_action_permitted(
     if sensitivity is not None and sensitivity > effective.max_sensitivity:
         raise RuleViolation(
             Rule.GRANT_AUTHORITY,
-            f"data sensitivity {sensitivity} exceeds grant {grant_id}'s {int(effective.max_sensitivity)}",
+            f"data sensitivity {sensitivity} exceeds grant {grant_id}'s "
+            f"{int(effective.max_sensitivity)}",
         )
     if (
         value is not None
@@ -225,14 +226,16 @@ def check_conservation(
         if level.scope in blocked:
             raise RuleViolation(
                 Rule.BUDGET_CONSERVATION,
-                f"{_scope_label(level.scope)} is blocked by an untreated overrun ({blocked[level.scope]})",
+                f"{_scope_label(level.scope)} is blocked by an untreated overrun "
+                f"({blocked[level.scope]})",
             )
     for level in levels:
         if level.used + amount > level.ceiling:
             raise RuleViolation(
                 Rule.BUDGET_CONSERVATION,
                 f"{format_amount(amount)} exceeds the {format_amount(max(level.remaining, 0))} "
-                f"remaining of {_scope_label(level.scope)} (ceiling {format_amount(level.ceiling)})",
+                f"remaining of {_scope_label(level.scope)} "
+                f"(ceiling {format_amount(level.ceiling)})",
             )
 
 
@@ -361,7 +364,8 @@ def check_outcome(idempotency_key: str, prior: tuple[str, ActionStatus] | None) 
     if status is ActionStatus.VERIFIED_SUCCESS:
         raise RuleViolation(
             Rule.OUTCOME_HONESTY,
-            f"idempotency key {idempotency_key!r} already executed successfully (action {action_id})",
+            f"idempotency key {idempotency_key!r} already executed successfully "
+            f"(action {action_id})",
         )
 
 

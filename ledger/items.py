@@ -55,7 +55,8 @@ def transition(item: Item, to: ItemStatus, actor: Actor) -> Item:
     if to is ItemStatus.DONE and actor.kind == "check" and actor.check_passed is not True:
         raise RuleViolation(
             Rule.NO_MODEL_TRANSITION,
-            f"item {item.item_id} can be done by a check only when the node agent verified it passed",
+            f"item {item.item_id} can be done by a check only when the node agent "
+            "verified it passed",
         )
     if not actor.name.strip():
         raise RuleViolation(Rule.NO_MODEL_TRANSITION, "a status change must name who made it")

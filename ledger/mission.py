@@ -437,7 +437,8 @@ def _approval_granted(s: MissionState, e: Event) -> None:
     if s.mission.approver_roles and p.role not in s.mission.approver_roles:
         raise RuleViolation(
             Rule.APPROVAL_REQUIRED,
-            f"role {p.role!r} may not approve in mission {s.mission_id}; allowed: {sorted(s.mission.approver_roles)}",
+            f"role {p.role!r} may not approve in mission {s.mission_id}; "
+            f"allowed: {sorted(s.mission.approver_roles)}",
         )
     if p.grant_id is not None and p.grant_id not in s.grants:
         raise InvalidInput(
@@ -482,7 +483,7 @@ def _reservation(s: MissionState, reservation_id: str) -> Reservation:
 
 
 def _resolved_once(res: Reservation, wanted: str) -> bool:
-    """True when ``res`` is already in ``wanted`` (an idempotent retry); raise if resolved otherwise."""
+    """True when ``res`` is already ``wanted`` (an idempotent retry); raise if resolved."""
     if res.state == wanted:
         return True
     if res.state not in ("held", "committed"):
@@ -491,6 +492,17 @@ def _resolved_once(res: Reservation, wanted: str) -> bool:
             f"reservation {res.reservation_id} is already {res.state}; it resolves at most once",
         )
     return False
+
+
+def _resolved_again(res: Reservation, wanted: str, actual: int) -> bool:
+    """Like ``_resolved_once`` for resolutions that carry an amount: a retry must repeat it."""
+    if res.state == wanted and res.actual != actual:
+        raise RuleViolation(
+            Rule.BUDGET_CONSERVATION,
+            f"reservation {res.reservation_id} is already {wanted} for {res.actual} micro-units, "
+            f"not {actual}; it resolves at most once",
+        )
+    return _resolved_once(res, wanted)
 
 
 def _budget_committed(s: MissionState, e: Event) -> None:
@@ -524,13 +536,12 @@ def _budget_settled(s: MissionState, e: Event) -> None:
     p = e.payload
     assert isinstance(p, BudgetSettled)
     res = _reservation(s, p.reservation_id)
-    if res.state == "settled" and res.actual == p.actual:
+    if _resolved_again(res, "settled", p.actual):
         return
-    _resolved_once(res, "settled")
     if p.actual > res.amount:
         raise InvalidInput(
-            f"settle of {res.reservation_id} for {p.actual} exceeds its reservation of {res.amount}; "
-            "record it as budget.overrun",
+            f"settle of {res.reservation_id} for {p.actual} exceeds its reservation of "
+            f"{res.amount}; record it as budget.overrun",
             code=ErrorCode.INVALID_AMOUNT,
         )
     _take_back(s, res)
@@ -543,9 +554,8 @@ def _budget_overrun(s: MissionState, e: Event) -> None:
     p = e.payload
     assert isinstance(p, BudgetOverrun)
     res = _reservation(s, p.reservation_id)
-    if res.state == "overrun" and res.actual == p.actual:
+    if _resolved_again(res, "overrun", p.actual):
         return
-    _resolved_once(res, "overrun")
     if p.actual <= res.amount:
         raise InvalidInput(
             f"overrun of {res.reservation_id} must exceed its reservation of {res.amount}"

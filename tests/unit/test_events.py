@@ -1,0 +1,393 @@
+"""Events: the envelope, every kind's JSON round trip, and rejection of bad input."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from ledger import KINDS, ErrorCode, Event, InvalidInput, make_event, new_id, parse_event
+from ledger.errors import Rule
+from ledger.events import (
+    MAX_EVENT_BYTES,
+    ActionRequested,
+    ApprovalConditions,
+    ApprovalGranted,
+    BudgetCommitted,
+    BudgetExpired,
+    BudgetOverrun,
+    BudgetOverrunTreated,
+    BudgetReleased,
+    BudgetReserved,
+    BudgetSettled,
+    ClaimRecorded,
+    CommandBlockedStale,
+    CommandRecorded,
+    CommandReused,
+    DecisionRecorded,
+    EffectObserved,
+    EvidenceRegistered,
+    EvidenceSuperseded,
+    GrantIssued,
+    GrantRejected,
+    GrantRequested,
+    GrantRevoked,
+    ItemCaptured,
+    ItemStatusChanged,
+    JudgeVerdict,
+    LevelBudget,
+    MissionCreated,
+    Outcome,
+    ReminderEmitted,
+    ResourceModified,
+    ResourceObserved,
+    RiskOpened,
+    RiskTreated,
+    TraceContext,
+    TreatmentStatus,
+    TurnEnded,
+    TurnReceipt,
+)
+from tests.unit.builders import T0, spec, wide
+
+SAMPLES: dict[str, Any] = {
+    "mission.created": MissionCreated(
+        purpose="invoices",
+        owner="olga",
+        ceiling=800_000,
+        expires_at=T0 + timedelta(days=1),
+        policy=wide("p").authority,
+        approver_roles=frozenset({"controller"}),
+    ),
+    "grant.requested": GrantRequested(grant=spec("g1")),
+    "grant.issued": GrantIssued(grant=spec("g2", parent="g1", evidence_required_for=("pay",))),
+    "grant.rejected": GrantRejected(grant_id="g3", rule=Rule.ATTENUATION, reason="too wide"),
+    "grant.revoked": GrantRevoked(grant_id="g1", by="olga", reason="replanned"),
+    "evidence.registered": EvidenceRegistered(
+        evidence_id="e1", source="erp", claim="approved", valid_until=T0 + timedelta(hours=1)
+    ),
+    "evidence.superseded": EvidenceSuperseded(evidence_id="e1", by="e2"),
+    "risk.opened": RiskOpened(
+        risk_id="k1", blocks=frozenset({"pay"}), owner="rita", summary="covenant", grant_id="g1"
+    ),
+    "risk.treated": RiskTreated(risk_id="k1", status=TreatmentStatus.ACCEPTED, by="rita"),
+    "approval.granted": ApprovalGranted(
+        approval_id="ap1",
+        approver="hannah",
+        role="controller",
+        action="pay",
+        grant_id="g1",
+        evaluated_version=7,
+        expires_at=T0 + timedelta(hours=2),
+        conditions=ApprovalConditions(
+            max_cost=50_000, evidence_ids=frozenset({"e1"}), no_open_risks=True
+        ),
+    ),
+    "budget.reserved": BudgetReserved(
+        reservation_id="r1", grant_id="g1", amount=500_000, lease_until=T0 + timedelta(minutes=5)
+    ),
+    "budget.committed": BudgetCommitted(reservation_id="r1"),
+    "budget.settled": BudgetSettled(reservation_id="r1", actual=300_000),
+    "budget.released": BudgetReleased(reservation_id="r1"),
+    "budget.expired": BudgetExpired(reservation_id="r1"),
+    "budget.overrun": BudgetOverrun(reservation_id="r1", actual=600_000),
+    "budget.overrun_treated": BudgetOverrunTreated(scope="g1", by="olga"),
+    "action.requested": ActionRequested(
+        action_id="a1",
+        action="pay",
+        cost=40_000,
+        evidence_ids=frozenset({"e1"}),
+        resource_class="erp",
+        sensitivity=2,
+        value=10_000,
+        audience="supplier",
+    ),
+    "decision.recorded": DecisionRecorded(
+        action_id="a1",
+        action="pay",
+        allowed=True,
+        reason="ok",
+        cut=12,
+        policy_version="2026-11.1",
+        evidence=("e1",),
+        risks=("k1",),
+        approval_id="ap1",
+        budget=(LevelBudget(scope="g1", ceiling=10, reserved=1, committed=2, settled=3),),
+        reservation_id="r1",
+    ),
+    "effect.observed": EffectObserved(action_id="a1", outcome=Outcome.UNKNOWN, actual=30_000),
+    "item.captured": ItemCaptured(item_id="i1", session_id="s1", text="fix the bug", order=0),
+    "item.status_changed": ItemStatusChanged(
+        item_id="i1", status="done", actor_kind="check", actor="pytest"
+    ),
+    "judge.verdict": JudgeVerdict(
+        item_id="i1", judged_status="done", model="gemma", ledger_version=3
+    ),
+    "reminder.emitted": ReminderEmitted(session_id="s1", open_items=("i1", "i2")),
+    "turn.ended": TurnEnded(session_id="s1", turn=4),
+    "resource.observed": ResourceObserved(resource_id="file:a.py", version="sha:1"),
+    "resource.modified": ResourceModified(resource_id="file:a.py", version="sha:2"),
+    "command.recorded": CommandRecorded(
+        fingerprint="f1",
+        command="pytest",
+        cwd="/w",
+        inputs={"file:a.py": "sha:1"},
+        exit_status=0,
+        result_ref="out1",
+    ),
+    "command.reused": CommandReused(fingerprint="f1"),
+    "command.blocked_stale": CommandBlockedStale(
+        resource_id="file:a.py", observed_version="sha:1", current_version="sha:2"
+    ),
+    "claim.recorded": ClaimRecorded(
+        claim_id="c1", owner="agent-1", task="t", fingerprint="f", artifact="a"
+    ),
+    "turn.receipt": TurnReceipt(
+        outcome="miss",
+        model="gemma",
+        status="ok",
+        prompt_tokens=None,
+        completion_tokens=12,
+        cost=None,
+        inference_attempted=True,
+        inference_avoided=False,
+    ),
+}
+
+
+def envelope(**overrides: Any) -> dict[str, Any]:
+    """A valid event as a JSON-ready dict."""
+    data = json.loads(
+        make_event(BudgetCommitted(reservation_id="r1"), mission_id="m1", at=T0).to_json()
+    )
+    data.update(overrides)
+    return data
+
+
+def test_samples_cover_every_kind() -> None:
+    assert set(SAMPLES) == set(KINDS)
+    assert len(KINDS) == len(set(KINDS))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_round_trips_through_json(kind: str) -> None:
+    trace = TraceContext(traceparent=f"00-{'a' * 32}-{'b' * 16}-01")
+    event = make_event(
+        SAMPLES[kind], mission_id="m1", at=T0, grant_id="g1", causal_parent=new_id(), trace=trace
+    )
+    assert event.kind == kind
+    again = parse_event(event.to_json())
+    assert again == event
+    assert parse_event(event.to_json().decode()) == event
+    assert parse_event(json.loads(event.to_json())) == event
+
+
+def test_make_event_assigns_a_time_ordered_uuid7() -> None:
+    first = make_event(SAMPLES["turn.ended"], mission_id="m1", at=T0)
+    second = make_event(SAMPLES["turn.ended"], mission_id="m1", at=T0)
+    assert first.event_id.version == 7
+    assert first.event_id != second.event_id
+    assert first.idempotency_key == str(first.event_id)
+    assert first.effective_at == first.recorded_at == T0
+
+
+def test_effective_time_is_kept_apart_from_recorded_time() -> None:
+    event = make_event(
+        SAMPLES["turn.ended"], mission_id="m1", at=T0, effective_at=T0 - timedelta(hours=1)
+    )
+    again = parse_event(event.to_json())
+    assert again.recorded_at == T0
+    assert again.effective_at == T0 - timedelta(hours=1)
+
+
+def test_payload_may_omit_kind_when_the_envelope_names_it() -> None:
+    data = envelope()
+    del data["payload"]["kind"]
+    assert parse_event(data).payload == BudgetCommitted(reservation_id="r1")
+
+
+def test_event_id_that_is_not_uuid7_is_rejected() -> None:
+    with pytest.raises(InvalidInput) as info:
+        parse_event(envelope(event_id=str(uuid.uuid4())))
+    assert info.value.code is ErrorCode.INVALID_INPUT
+    assert "event_id" in str(info.value)
+    assert "UUIDv7" in str(info.value)
+
+
+def test_causal_parent_that_is_not_uuid7_is_rejected() -> None:
+    with pytest.raises(InvalidInput) as info:
+        parse_event(envelope(causal_parent=str(uuid.uuid1())))
+    assert "causal_parent" in str(info.value)
+
+
+def test_unknown_kind_is_rejected_with_unknown_kind_code() -> None:
+    data = envelope(kind="budget.stolen")
+    data["payload"]["kind"] = "budget.stolen"
+    with pytest.raises(InvalidInput) as info:
+        parse_event(json.dumps(data))
+    assert info.value.code is ErrorCode.UNKNOWN_KIND
+    assert "budget.stolen" in str(info.value)
+    assert "mission.created" in str(info.value)  # lists the known kinds
+
+
+def test_unknown_kind_in_a_dict_is_rejected_with_unknown_kind_code() -> None:
+    data = envelope(kind="nope.nope")
+    del data["payload"]["kind"]
+    with pytest.raises(InvalidInput) as info:
+        parse_event(data)
+    assert info.value.code is ErrorCode.UNKNOWN_KIND
+    assert "nope.nope" in str(info.value)
+
+
+def test_malformed_payload_is_rejected_naming_the_field() -> None:
+    data = envelope()
+    data["payload"] = {"kind": "budget.settled", "reservation_id": "r1"}
+    with pytest.raises(InvalidInput) as info:
+        parse_event(data | {"kind": "budget.settled"})
+    assert info.value.code is ErrorCode.INVALID_INPUT
+    assert "actual" in str(info.value)
+
+
+def test_extra_payload_field_is_rejected_naming_it() -> None:
+    data = envelope()
+    data["payload"]["sneaky"] = 1
+    with pytest.raises(InvalidInput) as info:
+        parse_event(data)
+    assert "sneaky" in str(info.value)
+
+
+def test_missing_envelope_field_is_rejected_naming_it() -> None:
+    data = envelope()
+    del data["node_id"]
+    with pytest.raises(InvalidInput) as info:
+        parse_event(data)
+    assert "node_id" in str(info.value)
+
+
+def test_envelope_and_payload_kind_mismatch_is_rejected() -> None:
+    data = envelope(kind="budget.released")
+    with pytest.raises(InvalidInput) as info:
+        parse_event(data)
+    assert "budget.released" in str(info.value)
+    assert "budget.committed" in str(info.value)
+
+
+def test_oversize_event_is_rejected_before_parsing() -> None:
+    data = envelope()
+    raw = json.dumps(data | {"node_id": "n" * MAX_EVENT_BYTES})
+    with pytest.raises(InvalidInput) as info:
+        parse_event(raw)
+    assert str(MAX_EVENT_BYTES) in str(info.value)
+    with pytest.raises(InvalidInput):
+        parse_event(raw.encode())
+
+
+def test_invalid_json_is_rejected_as_malformed() -> None:
+    with pytest.raises(InvalidInput) as info:
+        parse_event(b"{not json")
+    assert "malformed event" in str(info.value)
+
+
+@pytest.mark.parametrize("field", ["recorded_at", "effective_at"])
+def test_naive_datetimes_are_rejected(field: str) -> None:
+    with pytest.raises(InvalidInput) as info:
+        parse_event(envelope(**{field: "2026-01-01T00:00:00"}))
+    assert field in str(info.value)
+    assert "time zone" in str(info.value)
+
+
+def test_naive_payload_datetime_is_rejected() -> None:
+    data = envelope(kind="budget.reserved")
+    data["payload"] = {
+        "kind": "budget.reserved",
+        "reservation_id": "r1",
+        "grant_id": None,
+        "amount": 1,
+        "lease_until": "2026-01-01T00:05:00",
+    }
+    with pytest.raises(InvalidInput) as info:
+        parse_event(data)
+    assert "lease_until" in str(info.value)
+
+
+def test_make_event_rejects_a_naive_time() -> None:
+    with pytest.raises(InvalidInput) as info:
+        make_event(SAMPLES["turn.ended"], mission_id="m1", at=datetime(2026, 1, 1))
+    assert "time zone" in str(info.value)
+
+
+def test_aware_non_utc_datetimes_are_normalised_to_utc() -> None:
+    plus2 = timezone(timedelta(hours=2))
+    event = parse_event(envelope(recorded_at=datetime(2026, 1, 1, 2, tzinfo=plus2).isoformat()))
+    assert event.recorded_at == T0
+    assert event.recorded_at.utcoffset() == timedelta(0)
+
+
+@pytest.mark.parametrize("bad", ["m 1", "m/1", "m.1", "-m1", "", "m1>", "a" * 129, "m1\n"])
+def test_ids_outside_the_safe_alphabet_are_rejected(bad: str) -> None:
+    with pytest.raises(InvalidInput) as info:
+        parse_event(envelope(mission_id=bad))
+    assert "mission_id" in str(info.value)
+
+
+def test_payload_ids_outside_the_safe_alphabet_are_rejected() -> None:
+    data = envelope()
+    data["payload"]["reservation_id"] = "r1.*"
+    with pytest.raises(InvalidInput) as info:
+        parse_event(data)
+    assert "reservation_id" in str(info.value)
+
+
+def test_make_event_rejects_an_unsafe_mission_id() -> None:
+    with pytest.raises(InvalidInput):
+        make_event(SAMPLES["turn.ended"], mission_id="m>1", at=T0)
+
+
+@pytest.mark.parametrize("amount", [-1, 1.5, 2.0, "5", True, 10**16])
+def test_negative_float_string_bool_and_huge_amounts_are_rejected(amount: object) -> None:
+    data = envelope(kind="budget.settled")
+    data["payload"] = {"kind": "budget.settled", "reservation_id": "r1", "actual": amount}
+    with pytest.raises(InvalidInput) as info:
+        parse_event(data)
+    assert "actual" in str(info.value)
+
+
+def test_float_amount_in_json_is_rejected() -> None:
+    data = envelope(kind="budget.settled")
+    data["payload"] = {"kind": "budget.settled", "reservation_id": "r1", "actual": 0.5}
+    with pytest.raises(InvalidInput) as info:
+        parse_event(json.dumps(data))
+    assert "actual" in str(info.value)
+
+
+def test_risk_must_block_at_least_one_action() -> None:
+    data = envelope(kind="risk.opened")
+    data["payload"] = {
+        "kind": "risk.opened",
+        "risk_id": "k1",
+        "blocks": [],
+        "owner": "r",
+        "summary": "s",
+    }
+    with pytest.raises(InvalidInput) as info:
+        parse_event(data)
+    assert "blocks" in str(info.value)
+
+
+def test_bad_traceparent_is_rejected() -> None:
+    with pytest.raises(InvalidInput) as info:
+        parse_event(envelope(trace={"traceparent": "not-a-trace"}))
+    assert "traceparent" in str(info.value)
+
+
+def test_events_are_immutable() -> None:
+    event = make_event(SAMPLES["turn.ended"], mission_id="m1", at=T0)
+    with pytest.raises(ValueError, match="frozen"):
+        event.mission_id = "m2"  # type: ignore[misc]
+
+
+def test_envelope_must_be_an_event_type() -> None:
+    assert isinstance(parse_event(envelope()), Event)
