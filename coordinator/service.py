@@ -435,7 +435,9 @@ class Coordinator:
                 evolve(state, self._event(payload, req.mission_id, at=now))
                 await self._reservations.create_mission(req.mission_id, payload.ceiling)
             elif op == "grant.issue":
-                spec = GrantSpec.model_validate(args)
+                spec = GrantSpec.model_validate(
+                    {**args, "expires_at": self._grant_expiry(state, args)}
+                )
                 try:
                     admit_grant(state, spec, now)
                 except RuleViolation as exc:
@@ -483,6 +485,17 @@ class Coordinator:
             check = evolve(check, e)
         seqs = await self._commit(events)
         return ManageReply(ok=True, event_id=str(event.event_id), seq=seqs[-1], result=result)
+
+    def _grant_expiry(self, state: MissionState, args: dict[str, Any]) -> Any:
+        """Default a grant's expiry to its parent's (or the mission's): never wider by default."""
+        if args.get("expires_at"):
+            return args["expires_at"]
+        parent = state.grants.get(str(args.get("parent_id"))) if args.get("parent_id") else None
+        if parent is not None and parent.spec.expires_at is not None:
+            return parent.spec.expires_at
+        if state.mission is not None and state.mission.expires_at is not None:
+            return state.mission.expires_at
+        return None
 
     async def _effect(
         self, state: MissionState, args: dict[str, Any], now: datetime

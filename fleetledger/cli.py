@@ -6,12 +6,13 @@ unreachable (fail closed), 1 anything else.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import sys
-import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -19,8 +20,9 @@ from rich.table import Table
 
 from fleetledger import __version__
 from fleetledger.servers import EmbeddedServers, write_env_file
-from fleetledger.settings import ENV_FILE_NAME, default_state_dir
-from ledger.errors import FleetError
+from fleetledger.settings import ENV_FILE_NAME, FleetSettings, default_state_dir
+from ledger.errors import FleetError, InvalidInput, Unreachable
+from ledger.money import format_amount, parse_amount
 
 app = typer.Typer(
     name="fleetledger",
@@ -34,7 +36,7 @@ out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 
-def _fail(exc: FleetError, as_json: bool = False) -> None:
+def _fail(exc: FleetError, as_json: bool = False) -> NoReturn:
     if as_json:
         print(json.dumps({"error": exc.to_dict()}))
     err.print(f"[red]error[/] [{exc.code}] {exc.message}")
@@ -56,7 +58,7 @@ def _root(
     """fleetledger: a distributed fleet coordinator for AI agents."""
 
 
-def _servers_table(servers: EmbeddedServers, env_file: Path, nodes: int) -> Table:
+def _servers_table(servers: EmbeddedServers, env_file: Path, nodes: int, http_port: int) -> Table:
     table = Table(title="Embedded fleet", title_justify="left")
     table.add_column("component")
     table.add_column("where")
@@ -65,6 +67,7 @@ def _servers_table(servers: EmbeddedServers, env_file: Path, nodes: int) -> Tabl
         table.add_row("nats-server (JetStream)", servers.nats_url, "[green]healthy[/]")
     if servers.redis is not None:
         table.add_row("redis-server", servers.redis_url, "[green]healthy[/]")
+    table.add_row("coordinator", f"http://127.0.0.1:{http_port}/readyz", "[green]ready[/]")
     table.add_row("node slots", f"{nodes}", "recorded in fleet.env (FLEET_NODES)")
     table.add_row("settings", str(env_file), "written")
     return table
@@ -77,28 +80,36 @@ def up(
         Path | None, typer.Option(help="Where the fleet keeps its data and fleet.env.")
     ] = None,
 ) -> None:
-    """Run the embedded fleet in the foreground until Ctrl-C."""
+    """Run the embedded fleet (NATS, Redis, a coordinator) in the foreground until Ctrl-C."""
+    from coordinator.settings import CoordinatorSettings
+
     directory = state_dir or default_state_dir()
     env_file = directory / ENV_FILE_NAME
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         with err.status("starting nats-server and redis-server…"):
             servers = EmbeddedServers(directory).start()
     except FleetError as exc:
         _fail(exc)
     try:
-        env = {**servers.env(), "FLEET_STATE_DIR": str(directory), "FLEET_NODES": str(nodes)}
-        write_env_file(env_file, env)
-        out.print(_servers_table(servers, env_file, nodes))
-        err.print(
-            f"In another terminal: [bold]export $(cat {env_file})[/] "
-            "or let fleetledger read it. Ctrl-C stops the fleet."
+        settings = CoordinatorSettings(
+            nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0
         )
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        err.print("stopping…")
+
+        def ready(coordinator: Any) -> None:
+            env = {
+                **servers.env(),
+                "FLEET_STATE_DIR": str(directory),
+                "FLEET_NODES": str(nodes),
+                "FLEET_COORDINATOR_HTTP": f"http://127.0.0.1:{coordinator.http_port}",
+            }
+            write_env_file(env_file, env)
+            out.print(_servers_table(servers, env_file, nodes, coordinator.http_port))
+            err.print(
+                f"In another terminal: [bold]export $(cat {env_file})[/] or let fleetledger "
+                "read it, then e.g. `fleetledger mission create ...`. Ctrl-C stops the fleet."
+            )
+
+        _run(lambda: _serve_coordinator(settings, ready))
     finally:
         servers.stop()
         env_file.unlink(missing_ok=True)
@@ -137,6 +148,437 @@ def demo(
     if not figures["pure_steps_ok"] or race["ledger_admitted"] != 1:
         err.print("[red]the demo did not behave as scripted[/]")
         raise typer.Exit(1)
+
+
+# --- commands that talk to a running fleet ---------------------------------------------------
+
+mission_app = typer.Typer(help="Create missions.", no_args_is_help=True)
+grant_app = typer.Typer(help="Issue and revoke grants.", no_args_is_help=True)
+evidence_app = typer.Typer(help="Register and supersede evidence.", no_args_is_help=True)
+risk_app = typer.Typer(help="Open and treat risks.", no_args_is_help=True)
+action_app = typer.Typer(help="Request consequential actions.", no_args_is_help=True)
+effect_app = typer.Typer(help="Record what an action did.", no_args_is_help=True)
+coordinator_app = typer.Typer(help="Run the coordinator service.", no_args_is_help=True)
+for sub, name in (
+    (mission_app, "mission"),
+    (grant_app, "grant"),
+    (evidence_app, "evidence"),
+    (risk_app, "risk"),
+    (action_app, "action"),
+    (effect_app, "effect"),
+    (coordinator_app, "coordinator"),
+):
+    app.add_typer(sub, name=name)
+
+MissionOpt = Annotated[
+    str, typer.Option("--mission", "-m", envvar="FLEET_MISSION", help="Mission id.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
+
+
+def _nats_url() -> str:
+    settings = FleetSettings.load()
+    if not settings.nats_url:
+        raise Unreachable(
+            "no fleet configured: run `fleetledger up` (it writes fleet.env) or set FLEET_NATS_URL"
+        )
+    return settings.nats_url
+
+
+def _run(coro_fn: Any, as_json: bool = False) -> Any:
+    """Run one async client call; map errors to exit codes and --json error bodies."""
+    try:
+        return asyncio.run(coro_fn())
+    except FleetError as exc:
+        _fail(exc, as_json)
+
+
+async def _manage(op: Any, mission: str, args: dict[str, Any], actor: str = "cli") -> Any:
+    from fleetledger.client import FleetClient
+
+    async with await FleetClient.connect(_nats_url()) as client:
+        return await client.manage(op, mission, args, actor=actor)
+
+
+def _amount(text: str, what: str) -> int:
+    try:
+        return parse_amount(text)
+    except InvalidInput as exc:
+        _fail(InvalidInput(f"{what}: {exc.message}", code=exc.code))
+        raise  # unreachable: _fail exits
+
+
+def _csv(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def _when(text: str | None, what: str) -> str | None:
+    if text is None:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(
+            f"{what} {text!r} is not an ISO 8601 time (e.g. 2026-12-01T12:00:00Z)"
+        ) from None
+    if value.tzinfo is None:
+        raise InvalidInput(f"{what} {text!r} has no time zone; add Z or +00:00")
+    return value.isoformat()
+
+
+def _default_expiry(hours: int = 24) -> str:
+    return (datetime.now(UTC) + timedelta(hours=hours)).isoformat()
+
+
+def _done(reply: Any, what: str, as_json: bool) -> None:
+    if as_json:
+        print(reply.model_dump_json())
+    else:
+        out.print(f"[green]ok[/] {what} (event {reply.event_id}, stream seq {reply.seq})")
+
+
+@mission_app.command("create")
+def mission_create(
+    mission_id: Annotated[str, typer.Argument(help="Mission id.")],
+    purpose: Annotated[str, typer.Option(help="What the mission is for.")],
+    ceiling: Annotated[str, typer.Option(help="Budget ceiling in currency units, e.g. 0.80.")],
+    owner: Annotated[str, typer.Option(help="Who owns the mission.")],
+    expires: Annotated[str | None, typer.Option(help="ISO 8601 expiry (default: in 24 h).")] = None,
+    risk_roles: Annotated[
+        str, typer.Option(help="Roles that may treat any risk.")
+    ] = "risk-officer",
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a mission with a budget ceiling."""
+    args = {
+        "purpose": purpose,
+        "owner": owner,
+        "ceiling": _amount(ceiling, "--ceiling"),
+        "expires_at": _when(expires, "--expires") or _default_expiry(),
+        "risk_roles": _csv(risk_roles),
+    }
+    reply = _run(lambda: _manage("mission.create", mission_id, args), as_json)
+    _done(
+        reply,
+        f"mission {mission_id} created, ceiling {format_amount(_amount(ceiling, '--ceiling'))}",
+        as_json,
+    )
+
+
+@grant_app.command("issue")
+def grant_issue(
+    grant_id: Annotated[str, typer.Argument(help="Grant id.")],
+    mission: MissionOpt,
+    agent: Annotated[str, typer.Option(help="The agent the grant is issued to.")],
+    purpose: Annotated[str, typer.Option(help="What the grant is for.")],
+    actions: Annotated[str, typer.Option(help="Comma-separated permitted actions.")],
+    budget: Annotated[str, typer.Option(help="Budget in currency units, e.g. 0.20.")],
+    owner: Annotated[str | None, typer.Option(help="Grant owner (default: the issuer).")] = None,
+    parent: Annotated[str | None, typer.Option(help="Parent grant (delegation).")] = None,
+    evidence_required: Annotated[str | None, typer.Option(help="Actions needing evidence.")] = None,
+    approval_required: Annotated[str | None, typer.Option(help="Actions needing approval.")] = None,
+    may_delegate: Annotated[
+        bool, typer.Option("--may-delegate", help="May issue child grants.")
+    ] = False,
+    expires: Annotated[
+        str | None, typer.Option(help="ISO 8601 expiry (default: the parent's, or the mission's).")
+    ] = None,
+    by: Annotated[str, typer.Option(help="Who issues it.")] = "cli",
+    as_json: JsonOpt = False,
+) -> None:
+    """Issue a grant; a child must be no wider than its parent on any dimension."""
+    from ledger.authority import Authority
+
+    authority = Authority.of(
+        _csv(actions),
+        evidence_required_for=_csv(evidence_required),
+        approval_required_for=_csv(approval_required),
+        may_delegate=may_delegate,
+    )
+    args = {
+        "grant_id": grant_id,
+        "parent_id": parent,
+        "holder": agent,
+        "purpose": purpose,
+        "owner": owner or by,
+        "authority": authority.model_dump(mode="json"),
+        "budget": _amount(budget, "--budget"),
+        "expires_at": _when(expires, "--expires"),
+    }
+    reply = _run(lambda: _manage("grant.issue", mission, args, actor=by), as_json)
+    _done(reply, f"grant {grant_id} issued to {agent}", as_json)
+
+
+@grant_app.command("revoke")
+def grant_revoke(
+    grant_id: Annotated[str, typer.Argument()],
+    mission: MissionOpt,
+    by: Annotated[str, typer.Option()] = "cli",
+    reason: Annotated[str, typer.Option()] = "revoked by operator",
+    as_json: JsonOpt = False,
+) -> None:
+    """Revoke a grant (and with it every descendant)."""
+    reply = _run(
+        lambda: _manage(
+            "grant.revoke", mission, {"grant_id": grant_id, "by": by, "reason": reason}
+        ),
+        as_json,
+    )
+    _done(reply, f"grant {grant_id} revoked", as_json)
+
+
+@evidence_app.command("register")
+def evidence_register(
+    evidence_id: Annotated[str, typer.Argument()],
+    mission: MissionOpt,
+    source: Annotated[str, typer.Option(help="Where the evidence comes from.")],
+    claim: Annotated[str, typer.Option(help="What it shows.")],
+    valid_until: Annotated[str | None, typer.Option(help="ISO 8601 end of validity.")] = None,
+    by: Annotated[str, typer.Option()] = "cli",
+    as_json: JsonOpt = False,
+) -> None:
+    """Register evidence that gated actions can cite."""
+    args = {
+        "evidence_id": evidence_id,
+        "source": source,
+        "claim": claim,
+        "valid_until": _when(valid_until, "--valid-until"),
+    }
+    reply = _run(lambda: _manage("evidence.register", mission, args, actor=by), as_json)
+    _done(reply, f"evidence {evidence_id} registered", as_json)
+
+
+@evidence_app.command("supersede")
+def evidence_supersede(
+    evidence_id: Annotated[str, typer.Argument()],
+    mission: MissionOpt,
+    by_id: Annotated[str, typer.Option("--by", help="The evidence that replaces it.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Supersede evidence; accepted actions citing it move to review."""
+    reply = _run(
+        lambda: _manage("evidence.supersede", mission, {"evidence_id": evidence_id, "by": by_id}),
+        as_json,
+    )
+    _done(reply, f"evidence {evidence_id} superseded by {by_id}", as_json)
+
+
+@risk_app.command("open")
+def risk_open(
+    risk_id: Annotated[str, typer.Argument()],
+    mission: MissionOpt,
+    blocks: Annotated[str, typer.Option(help="Comma-separated actions it blocks.")],
+    owner: Annotated[str, typer.Option(help="Who must treat it.")],
+    summary: Annotated[str, typer.Option(help="What the risk is.")],
+    grant: Annotated[
+        str | None, typer.Option(help="Scope: this grant and its descendants.")
+    ] = None,
+    by: Annotated[str, typer.Option()] = "cli",
+    as_json: JsonOpt = False,
+) -> None:
+    """Open a blocking risk; every agent of the mission is blocked until its owner treats it."""
+    args = {
+        "risk_id": risk_id,
+        "blocks": _csv(blocks),
+        "owner": owner,
+        "summary": summary,
+        "grant_id": grant,
+    }
+    reply = _run(lambda: _manage("risk.open", mission, args, actor=by), as_json)
+    _done(reply, f"risk {risk_id} open, blocking {', '.join(_csv(blocks))}", as_json)
+
+
+@risk_app.command("treat")
+def risk_treat(
+    risk_id: Annotated[str, typer.Argument()],
+    mission: MissionOpt,
+    status: Annotated[str, typer.Option(help="ACCEPTED, MITIGATED or TRANSFERRED.")],
+    by: Annotated[str, typer.Option(help="Who treats it (its owner or an authorised role).")],
+    role: Annotated[str | None, typer.Option(help="The treater's role.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Treat a risk; only its owner or an authorised role may."""
+    args = {"risk_id": risk_id, "status": status.upper(), "by": by, "role": role}
+    reply = _run(lambda: _manage("risk.treat", mission, args, actor=by), as_json)
+    _done(reply, f"risk {risk_id} treated ({status.upper()}) by {by}", as_json)
+
+
+@app.command()
+def approve(
+    approval_id: Annotated[str, typer.Argument()],
+    mission: MissionOpt,
+    action: Annotated[str, typer.Option(help="The action approved.")],
+    approver: Annotated[str, typer.Option(help="Who approves.")],
+    role: Annotated[str, typer.Option(help="The approver's role.")],
+    grant: Annotated[str | None, typer.Option(help="Limit to this grant and descendants.")] = None,
+    max_cost: Annotated[str | None, typer.Option(help="Condition: cost at most this.")] = None,
+    expires: Annotated[str | None, typer.Option(help="ISO 8601 expiry (default: in 1 h).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Record a typed human approval for an action."""
+    conditions: dict[str, Any] = {}
+    if max_cost is not None:
+        conditions["max_cost"] = _amount(max_cost, "--max-cost")
+    args = {
+        "approval_id": approval_id,
+        "approver": approver,
+        "role": role,
+        "action": action,
+        "grant_id": grant,
+        "conditions": conditions,
+        "expires_at": _when(expires, "--expires") or _default_expiry(1),
+    }
+    reply = _run(lambda: _manage("approve", mission, args, actor=approver), as_json)
+    _done(reply, f"approval {approval_id} for {action} by {approver} ({role})", as_json)
+
+
+@action_app.command("request")
+def action_request(
+    action_id: Annotated[str, typer.Argument()],
+    mission: MissionOpt,
+    grant: Annotated[str, typer.Option(help="The grant to act under.")],
+    action: Annotated[str, typer.Option(help="The action.")],
+    cost: Annotated[str, typer.Option(help="Expected cost in currency units.")] = "0",
+    evidence: Annotated[str | None, typer.Option(help="Comma-separated evidence ids.")] = None,
+    idempotency_key: Annotated[str | None, typer.Option(help="Default: the action id.")] = None,
+    agent: Annotated[str, typer.Option()] = "cli",
+    as_json: JsonOpt = False,
+) -> None:
+    """Ask the coordinator to authorise an action; print the receipt (exit 3 if denied)."""
+    from fleetledger.client import FleetClient
+    from fleetledger.render import decision_table
+    from ledger.kernel import ActionRequest
+
+    req = ActionRequest(
+        action_id=action_id,
+        grant_id=grant,
+        action=action,
+        cost=_amount(cost, "--cost"),
+        idempotency_key=idempotency_key or action_id,
+        evidence_ids=frozenset(_csv(evidence)),
+    )
+
+    async def call() -> Any:
+        async with await FleetClient.connect(_nats_url(), agent_id=agent) as client:
+            return await client.authorize(mission, req)
+
+    reply = _run(call, as_json)
+    assert reply.decision is not None
+    if as_json:
+        print(reply.model_dump_json())
+    else:
+        out.print(decision_table(reply.decision, reply.reservation_id))
+    if not reply.decision.allowed:
+        err.print(f"[red]denied[/] by rule {reply.decision.rule}: {reply.decision.reason}")
+        raise typer.Exit(3)
+
+
+@effect_app.command("record")
+def effect_record(
+    action_id: Annotated[str, typer.Argument()],
+    mission: MissionOpt,
+    outcome: Annotated[
+        str, typer.Option(help="verified_success, verified_failure, unknown or compensated.")
+    ],
+    actual: Annotated[
+        str | None, typer.Option(help="Actual cost; settles the reservation.")
+    ] = None,
+    by: Annotated[str, typer.Option()] = "cli",
+    as_json: JsonOpt = False,
+) -> None:
+    """Record the effect receipt of an action (settles or releases its reservation)."""
+    args: dict[str, Any] = {"action_id": action_id, "outcome": outcome}
+    if actual is not None:
+        args["actual"] = _amount(actual, "--actual")
+    reply = _run(lambda: _manage("effect.record", mission, args, actor=by), as_json)
+    _done(reply, f"effect of {action_id} recorded: {outcome}", as_json)
+
+
+@app.command()
+def view(
+    mission_id: Annotated[str, typer.Argument()],
+    as_: Annotated[
+        str, typer.Option("--as", help="operator, policy, business, incident or auditor.")
+    ] = "operator",
+    as_json: JsonOpt = False,
+) -> None:
+    """The team view of a mission: budget per level, grants, open risks, receipts."""
+    from fleetledger.client import FleetClient
+    from fleetledger.render import team_view
+
+    async def call() -> dict[str, Any]:
+        async with await FleetClient.connect(_nats_url()) as client:
+            return await client.view(mission_id, as_)
+
+    data = _run(call, as_json)
+    if as_json:
+        print(json.dumps(data))
+        return
+    for table in team_view(data):
+        out.print(table)
+
+
+@app.command()
+def replay(
+    mission_id: Annotated[str, typer.Argument()],
+    cut: Annotated[int | None, typer.Option(help="Stop at this stream sequence.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rebuild a mission's state from the stream (to any cut) and report the time it took."""
+    from coordinator.replay import replay_mission
+    from coordinator.views import operator_view
+    from fleetledger.render import team_view
+
+    result = _run(lambda: replay_mission(_nats_url(), mission_id, cut=cut), as_json)
+    data = operator_view(result.state, applied_seq=result.last_seq)
+    summary = {
+        "mission_id": mission_id,
+        "events": result.events,
+        "rejected": result.rejected,
+        "last_seq": result.last_seq,
+        "seconds": round(result.seconds, 6),
+    }
+    if as_json:
+        print(json.dumps({**summary, "view": data}))
+        return
+    for table in team_view(data):
+        out.print(table)
+    err.print(
+        f"replayed {result.events} events up to seq {result.last_seq} "
+        f"in {result.seconds * 1000:.1f} ms "
+        f"({result.rejected} rejected, as at ingest)"
+    )
+
+
+@coordinator_app.command("run")
+def coordinator_run() -> None:
+    """Run the coordinator, configured by FLEET_* environment variables."""
+    from coordinator.settings import CoordinatorSettings
+
+    settings = CoordinatorSettings()
+    _run(lambda: _serve_coordinator(settings))
+
+
+async def _serve_coordinator(settings: Any, on_ready: Any = None) -> None:
+    from coordinator.service import Coordinator
+
+    coordinator = Coordinator(settings)
+    await coordinator.start()
+    err.print(
+        f"coordinator ready: NATS {settings.nats_url}, health on http://{settings.http_host}:"
+        f"{coordinator.http_port}/readyz"
+    )
+    if on_ready is not None:
+        on_ready(coordinator)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        err.print("coordinator stopping…")
+        await coordinator.stop()
 
 
 def main() -> None:

@@ -1,0 +1,69 @@
+"""Replay: rebuild one mission's state from the ledger stream, up to any cut, and time it.
+
+Reads the stream with an ordered consumer filtered to the mission's subjects; the fold rejects
+exactly what ingest rejected (it is the same pure fold), so the result equals the coordinator's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import NotFoundError
+
+from coordinator.bus import connect
+from ledger.errors import FleetError, InvalidInput
+from ledger.events import parse_event
+from ledger.mission import MissionState
+from ledger.protocol import STREAM, mission_filter
+
+
+@dataclass
+class ReplayResult:
+    state: MissionState
+    events: int
+    rejected: int
+    last_seq: int
+    seconds: float
+
+
+async def replay_mission(nats_url: str, mission_id: str, *, cut: int | None = None) -> ReplayResult:
+    """Fold the mission's events with stream sequence ≤ ``cut`` (default: all)."""
+    if cut is not None and cut < 0:
+        raise InvalidInput(f"--cut {cut} must be a stream sequence ≥ 0")
+    nc = await connect(nats_url, name="fleetledger-replay")
+    started = time.perf_counter()
+    state = MissionState(mission_id)
+    events = rejected = last = 0
+    try:
+        js = nc.jetstream()
+        try:
+            info = await js.stream_info(STREAM)
+        except NotFoundError:
+            raise InvalidInput("the ledger stream does not exist yet: nothing to replay") from None
+        end = int(info.state.last_seq) if cut is None else min(cut, int(info.state.last_seq))
+        if end > 0:
+            sub = await js.subscribe(mission_filter(mission_id), ordered_consumer=True)
+            try:
+                while True:
+                    try:
+                        msg = await sub.next_msg(timeout=2)
+                    except NatsTimeout:
+                        break
+                    seq = int(msg.metadata.sequence.stream)
+                    if seq > end:
+                        break
+                    try:
+                        state.apply(parse_event(msg.data))
+                        events += 1
+                    except FleetError:
+                        rejected += 1
+                    last = seq
+                    if msg.metadata.num_pending == 0:
+                        break
+            finally:
+                await sub.unsubscribe()
+    finally:
+        await nc.close()
+    return ReplayResult(state, events, rejected, last, time.perf_counter() - started)
