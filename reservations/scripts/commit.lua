@@ -12,7 +12,7 @@ local keys = {}
 for id in string.gmatch(r[2], '[^,]+') do keys[#keys + 1] = ARGV[2] .. 'grant:' .. id end
 keys[#keys + 1] = ARGV[2] .. 'mission'
 for _, key in ipairs(keys) do
-  redis.call('HINCRBY', key, 'reserved', '-' .. r[1])
+  redis.call('HINCRBY', key, 'reserved', 0 - tonumber(r[1]))
   redis.call('HINCRBY', key, 'committed', r[1])
 end
 redis.call('HSET', KEYS[1], 'state', 'committed', 'committed_at', now)

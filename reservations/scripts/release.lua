@@ -9,9 +9,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local from = 'committed'
 if r[3] == 'held' then from = 'reserved' end
 for id in string.gmatch(r[2], '[^,]+') do
-  redis.call('HINCRBY', ARGV[2] .. 'grant:' .. id, from, '-' .. r[1])
+  redis.call('HINCRBY', ARGV[2] .. 'grant:' .. id, from, 0 - tonumber(r[1]))
 end
-redis.call('HINCRBY', ARGV[2] .. 'mission', from, '-' .. r[1])
+redis.call('HINCRBY', ARGV[2] .. 'mission', from, 0 - tonumber(r[1]))
 redis.call('HSET', KEYS[1], 'state', 'released', 'resolved_at', now)
 redis.call('ZREM', KEYS[2], ARGV[1])
 return {'ok', now}

@@ -17,7 +17,7 @@ local keys = {}
 for id in string.gmatch(r[2], '[^,]+') do keys[#keys + 1] = ARGV[2] .. 'grant:' .. id end
 keys[#keys + 1] = ARGV[2] .. 'mission'
 for _, key in ipairs(keys) do
-  redis.call('HINCRBY', key, from, '-' .. r[1])
+  redis.call('HINCRBY', key, from, 0 - tonumber(r[1]))
   redis.call('HINCRBY', key, 'settled', ARGV[3])
 end
 local state = 'settled'

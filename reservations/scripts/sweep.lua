@@ -11,9 +11,9 @@ for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   if r[3] == 'held' then
     for gid in string.gmatch(r[2], '[^,]+') do
-      redis.call('HINCRBY', ARGV[1] .. 'grant:' .. gid, 'reserved', '-' .. r[1])
+      redis.call('HINCRBY', ARGV[1] .. 'grant:' .. gid, 'reserved', 0 - tonumber(r[1]))
     end
-    redis.call('HINCRBY', ARGV[1] .. 'mission', 'reserved', '-' .. r[1])
+    redis.call('HINCRBY', ARGV[1] .. 'mission', 'reserved', 0 - tonumber(r[1]))
     redis.call('HSET', key, 'state', 'expired', 'resolved_at', now)
     out[#out + 1] = id
     out[#out + 1] = r[1]

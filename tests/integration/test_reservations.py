@@ -352,3 +352,16 @@ async def test_reserve_after_redis_stops_fails_closed(tmp_path):
             ):
                 with pytest.raises(Unreachable):
                     await call
+
+
+async def test_a_zero_amount_reservation_goes_through_every_transition(
+    client: ReservationClient, mission: str
+):
+    await client.reserve(mission, ["g1"], "z1", 0, 30)
+    await client.commit(mission, "z1")
+    await client.settle(mission, "z1", 0)
+    await client.reserve(mission, ["g1"], "z2", 0, 30)
+    await client.release(mission, "z2")
+    await client.reserve(mission, ["g1"], "z3", 0, 0.01)
+    await wait_for_sweep(client, mission, "z3")
+    assert (await client.level(mission, "g1")).used == 0

@@ -1,0 +1,139 @@
+"""Branches under one mission budget: the Branch context and Ray fan-out on real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from ledger.errors import RuleViolation
+from ledger.events import BudgetCommitted, BudgetReleased, BudgetReserved, BudgetSettled
+from reservations import MISSION_SCOPE, ReservationClient
+from reservations.branch import Branch, BranchContext, run_branches
+
+pytestmark = pytest.mark.integration
+
+_ids = itertools.count()
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def uid(name: str) -> str:
+    return f"{name}-br-{next(_ids)}-{os.getpid()}"
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[ReservationClient]:
+    async with ReservationClient.from_url(redis_url) as c:
+        yield c
+
+
+async def test_branch_settles_the_reported_cost_on_normal_exit(client: ReservationClient):
+    mid = uid("m")
+    await client.create_mission(mid, 1_000)
+    async with Branch(client, mid, [], 400) as branch:
+        assert (await client.level(mid, MISSION_SCOPE)).committed == 400
+        branch.spend(150)
+    assert (await client.level(mid, MISSION_SCOPE)).settled == 150
+    kinds = [type(p) for p in branch.ledger_payloads()]
+    assert kinds == [BudgetReserved, BudgetCommitted, BudgetSettled]
+
+
+async def test_branch_releases_on_exception(client: ReservationClient):
+    mid = uid("m")
+    await client.create_mission(mid, 1_000)
+    branch = Branch(client, mid, [], 400)
+    with pytest.raises(ValueError, match="boom"):
+        async with branch:
+            raise ValueError("boom")
+    assert (await client.level(mid, MISSION_SCOPE)).used == 0
+    assert isinstance(branch.ledger_payloads()[-1], BudgetReleased)
+
+
+async def test_branch_denied_never_runs_its_body(client: ReservationClient):
+    mid = uid("m")
+    await client.create_mission(mid, 100)
+    ran = False
+    with pytest.raises(RuleViolation):
+        async with Branch(client, mid, [], 400):
+            ran = True
+    assert not ran
+
+
+def spend_and_echo(item: int, ctx: BranchContext) -> int:
+    assert ctx.carrier.get("traceparent") == TRACEPARENT
+    return item
+
+
+@pytest.mark.slow
+async def test_ray_branches_half_each_against_point_eight_admit_exactly_one(
+    ray_local: Any, redis_url: str, client: ReservationClient
+):
+    mid = uid("m")
+    await client.create_mission(mid, 800_000)
+    outcomes = await run_branches(
+        spend_and_echo, [500_000] * 4, redis_url=redis_url, mission_id=mid,
+        amount_each=500_000, lease_s=30, carrier={"traceparent": TRACEPARENT},
+    )  # fmt: skip
+    assert sorted(o.status for o in outcomes) == ["admitted", "denied", "denied", "denied"]
+    level = await client.level(mid, MISSION_SCOPE)
+    assert (level.settled, level.reserved, level.committed) == (500_000, 0, 0)
+
+
+def spend_all(item: int, ctx: BranchContext) -> int:
+    return ctx.amount  # spending it all keeps the count independent of task ordering
+
+
+@pytest.mark.slow
+async def test_a_thousand_ray_branch_attempts_admit_exactly_k(
+    ray_local: Any, redis_url: str, client: ReservationClient
+):
+    mid, k_admit = uid("m"), 60
+    await client.create_mission(mid, 10**6)
+    await client.create_grant(mid, "g", k_admit * 10)
+    outcomes = await run_branches(
+        spend_all, range(1000), redis_url=redis_url, mission_id=mid, chain=["g"],
+        amount_each=10, lease_s=30,
+    )  # fmt: skip
+    statuses = [o.status for o in outcomes]
+    assert statuses.count("admitted") == k_admit
+    assert statuses.count("denied") == 1000 - k_admit
+    level = await client.level(mid, "g")
+    assert (level.settled, level.reserved, level.committed) == (k_admit * 10, 0, 0)
+
+
+@pytest.mark.slow
+async def test_a_killed_ray_worker_reservation_returns_after_its_lease(
+    ray_local: Any, redis_url: str, client: ReservationClient
+):
+    mid = uid("m")
+    await client.create_mission(mid, 1_000)
+    outcomes = await run_branches(
+        held_then_die, [redis_url], redis_url=redis_url, mission_id=mid, amount_each=0, lease_s=30,
+    )  # fmt: skip
+    assert outcomes[0].status == "failed", outcomes[0]
+    level = await client.level(mid, MISSION_SCOPE)
+    assert level.reserved == 700, outcomes[0]  # the dead worker's held reservation is still counted
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    expired: list[str] = []
+    while loop.time() < deadline and not expired:
+        expired = [e.reservation_id for e in (await client.sweep(mid)).expired]
+        if not expired:
+            await asyncio.sleep(0.05)
+    assert expired == [f"{outcomes[0].reservation_id}-held"]
+    assert (await client.level(mid, MISSION_SCOPE)).used == 0
+
+
+async def held_then_die(redis_url: str, ctx: BranchContext) -> int:
+    """Reserve 700 with a short lease, leave it held (uncommitted), then the process dies."""
+    async with ReservationClient.from_url(redis_url) as client:
+        branch = Branch(
+            client, ctx.mission_id, [], 700, reservation_id=f"{ctx.reservation_id}-held",
+            lease_s=0.5, commit_on_enter=False,
+        )  # fmt: skip
+        await branch.__aenter__()
+    os._exit(1)
