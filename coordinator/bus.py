@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import Awaitable, Callable
 
 import nats
@@ -30,20 +31,36 @@ from ledger.protocol import (
     SUBJECT_PREFIX,
 )
 
+log = logging.getLogger("fleetledger.bus")
+
 
 async def connect(url: str, *, name: str, connect_timeout: float = 2.0) -> Client:
-    """Connect with nats-py's own reconnect handling; unreachable -> ``Unreachable``."""
+    """Connect, then let nats-py reconnect forever; unreachable at first -> ``Unreachable``.
+
+    nats-py would retry the first connect forever too (with unlimited reconnects), so the
+    first connect is bounded by a deadline instead.
+    """
+
+    async def quiet(exc: Exception) -> None:
+        log.debug("nats %s: %s", url, exc)
+
     try:
-        return await nats.connect(
-            url,
-            name=name,
-            connect_timeout=connect_timeout,
-            allow_reconnect=True,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
+        return await asyncio.wait_for(
+            nats.connect(
+                url,
+                name=name,
+                connect_timeout=connect_timeout,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                error_cb=quiet,
+            ),
+            timeout=connect_timeout * 2,
         )
     except (OSError, TimeoutError, nats.errors.NoServersError) as exc:
-        raise Unreachable(f"NATS at {url} is unreachable: {exc or type(exc).__name__}") from None
+        raise Unreachable(
+            f"NATS at {url} is unreachable ({type(exc).__name__}); refused (fail closed)"
+        ) from None
 
 
 async def ensure_streams(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from coordinator.service import Coordinator
+from coordinator.settings import CoordinatorSettings
+from fleetledger.client import FleetClient
 from fleetledger.servers import EmbeddedServers
 
 
@@ -26,3 +29,22 @@ def nats_url(servers: EmbeddedServers) -> str:
 @pytest.fixture(scope="session")
 def redis_url(servers: EmbeddedServers) -> str:
     return servers.redis_url
+
+
+@pytest.fixture(scope="session")
+async def coordinator(servers: EmbeddedServers) -> AsyncIterator[Coordinator]:
+    """One in-process coordinator on the session's servers (tests use distinct mission ids)."""
+    settings = CoordinatorSettings(
+        nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0, sweep_interval_s=0.2
+    )
+    running = Coordinator(settings)
+    await running.start()
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def fleet(coordinator: Coordinator, nats_url: str) -> AsyncIterator[FleetClient]:
+    """A client of the session coordinator."""
+    async with await FleetClient.connect(nats_url) as client:
+        yield client

@@ -1,0 +1,116 @@
+"""The node's local copy of its missions' risks, fed by a NATS KV watch (SPEC S6.3).
+
+The coordinator writes every risk it applies to the `fleet-risks` bucket. A watch delivers the
+current value of every key first (so a node that joins late or reconnects learns every open
+risk), then each change as it happens. ``blocking(action, chain)`` answers locally, with no
+round trip, whether an open risk blocks an action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.client import Client
+from nats.js.kv import KeyValue
+
+from ledger.authority import member
+from ledger.protocol import RISK_BUCKET
+
+
+@dataclass(frozen=True)
+class KnownRisk:
+    mission_id: str
+    risk_id: str
+    blocks: frozenset[str]
+    owner: str
+    summary: str
+    grant_id: str | None
+    open: bool
+    learned_at: float  # time.monotonic() when this node learned it
+
+
+class RiskWatcher:
+    """Watch one mission's (or every mission's, with ``mission_id=None``) risks."""
+
+    def __init__(self, nc: Client, mission_id: str | None = None) -> None:
+        self._nc = nc
+        self.mission_id = mission_id
+        self.risks: dict[tuple[str, str], KnownRisk] = {}
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self._watcher: Any = None
+        self.initialised = asyncio.Event()
+
+    async def start(self) -> None:
+        js = self._nc.jetstream()
+        kv: KeyValue = await js.key_value(RISK_BUCKET)
+        pattern = f"{self.mission_id}.*" if self.mission_id else ">"
+        self._watcher = await kv.watch(pattern)
+        self._task = asyncio.create_task(self._run())
+        await self.initialised.wait()
+
+    async def _run(self) -> None:
+        async for entry in self._watcher:
+            if entry is None:  # end of the initial values
+                self.initialised.set()
+                continue
+            if entry.value:
+                data = json.loads(entry.value)
+                risk = KnownRisk(
+                    mission_id=data["mission_id"],
+                    risk_id=data["risk_id"],
+                    blocks=frozenset(data["blocks"]),
+                    owner=data["owner"],
+                    summary=data["summary"],
+                    grant_id=data.get("grant_id"),
+                    open=data["status"] == "open",
+                    learned_at=time.monotonic(),
+                )
+                self.risks[(risk.mission_id, risk.risk_id)] = risk
+                self.initialised.set()
+                async with self._changed:
+                    self._changed.notify_all()
+
+    def open_risks(self, mission_id: str | None = None) -> list[KnownRisk]:
+        return [
+            r
+            for r in self.risks.values()
+            if r.open and (mission_id is None or r.mission_id == mission_id)
+        ]
+
+    def blocking(self, mission_id: str, action: str, chain: Sequence[str] = ()) -> KnownRisk | None:
+        """The open risk that blocks ``action`` for a grant chain (leaf first), if any."""
+        for risk in self.open_risks(mission_id):
+            if (risk.grant_id is None or risk.grant_id in chain) and member(action, risk.blocks):
+                return risk
+        return None
+
+    async def wait_for(
+        self, mission_id: str, risk_id: str, *, open: bool, timeout: float = 5.0
+    ) -> KnownRisk:
+        """Wait until this node knows ``risk_id`` in the given state."""
+
+        def known() -> KnownRisk | None:
+            risk = self.risks.get((mission_id, risk_id))
+            return risk if risk is not None and risk.open == open else None
+
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: known() is not None), timeout)
+        found = known()
+        assert found is not None
+        return found
+
+    async def stop(self) -> None:
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):
+                await self._watcher.stop()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,425 @@
+"""The coordinator over real NATS JetStream and Redis: decisions, management, ingest, risks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import nats
+import pytest
+
+from coordinator.service import Coordinator
+from coordinator.settings import CoordinatorSettings
+from fleetledger.client import FleetClient
+from fleetledger.servers import EmbeddedServers
+from ledger.authority import Authority
+from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation, Unreachable
+from ledger.events import EvidenceRegistered, make_event
+from ledger.ids import new_id
+from ledger.kernel import ActionRequest
+from ledger.protocol import DEADLETTER_STREAM, deadletter_subject
+from node_agent.risks import RiskWatcher
+from reservations import ReservationClient
+
+
+def mission_id() -> str:
+    return f"m-{new_id().hex[-12:]}"
+
+
+def soon(hours: float = 8) -> str:
+    return (datetime.now(UTC) + timedelta(hours=hours)).isoformat()
+
+
+async def make_mission(fleet: FleetClient, mid: str, ceiling: int = 800_000) -> None:
+    await fleet.manage(
+        "mission.create",
+        mid,
+        {
+            "purpose": "credit October overbilling",
+            "owner": "finance-lead",
+            "ceiling": ceiling,
+            "expires_at": soon(24),
+        },
+    )
+
+
+async def make_grant(
+    fleet: FleetClient,
+    mid: str,
+    gid: str,
+    actions: list[str],
+    budget: int,
+    *,
+    parent: str | None = None,
+    evidence_for: list[str] | None = None,
+    may_delegate: bool = True,
+) -> None:
+    authority = Authority.of(
+        actions, evidence_required_for=evidence_for or [], may_delegate=may_delegate
+    )
+    await fleet.manage(
+        "grant.issue",
+        mid,
+        {
+            "grant_id": gid,
+            "parent_id": parent,
+            "holder": f"agent-{gid}",
+            "purpose": "credits",
+            "owner": "finance-lead",
+            "authority": authority.model_dump(mode="json"),
+            "budget": budget,
+        },
+    )
+
+
+def request(action_id: str, grant: str, action: str, cost: int, **kw: Any) -> ActionRequest:
+    return ActionRequest(
+        action_id=action_id,
+        grant_id=grant,
+        action=action,
+        cost=cost,
+        idempotency_key=kw.pop("key", action_id),
+        **kw,
+    )
+
+
+async def test_invoice_credit_needs_evidence_and_is_accepted_with_it(fleet: FleetClient) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["credit.issue"], 600_000, evidence_for=["credit.issue"])
+    denied = await fleet.authorize(mid, request("a0", "g-ap", "credit.issue", 50_000))
+    assert denied.decision is not None and not denied.decision.allowed
+    assert denied.decision.rule is Rule.EVIDENCE_GATING
+    await fleet.manage(
+        "evidence.register",
+        mid,
+        {"evidence_id": "ev-1", "source": "billing", "claim": "billed twice"},
+    )
+    ok = await fleet.authorize(
+        mid, request("a1", "g-ap", "credit.issue", 50_000, evidence_ids=frozenset({"ev-1"}))
+    )
+    assert ok.decision is not None and ok.decision.allowed
+    assert ok.decision.evidence == ("ev-1",)
+    assert ok.reservation_id == "r-a1"
+    view = await fleet.view(mid)
+    assert view["budget"]["reserved"] == "0.05"
+    assert [d["allowed"] for d in view["decisions"]] == [False, True]
+
+
+async def test_widening_delegation_is_rejected_and_recorded(fleet: FleetClient) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["credit.issue"], 600_000)
+    with pytest.raises(RuleViolation) as exc:
+        await make_grant(
+            fleet, mid, "g-wide", ["credit.issue", "payment.send"], 100_000, parent="g-ap"
+        )
+    assert exc.value.rule is Rule.ATTENUATION
+    assert "payment.send" in str(exc.value)
+    view = await fleet.view(mid)
+    assert "g-wide" in view["rejected_grants"]
+    assert [g["grant_id"] for g in view["grants"]] == ["g-ap"]
+
+
+async def test_child_budget_must_fit_parent_remaining(fleet: FleetClient) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["credit.issue"], 300_000)
+    with pytest.raises(RuleViolation) as exc:
+        await make_grant(fleet, mid, "g-kid", ["credit.issue"], 400_000, parent="g-ap")
+    assert exc.value.rule is Rule.ATTENUATION
+
+
+async def test_open_risk_blocks_child_grant_until_its_owner_treats_it(fleet: FleetClient) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["credit.issue"], 600_000)
+    await make_grant(fleet, mid, "g-kid", ["credit.issue"], 100_000, parent="g-ap")
+    await fleet.manage(
+        "risk.open",
+        mid,
+        {
+            "risk_id": "risk-cov",
+            "blocks": ["credit.issue"],
+            "owner": "treasury",
+            "summary": "covenant amendment may narrow the debt basket",
+        },
+    )
+    blocked = await fleet.authorize(mid, request("a1", "g-kid", "credit.issue", 10_000))
+    assert blocked.decision is not None and blocked.decision.rule is Rule.RISK_NON_ERASURE
+    with pytest.raises(RuleViolation) as exc:
+        await fleet.manage(
+            "risk.treat", mid, {"risk_id": "risk-cov", "status": "ACCEPTED", "by": "agent-g-kid"}
+        )
+    assert exc.value.rule is Rule.RISK_NON_ERASURE
+    await fleet.manage(
+        "risk.treat", mid, {"risk_id": "risk-cov", "status": "MITIGATED", "by": "treasury"}
+    )
+    after = await fleet.authorize(mid, request("a2", "g-kid", "credit.issue", 10_000, key="a1"))
+    assert after.decision is not None and after.decision.allowed
+
+
+async def test_concurrent_requests_never_overspend(fleet: FleetClient, redis_url: str) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid, ceiling=800_000)
+    await make_grant(fleet, mid, "g-fan", ["research.run"], 800_000)
+    replies = await asyncio.gather(
+        *(
+            fleet.authorize(mid, request(f"b{i}", "g-fan", "research.run", 50_000))
+            for i in range(40)
+        )
+    )
+    allowed = [r for r in replies if r.decision is not None and r.decision.allowed]
+    assert len(allowed) == 16  # 16 × 0.05 = 0.80
+    assert all(
+        r.decision.rule is Rule.BUDGET_CONSERVATION
+        for r in replies
+        if r.decision and not r.decision.allowed
+    )
+    async with ReservationClient.from_url(redis_url) as store:
+        level = await store.level(mid, "mission")
+    assert level.used == 800_000
+    view = await fleet.view(mid)
+    assert view["budget"]["remaining"] == "0.00"
+
+
+async def test_four_branches_of_050_against_080_admit_exactly_one(fleet: FleetClient) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid, ceiling=800_000)
+    await make_grant(fleet, mid, "g-fan", ["research.run"], 800_000)
+    replies = await asyncio.gather(
+        *(
+            fleet.authorize(mid, request(f"b{i}", "g-fan", "research.run", 500_000))
+            for i in range(4)
+        )
+    )
+    assert sum(bool(r.decision and r.decision.allowed) for r in replies) == 1
+
+
+async def test_retried_authorize_returns_the_recorded_receipt(fleet: FleetClient) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
+    first = await fleet.authorize(mid, request("a1", "g-ap", "pay", 100_000))
+    again = await fleet.authorize(mid, request("a1", "g-ap", "pay", 100_000))
+    assert first.decision is not None and again.decision is not None
+    assert again.decision.allowed and again.decision.cut == first.decision.cut
+    view = await fleet.view(mid)
+    assert view["budget"]["reserved"] == "0.10"  # reserved once
+
+
+async def test_unknown_outcome_blocks_the_idempotency_key_until_reconciled(
+    fleet: FleetClient,
+) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
+    await fleet.authorize(mid, request("a1", "g-ap", "pay", 100_000, key="invoice-7"))
+    await fleet.manage("effect.record", mid, {"action_id": "a1", "outcome": "unknown"})
+    retry = await fleet.authorize(mid, request("a2", "g-ap", "pay", 100_000, key="invoice-7"))
+    assert retry.decision is not None and retry.decision.rule is Rule.OUTCOME_HONESTY
+    await fleet.manage(
+        "effect.record", mid, {"action_id": "a1", "outcome": "verified_failure", "actual": 0}
+    )
+    view = await fleet.view(mid)
+    assert view["budget"]["committed"] == "0.00" and view["budget"]["settled"] == "0.00"
+    again = await fleet.authorize(mid, request("a3", "g-ap", "pay", 100_000, key="invoice-7"))
+    assert again.decision is not None and again.decision.allowed
+
+
+async def test_settle_above_reservation_records_overrun_and_blocks_grant(
+    fleet: FleetClient,
+) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
+    await fleet.authorize(mid, request("a1", "g-ap", "pay", 100_000))
+    await fleet.manage(
+        "effect.record", mid, {"action_id": "a1", "outcome": "verified_success", "actual": 150_000}
+    )
+    view = await fleet.view(mid)
+    assert view["budget"]["settled"] == "0.15"
+    blocked = await fleet.authorize(mid, request("a2", "g-ap", "pay", 10_000))
+    assert blocked.decision is not None and blocked.decision.rule is Rule.BUDGET_CONSERVATION
+    assert "overrun" in blocked.decision.reason
+    await fleet.manage("overrun.treat", mid, {"scope": "g-ap", "by": "finance-lead"})
+    ok = await fleet.authorize(mid, request("a3", "g-ap", "pay", 10_000))
+    assert ok.decision is not None and ok.decision.allowed
+
+
+async def test_duplicate_publish_of_one_event_applies_once(
+    fleet: FleetClient, coordinator: Coordinator
+) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    event = make_event(
+        EvidenceRegistered(evidence_id="ev-dup", source="s", claim="c"),
+        mission_id=mid,
+        at=datetime.now(UTC),
+    )
+    first = await fleet.publish(event)
+    second = await fleet.publish(event)  # same Nats-Msg-Id: JetStream de-duplicates
+    assert first == second
+    await coordinator.wait_applied(first, 5)
+    assert coordinator.states[mid].version == 2  # mission.created + one evidence
+
+
+async def test_malformed_and_unknown_kind_events_are_dead_lettered(
+    fleet: FleetClient, coordinator: Coordinator, nats_url: str
+) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    before = coordinator.states[mid].snapshot()
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        dead = await js.subscribe(
+            deadletter_subject(mid), stream=DEADLETTER_STREAM, ordered_consumer=True
+        )
+        unknown = {
+            "event_id": str(new_id()),
+            "kind": "grant.teleported",
+            "mission_id": mid,
+            "node_id": "n",
+            "agent_id": "a",
+            "idempotency_key": "k",
+            "recorded_at": soon(0),
+            "effective_at": soon(0),
+            "payload": {},
+        }
+        ack1 = await js.publish(
+            f"fleet.ledger.{mid}.grant.teleported", json.dumps(unknown).encode()
+        )
+        ack2 = await js.publish(f"fleet.ledger.{mid}.mission.created", b"{not json")
+        await coordinator.wait_applied(ack2.seq, 5)
+        reasons = []
+        for _ in range(2):
+            msg = await dead.next_msg(timeout=5)
+            reasons.append(json.loads(msg.data))
+        assert {r["seq"] for r in reasons} == {ack1.seq, ack2.seq}
+        codes = {r["error"]["code"] for r in reasons}
+        assert codes == {str(ErrorCode.UNKNOWN_KIND), str(ErrorCode.INVALID_INPUT)}
+        assert "grant.teleported" in reasons[0]["error"]["message"]
+    finally:
+        await nc.close()
+    assert coordinator.states[mid].snapshot() == before
+
+
+async def test_rule_violating_event_from_a_node_is_dead_lettered(
+    fleet: FleetClient, coordinator: Coordinator
+) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await fleet.manage(
+        "risk.open", mid, {"risk_id": "r1", "blocks": ["pay"], "owner": "treasury", "summary": "s"}
+    )
+    from ledger.events import RiskTreated, TreatmentStatus
+
+    forged = make_event(
+        RiskTreated(risk_id="r1", status=TreatmentStatus.ACCEPTED, by="rogue-agent"),
+        mission_id=mid,
+        at=datetime.now(UTC),
+    )
+    before = coordinator.dead_letters
+    seq = await fleet.publish(forged)
+    await coordinator.wait_applied(seq, 5)
+    assert coordinator.dead_letters == before + 1
+    assert coordinator.states[mid].risks["r1"].open
+
+
+async def test_bad_management_input_is_refused_with_a_clear_error(fleet: FleetClient) -> None:
+    mid = mission_id()
+    with pytest.raises(InvalidInput) as exc:
+        await fleet.manage("mission.create", mid, {"purpose": "p", "owner": "o", "ceiling": -5})
+    assert "ceiling" in str(exc.value)
+    with pytest.raises(RuleViolation) as exc2:
+        await fleet.manage(
+            "mission.create", mid, {"purpose": "", "owner": "o", "ceiling": 5, "expires_at": soon()}
+        )
+    assert exc2.value.rule is Rule.PURPOSE_BINDING
+
+
+async def test_a_hundred_watching_nodes_all_learn_a_new_risk(
+    fleet: FleetClient, nats_url: str
+) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    conns = [await nats.connect(nats_url) for _ in range(10)]
+    watchers = [RiskWatcher(conns[i % 10], mid) for i in range(100)]
+    try:
+        await asyncio.gather(*(w.start() for w in watchers))
+        opened = time.monotonic()
+        await fleet.manage(
+            "risk.open",
+            mid,
+            {
+                "risk_id": "r-cov",
+                "blocks": ["credit.issue"],
+                "owner": "treasury",
+                "summary": "covenant",
+            },
+        )
+        learned = await asyncio.gather(*(w.wait_for(mid, "r-cov", open=True) for w in watchers))
+        assert all(w.blocking(mid, "credit.issue") is not None for w in watchers)
+        assert max(r.learned_at for r in learned) - opened < 1.0
+        late = RiskWatcher(conns[0], mid)  # a node that joins after the risk opened
+        await late.start()
+        assert late.blocking(mid, "credit.issue") is not None
+        await late.stop()
+        await fleet.manage(
+            "risk.treat", mid, {"risk_id": "r-cov", "status": "ACCEPTED", "by": "treasury"}
+        )
+        await asyncio.gather(*(w.wait_for(mid, "r-cov", open=False) for w in watchers))
+        assert all(w.blocking(mid, "credit.issue") is None for w in watchers)
+    finally:
+        await asyncio.gather(*(w.stop() for w in watchers))
+        for c in conns:
+            await c.close()
+
+
+async def test_no_coordinator_means_refused_fail_closed(servers: EmbeddedServers) -> None:
+    # A NATS with no coordinator subscribed: a separate server so the session coordinator is absent.
+    with EmbeddedServers(redis=False) as lonely:
+        async with await FleetClient.connect(lonely.nats_url, timeout=1) as client:
+            with pytest.raises(Unreachable) as exc:
+                await client.authorize("m-x", request("a", "g", "pay", 1))
+    assert "fail closed" in str(exc.value)
+
+
+async def test_unreachable_nats_is_refused_fail_closed() -> None:
+    with pytest.raises(Unreachable):
+        await FleetClient.connect("nats://127.0.0.1:1")
+
+
+async def test_redis_down_refuses_authorize_and_records_the_refusal() -> None:
+    with EmbeddedServers() as own:
+        settings = CoordinatorSettings(nats_url=own.nats_url, redis_url=own.redis_url, http_port=0)
+        co = Coordinator(settings)
+        await co.start()
+        try:
+            async with await FleetClient.connect(own.nats_url) as client:
+                mid = mission_id()
+                await make_mission(client, mid)
+                await make_grant(client, mid, "g", ["pay"], 500_000)
+                assert own.redis is not None
+                own.redis.stop()
+                with pytest.raises(Unreachable) as exc:
+                    await client.authorize(mid, request("a1", "g", "pay", 100_000))
+                assert "fail closed" in str(exc.value)
+                state = co.states[mid]
+                assert state.decisions[-1].allowed is False
+                assert state.level("mission").used == 0
+        finally:
+            await co.stop()
+
+
+async def test_health_and_readiness_endpoints_answer(coordinator: Coordinator) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", coordinator.http_port)
+    writer.write(b"GET /readyz HTTP/1.0\r\n\r\n")
+    data = await reader.read()
+    writer.close()
+    assert data.startswith(b"HTTP/1.0 200")
+    assert b'"redis": true' in data
