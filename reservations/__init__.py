@@ -6,6 +6,7 @@ held reservations whose lease passed. ``Branch`` and ``run_branches`` put agent 
 Ray under one mission budget.
 """
 
+from reservations.branch import Branch, BranchContext, BranchOutcome, run_branches
 from reservations.keys import MISSION_SCOPE
 from reservations.results import (
     CommitResult,
@@ -21,6 +22,9 @@ from reservations.store import ReservationClient, ReservationStore
 
 __all__ = [
     "MISSION_SCOPE",
+    "Branch",
+    "BranchContext",
+    "BranchOutcome",
     "CommitResult",
     "ExpiredReservation",
     "Level",
@@ -31,4 +35,5 @@ __all__ = [
     "ReserveResult",
     "SettleResult",
     "SweepResult",
+    "run_branches",
 ]

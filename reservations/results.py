@@ -9,7 +9,7 @@ compares equal to the original result.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from ledger.events import (
     BudgetCommitted,
@@ -36,9 +36,12 @@ __all__ = [
 ]
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def from_ms(ms: int) -> datetime:
     """Redis TIME in milliseconds as an aware UTC datetime."""
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return _EPOCH + timedelta(milliseconds=ms)  # exact; no float rounding
 
 
 @dataclass(frozen=True, slots=True)
