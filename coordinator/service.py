@@ -19,6 +19,7 @@ import json
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -309,18 +310,34 @@ class Coordinator:
             )
             await msg.respond(AuthorizeReply(error=error_body(err)).model_dump_json().encode())
             return
-        try:
-            reply = await self.authorize(req)
-        except FleetError as exc:
-            reply = AuthorizeReply(error=error_body(exc))
-        await msg.respond(reply.model_dump_json(exclude_none=True).encode())
+        replied = False
 
-    async def authorize(self, req: AuthorizeRequest) -> AuthorizeReply:
+        async def respond(reply: AuthorizeReply) -> None:
+            nonlocal replied
+            replied = True
+            await msg.respond(reply.model_dump_json(exclude_none=True).encode())
+
+        try:
+            await self.authorize(req, respond)
+        except FleetError as exc:
+            if not replied:
+                await respond(AuthorizeReply(error=error_body(exc)))
+
+    async def authorize(
+        self,
+        req: AuthorizeRequest,
+        respond: Callable[[AuthorizeReply], Awaitable[None]] | None = None,
+    ) -> AuthorizeReply:
+        """Decide, reserve, record; ``respond`` is called once the receipt is durable (PubAck),
+        before this coordinator has folded it, so the caller does not wait for the fold."""
         await self.wait_applied(req.after_seq, self.settings.cut_timeout_s)
         async with self._locks[req.mission_id]:
-            return await self._authorize_locked(req)
+            reply = await self._authorize_locked(req, respond)
+        return reply
 
-    async def _authorize_locked(self, req: AuthorizeRequest) -> AuthorizeReply:
+    async def _authorize_locked(
+        self, req: AuthorizeRequest, respond: Callable[[AuthorizeReply], Awaitable[None]] | None
+    ) -> AuthorizeReply:
         assert self._reservations is not None
         state = self.states.get(req.mission_id) or MissionState(req.mission_id)
         action = req.request
@@ -328,16 +345,21 @@ class Coordinator:
         if existing is not None:  # a retried request: answer with the receipt already recorded
             for prior in reversed(state.decisions):
                 if prior.action_id == action.action_id:
-                    return AuthorizeReply(
+                    reply = AuthorizeReply(
                         decision=_from_receipt(prior, action.grant_id, action.cost),
                         reservation_id=prior.reservation_id,
                     )
-            raise InvalidInput(
-                f"action {action.action_id} is already requested and undecided",
-                code=ErrorCode.DUPLICATE,
-            )
+                    if respond is not None:
+                        await respond(reply)
+                    return reply
+            # Requested but undecided: a coordinator died mid-append. Decide it now.
         now = self.clock.now()
         decision = decide(state, action, now)
+        if state.mission is None:  # nothing to record it in: answer, append nothing
+            reply = AuthorizeReply(decision=decision)
+            if respond is not None:
+                await respond(reply)
+            return reply
         requested = self._event(
             action.payload(),
             req.mission_id,
@@ -347,7 +369,8 @@ class Coordinator:
             idempotency_key=action.idempotency_key,
             trace=req.trace,
         )
-        events = [requested]
+        events = [requested] if existing is None else []
+        parent = requested.event_id if existing is None else None
         reservation_id: str | None = None
         if decision.allowed and action.cost > 0:
             chain = [s for s in state.scopes(action.grant_id) if s != MISSION_SCOPE]
@@ -379,7 +402,7 @@ class Coordinator:
                         req.mission_id,
                         at=res.at,
                         grant_id=action.grant_id,
-                        causal_parent=requested.event_id,
+                        causal_parent=parent,
                     )
                 )
         receipt = self._event(
@@ -387,7 +410,7 @@ class Coordinator:
             req.mission_id,
             at=now,
             grant_id=action.grant_id,
-            causal_parent=requested.event_id,
+            causal_parent=parent,
         )
         events.append(receipt)
         try:
@@ -397,15 +420,23 @@ class Coordinator:
                 with contextlib.suppress(FleetError):
                     await self._reservations.release(req.mission_id, reservation_id)
             raise
-        await self.wait_applied(seqs[-1], self.settings.cut_timeout_s)
         if decision.rule is None and not decision.allowed:
-            raise Unreachable(decision.reason)
-        return AuthorizeReply(
-            decision=decision,
-            reservation_id=reservation_id,
-            decision_seq=seqs[-1],
-            decision_event_id=str(receipt.event_id),
-        )
+            failure = Unreachable(decision.reason)
+            reply = AuthorizeReply(error=error_body(failure))
+        else:
+            reply = AuthorizeReply(
+                decision=decision,
+                reservation_id=reservation_id,
+                decision_seq=seqs[-1],
+                decision_event_id=str(receipt.event_id),
+            )
+        if respond is not None:
+            await respond(reply)
+        # Hold the mission's lock until our own receipt is folded: the next decision sees it.
+        await self.wait_applied(seqs[-1], self.settings.cut_timeout_s)
+        if reply.error is not None:
+            raise failure
+        return reply
 
     # --- management ------------------------------------------------------------------------
 
@@ -558,23 +589,28 @@ class Coordinator:
         )
 
     async def sweep_once(self) -> int:
-        """Expire held reservations whose lease passed, recording each in the ledger."""
+        """Return held reservations whose lease passed, recording each one the ledger knows.
+
+        A reservation Redis holds but the ledger never recorded (a coordinator died between
+        reserving and appending) is returned too; there is nothing to record for it.
+        """
         assert self._reservations is not None
         expired = 0
         for mission_id, state in list(self.states.items()):
-            if not any(r.state == "held" for r in state.reservations.values()):
+            if state.mission is None:
                 continue
             async with self._locks[mission_id]:
                 result = await self._reservations.sweep(mission_id)
-                events = [
-                    self._event(
-                        e.ledger_payload(),
-                        mission_id,
-                        at=e.at,
-                        grant_id=e.chain[0] if e.chain else None,
+                events = []
+                for e in result.expired:
+                    known = state.reservations.get(e.reservation_id)
+                    if known is None or known.state != "held":
+                        log.info("lease returned unrecorded reservation %s", e.reservation_id)
+                        continue
+                    grant_id = e.chain[0] if e.chain else None
+                    events.append(
+                        self._event(e.ledger_payload(), mission_id, at=e.at, grant_id=grant_id)
                     )
-                    for e in result.expired
-                ]
                 if events:
                     await self._commit(events)
                     expired += len(events)

@@ -1,0 +1,231 @@
+"""Authorize latency, ingest rate and risk propagation, each against its raw NATS baseline.
+
+In one run, on embedded nats-server and redis-server:
+  (a) authorize p50/p99 over NATS vs a raw nats-py request/reply round trip (targets: p50 <= 2x,
+      p99 <= 5 ms);
+  (b) ingest rate, publish -> applied by the coordinator, vs raw JetStream async publish (>= 0.5x);
+  (c) risk propagation p99 to 100 watching agents (<= 100 ms).
+Ends with one JSON line of figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import nats  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from coordinator.service import Coordinator  # noqa: E402
+from coordinator.settings import CoordinatorSettings  # noqa: E402
+from fleetledger.client import FleetClient  # noqa: E402
+from fleetledger.servers import EmbeddedServers  # noqa: E402
+from ledger.authority import Authority  # noqa: E402
+from ledger.events import EvidenceRegistered, make_event  # noqa: E402
+from ledger.kernel import ActionRequest  # noqa: E402
+from node_agent.risks import RiskWatcher  # noqa: E402
+
+err = Console(stderr=True)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def raw_request_reply(url: str, n: int) -> list[float]:
+    nc = await nats.connect(url)
+    sub_nc = await nats.connect(url)
+
+    async def echo(msg: nats.aio.msg.Msg) -> None:
+        await msg.respond(msg.data)
+
+    await sub_nc.subscribe("bench.echo", cb=echo)
+    await sub_nc.flush()
+    out = []
+    payload = b"x" * 300
+    for _ in range(n):
+        t = time.perf_counter()
+        await nc.request("bench.echo", payload, timeout=2)
+        out.append(time.perf_counter() - t)
+    await nc.close()
+    await sub_nc.close()
+    return out
+
+
+async def our_authorize(client: FleetClient, mission: str, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        req = ActionRequest(
+            action_id=f"a{i}", grant_id="g", action="pay", cost=1, idempotency_key=f"k{i}"
+        )
+        t = time.perf_counter()
+        reply = await client.authorize(mission, req)
+        out.append(time.perf_counter() - t)
+        assert reply.decision is not None and reply.decision.allowed, reply
+    return out
+
+
+async def raw_publish_rate(url: str, n: int) -> float:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await js.add_stream(name="BENCHRAW", subjects=["benchraw.>"])
+    body = b"x" * 400
+    t = time.perf_counter()
+    acks = [await js.publish_async(f"benchraw.{i % 8}", body) for i in range(n)]
+    await asyncio.gather(*acks)
+    rate = n / (time.perf_counter() - t)
+    await js.delete_stream("BENCHRAW")
+    await nc.close()
+    return rate
+
+
+async def ingest_rate(url: str, coordinator: Coordinator, mission: str, n: int) -> float:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    now = datetime.now(UTC)
+    events = [
+        make_event(
+            EvidenceRegistered(evidence_id=f"ev{i}", source="bench", claim="c"),
+            mission_id=mission,
+            at=now,
+        )
+        for i in range(n)
+    ]
+    datas = [(f"fleet.ledger.{mission}.{e.kind}", e.to_json(), str(e.event_id)) for e in events]
+    t = time.perf_counter()
+    acks = [await js.publish_async(s, d, headers={"Nats-Msg-Id": mid}) for s, d, mid in datas]
+    last = max(a.seq for a in await asyncio.gather(*acks))
+    await coordinator.wait_applied(last, 120)
+    rate = n / (time.perf_counter() - t)
+    await nc.close()
+    return rate
+
+
+async def propagation(
+    url: str, client: FleetClient, mission: str, agents: int, rounds: int
+) -> list[float]:
+    conns = [await nats.connect(url) for _ in range(10)]
+    watchers = [RiskWatcher(conns[i % len(conns)], mission) for i in range(agents)]
+    await asyncio.gather(*(w.start() for w in watchers))
+    delays: list[float] = []
+    for r in range(rounds):
+        t = time.monotonic()
+        await client.manage(
+            "risk.open",
+            mission,
+            {"risk_id": f"r{r}", "blocks": ["x"], "owner": "o", "summary": "s"},
+        )
+        learned = await asyncio.gather(*(w.wait_for(mission, f"r{r}", open=True) for w in watchers))
+        delays += [k.learned_at - t for k in learned]
+    await asyncio.gather(*(w.stop() for w in watchers))
+    for c in conns:
+        await c.close()
+    return delays
+
+
+async def main(quick: bool) -> dict[str, object]:
+    n_lat = 300 if quick else 3000
+    n_ingest = 5000 if quick else 50000
+    with EmbeddedServers() as fleet:
+        settings = CoordinatorSettings(
+            nats_url=fleet.nats_url, redis_url=fleet.redis_url, http_port=0
+        )
+        co = Coordinator(settings)
+        await co.start()
+        try:
+            client = await FleetClient.connect(fleet.nats_url)
+            expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
+            for m in ("bench-auth", "bench-ingest", "bench-risk"):
+                await client.manage(
+                    "mission.create",
+                    m,
+                    {"purpose": "bench", "owner": "o", "ceiling": 10**12, "expires_at": expires},
+                )
+            await client.manage(
+                "grant.issue",
+                "bench-auth",
+                {
+                    "grant_id": "g",
+                    "holder": "a",
+                    "purpose": "bench",
+                    "owner": "o",
+                    "authority": Authority.of(["pay"]).model_dump(mode="json"),
+                    "budget": 10**12,
+                },
+            )
+            err.print("warming up…")
+            await raw_request_reply(fleet.nats_url, 50)
+            await our_authorize(client, "bench-auth", 50)
+            client.last_seq = 0
+            err.print(f"(a) {n_lat} authorize round trips vs raw request/reply…")
+            raw = await raw_request_reply(fleet.nats_url, n_lat)
+            ours = []
+            for i in range(n_lat):  # fresh action ids
+                req = ActionRequest(
+                    action_id=f"b{i}", grant_id="g", action="pay", cost=1, idempotency_key=f"kb{i}"
+                )
+                t = time.perf_counter()
+                reply = await client.authorize("bench-auth", req)
+                ours.append(time.perf_counter() - t)
+                assert reply.decision is not None and reply.decision.allowed
+            err.print(f"(b) ingest of {n_ingest} events vs raw JetStream async publish…")
+            raw_rate = await raw_publish_rate(fleet.nats_url, n_ingest)
+            our_rate = await ingest_rate(fleet.nats_url, co, "bench-ingest", n_ingest)
+            err.print("(c) risk propagation to 100 agents…")
+            delays = await propagation(
+                fleet.nats_url, client, "bench-risk", 100, 5 if quick else 20
+            )
+            await client.close()
+        finally:
+            await co.stop()
+    figures = {
+        "raw_rr_p50_ms": statistics.median(raw) * 1e3,
+        "authorize_p50_ms": statistics.median(ours) * 1e3,
+        "authorize_p99_ms": pct(ours, 0.99) * 1e3,
+        "authorize_p50_ratio": statistics.median(ours) / statistics.median(raw),
+        "raw_publish_per_s": raw_rate,
+        "ingest_per_s": our_rate,
+        "ingest_ratio": our_rate / raw_rate,
+        "risk_p99_ms": pct(delays, 0.99) * 1e3,
+        "risk_agents": 100,
+    }
+    table = Table(title="Coordinator benchmark (one run)", title_justify="left")
+    for col in ("measure", "fleetledger", "raw baseline", "ratio", "target"):
+        table.add_column(col)
+    table.add_row(
+        "authorize p50",
+        f"{figures['authorize_p50_ms']:.3f} ms",
+        f"{figures['raw_rr_p50_ms']:.3f} ms",
+        f"{figures['authorize_p50_ratio']:.2f}x",
+        "<= 2x",
+    )
+    table.add_row("authorize p99", f"{figures['authorize_p99_ms']:.3f} ms", "", "", "<= 5 ms")
+    table.add_row(
+        "ingest publish -> applied",
+        f"{our_rate:,.0f}/s",
+        f"{raw_rate:,.0f}/s",
+        f"{figures['ingest_ratio']:.2f}x",
+        ">= 0.5x",
+    )
+    table.add_row(
+        "risk propagation p99, 100 agents", f"{figures['risk_p99_ms']:.1f} ms", "", "", "<= 100 ms"
+    )
+    Console().print(table)
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a short run (under a minute)")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main(args.quick))))
