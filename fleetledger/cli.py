@@ -119,35 +119,19 @@ def up(
 @app.command()
 def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+    no_ray: Annotated[bool, typer.Option("--no-ray", help="Skip the Ray branch race.")] = False,
 ) -> None:
-    """Run the scripted mission of SPEC S10 and print what fleetledger stopped."""
-    from fleetledger.demo import race_pure, run_pure_demo, team_view
+    """Start the embedded fleet, run the scripted mission of SPEC S10, print what was stopped."""
+    from fleetledger.demo import expected, run_demo
 
-    console = err if as_json else out
-    led, figures = run_pure_demo(console)
-    race = race_pure(console)
-    table = Table(title="Budget race: 4 branches x 0.50 against 0.80 left", title_justify="left")
-    table.add_column("gateway")
-    table.add_column("admitted")
-    table.add_column("spend")
-    table.add_column("over the ceiling")
-    table.add_row(
-        "naive check-then-spend",
-        str(race["naive_admitted"]),
-        race["naive_spend"],
-        "[red]yes[/]" if race["naive_admitted"] > 1 else "no",
-    )
-    table.add_row(
-        "fleetledger reservations", str(race["ledger_admitted"]), race["ledger_spend"], "no"
-    )
-    console.print(table)
-    console.print(team_view(led.state))
-    figures.update(race)
+    figures = _run(lambda: run_demo(err if as_json else out, err, ray_branches=not no_ray), as_json)
     if as_json:
         print(json.dumps(figures))
-    if not figures["pure_steps_ok"] or race["ledger_admitted"] != 1:
-        err.print("[red]the demo did not behave as scripted[/]")
+    problems = expected(figures)
+    if problems:
+        err.print(f"[red]the demo did not behave as scripted:[/] {'; '.join(problems)}")
         raise typer.Exit(1)
+    err.print("[green]demo complete[/]: every step behaved as scripted")
 
 
 # --- commands that talk to a running fleet ---------------------------------------------------
@@ -205,7 +189,6 @@ def _amount(text: str, what: str) -> int:
         return parse_amount(text)
     except InvalidInput as exc:
         _fail(InvalidInput(f"{what}: {exc.message}", code=exc.code))
-        raise  # unreachable: _fail exits
 
 
 def _csv(text: str | None) -> list[str]:
@@ -218,11 +201,9 @@ def _when(text: str | None, what: str) -> str | None:
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
-        raise InvalidInput(
-            f"{what} {text!r} is not an ISO 8601 time (e.g. 2026-12-01T12:00:00Z)"
-        ) from None
+        _fail(InvalidInput(f"{what} {text!r} is not an ISO 8601 time (e.g. 2026-12-01T12:00:00Z)"))
     if value.tzinfo is None:
-        raise InvalidInput(f"{what} {text!r} has no time zone; add Z or +00:00")
+        _fail(InvalidInput(f"{what} {text!r} has no time zone; add Z or +00:00"))
     return value.isoformat()
 
 

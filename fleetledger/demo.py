@@ -1,416 +1,376 @@
-"""The scripted mission of SPEC S10: what fleetledger stops, shown step by step as tables.
+"""The scripted mission of SPEC S10, run on the embedded fleet: what fleetledger stops, as tables.
 
-The invoice case: an accounts-payable agent proposes a customer credit backed by evidence; a
-sub-agent asks for wider authority than its parent; a risk found by one agent blocks the credit
-for everyone until its owner treats it; four branches race for 0.50 each of a mission with 0.80.
+Everything goes through the real distributed path: nats-server (JetStream) and redis-server
+from their pip packages on free ports, a coordinator, node agents watching risks over NATS KV,
+and Ray branches reserving budget in Redis. The invoice case: an accounts-payable agent
+proposes a customer credit backed by evidence; a sub-agent asks for wider authority than its
+parent; a risk found by one agent blocks the credit for every agent until its owner treats it;
+branches race for 0.50 each of a mission with 0.80 left.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import timedelta
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from ledger import (
-    ActionRequest,
-    Authority,
-    Decision,
-    Event,
-    GrantSpec,
-    ManualClock,
-    MissionState,
-    RuleViolation,
-    admit_grant,
-    decide,
-    format_amount,
-    make_event,
-    parse_amount,
-)
-from ledger.events import (
-    BudgetReserved,
-    BudgetSettled,
-    EffectObserved,
-    EvidenceRegistered,
-    GrantIssued,
-    GrantRejected,
-    MissionCreated,
-    Outcome,
-    RiskOpened,
-    RiskTreated,
-    TreatmentStatus,
-)
+from coordinator.service import Coordinator
+from coordinator.settings import CoordinatorSettings
+from fleetledger.client import FleetClient
+from fleetledger.render import team_view, verdict
+from fleetledger.servers import EmbeddedServers
+from ledger.authority import Authority
+from ledger.errors import FleetError, RuleViolation
+from ledger.kernel import ActionRequest
+from ledger.money import format_amount, parse_amount
+from node_agent.risks import RiskWatcher
 
 MISSION = "invoice-run"
+RACE = "budget-race"
+NODES = ("node-a", "node-b", "node-c")
 
 
-@dataclass
-class LocalLedger:
-    """An in-process ledger over the pure core: validate, append, fold. The demo's engine."""
+class Steps:
+    """The step table, filled as the mission runs."""
 
-    mission_id: str
-    clock: ManualClock = field(default_factory=ManualClock)
-    events: list[Event] = field(default_factory=list)
-    state: MissionState = field(init=False)
+    def __init__(self, title: str) -> None:
+        self.table = Table(title=title, title_justify="left")
+        for col in ("step", "who", "asks", "verdict", "rule", "why"):
+            self.table.add_column(col, overflow="fold")
+        self.ok: list[bool] = []
 
-    def __post_init__(self) -> None:
-        self.state = MissionState(self.mission_id)
-
-    def record(
-        self,
-        payload: Any,
-        *,
-        agent: str = "operator",
-        grant_id: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> Event:
-        event = make_event(
-            payload,
-            mission_id=self.mission_id,
-            at=self.clock.now(),
-            agent_id=agent,
-            grant_id=grant_id,
-            idempotency_key=idempotency_key,
-        )
-        self.state.apply(event)  # raises, unchanged, if a rule rejects it
-        self.events.append(event)
-        return event
-
-    def issue(self, spec: GrantSpec) -> tuple[bool, str]:
-        try:
-            admit_grant(self.state, spec, self.clock.now())
-        except RuleViolation as exc:
-            self.record(GrantRejected(grant_id=spec.grant_id, rule=exc.rule, reason=exc.reason))
-            return False, str(exc)
-        self.record(GrantIssued(grant=spec))
-        return True, f"issued to {spec.holder}"
-
-    def request(self, req: ActionRequest, *, agent: str) -> Decision:
-        self.record(
-            req.payload(), agent=agent, grant_id=req.grant_id, idempotency_key=req.idempotency_key
-        )
-        decision = decide(self.state, req, self.clock.now())
-        reservation_id = None
-        if decision.allowed and req.cost:
-            reservation_id = f"r-{req.action_id}"
-            self.record(
-                BudgetReserved(
-                    reservation_id=reservation_id,
-                    grant_id=req.grant_id,
-                    amount=req.cost,
-                    lease_until=self.clock.now() + timedelta(minutes=5),
-                ),
-                agent=agent,
-                grant_id=req.grant_id,
-            )
-        self.record(decision.receipt(reservation_id), agent="coordinator", grant_id=req.grant_id)
-        return decision
+    def add(self, who: str, asks: str, allowed: bool, rule: str, why: str, *, expect: bool) -> None:
+        self.ok.append(allowed == expect)
+        self.table.add_row(str(len(self.ok)), who, asks, verdict(allowed), rule, why)
 
 
-def _verdict(ok: bool) -> str:
-    return "[green]ALLOWED[/]" if ok else "[red]DENIED[/]"
-
-
-def _steps_table(title: str) -> Table:
-    table = Table(title=title, title_justify="left", show_lines=False)
-    table.add_column("step")
-    table.add_column("who")
-    table.add_column("asks")
-    table.add_column("verdict")
-    table.add_column("rule")
-    table.add_column("why", overflow="fold", max_width=70)
-    return table
-
-
-def run_pure_demo(console: Console) -> tuple[LocalLedger, dict[str, Any]]:
-    """Run the scripted mission over the pure core; print tables; return the figures."""
-    led = LocalLedger(MISSION)
-    now = led.clock.now()
-    day = now + timedelta(days=1)
-    led.record(
-        MissionCreated(
-            purpose="credit customers overbilled in October",
-            owner="finance-lead",
-            ceiling=parse_amount("0.80"),
-            expires_at=day,
-        )
-    )
-    steps = _steps_table(f"Mission {MISSION}: ceiling 0.80, owner finance-lead")
-    figures: dict[str, Any] = {}
-
-    root = GrantSpec(
-        grant_id="g-ap",
-        holder="ap-agent",
-        purpose="issue October credits",
-        owner="finance-lead",
-        authority=Authority.of(
-            ["invoice.read", "credit.propose", "credit.issue"],
-            evidence_required_for=["credit.issue"],
-            may_delegate=True,
-        ),
-        budget=parse_amount("0.80"),
-        expires_at=day,
-    )
-    ok, why = led.issue(root)
-    steps.add_row("1", "finance-lead", "grant g-ap to ap-agent", _verdict(ok), "", why)
-
-    led.record(
-        EvidenceRegistered(
-            evidence_id="ev-inv-1042",
-            source="billing-db invoice 1042",
-            claim="customer ACME was billed twice for October",
-            valid_until=day,
-        ),
-        agent="ap-agent",
-    )
-    no_ev = led.request(
-        ActionRequest(
-            action_id="a-credit-0",
-            grant_id="g-ap",
-            action="credit.issue",
-            cost=parse_amount("0.05"),
-            idempotency_key="credit-acme-oct-try0",
-        ),
-        agent="ap-agent",
-    )
-    steps.add_row(
-        "2",
-        "ap-agent",
-        "credit.issue without evidence",
-        _verdict(no_ev.allowed),
-        str(no_ev.rule or ""),
-        no_ev.reason,
-    )
-    credit = led.request(
-        ActionRequest(
-            action_id="a-credit-1",
-            grant_id="g-ap",
-            action="credit.issue",
-            cost=parse_amount("0.05"),
-            idempotency_key="credit-acme-oct",
-            evidence_ids=frozenset({"ev-inv-1042"}),
-        ),
-        agent="ap-agent",
-    )
-    steps.add_row(
-        "3",
-        "ap-agent",
-        "credit.issue citing ev-inv-1042",
-        _verdict(credit.allowed),
-        "",
-        f"receipt at cut {credit.cut}, evidence {', '.join(credit.evidence)}",
-    )
-    led.record(
-        BudgetSettled(reservation_id="r-a-credit-1", actual=parse_amount("0.04")), agent="ap-agent"
-    )
-    led.record(
-        EffectObserved(
-            action_id="a-credit-1", outcome=Outcome.VERIFIED_SUCCESS, actual=parse_amount("0.04")
-        ),
-        agent="ap-agent",
-    )
-
-    wide = GrantSpec(
-        grant_id="g-helper",
-        parent_id="g-ap",
-        holder="helper-agent",
-        purpose="draft credit memos",
-        owner="ap-agent",
-        authority=Authority.of(["credit.issue", "payment.send"]),
-        budget=parse_amount("0.20"),
-        expires_at=day,
-    )
-    ok, why = led.issue(wide)
-    steps.add_row(
-        "4",
-        "ap-agent",
-        "delegate credit.issue + payment.send",
-        _verdict(ok),
-        "attenuation" if not ok else "",
-        why,
-    )
-    narrow = wide.model_copy(
-        update={
-            "grant_id": "g-helper2",
-            "authority": Authority.of(
-                ["credit.propose", "credit.issue"], evidence_required_for=["credit.issue"]
-            ),
-        }
-    )
-    ok, why = led.issue(narrow)
-    steps.add_row("5", "ap-agent", "delegate credit.propose + credit.issue", _verdict(ok), "", why)
-
-    led.record(
-        RiskOpened(
-            risk_id="risk-covenant",
-            blocks=frozenset({"credit.issue"}),
-            owner="treasury",
-            summary="the covenant amendment may narrow the debt basket",
-        ),
-        agent="research-agent",
-    )
-    blocked = led.request(
-        ActionRequest(
-            action_id="a-credit-2",
-            grant_id="g-helper2",
-            action="credit.issue",
-            cost=parse_amount("0.05"),
-            idempotency_key="credit-globex-oct",
-            evidence_ids=frozenset({"ev-inv-1042"}),
-        ),
-        agent="helper-agent",
-    )
-    steps.add_row(
-        "6",
-        "helper-agent",
-        "credit.issue (risk open, child grant)",
-        _verdict(blocked.allowed),
-        str(blocked.rule or ""),
-        blocked.reason,
-    )
-    try:
-        led.record(
-            RiskTreated(
-                risk_id="risk-covenant", status=TreatmentStatus.ACCEPTED, by="helper-agent"
-            ),
-            agent="helper-agent",
-        )
-        treated_by_agent = "treated"
-    except RuleViolation as exc:
-        treated_by_agent = str(exc)
-    steps.add_row(
-        "7",
-        "helper-agent",
-        "treat the risk itself",
-        _verdict(False),
-        "risk_non_erasure",
-        treated_by_agent,
-    )
-    led.record(
-        RiskTreated(risk_id="risk-covenant", status=TreatmentStatus.MITIGATED, by="treasury"),
-        agent="treasury",
-    )
-    after = led.request(
-        ActionRequest(
-            action_id="a-credit-3",
-            grant_id="g-helper2",
-            action="credit.issue",
-            cost=parse_amount("0.05"),
-            idempotency_key="credit-globex-oct",
-            evidence_ids=frozenset({"ev-inv-1042"}),
-        ),
-        agent="helper-agent",
-    )
-    steps.add_row(
-        "8",
-        "treasury → helper-agent",
-        "treat, then credit.issue again",
-        _verdict(after.allowed),
-        "",
-        "treated by its owner; the credit proceeds",
-    )
-    console.print(steps)
-    figures["pure_steps_ok"] = (
-        not no_ev.allowed and credit.allowed and not blocked.allowed and after.allowed
-    )
-    figures["risk_blocked_rule"] = str(blocked.rule)
-    return led, figures
-
-
-def race_pure(
-    console: Console, *, branches: int = 4, each: str = "0.50", left: str = "0.80"
+def _grant(
+    gid: str, holder: str, purpose: str, actions: list[str], budget: str, **kw: Any
 ) -> dict[str, Any]:
-    """Four branches each see 0.80 left and ask 0.50: a naive gateway admits all four."""
-    led = LocalLedger("budget-race")
-    day = led.clock.now() + timedelta(days=1)
-    led.record(
-        MissionCreated(
-            purpose="parallel research branches",
-            owner="platform",
-            ceiling=parse_amount(left),
-            expires_at=day,
-        )
-    )
-    led.issue(
-        GrantSpec(
-            grant_id="g-fanout",
-            holder="orchestrator",
-            purpose="fan out research",
-            owner="platform",
-            authority=Authority.of(["research.run"]),
-            budget=parse_amount(left),
-            expires_at=day,
-        )
-    )
-    amount = parse_amount(each)
-    # Naive check-then-spend: every branch checks the same snapshot, then spends.
-    seen = led.state.remaining("mission")
-    naive_admitted = sum(1 for _ in range(branches) if amount <= seen)
-    # The ledger: every admission is a reservation checked at every level, one at a time.
-    admitted = 0
-    for i in range(branches):
-        d = led.request(
-            ActionRequest(
-                action_id=f"branch-{i}",
-                grant_id="g-fanout",
-                action="research.run",
-                cost=amount,
-                idempotency_key=f"branch-{i}",
-            ),
-            agent=f"branch-{i}",
-        )
-        admitted += d.allowed
+    parent = kw.pop("parent", None)
     return {
-        "naive_admitted": naive_admitted,
-        "naive_spend": format_amount(naive_admitted * amount),
-        "ledger_admitted": admitted,
-        "ledger_spend": format_amount(admitted * amount),
+        "grant_id": gid,
+        "parent_id": parent,
+        "holder": holder,
+        "purpose": purpose,
+        "owner": kw.pop("owner", "finance-lead"),
+        "authority": Authority.of(actions, **kw).model_dump(mode="json"),
+        "budget": parse_amount(budget),
     }
 
 
-def team_view(state: MissionState) -> Table:
-    """The operator's view: grants, budget per level, open risks, receipts."""
+async def _try(call: Callable[[], Awaitable[Any]]) -> tuple[bool, str, str]:
+    try:
+        await call()
+    except RuleViolation as exc:
+        return False, exc.rule.value, str(exc)
+    return True, "", ""
+
+
+async def scripted_mission(
+    fleet: FleetClient, watchers: list[RiskWatcher], steps: Steps
+) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    expires = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    await fleet.manage(
+        "mission.create",
+        MISSION,
+        {
+            "purpose": "credit customers overbilled in October",
+            "owner": "finance-lead",
+            "ceiling": parse_amount("0.80"),
+            "expires_at": expires,
+        },
+    )
+    ok, rule, why = await _try(
+        lambda: fleet.manage(
+            "grant.issue",
+            MISSION,
+            _grant(
+                "g-ap",
+                "ap-agent",
+                "issue October credits",
+                ["invoice.read", "credit.propose", "credit.issue"],
+                "0.60",
+                evidence_required_for=["credit.issue"],
+                may_delegate=True,
+            ),
+        )
+    )
+    steps.add(
+        "finance-lead", "grant g-ap to ap-agent (0.60)", ok, rule, why or "issued", expect=True
+    )
+
+    async def ask(agent: str, action_id: str, grant: str, key: str, evidence: set[str]) -> Any:
+        req = ActionRequest(
+            action_id=action_id,
+            grant_id=grant,
+            action="credit.issue",
+            cost=parse_amount("0.05"),
+            idempotency_key=key,
+            evidence_ids=frozenset(evidence),
+        )
+        reply = await fleet.authorize(MISSION, req)
+        d = reply.decision
+        assert d is not None
+        steps.add(
+            agent,
+            f"credit.issue ({action_id})",
+            d.allowed,
+            d.rule.value if d.rule else "",
+            d.reason
+            if not d.allowed
+            else f"receipt at cut {d.cut}, evidence {', '.join(d.evidence)}",
+            expect=expect_next.pop(0),
+        )
+        return d
+
+    expect_next = [False, True]
+    await ask("ap-agent", "a-credit-0", "g-ap", "credit-acme-oct-0", set())
+    await fleet.manage(
+        "evidence.register",
+        MISSION,
+        {
+            "evidence_id": "ev-inv-1042",
+            "source": "billing-db invoice 1042",
+            "claim": "customer ACME was billed twice for October",
+        },
+    )
+    await ask("ap-agent", "a-credit-1", "g-ap", "credit-acme-oct", {"ev-inv-1042"})
+    await fleet.manage(
+        "effect.record",
+        MISSION,
+        {"action_id": "a-credit-1", "outcome": "verified_success", "actual": parse_amount("0.04")},
+    )
+
+    ok, rule, why = await _try(
+        lambda: fleet.manage(
+            "grant.issue",
+            MISSION,
+            _grant(
+                "g-helper",
+                "helper-agent",
+                "draft credit memos",
+                ["credit.issue", "payment.send"],
+                "0.20",
+                parent="g-ap",
+                owner="ap-agent",
+                evidence_required_for=["credit.issue"],
+            ),
+        )
+    )
+    steps.add("ap-agent", "delegate credit.issue + payment.send", ok, rule, why, expect=False)
+    ok, rule, why = await _try(
+        lambda: fleet.manage(
+            "grant.issue",
+            MISSION,
+            _grant(
+                "g-helper2",
+                "helper-agent",
+                "draft credit memos",
+                ["credit.propose", "credit.issue"],
+                "0.20",
+                parent="g-ap",
+                owner="ap-agent",
+                evidence_required_for=["credit.issue"],
+            ),
+        )
+    )
+    steps.add(
+        "ap-agent",
+        "delegate credit.propose + credit.issue",
+        ok,
+        rule,
+        why or "issued, narrower",
+        expect=True,
+    )
+
+    opened = time.monotonic()
+    await fleet.manage(
+        "risk.open",
+        MISSION,
+        {
+            "risk_id": "risk-covenant",
+            "blocks": ["credit.issue"],
+            "owner": "treasury",
+            "summary": "the covenant amendment may narrow the debt basket",
+        },
+        actor="research-agent",
+    )
+    learned = await asyncio.gather(
+        *(w.wait_for(MISSION, "risk-covenant", open=True) for w in watchers)
+    )
+    figures["risk_propagation_ms"] = round(
+        max(r.learned_at for r in learned) * 1000 - opened * 1000, 2
+    )
+    local = [
+        w.blocking(MISSION, "credit.issue", ["g-helper2", "g-ap"]) is not None for w in watchers
+    ]
+    steps.add(
+        "research-agent",
+        f"open risk-covenant → {len(watchers)} node agents",
+        False,
+        "risk_non_erasure",
+        f"every node blocks credit.issue locally after {figures['risk_propagation_ms']} ms",
+        expect=False,
+    )
+    expect_next = [False]
+    await ask("helper-agent", "a-credit-2", "g-helper2", "credit-globex-oct", {"ev-inv-1042"})
+    ok, rule, why = await _try(
+        lambda: fleet.manage(
+            "risk.treat",
+            MISSION,
+            {"risk_id": "risk-covenant", "status": "ACCEPTED", "by": "helper-agent"},
+        )
+    )
+    steps.add("helper-agent", "treat the risk itself", ok, rule, why, expect=False)
+    await fleet.manage(
+        "risk.treat", MISSION, {"risk_id": "risk-covenant", "status": "MITIGATED", "by": "treasury"}
+    )
+    await asyncio.gather(*(w.wait_for(MISSION, "risk-covenant", open=False) for w in watchers))
+    expect_next = [True]
+    await ask("helper-agent", "a-credit-3", "g-helper2", "credit-globex-oct", {"ev-inv-1042"})
+    figures["nodes_blocked_locally"] = sum(local)
+    return figures
+
+
+async def coordinator_race(fleet: FleetClient) -> int:
+    """Four agents ask the coordinator for 0.50 each at once; the mission has 0.80."""
+    expires = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    await fleet.manage(
+        "mission.create",
+        RACE,
+        {
+            "purpose": "parallel research",
+            "owner": "platform",
+            "ceiling": parse_amount("0.80"),
+            "expires_at": expires,
+        },
+    )
+    await fleet.manage(
+        "grant.issue",
+        RACE,
+        _grant(
+            "g-fanout",
+            "orchestrator",
+            "fan out research",
+            ["research.run"],
+            "0.80",
+            owner="platform",
+        ),
+    )
+    replies = await asyncio.gather(
+        *(
+            fleet.authorize(
+                RACE,
+                ActionRequest(
+                    action_id=f"agent-{i}",
+                    grant_id="g-fanout",
+                    action="research.run",
+                    cost=parse_amount("0.50"),
+                    idempotency_key=f"agent-{i}",
+                ),
+            )
+            for i in range(4)
+        )
+    )
+    return sum(1 for r in replies if r.decision is not None and r.decision.allowed)
+
+
+async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> dict[str, Any]:
+    """Start the embedded fleet, run the scripted mission, print tables, return the figures."""
+    figures: dict[str, Any] = {}
+    with err.status("starting nats-server and redis-server…"):
+        servers = EmbeddedServers().start()
+    try:
+        settings = CoordinatorSettings(
+            nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0
+        )
+        coordinator = Coordinator(settings)
+        with err.status("starting the coordinator…"):
+            await coordinator.start()
+        fleet = await FleetClient.connect(servers.nats_url)
+        node_conns = [await FleetClient.connect(servers.nats_url, node_id=n) for n in NODES]
+        watchers = [RiskWatcher(c.nc, MISSION) for c in node_conns]
+        try:
+            await asyncio.gather(*(w.start() for w in watchers))
+            err.print(
+                f"fleet up: NATS {servers.nats_url}, Redis {servers.redis_url}, "
+                f"coordinator, {len(NODES)} node agents watching risks"
+            )
+            steps = Steps(
+                f"Mission {MISSION}: ceiling 0.80, owner finance-lead (NATS → coordinator → Redis)"
+            )
+            figures.update(await scripted_mission(fleet, watchers, steps))
+            out.print(steps.table)
+            figures["steps_as_scripted"] = all(steps.ok)
+            figures["coordinator_race_admitted"] = await coordinator_race(fleet)
+            if ray_branches:
+                from fleetledger.race import ray_race
+
+                figures.update(await ray_race(servers, fleet, err))
+            out.print(race_table(figures))
+            for table in team_view(await fleet.view(MISSION)):
+                out.print(table)
+        finally:
+            await asyncio.gather(*(w.stop() for w in watchers))
+            for c in node_conns:
+                await c.close()
+            await fleet.close()
+            await coordinator.stop()
+    finally:
+        servers.stop()
+    return figures
+
+
+def race_table(figures: dict[str, Any]) -> Table:
     table = Table(
-        title=f"Team view: {state.mission_id} (ledger version {state.version})",
+        title="Budget race: branches asking 0.50 each of a mission with 0.80 left",
         title_justify="left",
     )
-    for col in (
-        "grant",
-        "holder",
-        "actions",
-        "reserved",
-        "committed",
-        "settled",
-        "remaining",
-        "status",
-    ):
+    for col in ("gateway", "branches", "admitted", "spend", "over the ceiling"):
         table.add_column(col)
-    mission = state.level("mission")
-    table.add_row(
-        "(mission)",
-        "",
-        "",
-        format_amount(mission.reserved),
-        format_amount(mission.committed),
-        format_amount(mission.settled),
-        format_amount(mission.remaining),
-        "",
-    )
-    for gid, grant in state.grants.items():
-        lvl = state.level(gid)
-        status = "revoked" if grant.revoked else "active"
+    if "naive_admitted" in figures:
+        n = figures["naive_admitted"]
         table.add_row(
-            gid,
-            grant.spec.holder,
-            ", ".join(sorted(grant.spec.authority.actions)),
-            format_amount(lvl.reserved),
-            format_amount(lvl.committed),
-            format_amount(lvl.settled),
-            format_amount(lvl.remaining),
-            status,
+            "naive check-then-spend (Ray tasks, Redis GET then INCRBY)",
+            str(figures["branches"]),
+            str(n),
+            figures["naive_spend"],
+            "[red]yes[/]" if n > 1 else "no",
         )
-    for gid, why in state.rejected_grants.items():
-        table.add_row(gid, "", "", "", "", "", "", f"[red]rejected[/] ({why.split(':', 1)[0]})")
+        table.add_row(
+            "fleetledger Branch (Ray tasks, one Lua reservation)",
+            str(figures["branches"]),
+            str(figures["ray_admitted"]),
+            figures["ray_spend"],
+            "no",
+        )
+    table.add_row(
+        "fleetledger coordinator (4 agents over NATS)",
+        "4",
+        str(figures["coordinator_race_admitted"]),
+        format_amount(figures["coordinator_race_admitted"] * parse_amount("0.50")),
+        "no",
+    )
     return table
+
+
+def expected(figures: dict[str, Any]) -> list[str]:
+    """What did not go as scripted (empty: all did)."""
+    problems = []
+    if not figures.get("steps_as_scripted"):
+        problems.append("a scripted step had an unexpected verdict")
+    if figures.get("coordinator_race_admitted") != 1:
+        problems.append("the coordinator race did not admit exactly one")
+    if "ray_admitted" in figures and figures["ray_admitted"] != 1:
+        problems.append("the Ray race did not admit exactly one")
+    return problems
+
+
+__all__ = ["FleetError", "expected", "run_demo"]

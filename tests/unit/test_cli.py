@@ -1,9 +1,10 @@
-"""The command line: the scripted demo's outcomes, exit codes and bad input."""
+"""The command line without a fleet: usage errors, bad input, fail-closed exit codes."""
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from fleetledger.cli import app
@@ -11,22 +12,12 @@ from fleetledger.cli import app
 runner = CliRunner()
 
 
-def test_demo_json_reports_each_scripted_outcome() -> None:
-    result = runner.invoke(app, ["demo", "--json"])
-    assert result.exit_code == 0, result.output
-    figures = json.loads(result.stdout.strip().splitlines()[-1])
-    assert figures["pure_steps_ok"] is True
-    assert figures["risk_blocked_rule"] == "risk_non_erasure"
-    assert figures["naive_admitted"] == 4
-    assert figures["naive_spend"] == "2.00"
-    assert figures["ledger_admitted"] == 1
-
-
-def test_demo_prints_tables_naming_the_rules() -> None:
-    result = runner.invoke(app, ["demo"])
-    assert result.exit_code == 0, result.output
-    for text in ("attenuation", "risk_non_erasure", "evidence_gating", "Team view", "naive"):
-        assert text in result.stdout
+@pytest.fixture(autouse=True)
+def no_fleet(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No FLEET_* settings and no fleet.env: nothing is running."""
+    for key in ("FLEET_NATS_URL", "FLEET_REDIS_URL", "FLEET_MISSION"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path))
 
 
 def test_up_rejects_a_node_count_out_of_range_with_usage_exit() -> None:
@@ -38,3 +29,38 @@ def test_version_prints_and_exits_zero() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0
     assert "fleetledger" in result.stdout
+
+
+def test_amount_with_seven_decimals_is_bad_input_exit_2() -> None:
+    result = runner.invoke(
+        app, ["mission", "create", "m1", "--purpose", "p", "--ceiling", "0.1234567", "--owner", "o"]
+    )
+    assert result.exit_code == 2
+    assert "more than 6 decimals" in result.stderr
+
+
+def test_naive_expiry_is_bad_input_exit_2() -> None:
+    result = runner.invoke(
+        app,
+        ["mission", "create", "m1", "--purpose", "p", "--ceiling", "1", "--owner", "o",
+         "--expires", "2026-12-01T00:00:00"],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "time zone" in result.stderr
+
+
+def test_no_fleet_configured_fails_closed_with_exit_4() -> None:
+    result = runner.invoke(
+        app, ["action", "request", "a1", "-m", "m1", "--grant", "g", "--action", "pay"]
+    )
+    assert result.exit_code == 4
+    assert "fleetledger up" in result.stderr
+
+
+def test_unreachable_nats_fails_closed_with_exit_4_and_json_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLEET_NATS_URL", "nats://127.0.0.1:1")
+    result = runner.invoke(app, ["view", "m1", "--json"])
+    assert result.exit_code == 4
+    assert '"code": "FL-UNREACHABLE"' in result.stdout

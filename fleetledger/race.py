@@ -1,0 +1,124 @@
+"""The budget race on Ray: a naive check-then-spend gateway against fleetledger's `Branch`.
+
+Each branch is an agent that works for a moment and costs 0.50; the mission has 0.80. The naive
+gateway checks the remaining budget, lets the agent work, then records the spend, as gateways
+do today: every check passes and 2.00 is spent. fleetledger reserves before the work in one Lua
+script across the grant chain: exactly one branch runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from rich.console import Console
+
+from fleetledger.client import FleetClient
+from fleetledger.servers import EmbeddedServers
+from ledger.authority import Authority
+from ledger.events import make_event
+from ledger.money import format_amount, parse_amount
+from reservations import BranchContext, run_branches
+
+RAY_MISSION = "ray-race"
+BRANCHES = 4
+EACH = "0.50"
+CEILING = "0.80"
+WORK_S = 0.5  # how long each agent "works" between admission and spending
+
+
+async def agent_work(item: int, ctx: BranchContext) -> int:
+    """A branch's agent: work for a moment, report what it cost."""
+    await asyncio.sleep(WORK_S)
+    return ctx.amount
+
+
+def naive_branch(redis_url: str, key: str, ceiling: int, amount: int) -> bool:
+    """Check-then-spend, as a per-process gateway does it. Returns whether it was admitted."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        spent = int(client.get(key) or 0)
+        if spent + amount > ceiling:
+            return False
+        time.sleep(WORK_S)  # the agent works; other branches check meanwhile
+        client.incrby(key, amount)
+        return True
+    finally:
+        client.close()
+
+
+async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -> dict[str, Any]:
+    """Run both gateways on Ray against the same ceiling; record our branches in the ledger."""
+    import ray
+
+    amount, ceiling = parse_amount(EACH), parse_amount(CEILING)
+    expires = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    await fleet.manage(
+        "mission.create",
+        RAY_MISSION,
+        {"purpose": "Ray fan-out", "owner": "platform", "ceiling": ceiling, "expires_at": expires},
+    )
+    await fleet.manage(
+        "grant.issue",
+        RAY_MISSION,
+        {
+            "grant_id": "g-ray",
+            "holder": "orchestrator",
+            "purpose": "fan out agents",
+            "owner": "platform",
+            "authority": Authority.of(["research.run"]).model_dump(mode="json"),
+            "budget": ceiling,
+        },
+    )
+    with err.status("starting Ray (local)…"):
+        if not ray.is_initialized():
+            ray.init(
+                num_cpus=BRANCHES,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+    with err.status(f"{BRANCHES} naive branches on Ray…"):
+        naive = ray.remote(naive_branch)
+        key = f"naive:{{{RAY_MISSION}}}:spent"
+        admitted = ray.get(
+            [naive.remote(servers.redis_url, key, ceiling, amount) for _ in range(BRANCHES)]
+        )
+    with err.status(f"{BRANCHES} fleetledger branches on Ray…"):
+        outcomes = await run_branches(
+            agent_work,
+            list(range(BRANCHES)),
+            redis_url=servers.redis_url,
+            mission_id=RAY_MISSION,
+            chain=["g-ray"],
+            amount_each=amount,
+            lease_s=30,
+        )
+    # Record every Redis transition in the ledger (the record), in each branch's order.
+    now = datetime.now(UTC)
+    for outcome in outcomes:
+        for payload in outcome.events:
+            await fleet.publish(
+                make_event(
+                    payload,
+                    mission_id=RAY_MISSION,
+                    at=now,
+                    grant_id="g-ray",
+                    node_id="ray",
+                    agent_id=f"branch-{outcome.index}",
+                )
+            )
+    ours = sum(1 for o in outcomes if o.status == "admitted")
+    view = await fleet.view(RAY_MISSION)
+    return {
+        "branches": BRANCHES,
+        "naive_admitted": sum(admitted),
+        "naive_spend": format_amount(sum(admitted) * amount),
+        "ray_admitted": ours,
+        "ray_spend": format_amount(ours * amount),
+        "ray_ledger_settled": view["budget"]["settled"],
+    }

@@ -1,0 +1,36 @@
+"""`fleetledger demo`: the scripted mission on the embedded fleet behaves as scripted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fleetledger.cli import app
+
+runner = CliRunner()
+
+
+def run_demo(*args: str) -> dict[str, object]:
+    result = runner.invoke(app, ["demo", "--json", *args])
+    assert result.exit_code == 0, result.output
+    figures: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def test_demo_through_the_coordinator_stops_what_it_should() -> None:
+    figures = run_demo("--no-ray")
+    assert figures["steps_as_scripted"] is True
+    assert figures["coordinator_race_admitted"] == 1
+    assert figures["nodes_blocked_locally"] == 3
+    assert isinstance(figures["risk_propagation_ms"], float)
+    assert figures["risk_propagation_ms"] < 1000
+
+
+@pytest.mark.slow
+def test_demo_ray_race_shows_naive_overspend_and_ours_none() -> None:
+    figures = run_demo()
+    assert figures["naive_admitted"] == 4 and figures["naive_spend"] == "2.00"
+    assert figures["ray_admitted"] == 1 and figures["ray_spend"] == "0.50"
+    assert figures["ray_ledger_settled"] == "0.50"  # the branch's transitions are in the record
