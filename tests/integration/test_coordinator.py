@@ -173,7 +173,7 @@ async def test_concurrent_requests_never_overspend(fleet: FleetClient, redis_url
         )
     )
     allowed = [r for r in replies if r.decision is not None and r.decision.allowed]
-    assert len(allowed) == 16  # 16 × 0.05 = 0.80
+    assert len(allowed) == 16  # 16 x 0.05 = 0.80
     assert all(
         r.decision.rule is Rule.BUDGET_CONSERVATION
         for r in replies
