@@ -148,8 +148,18 @@ def decide(state: MissionState, request: ActionRequest, now: datetime) -> Decisi
     )  # fmt: skip
 
 
+# The statuses that stop a key from executing again, most urgent first.
+_BLOCKING = (ActionStatus.UNKNOWN, ActionStatus.ACCEPTED, ActionStatus.VERIFIED_SUCCESS)
+
+
 def _prior(state: MissionState, key: str) -> tuple[str, ActionStatus] | None:
-    action_id = state.idempotency.get(key)
-    if action_id is None:
+    """The most blocking accepted action under ``key``, else the latest one."""
+    action_ids = state.key_actions.get(key)
+    if not action_ids:
         return None
-    return action_id, state.actions[action_id].status
+    for status in _BLOCKING:
+        for action_id in action_ids:
+            if state.actions[action_id].status is status:
+                return action_id, status
+    latest = action_ids[-1]
+    return latest, state.actions[latest].status

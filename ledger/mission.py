@@ -135,6 +135,9 @@ class MissionState:
     blocked_scopes: dict[str, str] = field(default_factory=dict)  # scope -> overrun reservation
     actions: dict[str, ActionRecord] = field(default_factory=dict)
     idempotency: dict[str, str] = field(default_factory=dict)  # key -> latest action id
+    # key -> every accepted action under it, in order: an unknown outcome of an earlier one is
+    # never hidden by a later one decided at the same cut (outcome honesty).
+    key_actions: dict[str, list[str]] = field(default_factory=dict)
     decisions: list[DecisionRecorded] = field(default_factory=list)
 
     # --- queries ---------------------------------------------------------------------------
@@ -642,6 +645,7 @@ def _decision_recorded(s: MissionState, e: Event) -> None:
     rec.reservation_id = p.reservation_id
     if p.allowed:
         s.idempotency[rec.idempotency_key] = rec.action_id
+        s.key_actions.setdefault(rec.idempotency_key, []).append(rec.action_id)
     s.decisions.append(p)
 
 

@@ -609,3 +609,26 @@ def test_decision_in_a_long_mission_evaluates_at_its_cut() -> None:
     d = led.decide()
     led.evidence("e9")
     assert d.cut == cut < led.state.version
+
+
+def test_unknown_outcome_is_not_erased_by_a_concurrent_decision_on_the_same_key() -> None:
+    led = base()
+    first, second = led.ask(key="k"), led.ask(key="k")
+    at_same_cut = [decide(led.state, req, led.now) for req in (first, second)]
+    for req, decision in zip((first, second), at_same_cut, strict=True):
+        led.record(req, decision)
+    led.effect(first.action_id, Outcome.UNKNOWN)
+    led.effect(second.action_id, Outcome.VERIFIED_FAILURE)
+    denied(led.decide(key="k"), Rule.OUTCOME_HONESTY, "unknown outcome", first.action_id)
+    led.effect(first.action_id, Outcome.VERIFIED_FAILURE)
+    assert led.decide(key="k").allowed
+
+
+def test_accepted_action_on_a_key_blocks_even_when_a_later_one_failed() -> None:
+    led = base()
+    first, second = led.ask(key="k"), led.ask(key="k")
+    at_same_cut = [decide(led.state, req, led.now) for req in (first, second)]
+    for req, decision in zip((first, second), at_same_cut, strict=True):
+        led.record(req, decision)
+    led.effect(second.action_id, Outcome.VERIFIED_FAILURE)
+    denied(led.decide(key="k"), Rule.OUTCOME_HONESTY, "already accepted", first.action_id)

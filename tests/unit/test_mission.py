@@ -1009,6 +1009,7 @@ def test_allowed_decision_accepts_the_action_and_claims_its_key() -> None:
     assert rec.reservation_id == f"r-{d.action_id}"
     assert rec.decision_cut == d.cut
     assert led.state.idempotency == {"k": d.action_id}
+    assert led.state.key_actions == {"k": [d.action_id]}
     assert led.state.decisions[-1].allowed
 
 
