@@ -35,16 +35,24 @@ async def agent_work(item: int, ctx: BranchContext) -> int:
     return ctx.amount
 
 
-def naive_branch(redis_url: str, key: str, ceiling: int, amount: int) -> bool:
-    """Check-then-spend, as a per-process gateway does it. Returns whether it was admitted."""
+def naive_branch(redis_url: str, key: str, ceiling: int, amount: int, branches: int) -> bool:
+    """Check-then-spend, as a per-process gateway does it. Returns whether it was admitted.
+
+    The branches meet at a barrier first so that they check together, as concurrent agents do
+    in production (Ray starts workers one by one; without it the race depends on start-up).
+    """
     import redis
 
     client = redis.Redis.from_url(redis_url)
     try:
+        client.incr(f"{key}:ready")
+        deadline = time.monotonic() + 60
+        while int(client.get(f"{key}:ready") or 0) < branches and time.monotonic() < deadline:
+            time.sleep(0.005)
         spent = int(client.get(key) or 0)
         if spent + amount > ceiling:
             return False
-        time.sleep(WORK_S)  # the agent works; other branches check meanwhile
+        time.sleep(WORK_S)  # the agent works; the other branches have checked meanwhile
         client.incrby(key, amount)
         return True
     finally:
@@ -74,30 +82,39 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
             "budget": ceiling,
         },
     )
+    started_ray = not ray.is_initialized()
     with err.status("starting Ray (local)…"):
-        if not ray.is_initialized():
+        if started_ray:
             ray.init(
                 num_cpus=BRANCHES,
                 include_dashboard=False,
                 log_to_driver=False,
                 configure_logging=False,
             )
-    with err.status(f"{BRANCHES} naive branches on Ray…"):
-        naive = ray.remote(naive_branch)
-        key = f"naive:{{{RAY_MISSION}}}:spent"
-        admitted = ray.get(
-            [naive.remote(servers.redis_url, key, ceiling, amount) for _ in range(BRANCHES)]
-        )
-    with err.status(f"{BRANCHES} fleetledger branches on Ray…"):
-        outcomes = await run_branches(
-            agent_work,
-            list(range(BRANCHES)),
-            redis_url=servers.redis_url,
-            mission_id=RAY_MISSION,
-            chain=["g-ray"],
-            amount_each=amount,
-            lease_s=30,
-        )
+    try:
+        with err.status(f"{BRANCHES} naive branches on Ray…"):
+            naive = ray.remote(num_cpus=0)(naive_branch)
+            key = f"naive:{{{RAY_MISSION}}}:spent"
+            admitted = ray.get(
+                [
+                    naive.remote(servers.redis_url, key, ceiling, amount, BRANCHES)
+                    for _ in range(BRANCHES)
+                ],
+                timeout=120,
+            )
+        with err.status(f"{BRANCHES} fleetledger branches on Ray…"):
+            outcomes = await run_branches(
+                agent_work,
+                list(range(BRANCHES)),
+                redis_url=servers.redis_url,
+                mission_id=RAY_MISSION,
+                chain=["g-ray"],
+                amount_each=amount,
+                lease_s=30,
+            )
+    finally:
+        if started_ray:
+            ray.shutdown()
     # Record every Redis transition in the ledger (the record), in each branch's order.
     now = datetime.now(UTC)
     for outcome in outcomes:

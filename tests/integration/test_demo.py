@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
-from typer.testing import CliRunner
-
-from fleetledger.cli import app
-
-runner = CliRunner()
 
 
 def run_demo(*args: str) -> dict[str, object]:
-    result = runner.invoke(app, ["demo", "--json", *args])
-    assert result.exit_code == 0, result.output
+    """Run the demo as a user does, in its own process (it starts its own fleet and Ray)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetledger", "demo", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "demo complete" in result.stderr
     figures: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
     return figures
 
