@@ -112,6 +112,9 @@ def decide(state: MissionState, request: ActionRequest, now: datetime) -> Decisi
             )
         chain = state.chain(request.grant_id)
         chain_ids = [g.grant_id for g in chain]
+        # What the receipt records even when a later check denies: open risks, budget per level.
+        risks = tuple(sorted(r.risk_id for r in state.open_risks()))
+        budget = tuple(state.levels(request.grant_id))
         for grant in chain:  # a revoked or lapsed ancestor takes its descendants with it
             check_grant_valid(
                 grant.grant_id, revoked=grant.revoked, effective_from=grant.effective_from,
@@ -137,7 +140,6 @@ def decide(state: MissionState, request: ActionRequest, now: datetime) -> Decisi
             mission_id=state.mission_id, now=now,
         )  # fmt: skip
         check_outcome(request.idempotency_key, _prior(state, request.idempotency_key))
-        budget = tuple(state.levels(request.grant_id))
         check_conservation(budget, request.cost, state.blocked_scopes)
     except RuleViolation as exc:
         return deny(exc)

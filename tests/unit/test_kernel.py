@@ -632,3 +632,12 @@ def test_accepted_action_on_a_key_blocks_even_when_a_later_one_failed() -> None:
         led.record(req, decision)
     led.effect(second.action_id, Outcome.VERIFIED_FAILURE)
     denied(led.decide(key="k"), Rule.OUTCOME_HONESTY, "already accepted", first.action_id)
+
+
+def test_a_risk_denial_receipt_records_the_risk_set_and_budget_it_was_made_on() -> None:
+    led = family()
+    led.risk("k1")
+    d = led.decide(grant_id="c")
+    denied(d, Rule.RISK_NON_ERASURE, "k1")
+    assert d.risks == ("k1",)
+    assert [lvl.scope for lvl in d.budget] == ["c", "p", "mission"]
