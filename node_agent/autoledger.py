@@ -1,0 +1,231 @@
+"""The auto-ledger of one node: capture → watch → judge → remind → silent (SPEC S5.1).
+
+The imperative shell around the pure parts (``capture``, ``auditor``) and the store. Every
+status change goes through ``ledger.items.transition`` (the status firewall): a human, the
+coordinator, or a check this node ran and saw pass; never a model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledger.events import ReminderEmitted, TurnEnded
+from ledger.items import Actor, ItemStatus
+from node_agent.auditor import Audit, audit, context, reminder
+from node_agent.capture import match_item, parse_prompt
+from node_agent.checks import Check, run_check
+from node_agent.judge import JudgeGate
+from node_agent.store import Session, Store, StoredItem, safe_id
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    session_id: str
+    added: list[str]
+    cancelled: list[str]
+    context: str | None
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    session_id: str
+    block: bool
+    reason: str | None  # the reminder when blocking; never empty when block is True
+    message: str | None  # a note for the user (not the model), e.g. the block cap was reached
+    open_items: list[str]
+    model_calls: int
+    judge: str  # where the advisory came from, or why there was none
+    latency_ms: float
+    checks_run: int = 0
+    verified: list[str] = field(default_factory=list)
+
+
+class AutoLedger:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        gate: JudgeGate | None = None,
+        stop_block_cap: int = 3,
+        check_timeout_s: float = 30.0,
+    ) -> None:
+        self.store, self.gate = store, gate
+        self.stop_block_cap, self.check_timeout_s = stop_block_cap, check_timeout_s
+
+    def session(
+        self, session_id: str, *, agent: str = "agent", mission: str | None = None,
+        grant: str | None = None,
+    ) -> Session:  # fmt: skip
+        return self.store.ensure_session(
+            session_id, agent_id=agent, mission_id=mission, grant_id=grant
+        )
+
+    # --- capture ----------------------------------------------------------------------------
+
+    def on_prompt(
+        self, session_id: str, text: str, *, agent: str = "agent", mission: str | None = None,
+        grant: str | None = None,
+    ) -> PromptResult:  # fmt: skip
+        """Capture items and corrections from a user/goal message; return the open to-do."""
+        session = self.session(session_id, agent=agent, mission=mission, grant=grant)
+        self.store.set_blocks(session.session_id, 0)  # a new user turn: the stop loop restarts
+        parsed = parse_prompt(text)
+        cancelled = []
+        for phrase in parsed.corrections:
+            live = audit(self.store.items(session.session_id)).actionable
+            target = match_item(phrase, [(s.item_id, s.item.text) for s in live])
+            if target is not None:
+                # the user said so: a human correction, which also bumps the ledger version and
+                # so invalidates every cached verdict of this session
+                self.store.set_status(
+                    target, ItemStatus.CANCELLED, Actor("human", f"user correction: {phrase}")
+                )
+                cancelled.append(target)
+        added = [s.item_id for s in self.store.add_items(session, list(parsed.items))]
+        return PromptResult(
+            session.session_id,
+            added,
+            cancelled,
+            context(audit(self.store.items(session.session_id))),
+        )
+
+    def add(
+        self, session_id: str, text: str, *, check: Check | None = None, agent: str = "cli",
+        mission: str | None = None,
+    ) -> StoredItem:  # fmt: skip
+        session = self.session(session_id, agent=agent, mission=mission)
+        added = self.store.add_items(session, [text], check=check)
+        if not added:
+            return next(s for s in self.store.items(session.session_id) if s.item.text == text)
+        return added[0]
+
+    # --- watch ------------------------------------------------------------------------------
+
+    def on_tool(
+        self, session_id: str, phase: str, tool: str, tool_input: dict[str, Any],
+        *, agent: str = "agent", mission: str | None = None,
+    ) -> list[str]:  # fmt: skip
+        """Record a tool event; a to-do tool's "completed" becomes a claim, never a status."""
+        session = self.session(session_id, agent=agent, mission=mission)
+        summary = str(tool_input.get("command") or tool_input.get("file_path") or "")
+        if not summary:
+            summary = json.dumps(tool_input, sort_keys=True, default=str)[:200]
+        self.store.record_tool(session.session_id, phase, tool, summary)
+        claimed: list[str] = []
+        if phase == "post" and tool == "TodoWrite":
+            todos = tool_input.get("todos")
+            for todo in todos if isinstance(todos, list) else []:
+                if not isinstance(todo, dict) or todo.get("status") != "completed":
+                    continue
+                live = audit(self.store.items(session.session_id)).actionable
+                target = match_item(
+                    str(todo.get("content", "")), [(s.item_id, s.item.text) for s in live]
+                )
+                if target is not None:
+                    self.store.record_claim(target, ItemStatus.DONE.value, agent)
+                    claimed.append(target)
+        return claimed
+
+    def claim(
+        self, item_ref: str, status: str, *, by: str, session_id: str | None = None
+    ) -> StoredItem:
+        """An agent or model says ``status``: kept as a claim, the stored status unchanged."""
+        stored = self.store.find_item(item_ref, session_id)
+        return self.store.record_claim(stored.item_id, status, by)
+
+    # --- checks -----------------------------------------------------------------------------
+
+    async def verify(self, stored: StoredItem) -> bool:
+        """Run the item's check here; a pass moves it to done as the check's own actor."""
+        if stored.check is None:
+            return False
+        result = await run_check(
+            stored.check, evidence_known=self.store.evidence_known, timeout=self.check_timeout_s
+        )
+        if result.passed:
+            self.store.set_status(
+                stored.item_id,
+                ItemStatus.DONE,
+                Actor("check", stored.check.describe(), check_passed=True),
+                detail=result.detail,
+            )
+        else:
+            self.store.record_check_detail(stored.item_id, result.detail)
+        return result.passed
+
+    # --- judge and remind -------------------------------------------------------------------
+
+    def audit(self, session_id: str) -> Audit:
+        return audit(self.store.items(safe_id(session_id)))
+
+    async def turn_end(self, session_id: str, *, stop_hook_active: bool = False) -> TurnResult:
+        """Judge at turn end: checks, the deterministic auditor, then (maybe) advice; remind."""
+        started = time.perf_counter()
+        session = self.store.session(safe_id(session_id))
+        if session is None:  # nothing captured for this session: nothing to say
+            return TurnResult(
+                safe_id(session_id), False, None, None, [], 0, "skipped: no ledger", 0.0
+            )
+        checks, verified = 0, []
+        for stored in audit(self.store.items(session.session_id)).actionable:
+            if stored.check is not None:
+                checks += 1
+                if await self.verify(stored):
+                    verified.append(stored.item_id)
+        result = audit(self.store.items(session.session_id))
+        calls, source, suggestion = 0, "skipped: nothing open", None
+        if not result.clear:
+            if self.gate is None:
+                source = "skipped: no judge configured"
+            else:
+                outcome = await self.gate.advise(session.session_id, result.actionable)
+                calls, source = outcome.calls, outcome.source
+                if outcome.verdict is not None and outcome.verdict.suggestion:
+                    v = outcome.verdict
+                    suggestion = f"[{v.short_id}] {v.suggestion}"
+                result = audit(self.store.items(session.session_id))  # claims may have changed
+        text = reminder(result, suggestion=suggestion)
+        block, message = False, None
+        session = self.store.session(session.session_id)
+        assert session is not None
+        if text is not None:
+            if session.consecutive_blocks >= self.stop_block_cap:
+                message = (
+                    f"fleetledger: {len(result.actionable)} item(s) still open after "
+                    f"{session.consecutive_blocks} reminders; letting the agent stop "
+                    "(see `fleetledger todo list`)."
+                )
+            else:
+                block = True
+        with self.store.tx() as db:
+            turn = session.turn + 1
+            db.execute(
+                "UPDATE sessions SET turn = ?, consecutive_blocks = ? WHERE session_id = ?",
+                (turn, session.consecutive_blocks + 1 if block else 0, session.session_id),
+            )
+            self.store.emit(db, session, TurnEnded(session_id=session.session_id, turn=turn))
+            if block:
+                self.store.emit(
+                    db,
+                    session,
+                    ReminderEmitted(
+                        session_id=session.session_id,
+                        open_items=tuple(s.item_id for s in result.actionable),
+                    ),
+                )
+        _ = stop_hook_active  # the cap bounds every stop loop, whether or not Claude says so
+        return TurnResult(
+            session.session_id,
+            block,
+            text if block else None,
+            message,
+            [s.item_id for s in result.actionable],
+            calls,
+            source,
+            (time.perf_counter() - started) * 1000,
+            checks,
+            verified,
+        )

@@ -1,0 +1,201 @@
+"""The deterministic prompt parser of the auto-ledger: items and corrections from a message.
+
+Pure: text in, a ``Capture`` out. Items come from list bullets, numbered steps and imperative
+sentences; corrections ("actually, not X", "skip X", "don't X", "never mind X", "X is no longer
+needed") name an item to cancel. Matching a phrase to an existing item is a token-overlap score,
+so "skip the changelog" finds "Update the CHANGELOG for 0.2".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MAX_ITEMS = 20
+MAX_ITEM_CHARS = 300
+
+_BULLET = re.compile(r"^\s*(?:[-*•+]|\[\s?[xX ]?\s?\])\s+(?P<text>.+)$")
+_NUMBERED = re.compile(r"^\s*(?:\d{1,3}|[a-zA-Z])[.)]\s+(?P<text>.+)$")
+_SENTENCE_SPLIT = re.compile(r"(?<=[.!?;])\s+|\s+(?:and then|then|after that|also)\s+", re.I)
+_CORRECTION = re.compile(
+    r"^\s*(?:(?:actually|wait|no|oh)[,:]?\s+)*"
+    r"(?:(?:do\s+)?not|don'?t(?:\s+bother(?:\s+to)?)?|skip|drop|forget(?:\s+about)?|"
+    r"never\s*mind|cancel|no\s+need\s+to|stop)\s+(?P<what>.+?)[.!]?\s*$",
+    re.I,
+)
+_NO_LONGER = re.compile(
+    r"^\s*(?:actually[,:]?\s+)?(?P<what>.+?)\s+is\s+(?:no longer|not)\s+needed", re.I
+)
+_POLITE = re.compile(
+    r"^\s*(?:please|pls|kindly|can you|could you|would you|i need you to|"
+    r"you should|let'?s|now|first|next|finally|then|also)[,]?\s+",
+    re.I,
+)
+
+# Verbs that start an imperative instruction in the prompts agents get.
+IMPERATIVE_VERBS = frozenset(
+    [
+        "add",
+        "build",
+        "bump",
+        "change",
+        "check",
+        "clean",
+        "configure",
+        "create",
+        "delete",
+        "deploy",
+        "document",
+        "ensure",
+        "export",
+        "extract",
+        "fix",
+        "format",
+        "generate",
+        "implement",
+        "improve",
+        "install",
+        "integrate",
+        "make",
+        "merge",
+        "migrate",
+        "move",
+        "optimise",
+        "optimize",
+        "patch",
+        "publish",
+        "push",
+        "refactor",
+        "release",
+        "remove",
+        "rename",
+        "replace",
+        "report",
+        "restore",
+        "review",
+        "rewrite",
+        "run",
+        "send",
+        "set",
+        "ship",
+        "sort",
+        "split",
+        "test",
+        "tidy",
+        "translate",
+        "update",
+        "upgrade",
+        "upload",
+        "verify",
+        "write",
+    ]
+)
+_STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "to",
+        "of",
+        "for",
+        "in",
+        "on",
+        "and",
+        "or",
+        "with",
+        "it",
+        "its",
+        "is",
+        "be",
+        "this",
+        "that",
+        "all",
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Capture:
+    items: tuple[str, ...]
+    corrections: tuple[str, ...]  # phrases naming items to cancel
+
+
+def _clean(text: str) -> str:
+    text = re.sub(r"\s+", " ", text).strip().strip("`").strip()
+    text = _POLITE.sub("", text)
+    text = text.rstrip(" .;:!")
+    return text[:MAX_ITEM_CHARS]
+
+
+def _is_imperative(sentence: str) -> bool:
+    words = re.findall(r"[A-Za-z']+", sentence)
+    return bool(words) and words[0].lower() in IMPERATIVE_VERBS
+
+
+def _correction(line: str) -> str | None:
+    for pattern in (_CORRECTION, _NO_LONGER):
+        m = pattern.match(line)
+        if m:
+            what = _clean(m.group("what"))
+            return what or None
+    return None
+
+
+def parse_prompt(text: str) -> Capture:
+    """Split a user/goal message into to-do items and corrections, deterministically."""
+    items: list[str] = []
+    corrections: list[str] = []
+    listed = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        m = _BULLET.match(line) or _NUMBERED.match(line)
+        if m:
+            listed = True
+            body = m.group("text")
+            fix = _correction(body)
+            if fix is not None:
+                corrections.append(fix)
+            elif cleaned := _clean(body):
+                items.append(cleaned)
+            continue
+        for sentence in _SENTENCE_SPLIT.split(line):
+            fix = _correction(sentence)
+            if fix is not None:
+                corrections.append(fix)
+                continue
+            cleaned = _clean(sentence)
+            # free prose counts only when imperative, and not as a list's lead-in line
+            if cleaned and _is_imperative(cleaned) and not (listed is False and line.endswith(":")):
+                items.append(cleaned)
+    seen: set[str] = set()
+    unique = []
+    for item in items:
+        key = item.lower()
+        if key not in seen:
+            seen.add(key)
+            unique.append(item)
+    return Capture(tuple(unique[:MAX_ITEMS]), tuple(corrections))
+
+
+def tokens(text: str) -> frozenset[str]:
+    return frozenset(w for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in _STOPWORDS)
+
+
+def match_item(phrase: str, candidates: Sequence[tuple[str, str]]) -> str | None:
+    """The id of the candidate (id, text) that ``phrase`` names best, or None if none fits."""
+    want = tokens(phrase)
+    if not want:
+        return None
+    best: tuple[float, str] | None = None
+    for item_id, text in candidates:
+        have = tokens(text)
+        if not have:
+            continue
+        overlap = len(want & have)
+        score = overlap / len(want)
+        if overlap and score >= 0.5 and (best is None or score > best[0]):
+            best = (score, item_id)
+    return best[1] if best else None

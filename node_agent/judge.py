@@ -1,0 +1,255 @@
+"""The loopback judge (SPEC S5.2): a small local model asked for advice, under hard caps.
+
+    Judge (Protocol)        the transport: ``generate(prompt, max_tokens, timeout) -> text``
+    └── OllamaJudge         Ollama ``/api/generate`` on a literal loopback address (httpx)
+    JudgeGate               caps, per-run lock, durable breaker, verdict cache, shape check
+
+The judge only advises: a verdict is stored as a judged status / claim, never as the stored
+status. Anything but the small expected JSON naming an open item is discarded. The first
+transport failure opens a cooldown kept in SQLite, so a restart does not hammer a dead model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import httpx
+
+from ledger.errors import ComponentTimeout, InvalidInput, Unreachable
+from ledger.events import JudgeVerdict
+from node_agent.store import CachedVerdict, Store, StoredItem
+
+BREAKER_KEY = "judge.cooldown_until"
+JUDGED_STATUSES = frozenset({"open", "done", "blocked"})
+MAX_SUGGESTION = 200
+
+CONTRACT = """You are a progress judge for a coding agent. You only advise: you cannot change any
+item. Pick the one open item the agent should work on next and say what it should do.
+Answer with exactly one JSON object and nothing else, in this shape:
+{"item": "<id of one open item below>", "status": "open" or "done" or "blocked",
+ "next": "<next action, at most 15 words>"}
+"""
+
+
+def validate_endpoint(url: str) -> str:
+    """Accept only http(s) on a literal loopback IP (127.0.0.0/8 or ::1); else InvalidInput."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidInput(f"judge endpoint {url!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidInput(f"judge endpoint {url!r} must be http(s)")
+    if parts.username or parts.password:
+        raise InvalidInput(f"judge endpoint {url!r} must not carry credentials")
+    if not host:
+        raise InvalidInput(f"judge endpoint {url!r} has no host")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise InvalidInput(
+            f"judge endpoint host {host!r} is a name, not a literal loopback address; "
+            "use 127.0.0.1 or [::1] (names, even 'localhost', are refused)"
+        ) from None
+    if not address.is_loopback:
+        raise InvalidInput(f"judge endpoint {host} is not loopback (127.0.0.0/8 or ::1)")
+    netloc = f"[{address}]" if address.version == 6 else str(address)
+    if port is not None:
+        netloc += f":{port}"
+    return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
+
+
+class Judge(Protocol):
+    """A model transport. ``generate`` makes exactly one attempt; it never retries."""
+
+    model: str
+
+    async def generate(self, prompt: str, *, max_tokens: int, timeout: float) -> str: ...
+
+
+class OllamaJudge:
+    """Ollama's ``/api/generate``, non-streaming; env proxies ignored, redirects refused."""
+
+    def __init__(self, endpoint: str, model: str) -> None:
+        self.endpoint = validate_endpoint(endpoint)
+        self.model = model
+        self._client = httpx.AsyncClient(trust_env=False, follow_redirects=False)
+
+    async def generate(self, prompt: str, *, max_tokens: int, timeout: float) -> str:
+        body = {
+            "model": self.model,
+            "prompt": prompt,  # the contract is folded in: small models have no system slot
+            "stream": False,
+            "format": "json",
+            "options": {"num_predict": max_tokens, "temperature": 0},
+        }
+        try:
+            reply = await self._client.post(
+                f"{self.endpoint}/api/generate", json=body, timeout=timeout
+            )
+        except httpx.TimeoutException:
+            raise ComponentTimeout(f"the judge did not answer within {timeout}s") from None
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"the judge is unreachable: {type(exc).__name__}") from None
+        if reply.is_redirect:
+            raise Unreachable(f"the judge answered with a redirect ({reply.status_code}); refused")
+        if reply.status_code != 200:
+            raise Unreachable(f"the judge answered HTTP {reply.status_code}")
+        try:
+            text = reply.json()["response"]
+        except (ValueError, KeyError, TypeError):
+            raise Unreachable("the judge's reply is not Ollama's generate JSON") from None
+        if not isinstance(text, str):
+            raise Unreachable("the judge's reply has no text response")
+        return text
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    item_id: str
+    short_id: str
+    judged_status: str
+    suggestion: str
+    model: str
+
+
+@dataclass(frozen=True)
+class JudgeOutcome:
+    verdict: Verdict | None
+    calls: int  # model calls made for this outcome (0 or 1)
+    source: str  # "model", "cache", or "skipped: <why>"
+
+
+def build_prompt(items: Sequence[StoredItem], recent: Sequence[str]) -> str:
+    lines = [CONTRACT, "Open items:"]
+    lines += [f"{s.short_id}: {s.item.text}" for s in items]
+    if recent:
+        lines += ["", "Recent tool events:", *recent[-8:]]
+    return "\n".join(lines)
+
+
+def parse_verdict(text: str, items: Sequence[StoredItem], model: str) -> Verdict | None:
+    """The expected small JSON naming an open item, or None (discarded)."""
+    if len(text) > 2000:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not {"item", "status"} <= data.keys():
+        return None
+    if not data.keys() <= {"item", "status", "next"}:
+        return None
+    ref, status, suggestion = data["item"], data["status"], data.get("next", "")
+    if not (isinstance(ref, str) and isinstance(status, str) and isinstance(suggestion, str)):
+        return None
+    if status not in JUDGED_STATUSES or len(suggestion) > MAX_SUGGESTION:
+        return None
+    by_ref = {s.short_id: s for s in items} | {s.item_id: s for s in items}
+    found = by_ref.get(ref.strip())
+    if found is None:
+        return None
+    return Verdict(found.item_id, found.short_id, status, " ".join(suggestion.split()), model)
+
+
+class JudgeGate:
+    """Everything between the auto-ledger and a model: caps, lock, breaker, cache, validation."""
+
+    def __init__(
+        self,
+        judge: Judge,
+        store: Store,
+        *,
+        calls_per_run: int = 2,
+        max_tokens: int = 64,
+        timeout_s: float = 3.0,
+        run_budget_tokens: int = 256,
+        cooldown_s: float = 300.0,
+        verdict_ttl_s: float = 600.0,
+    ) -> None:
+        self.judge, self.store = judge, store
+        self.calls_per_run, self.max_tokens = calls_per_run, max_tokens
+        self.timeout_s, self.run_budget_tokens = timeout_s, run_budget_tokens
+        self.cooldown_s, self.verdict_ttl_s = cooldown_s, verdict_ttl_s
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.calls_made = 0  # in this process, for metrics and the bench
+
+    def cooldown_remaining(self) -> float:
+        until = self.store.meta(BREAKER_KEY)
+        return max(0.0, float(until) - time.time()) if until else 0.0
+
+    def _trip(self) -> None:
+        self.store.set_meta(BREAKER_KEY, repr(time.time() + self.cooldown_s))
+
+    async def advise(self, session_id: str, items: Sequence[StoredItem]) -> JudgeOutcome:
+        """One advisory verdict on the open ``items`` of a run, within every cap."""
+        if not items:
+            return JudgeOutcome(None, 0, "skipped: nothing open")
+        lock = self._locks.setdefault(session_id, asyncio.Lock())
+        async with lock:  # serialised per run, so the caps hold under concurrency
+            session = self.store.session(session_id)
+            if session is None:
+                return JudgeOutcome(None, 0, "skipped: unknown session")
+            cached = self.store.cached_verdict(session_id, session.version)
+            if cached is not None and time.time() - cached.created_at < self.verdict_ttl_s:
+                short = next((s.short_id for s in items if s.item_id == cached.item_id), None)
+                if short is not None:
+                    hit = Verdict(
+                        cached.item_id, short, cached.judged_status, cached.suggestion, cached.model
+                    )
+                    return JudgeOutcome(hit, 0, "cache")
+            if self.cooldown_remaining() > 0:
+                return JudgeOutcome(None, 0, "skipped: judge cooling down after a failure")
+            admitted = self.store.admit_call(
+                session_id,
+                max_calls=self.calls_per_run,
+                tokens=self.max_tokens,
+                budget=self.run_budget_tokens,
+            )
+            if not admitted:
+                return JudgeOutcome(None, 0, "skipped: run's judge caps reached")
+            prompt = build_prompt(items, self.store.recent_tools(session_id))
+            self.calls_made += 1
+            try:
+                text = await self.judge.generate(
+                    prompt, max_tokens=self.max_tokens, timeout=self.timeout_s
+                )
+            except (Unreachable, ComponentTimeout, OSError) as exc:
+                self._trip()  # no automatic retry: the breaker opens on the first failure
+                return JudgeOutcome(None, 1, f"skipped: judge failed ({exc})")
+            verdict = parse_verdict(text, items, self.judge.model)
+            if verdict is None:
+                return JudgeOutcome(None, 1, "skipped: judge output discarded (wrong shape)")
+            self.store.cache_verdict(
+                session_id,
+                session.version,
+                CachedVerdict(
+                    verdict.item_id, verdict.judged_status, verdict.suggestion, verdict.model,
+                    time.time(),
+                ),
+            )  # fmt: skip
+            self.store.record_claim(verdict.item_id, verdict.judged_status, verdict.model)
+            with self.store.tx() as db:
+                self.store.emit(
+                    db,
+                    session,
+                    JudgeVerdict(
+                        item_id=verdict.item_id,
+                        judged_status=verdict.judged_status,
+                        suggestion=verdict.suggestion,
+                        model=verdict.model,
+                        ledger_version=session.version,
+                    ),
+                )
+            return JudgeOutcome(verdict, 1, "model")

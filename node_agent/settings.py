@@ -1,0 +1,86 @@
+"""The node agent's settings: one pydantic-settings object, prefix FLEET_, `__` nesting."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fleetledger.settings import ENV_FILE_NAME, default_state_dir
+
+
+class ConsequentialRule(BaseModel):
+    """A tool call the coordinator must authorise: tool name regex + command/input regex."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tool: str  # regex on the tool name, e.g. "Bash"
+    pattern: str = ".*"  # regex searched in the command (Bash) or the JSON of the tool input
+    action: str  # the ledger action name, e.g. "git.push"
+    cost: float = 0.0  # currency units, turned into micros when asking
+
+
+DEFAULT_RULES: tuple[ConsequentialRule, ...] = (
+    ConsequentialRule(tool="Bash", pattern=r"\bgit\s+push\b", action="git.push"),
+    ConsequentialRule(
+        tool="Bash",
+        pattern=r"\b(kubectl|helm)\b.*\b(apply|install|upgrade|delete|rollout)\b",
+        action="deploy",
+    ),
+    ConsequentialRule(
+        tool="Bash", pattern=r"\b(terraform|tofu)\s+(apply|destroy)\b", action="infra.apply"
+    ),
+)
+
+
+def _env_file() -> Path:
+    base = os.environ.get("FLEET_STATE_DIR")
+    return (Path(base) if base else default_state_dir()) / ENV_FILE_NAME
+
+
+class NodeSettings(BaseSettings):
+    """Everything a node agent (daemon, hooks, `todo`) reads from FLEET_* or fleet.env."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FLEET_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    state_dir: Path = Field(default_factory=default_state_dir)
+    node_id: str = "node-local"
+    mission: str = "local"  # node-local events need a mission; a session may name its own
+    grant_id: str | None = None  # the grant consequential actions are authorised under
+    nats_url: str | None = None
+    socket: Path | None = None  # default: <state_dir>/node-agent.sock
+    http_port: int | None = None  # loopback HTTP API (127.0.0.1) when set; 0 picks a free port
+
+    # the loopback judge (S5.2); None: no model, the deterministic auditor only
+    judge_url: str | None = None
+    judge_model: str = "gemma3:1b"
+    judge_calls_per_run: int = Field(default=2, ge=0)
+    judge_max_tokens: int = Field(default=64, ge=1, le=512)
+    judge_timeout_s: float = Field(default=3.0, gt=0, le=30)
+    judge_run_budget_tokens: int = Field(default=256, ge=0)  # run-level admission budget
+    judge_cooldown_s: float = Field(default=300.0, ge=0)
+    verdict_ttl_s: float = Field(default=600.0, gt=0)
+
+    stop_block_cap: int = Field(default=3, ge=1)  # consecutive Stop blocks before letting go
+    reminders_fail_open: bool = True  # node agent down: skip reminders (open) with a message
+    consequential: list[ConsequentialRule] = Field(default_factory=lambda: list(DEFAULT_RULES))
+    check_timeout_s: float = Field(default=30.0, gt=0)
+    hook_timeout_s: float = Field(default=10.0, gt=0)
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "node-agent.sqlite3"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.socket or self.state_dir / "node-agent.sock"
+
+    @classmethod
+    def load(cls, **overrides: object) -> NodeSettings:
+        """Environment first, then the fleet.env that `fleetledger up` wrote."""
+        env_file = _env_file()
+        return cls(_env_file=env_file if env_file.is_file() else None, **overrides)  # type: ignore[arg-type]

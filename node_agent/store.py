@@ -1,0 +1,479 @@
+"""The node agent's durable state: one SQLite database in WAL mode, and its outbox.
+
+Every state change and the ledger events describing it are written in one transaction, so an
+event is never lost nor invented by a crash between the two (SPEC S5, S6.1). The publisher in
+``outbox.py`` reads the outbox table; nothing here touches the network.
+
+Several processes may open the same file (the daemon, `fleetledger todo`); SQLite's WAL and a
+busy timeout serialise their writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ledger.clock import Clock, SystemClock
+from ledger.errors import ErrorCode, InvalidInput
+from ledger.events import Event, ItemCaptured, ItemStatusChanged, make_event
+from ledger.items import Actor, Item, ItemStatus, record_judgement, transition
+from ledger.protocol import event_subject
+from node_agent.checks import CHECK, Check
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY, mission_id TEXT NOT NULL, agent_id TEXT NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0, turn INTEGER NOT NULL DEFAULT 0,
+    next_item INTEGER NOT NULL DEFAULT 1, consecutive_blocks INTEGER NOT NULL DEFAULT 0,
+    grant_id TEXT, created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS items (
+    item_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, short_id TEXT NOT NULL,
+    ord INTEGER NOT NULL, text TEXT NOT NULL, stored_status TEXT NOT NULL,
+    stored_by TEXT, judged_status TEXT, model_claim TEXT, check_json TEXT, check_detail TEXT
+);
+CREATE INDEX IF NOT EXISTS items_by_session ON items(session_id, ord);
+CREATE TABLE IF NOT EXISTS tool_events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, phase TEXT NOT NULL,
+    tool TEXT NOT NULL, summary TEXT NOT NULL, at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS verdicts (
+    session_id TEXT NOT NULL, version INTEGER NOT NULL, item_id TEXT NOT NULL,
+    judged_status TEXT NOT NULL, suggestion TEXT NOT NULL, model TEXT NOT NULL,
+    created_at REAL NOT NULL, PRIMARY KEY (session_id, version)
+);
+CREATE TABLE IF NOT EXISTS judge_runs (
+    run_id TEXT PRIMARY KEY, calls INTEGER NOT NULL DEFAULT 0,
+    tokens INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS evidence (
+    evidence_id TEXT PRIMARY KEY, mission_id TEXT NOT NULL, at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS risks (
+    mission_id TEXT NOT NULL, risk_id TEXT NOT NULL, blocks TEXT NOT NULL, owner TEXT NOT NULL,
+    summary TEXT NOT NULL, grant_id TEXT, open INTEGER NOT NULL,
+    PRIMARY KEY (mission_id, risk_id)
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL UNIQUE,
+    subject TEXT NOT NULL, data BLOB NOT NULL, stream_seq INTEGER
+);
+CREATE INDEX IF NOT EXISTS outbox_pending ON outbox(seq) WHERE stream_seq IS NULL;
+"""
+
+_SAFE = re.compile(r"[^A-Za-z0-9_\-]")
+
+
+def safe_id(raw: str, *, fallback: str = "session") -> str:
+    """Make an external id (a Claude Code session id, an agent name) fit the ledger's ids."""
+    cleaned = _SAFE.sub("_", raw.strip())[:100].lstrip("_-")
+    return cleaned or fallback
+
+
+@dataclass(frozen=True)
+class Session:
+    session_id: str
+    mission_id: str
+    agent_id: str
+    version: int
+    turn: int
+    consecutive_blocks: int
+    grant_id: str | None
+
+
+@dataclass(frozen=True)
+class StoredItem:
+    """An item as stored: the ledger's ``Item`` plus where it lives and how it can be checked."""
+
+    item: Item
+    session_id: str
+    short_id: str
+    order: int
+    check: Check | None
+    check_detail: str | None
+
+    @property
+    def item_id(self) -> str:
+        return self.item.item_id
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    seq: int
+    event_id: str
+    subject: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class CachedVerdict:
+    item_id: str
+    judged_status: str
+    suggestion: str
+    model: str
+    created_at: float
+
+
+class Store:
+    """The SQLite store. Synchronous and fast; one connection per process."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        node_id: str = "node-local",
+        default_mission: str = "local",
+        clock: Clock | None = None,
+    ) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = path
+        self.node_id = node_id
+        self.default_mission = default_mission
+        self.clock = clock or SystemClock()
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL survives a killed process (SIGKILL); a power cut may drop the last commits
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA busy_timeout=10000")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextlib.contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE): all of it or none of it."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # --- events into the outbox ------------------------------------------------------------
+
+    def emit(self, db: sqlite3.Connection, session: Session, payload: Any) -> Event:
+        """Write one event to the outbox inside the caller's transaction."""
+        event = make_event(
+            payload,
+            mission_id=session.mission_id,
+            at=self.clock.now(),
+            node_id=self.node_id,
+            agent_id=session.agent_id,
+            grant_id=session.grant_id,
+        )
+        db.execute(
+            "INSERT INTO outbox (event_id, subject, data) VALUES (?, ?, ?)",
+            (str(event.event_id), event_subject(event.mission_id, event.kind), event.to_json()),
+        )
+        return event
+
+    def pending(self, limit: int = 256) -> list[OutboxRow]:
+        rows = self.db.execute(
+            "SELECT seq, event_id, subject, data FROM outbox WHERE stream_seq IS NULL "
+            "ORDER BY seq LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [OutboxRow(r["seq"], r["event_id"], r["subject"], bytes(r["data"])) for r in rows]
+
+    def mark_published(self, seq: int, stream_seq: int) -> None:
+        self.db.execute("UPDATE outbox SET stream_seq = ? WHERE seq = ?", (stream_seq, seq))
+
+    def outbox_counts(self) -> tuple[int, int]:
+        row = self.db.execute(
+            "SELECT COUNT(*) AS total, COUNT(stream_seq) AS published FROM outbox"
+        ).fetchone()
+        return int(row["total"]), int(row["published"])
+
+    # --- sessions --------------------------------------------------------------------------
+
+    def session(self, session_id: str) -> Session | None:
+        row = self.db.execute(
+            "SELECT * FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        return Session(
+            row["session_id"], row["mission_id"], row["agent_id"], row["version"], row["turn"],
+            row["consecutive_blocks"], row["grant_id"],
+        )  # fmt: skip
+
+    def ensure_session(
+        self,
+        session_id: str,
+        *,
+        agent_id: str = "agent",
+        mission_id: str | None = None,
+        grant_id: str | None = None,
+    ) -> Session:
+        session_id = safe_id(session_id)
+        found = self.session(session_id)
+        if found is not None:
+            if grant_id and grant_id != found.grant_id:
+                self.db.execute(
+                    "UPDATE sessions SET grant_id = ? WHERE session_id = ?", (grant_id, session_id)
+                )
+                found = self.session(session_id)
+                assert found is not None
+            return found
+        self.db.execute(
+            "INSERT OR IGNORE INTO sessions (session_id, mission_id, agent_id, grant_id,"
+            " created_at) VALUES (?, ?, ?, ?, ?)",
+            (
+                session_id,
+                safe_id(mission_id or self.default_mission, fallback="local"),
+                safe_id(agent_id, fallback="agent"),
+                grant_id,
+                self.clock.now().isoformat(),
+            ),
+        )
+        created = self.session(session_id)
+        assert created is not None
+        return created
+
+    def sessions(self) -> list[Session]:
+        ids = [r[0] for r in self.db.execute("SELECT session_id FROM sessions ORDER BY created_at")]
+        return [s for i in ids if (s := self.session(i)) is not None]
+
+    def _bump(self, db: sqlite3.Connection, session_id: str) -> None:
+        db.execute("UPDATE sessions SET version = version + 1 WHERE session_id = ?", (session_id,))
+
+    def set_blocks(self, session_id: str, count: int) -> None:
+        self.db.execute(
+            "UPDATE sessions SET consecutive_blocks = ? WHERE session_id = ?", (count, session_id)
+        )
+
+    def next_turn(self, session_id: str) -> int:
+        with self.tx() as db:
+            db.execute("UPDATE sessions SET turn = turn + 1 WHERE session_id = ?", (session_id,))
+            row = db.execute(
+                "SELECT turn FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
+        return int(row[0])
+
+    # --- items ------------------------------------------------------------------------------
+
+    def _row_item(self, row: sqlite3.Row) -> StoredItem:
+        check = CHECK.validate_json(row["check_json"]) if row["check_json"] else None
+        item = Item(
+            item_id=row["item_id"],
+            text=row["text"],
+            stored_status=ItemStatus(row["stored_status"]),
+            judged_status=row["judged_status"],
+            model_claim=row["model_claim"],
+            stored_by=row["stored_by"],
+        )
+        return StoredItem(
+            item, row["session_id"], row["short_id"], row["ord"], check, row["check_detail"]
+        )
+
+    def items(self, session_id: str) -> list[StoredItem]:
+        rows = self.db.execute(
+            "SELECT * FROM items WHERE session_id = ? ORDER BY ord", (session_id,)
+        ).fetchall()
+        return [self._row_item(r) for r in rows]
+
+    def find_item(self, ref: str, session_id: str | None = None) -> StoredItem:
+        """An item by full id, or by short id (``t3``) within a session."""
+        row = self.db.execute("SELECT * FROM items WHERE item_id = ?", (ref,)).fetchone()
+        if row is None and session_id is not None:
+            row = self.db.execute(
+                "SELECT * FROM items WHERE session_id = ? AND short_id = ?", (session_id, ref)
+            ).fetchone()
+        if row is None:
+            raise InvalidInput(f"no to-do item {ref!r}", code=ErrorCode.NOT_FOUND)
+        return self._row_item(row)
+
+    def add_items(
+        self, session: Session, texts: list[str], *, check: Check | None = None
+    ) -> list[StoredItem]:
+        """Capture items (skipping ones already present by text), emitting item.captured."""
+        added: list[str] = []
+        with self.tx() as db:
+            row = db.execute(
+                "SELECT next_item FROM sessions WHERE session_id = ?", (session.session_id,)
+            ).fetchone()
+            n = int(row[0])
+            existing = {
+                r[0].lower()
+                for r in db.execute(
+                    "SELECT text FROM items WHERE session_id = ? AND stored_status != 'cancelled'",
+                    (session.session_id,),
+                )
+            }
+            for text in texts:
+                if text.lower() in existing:
+                    continue
+                existing.add(text.lower())
+                short = f"t{n}"
+                item_id = f"{session.session_id[:100]}-{short}"
+                db.execute(
+                    "INSERT INTO items (item_id, session_id, short_id, ord, text, stored_status,"
+                    " check_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        item_id, session.session_id, short, n, text, ItemStatus.OPEN.value,
+                        CHECK.dump_json(check).decode() if check is not None else None,
+                    ),
+                )  # fmt: skip
+                self.emit(
+                    db,
+                    session,
+                    ItemCaptured(
+                        item_id=item_id, session_id=session.session_id, text=text, order=n
+                    ),
+                )
+                added.append(item_id)
+                n += 1
+            db.execute(
+                "UPDATE sessions SET next_item = ? WHERE session_id = ?", (n, session.session_id)
+            )
+            if added:
+                self._bump(db, session.session_id)
+        return [self.find_item(i) for i in added]
+
+    def set_status(
+        self, item_ref: str, to: ItemStatus, actor: Actor, *, session_id: str | None = None,
+        detail: str | None = None,
+    ) -> StoredItem:  # fmt: skip
+        """Move the stored status through the firewall (``ledger.items.transition``)."""
+        with self.tx() as db:
+            stored = self.find_item(item_ref, session_id)
+            moved = transition(stored.item, to, actor)  # raises RuleViolation for models
+            db.execute(
+                "UPDATE items SET stored_status = ?, stored_by = ?, check_detail = COALESCE(?, "
+                "check_detail) WHERE item_id = ?",
+                (moved.stored_status.value, moved.stored_by, detail, stored.item_id),
+            )
+            session = self.session(stored.session_id)
+            assert session is not None
+            actor_kind = actor.kind
+            assert actor_kind != "model"  # transition() refused it above
+            self.emit(
+                db,
+                session,
+                ItemStatusChanged(
+                    item_id=stored.item_id, status=to.value, actor_kind=actor_kind, actor=actor.name
+                ),
+            )
+            self._bump(db, stored.session_id)
+        return self.find_item(stored.item_id)
+
+    def record_check_detail(self, item_id: str, detail: str) -> None:
+        self.db.execute("UPDATE items SET check_detail = ? WHERE item_id = ?", (detail, item_id))
+
+    def record_claim(self, item_id: str, judged_status: str, model: str) -> StoredItem:
+        """Keep a model's view as a claim; the stored status is untouched by construction."""
+        stored = self.find_item(item_id)
+        judged = record_judgement(stored.item, judged_status, model)
+        self.db.execute(
+            "UPDATE items SET judged_status = ?, model_claim = ? WHERE item_id = ?",
+            (judged.judged_status, judged.model_claim, item_id),
+        )
+        return self.find_item(item_id)
+
+    # --- watch: tool events -----------------------------------------------------------------
+
+    def record_tool(self, session_id: str, phase: str, tool: str, summary: str) -> None:
+        self.db.execute(
+            "INSERT INTO tool_events (session_id, phase, tool, summary, at) VALUES (?, ?, ?, ?, ?)",
+            (session_id, phase, tool[:100], summary[:500], self.clock.now().isoformat()),
+        )
+
+    def recent_tools(self, session_id: str, limit: int = 8) -> list[str]:
+        rows = self.db.execute(
+            "SELECT phase, tool, summary FROM tool_events WHERE session_id = ? "
+            "ORDER BY id DESC LIMIT ?",
+            (session_id, limit),
+        ).fetchall()
+        return [f"{r['phase']} {r['tool']}: {r['summary']}" for r in reversed(rows)]
+
+    # --- judge state: verdict cache, per-run usage, breaker --------------------------------
+
+    def cached_verdict(self, session_id: str, version: int) -> CachedVerdict | None:
+        row = self.db.execute(
+            "SELECT * FROM verdicts WHERE session_id = ? AND version = ?", (session_id, version)
+        ).fetchone()
+        if row is None:
+            return None
+        return CachedVerdict(
+            row["item_id"], row["judged_status"], row["suggestion"], row["model"], row["created_at"]
+        )
+
+    def cache_verdict(self, session_id: str, version: int, verdict: CachedVerdict) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                session_id, version, verdict.item_id, verdict.judged_status, verdict.suggestion,
+                verdict.model, verdict.created_at,
+            ),
+        )  # fmt: skip
+
+    def run_usage(self, run_id: str) -> tuple[int, int]:
+        row = self.db.execute(
+            "SELECT calls, tokens FROM judge_runs WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+    def admit_call(self, run_id: str, *, max_calls: int, tokens: int, budget: int) -> bool:
+        """Count one judge call against the run's caps before it is made; False if over."""
+        with self.tx() as db:
+            db.execute("INSERT OR IGNORE INTO judge_runs (run_id) VALUES (?)", (run_id,))
+            calls, used = db.execute(
+                "SELECT calls, tokens FROM judge_runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if calls >= max_calls or used + tokens > budget:
+                return False
+            db.execute(
+                "UPDATE judge_runs SET calls = calls + 1, tokens = tokens + ? WHERE run_id = ?",
+                (tokens, run_id),
+            )
+        return True
+
+    def meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    # --- evidence and risks kept locally ------------------------------------------------------
+
+    def register_evidence(self, evidence_id: str, mission_id: str) -> None:
+        self.db.execute(
+            "INSERT OR IGNORE INTO evidence VALUES (?, ?, ?)",
+            (evidence_id, mission_id, self.clock.now().isoformat()),
+        )
+
+    def evidence_known(self, evidence_id: str) -> bool:
+        row = self.db.execute("SELECT 1 FROM evidence WHERE evidence_id = ?", (evidence_id,))
+        return row.fetchone() is not None
+
+    def save_risk(
+        self, mission_id: str, risk_id: str, *, blocks: list[str], owner: str, summary: str,
+        grant_id: str | None, open: bool,
+    ) -> None:  # fmt: skip
+        self.db.execute(
+            "INSERT OR REPLACE INTO risks VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (mission_id, risk_id, json.dumps(sorted(blocks)), owner, summary, grant_id, int(open)),
+        )
+
+    def open_risks(self, mission_id: str) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT * FROM risks WHERE mission_id = ? AND open = 1 ORDER BY risk_id", (mission_id,)
+        ).fetchall()
+        return [
+            {
+                "risk_id": r["risk_id"], "blocks": json.loads(r["blocks"]), "owner": r["owner"],
+                "summary": r["summary"], "grant_id": r["grant_id"],
+            }
+            for r in rows
+        ]  # fmt: skip

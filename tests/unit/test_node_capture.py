@@ -1,0 +1,72 @@
+"""The deterministic prompt parser and the pure turn-end auditor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ledger.items import Actor, ItemStatus
+from node_agent.auditor import audit, reminder
+from node_agent.capture import match_item, parse_prompt
+from node_agent.store import Store
+
+
+def test_numbered_steps_and_bullets_become_items_in_order() -> None:
+    got = parse_prompt(
+        "Release plan:\n1. Bump the version\n2) Update the CHANGELOG\n- run the tests"
+    )
+    assert got.items == ("Bump the version", "Update the CHANGELOG", "run the tests")
+
+
+def test_imperative_sentences_become_items_and_questions_do_not() -> None:
+    got = parse_prompt("Please fix the flaky test and then push the branch. What time is it?")
+    assert got.items == ("fix the flaky test", "push the branch")
+
+
+def test_plain_prose_captures_nothing() -> None:
+    assert parse_prompt("The weather is nice today. I like it.").items == ()
+
+
+def test_actually_not_x_is_a_correction_not_an_item() -> None:
+    got = parse_prompt("Actually, not the changelog.")
+    assert got.items == () and got.corrections == ("the changelog",)
+
+
+def test_skip_x_is_a_correction() -> None:
+    assert parse_prompt("skip the docs").corrections == ("the docs",)
+
+
+def test_duplicate_items_are_captured_once() -> None:
+    assert parse_prompt("- fix the bug\n- Fix the bug").items == ("fix the bug",)
+
+
+def test_match_item_finds_the_item_a_phrase_names() -> None:
+    items = [("a", "Bump the version to 0.2"), ("b", "Update the CHANGELOG for 0.2")]
+    assert match_item("the changelog", items) == "b"
+    assert match_item("the moon", items) is None
+
+
+def test_auditor_resolves_terminal_blocked_and_paused_items_as_clear(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db.sqlite3")
+    session = store.ensure_session("s1")
+    items = store.add_items(session, ["a one", "b two", "c three", "d four"])
+    human = Actor("human", "ann")
+    for stored, status in zip(
+        items,
+        (ItemStatus.DONE, ItemStatus.CANCELLED, ItemStatus.BLOCKED, ItemStatus.PAUSED),
+        strict=True,
+    ):
+        store.set_status(stored.item_id, status, human)
+    result = audit(store.items(session.session_id))
+    assert result.clear and reminder(result) is None
+    assert len(result.parked) == 2 and len(result.terminal) == 2
+
+
+def test_reminder_lists_open_items_in_order_with_their_claims(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db.sqlite3")
+    session = store.ensure_session("s1")
+    _first, second = store.add_items(session, ["write the docs", "fix the bug"])
+    store.record_claim(second.item_id, "done", "agent")
+    text = reminder(audit(store.items(session.session_id)))
+    assert text is not None
+    assert text.index("[t1] write the docs") < text.index("[t2] fix the bug")
+    assert "not independently verified" in text

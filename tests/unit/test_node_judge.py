@@ -1,0 +1,240 @@
+"""The loopback judge and the status firewall: the regression list of issue 5, item 5.
+
+The model is a real local HTTP server speaking Ollama's /api/generate (tests/fixtures/ollama.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ledger.errors import InvalidInput, RuleViolation
+from ledger.items import Actor, ItemStatus
+from node_agent.autoledger import AutoLedger
+from node_agent.judge import JudgeGate, OllamaJudge, validate_endpoint
+from node_agent.store import Store
+from tests.fixtures.ollama import FakeOllama
+
+
+@pytest.fixture
+def ollama() -> Iterator[FakeOllama]:
+    with FakeOllama("good") as server:
+        yield server
+
+
+def _ledger(path: Path, url: str, **caps: float) -> tuple[AutoLedger, JudgeGate, Store]:
+    store = Store(path / "node.sqlite3")
+    gate = JudgeGate(OllamaJudge(url, "fake"), store, timeout_s=0.5, **caps)  # type: ignore[arg-type]
+    return AutoLedger(store, gate=gate), gate, store
+
+
+async def test_pending_item_with_a_model_done_and_no_evidence_stays_open(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
+    ledger, _, store = _ledger(tmp_path, ollama.url)
+    ledger.on_prompt("s1", "- deploy the fix")
+    ledger.on_tool(
+        "s1", "post", "TodoWrite", {"todos": [{"content": "deploy the fix", "status": "completed"}]}
+    )
+    result = await ledger.turn_end("s1")
+    (item,) = store.items("s1")
+    assert item.item.stored_status is ItemStatus.OPEN
+    assert item.item.judged_status == "done" and "not independently verified" in (
+        item.item.model_claim or ""
+    )
+    assert result.block and result.reason and "deploy the fix" in result.reason
+
+
+def test_a_model_actor_cannot_move_an_item_to_done(tmp_path: Path) -> None:
+    store = Store(tmp_path / "n.sqlite3")
+    (item,) = store.add_items(store.ensure_session("s1"), ["ship it"])
+    with pytest.raises(RuleViolation):
+        store.set_status(item.item_id, ItemStatus.DONE, Actor("model", "gemma"))
+    assert store.items("s1")[0].item.stored_status is ItemStatus.OPEN
+
+
+async def test_terminal_blocked_and_paused_items_need_zero_model_calls(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
+    ledger, _, store = _ledger(tmp_path, ollama.url)
+    ledger.on_prompt("s1", "- a one\n- b two\n- c three")
+    for ref, status in (
+        ("t1", ItemStatus.DONE),
+        ("t2", ItemStatus.BLOCKED),
+        ("t3", ItemStatus.PAUSED),
+    ):
+        store.set_status(ref, status, Actor("human", "ann"), session_id="s1")
+    result = await ledger.turn_end("s1")
+    assert (result.block, result.reason, result.model_calls, ollama.calls) == (False, None, 0, 0)
+
+
+async def test_a_cached_verdict_is_reused_at_the_same_ledger_version(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
+    ledger, _, _ = _ledger(tmp_path, ollama.url)
+    ledger.on_prompt("s1", "- write the docs")
+    first = await ledger.turn_end("s1")
+    second = await ledger.turn_end("s1")
+    assert (first.model_calls, first.judge, second.model_calls, second.judge) == (
+        1,
+        "model",
+        0,
+        "cache",
+    )
+    assert ollama.calls == 1
+
+
+async def test_a_cached_verdict_expires_after_its_ttl(tmp_path: Path, ollama: FakeOllama) -> None:
+    ledger, _, _ = _ledger(tmp_path, ollama.url, verdict_ttl_s=1e-6)
+    ledger.on_prompt("s1", "- write the docs")
+    await ledger.turn_end("s1")
+    again = await ledger.turn_end("s1")
+    assert again.judge == "model" and ollama.calls == 2
+
+
+async def test_a_correction_invalidates_the_cached_verdict(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
+    ledger, _, store = _ledger(tmp_path, ollama.url)
+    ledger.on_prompt("s1", "- write the docs\n- update the changelog")
+    await ledger.turn_end("s1")
+    before = store.session("s1")
+    ledger.on_prompt("s1", "Actually, skip the changelog.")
+    after = store.session("s1")
+    assert before is not None and after is not None and after.version > before.version
+    again = await ledger.turn_end("s1")
+    assert again.judge == "model" and ollama.calls == 2
+    assert [s.item.stored_status for s in store.items("s1")] == [
+        ItemStatus.OPEN,
+        ItemStatus.CANCELLED,
+    ]
+
+
+async def test_a_judge_failure_opens_a_cooldown_that_survives_a_restart(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
+    ollama.mode = "error"
+    ledger, _gate, store = _ledger(tmp_path, ollama.url)
+    ledger.on_prompt("s1", "- write the docs")
+    failed = await ledger.turn_end("s1")
+    assert failed.judge.startswith("skipped: judge failed") and failed.block
+    store.close()
+    ollama.mode = "good"
+    ledger2, gate2, _ = _ledger(tmp_path, ollama.url)  # a restarted node agent, same database
+    assert gate2.cooldown_remaining() > 0
+    ledger2.on_prompt("s2", "- fix the bug")
+    later = await ledger2.turn_end("s2")
+    assert later.judge.startswith("skipped: judge cooling down") and later.block
+    assert ollama.calls == 1
+
+
+async def test_a_slow_judge_times_out_once_without_retry(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
+    ollama.mode, ollama.delay_s = "slow", 1.5
+    ledger, gate, _ = _ledger(tmp_path, ollama.url)
+    ledger.on_prompt("s1", "- write the docs")
+    result = await ledger.turn_end("s1")
+    assert "did not answer" in result.judge and ollama.calls == 1 and gate.cooldown_remaining() > 0
+
+
+async def test_a_redirect_is_refused_and_not_followed(tmp_path: Path, ollama: FakeOllama) -> None:
+    ollama.mode = "redirect"
+    ledger, gate, _ = _ledger(tmp_path, ollama.url)
+    ledger.on_prompt("s1", "- write the docs")
+    result = await ledger.turn_end("s1")
+    assert "redirect" in result.judge and ollama.calls == 1 and gate.cooldown_remaining() > 0
+
+
+@pytest.mark.parametrize("mode", ["garbage", "wrong_item"])
+async def test_judge_output_of_the_wrong_shape_is_discarded(
+    tmp_path: Path, ollama: FakeOllama, mode: str
+) -> None:
+    ollama.mode = mode  # type: ignore[assignment]
+    ledger, _, store = _ledger(tmp_path, ollama.url)
+    ledger.on_prompt("s1", "- write the docs")
+    result = await ledger.turn_end("s1")
+    assert result.judge == "skipped: judge output discarded (wrong shape)"
+    assert store.items("s1")[0].item.judged_status is None
+
+
+async def test_the_judge_never_mutates_stored_status_or_ledger_version(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
+    ledger, _, store = _ledger(tmp_path, ollama.url)
+    ledger.on_prompt("s1", "- write the docs")
+    before = store.session("s1")
+    result = await ledger.turn_end("s1")
+    after = store.session("s1")
+    assert result.judge == "model"
+    (item,) = store.items("s1")
+    assert item.item.stored_status is ItemStatus.OPEN and item.item.judged_status == "done"
+    assert before is not None and after is not None and before.version == after.version
+
+
+async def test_an_exhausted_run_budget_admits_no_more_calls(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
+    ledger, _, _ = _ledger(tmp_path, ollama.url, run_budget_tokens=64, verdict_ttl_s=1e-6)
+    ledger.on_prompt("s1", "- write the docs")
+    await ledger.turn_end("s1")
+    second = await ledger.turn_end("s1")
+    assert second.judge == "skipped: run's judge caps reached" and ollama.calls == 1
+
+
+async def test_concurrent_turn_ends_of_one_run_never_exceed_two_calls(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
+    ledger, gate, _ = _ledger(tmp_path, ollama.url, verdict_ttl_s=1e-6)
+    ledger.on_prompt("s1", "- write the docs")
+    items = ledger.audit("s1").actionable
+    outcomes = await asyncio.gather(*(gate.advise("s1", items) for _ in range(12)))
+    assert sum(o.calls for o in outcomes) == 2 and ollama.calls == 2
+
+
+async def test_environment_proxies_are_ignored(
+    tmp_path: Path, ollama: FakeOllama, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(var, "http://10.255.255.1:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    ledger, _, _ = _ledger(tmp_path, ollama.url)
+    ledger.on_prompt("s1", "- write the docs")
+    assert (await ledger.turn_end("s1")).judge == "model"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://localhost:11434",
+        "http://example.com:11434",
+        "http://10.0.0.1:11434",
+        "http://0.0.0.0:11434",
+        "http://[::ffff:8.8.8.8]:1",
+        "ftp://127.0.0.1/",
+        "http://user:pw@127.0.0.1:11434",
+    ],
+)
+def test_non_loopback_or_named_judge_endpoints_are_refused(url: str) -> None:
+    with pytest.raises(InvalidInput):
+        validate_endpoint(url)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:11434", "http://127.9.9.9:1/", "http://[::1]:11434"]
+)
+def test_literal_loopback_judge_endpoints_are_accepted(url: str) -> None:
+    assert validate_endpoint(url).startswith("http://")
+
+
+async def test_a_missing_database_is_created_and_an_unknown_session_is_silent(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path / "absent" / "dir" / "node.sqlite3")
+    result = await AutoLedger(store).turn_end("never-seen")
+    assert (result.block, result.reason, result.model_calls) == (False, None, 0)
+    assert (tmp_path / "absent" / "dir" / "node.sqlite3").is_file()
