@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,18 +22,35 @@ class ConsequentialRule(BaseModel):
     tool: str  # regex on the tool name, e.g. "Bash"
     pattern: str = ".*"  # regex searched in the command (Bash) or the JSON of the tool input
     action: str  # the ledger action name, e.g. "git.push"
-    cost: float = 0.0  # currency units, turned into micros when asking
+    cost: str = "0"  # currency units ("0.04"), stored as micros when asking
 
+    def matches(self, tool: str, tool_input: dict[str, Any]) -> bool:
+        if not re.search(self.tool, tool):
+            return False
+        command = tool_input.get("command")
+        subject = command if isinstance(command, str) else json.dumps(tool_input, sort_keys=True)
+        return re.search(self.pattern, subject) is not None
+
+
+def consequential(
+    rules: list[ConsequentialRule], tool: str, tool_input: dict[str, Any]
+) -> ConsequentialRule | None:
+    """The first rule that marks this tool call consequential, if any."""
+    return next((r for r in rules if r.matches(tool, tool_input)), None)
+
+
+# Claude Code and Codex call their shell tool "Bash"; Gemini CLI calls it run_shell_command.
+SHELL_TOOLS = r"^(Bash|shell|exec_command|run_shell_command)$"
 
 DEFAULT_RULES: tuple[ConsequentialRule, ...] = (
-    ConsequentialRule(tool="Bash", pattern=r"\bgit\s+push\b", action="git.push"),
+    ConsequentialRule(tool=SHELL_TOOLS, pattern=r"\bgit\s+push\b", action="git.push"),
     ConsequentialRule(
-        tool="Bash",
+        tool=SHELL_TOOLS,
         pattern=r"\b(kubectl|helm)\b.*\b(apply|install|upgrade|delete|rollout)\b",
         action="deploy",
     ),
     ConsequentialRule(
-        tool="Bash", pattern=r"\b(terraform|tofu)\s+(apply|destroy)\b", action="infra.apply"
+        tool=SHELL_TOOLS, pattern=r"\b(terraform|tofu)\s+(apply|destroy)\b", action="infra.apply"
     ),
 )
 

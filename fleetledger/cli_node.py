@@ -1,0 +1,263 @@
+"""The node agent's commands: `node-agent run`, `todo ...`, `hook AGENT EVENT`, `hooks install`.
+
+`todo` works on the node's SQLite ledger directly (WAL lets it share the file with a running
+daemon, whose outbox then publishes the events), so it works with the daemon down too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ledger.errors import FleetError, InvalidInput
+from node_agent.autoledger import AutoLedger
+from node_agent.checks import Check, CommandCheck, EvidenceCheck, FileCheck
+from node_agent.daemon import item_dict, serve, set_status
+from node_agent.hooks import SETTINGS_FILES, Agent, install, run
+from node_agent.settings import NodeSettings
+from node_agent.store import Store, safe_id
+
+out = Console(width=None if sys.stdout.isatty() else 140)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
+
+node_app = typer.Typer(help="The per-machine node agent daemon.", no_args_is_help=True)
+todo_app = typer.Typer(
+    help="The node-local to-do ledger (status firewall applies).", no_args_is_help=True
+)
+hooks_app = typer.Typer(help="Install agent hooks that call the node agent.", no_args_is_help=True)
+
+AGENTS = ("claude-code", "codex", "gemini")
+
+
+def _fail(exc: FleetError, as_json: bool = False) -> NoReturn:
+    if as_json:
+        print(json.dumps({"error": exc.to_dict()}))
+    err.print(f"[red]error[/] [{exc.code}] {exc.message}")
+    raise typer.Exit(exc.exit_code)
+
+
+def _agent(value: str) -> Agent:
+    if value not in AGENTS:
+        raise typer.BadParameter(f"agent must be one of {', '.join(AGENTS)}")
+    return value  # type: ignore[return-value]
+
+
+@node_app.command("run")
+def node_run(
+    state_dir: Annotated[Path | None, typer.Option(help="SQLite state and the socket.")] = None,
+    http_port: Annotated[int | None, typer.Option(help="Also serve loopback HTTP.")] = None,
+) -> None:
+    """Run the node agent in the foreground (Unix socket API, outbox to JetStream)."""
+    overrides: dict[str, Any] = {}
+    if state_dir is not None:
+        overrides["state_dir"] = state_dir
+    if http_port is not None:
+        overrides["http_port"] = http_port
+    try:
+        settings = NodeSettings.load(**overrides)
+    except FleetError as exc:
+        _fail(exc)
+    except ValueError as exc:
+        _fail(InvalidInput(str(exc)))
+    err.print(
+        f"node agent {settings.node_id}: socket {settings.socket_path}, db {settings.db_path}"
+    )
+    try:
+        asyncio.run(serve(settings))
+    except FleetError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        err.print("node agent stopped")
+
+
+def _ledger() -> AutoLedger:
+    settings = NodeSettings.load()
+    store = Store(settings.db_path, node_id=settings.node_id, default_mission=settings.mission)
+    return AutoLedger(store, check_timeout_s=settings.check_timeout_s)
+
+
+def _session(agent: str | None, session: str | None) -> str | None:
+    chosen = session or agent
+    return safe_id(chosen) if chosen else None
+
+
+@todo_app.command("list")
+def todo_list(
+    agent: Annotated[
+        str | None, typer.Option(help="The agent (session) whose to-do to show.")
+    ] = None,
+    session: Annotated[str | None, typer.Option(help="A hook session id.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
+) -> None:
+    """Show items: stored status (authoritative) and judged status / claims (advisory)."""
+    ledger = _ledger()
+    chosen = _session(agent, session)
+    sessions = [chosen] if chosen else [s.session_id for s in ledger.store.sessions()]
+    items = [item_dict(i) for s in sessions for i in ledger.store.items(s)]
+    if as_json:
+        print(json.dumps({"items": items}))
+        return
+    table = Table(title="to-do (node-local ledger)", title_justify="left")
+    for column in ("session", "id", "item", "stored status", "by", "model claim", "check"):
+        table.add_column(column)
+    for i in items:
+        table.add_row(
+            i["session_id"], i["short_id"], i["text"], i["stored_status"], i["stored_by"] or "",
+            i["model_claim"] or "", i["check"] or "",
+        )  # fmt: skip
+    out.print(table)
+
+
+@todo_app.command("add")
+def todo_add(
+    text: Annotated[str, typer.Argument(help="What must be done.")],
+    agent: Annotated[str, typer.Option(help="The agent (session) it belongs to.")] = "cli",
+    session: Annotated[str | None, typer.Option(help="A hook session id instead.")] = None,
+    check_cmd: Annotated[str | None, typer.Option(help="Done when this command exits 0.")] = None,
+    check_file: Annotated[str | None, typer.Option(help="Done when this file exists...")] = None,
+    sha256: Annotated[str | None, typer.Option(help="...with this sha256.")] = None,
+    check_evidence: Annotated[
+        str | None, typer.Option(help="Done when evidence is registered.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Add an item, optionally with a completion check the node agent verifies itself."""
+    check: Check | None = None
+    try:
+        if check_cmd:
+            check = CommandCheck(argv=tuple(shlex.split(check_cmd)), cwd=str(Path.cwd()))
+        elif check_file:
+            check = FileCheck(path=str(Path(check_file).resolve()), sha256=sha256)
+        elif check_evidence:
+            check = EvidenceCheck(evidence_id=check_evidence)
+        ledger = _ledger()
+        stored = ledger.add(_session(agent, session) or "cli", text, check=check, agent=agent)
+    except FleetError as exc:
+        _fail(exc, as_json)
+    except ValueError as exc:
+        _fail(InvalidInput(str(exc)), as_json)
+    if as_json:
+        print(json.dumps({"item": item_dict(stored)}))
+    else:
+        out.print(f"added [bold]{stored.short_id}[/] ({stored.item_id}): {stored.item.text}")
+
+
+def _set(
+    item: str, status: str, by: str | None, agent: str | None, session: str | None, as_json: bool
+) -> None:
+    ledger = _ledger()
+    try:
+        stored = asyncio.run(
+            set_status(ledger, item, status, by=by, session_id=_session(agent, session))
+        )
+    except FleetError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        print(json.dumps({"item": item_dict(stored)}))
+    else:
+        out.print(
+            f"{stored.short_id} {stored.item.stored_status.value} (by {stored.item.stored_by})"
+        )
+
+
+ByOpt = Annotated[str | None, typer.Option("--by", help="The human who decides (an identity).")]
+AgentOpt = Annotated[str | None, typer.Option(help="The agent (session) of a short id.")]
+SessionOpt = Annotated[str | None, typer.Option(help="A hook session id.")]
+JsonOpt = Annotated[bool, typer.Option("--json")]
+
+
+@todo_app.command("done")
+def todo_done(
+    item: str,
+    by: ByOpt = None,
+    agent: AgentOpt = None,
+    session: SessionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Close an item: `--by HUMAN`, or without it only if its check passes here and now."""
+    _set(item, "done", by, agent, session, as_json)
+
+
+@todo_app.command("block")
+def todo_block(
+    item: str,
+    by: ByOpt = None,
+    agent: AgentOpt = None,
+    session: SessionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Mark an item blocked (no reminders for it until reopened)."""
+    _set(item, "blocked", by, agent, session, as_json)
+
+
+@todo_app.command("cancel")
+def todo_cancel(
+    item: str,
+    by: ByOpt = None,
+    agent: AgentOpt = None,
+    session: SessionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel an item."""
+    _set(item, "cancelled", by, agent, session, as_json)
+
+
+@todo_app.command("evidence")
+def todo_evidence(evidence_id: str) -> None:
+    """Record locally that evidence is registered (for items with an evidence check)."""
+    settings = NodeSettings.load()
+    Store(settings.db_path).register_evidence(evidence_id, settings.mission)
+    out.print(f"evidence {evidence_id} recorded on this node")
+
+
+def hook(
+    agent: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
+    event: Annotated[str, typer.Argument(help="The agent's hook event, e.g. Stop")],
+) -> None:
+    """Answer one agent hook: JSON on stdin, the agent's answer on stdout."""
+    answer = run(_agent(agent), event, sys.stdin.read((1 << 20) + 1))
+    if answer.stdout:
+        sys.stdout.write(answer.stdout + "\n")
+    if answer.stderr:
+        sys.stderr.write(answer.stderr + "\n")
+    raise typer.Exit(answer.exit_code)
+
+
+@hooks_app.command("install")
+def hooks_install(
+    agent: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
+    project: Annotated[Path | None, typer.Option(help="Project directory (default: here).")] = None,
+) -> None:
+    """Merge fleetledger's hooks into the agent's project settings, keeping what is there."""
+    name = _agent(agent)
+    path = (project or Path.cwd()) / SETTINGS_FILES[name]
+    try:
+        existing = json.loads(path.read_text()) if path.is_file() else {}
+        if not isinstance(existing, dict):
+            raise InvalidInput(f"{path} does not hold a JSON object; not touching it")
+        merged = install(name, existing)
+    except ValueError as exc:
+        _fail(InvalidInput(f"{path} is not valid JSON ({exc}); not touching it"))
+    except FleetError as exc:
+        _fail(exc)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(merged, indent=2) + "\n")
+    tmp.replace(path)
+    out.print(f"hooks for {name} written to {path}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the node agent's commands to the `fleetledger` app."""
+    app.add_typer(node_app, name="node-agent")
+    app.add_typer(todo_app, name="todo")
+    app.add_typer(hooks_app, name="hooks")
+    app.command("hook")(hook)

@@ -1,0 +1,122 @@
+"""The node agent's local API: JSON over HTTP/1.1 on a Unix socket (0600) or loopback TCP.
+
+Two GET probes (`/healthz`, `/readyz`) and `POST /v1/<op>` with a JSON object body. A tiny
+asyncio responder: the routes are few, requests small, and both listeners share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from ledger.errors import FleetError, InvalidInput
+
+MAX_BODY = 1 << 20  # 1 MiB: hook payloads are small; larger is refused unread
+
+Route = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+Probe = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
+
+
+class ApiServer:
+    def __init__(self, routes: dict[str, Route], *, live: Probe, ready: Probe) -> None:
+        self.routes, self.live, self.ready = routes, live, ready
+        self._servers: list[asyncio.Server] = []
+        self.http_port: int | None = None
+        self.socket_path: Path | None = None
+
+    async def listen_unix(self, path: Path) -> None:
+        if path.exists():
+            if await _answers(path):
+                raise FleetError(f"a node agent already listens on {path}")
+            path.unlink()
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
+        try:
+            server = await asyncio.start_unix_server(self._serve, path=str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        self.socket_path = path
+        self._servers.append(server)
+
+    async def listen_tcp(self, port: int) -> None:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        self.http_port = int(server.sockets[0].getsockname()[1])
+        self._servers.append(server)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            status, body = await asyncio.wait_for(self._handle(reader), 60)
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            status, body = 400, {"error": {"code": "FL-INPUT", "message": "incomplete request"}}
+        data = json.dumps(body).encode()
+        head = (
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        with contextlib.suppress(ConnectionError):
+            writer.write(head.encode() + data)
+            await writer.drain()
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader) -> tuple[int, dict[str, Any]]:
+        request = (await reader.readline()).decode("latin-1").split()
+        headers: dict[str, str] = {}
+        while True:
+            line = (await reader.readline()).decode("latin-1").strip()
+            if not line:
+                break
+            key, _, value = line.partition(":")
+            headers[key.strip().lower()] = value.strip()
+        if len(request) < 2:
+            return 400, _err(InvalidInput("malformed HTTP request line"))
+        method, path = request[0], request[1].split("?", 1)[0]
+        if method == "GET" and path in ("/healthz", "/readyz"):
+            ok, body = await (self.live if path == "/healthz" else self.ready)()
+            return (200 if ok else 503), body
+        route = self.routes.get(path.removeprefix("/v1/")) if path.startswith("/v1/") else None
+        if method != "POST" or route is None:
+            return 404, _err(InvalidInput(f"no route {method} {path}"))
+        length = int(headers.get("content-length", "0") or 0)
+        if length > MAX_BODY:
+            return 413, _err(InvalidInput(f"request body of {length} bytes exceeds {MAX_BODY}"))
+        raw = await reader.readexactly(length) if length else b"{}"
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return 400, _err(InvalidInput("request body is not JSON"))
+        if not isinstance(body, dict):
+            return 400, _err(InvalidInput("request body must be a JSON object"))
+        try:
+            return 200, await route(body)
+        except FleetError as exc:
+            return 422, _err(exc)
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.close()
+            await server.wait_closed()
+        if self.socket_path is not None:
+            self.socket_path.unlink(missing_ok=True)
+
+
+def _err(exc: FleetError) -> dict[str, Any]:
+    return {"error": exc.to_dict()}
+
+
+async def _answers(path: Path) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), 1)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True

@@ -1,0 +1,79 @@
+"""A small synchronous client of the node agent's local API (hooks, `todo`, in-house agents).
+
+Hooks run as one short process per call, so the client is synchronous: one request over the
+Unix socket (or loopback HTTP), JSON in and out. A node agent that does not answer raises
+``Unreachable``; an error it returns is raised as the matching ``FleetError``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fleetledger.client import raise_error
+from ledger.errors import ComponentTimeout, FleetError, Unreachable
+from ledger.protocol import ErrorBody
+
+
+class NodeClient:
+    def __init__(
+        self, socket_path: Path | None = None, *, http_port: int | None = None,
+        timeout: float = 10.0,
+    ) -> None:  # fmt: skip
+        if socket_path is None and http_port is None:
+            raise ValueError("a socket path or a loopback port is needed")
+        transport = httpx.HTTPTransport(uds=str(socket_path)) if socket_path else None
+        base = "http://node-agent" if socket_path else f"http://127.0.0.1:{http_port}"
+        self.where = str(socket_path) if socket_path else base
+        self.socket_path = socket_path
+        self._http = httpx.Client(
+            base_url=base, transport=transport, timeout=timeout, trust_env=False,
+            follow_redirects=False,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> NodeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, op: str, **body: Any) -> dict[str, Any]:
+        if self.socket_path is not None and not self.socket_path.exists():
+            raise Unreachable(
+                f"the node agent socket {self.where} does not exist; "
+                "is `fleetledger node-agent run` running?"
+            )
+        try:
+            reply = self._http.post(f"/v1/{op}", json=body)
+        except httpx.TimeoutException:
+            raise ComponentTimeout(f"the node agent at {self.where} did not answer") from None
+        except httpx.HTTPError as exc:
+            raise Unreachable(
+                f"the node agent at {self.where} is unreachable ({type(exc).__name__}); "
+                "is `fleetledger node-agent run` running?"
+            ) from None
+        return _decode(reply)
+
+    def get(self, path: str) -> dict[str, Any]:
+        try:
+            return _decode(self._http.get(path), ok=(200, 503))
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"the node agent at {self.where} is unreachable: {exc}") from None
+
+
+def _decode(reply: httpx.Response, ok: tuple[int, ...] = (200,)) -> dict[str, Any]:
+    try:
+        data = reply.json()
+    except ValueError:
+        raise FleetError(f"the node agent answered HTTP {reply.status_code} without JSON") from None
+    if reply.status_code not in ok or (isinstance(data, dict) and "error" in data):
+        error = data.get("error") if isinstance(data, dict) else None
+        if isinstance(error, dict):
+            raise_error(ErrorBody.model_validate(error))
+        raise FleetError(f"the node agent answered HTTP {reply.status_code}")
+    return dict(data)

@@ -1,0 +1,303 @@
+"""The node agent daemon over its real Unix socket: recorded Claude Code hooks, checks, fail
+closed, the CLI, and (with real NATS and the session coordinator) the outbox and authorize."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from coordinator.service import Coordinator
+from fleetledger.cli_node import register
+from fleetledger.client import FleetClient
+from ledger.authority import Authority
+from ledger.ids import new_id
+from ledger.protocol import STREAM, mission_filter
+from node_agent.checks import FileCheck, sha256_file
+from node_agent.client import NodeClient
+from node_agent.daemon import NodeAgent
+from node_agent.hooks import HookAnswer, handle
+from node_agent.settings import NodeSettings
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "claude_code_session.jsonl"
+
+
+async def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def state_dir() -> Any:
+    # Unix socket paths are limited to ~100 bytes: keep the directory short
+    path = Path(tempfile.mkdtemp(prefix="fl-node-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def start(settings: NodeSettings) -> NodeAgent:
+    agent = NodeAgent(settings)
+    await agent.start()
+    return agent
+
+
+@pytest.fixture
+async def node(state_dir: Path) -> AsyncIterator[NodeAgent]:
+    agent = await start(NodeSettings(state_dir=state_dir, node_id="node-t", mission="m-local"))
+    yield agent
+    await agent.stop()
+
+
+async def hook(
+    agent: NodeAgent, event: str, payload: dict[str, Any] | str, name: str = "claude-code"
+) -> HookAnswer:
+    raw = payload if isinstance(payload, str) else json.dumps(payload)
+
+    def call() -> HookAnswer:
+        with NodeClient(agent.settings.socket_path) as client:
+            return handle(name, event, raw, settings=agent.settings, client=client)  # type: ignore[arg-type]
+
+    return await asyncio.to_thread(call)
+
+
+async def test_a_recorded_claude_code_session_gets_the_documented_answers(node: NodeAgent) -> None:
+    for line in FIXTURE.read_text().splitlines():
+        row = json.loads(line)
+        answer = await hook(node, row["event"], row["payload"])
+        expect, where = row["expect"], f"{row['event']}: {answer}"
+        assert answer.exit_code == 0, where
+        if expect.get("silent"):
+            assert answer.stdout == "", where
+            continue
+        data = json.loads(answer.stdout)
+        if "context_contains" in expect:
+            spec = data["hookSpecificOutput"]
+            assert spec["hookEventName"] == "UserPromptSubmit", where
+            for text in expect["context_contains"]:
+                assert text in spec["additionalContext"], where
+            for text in expect.get("context_lacks", []):
+                assert text not in spec["additionalContext"], where
+        if "block_contains" in expect:
+            assert data["decision"] == "block" and data["reason"].strip(), where
+            for text in expect["block_contains"]:
+                assert text in data["reason"], where
+        if "deny_contains" in expect:
+            spec = data["hookSpecificOutput"]
+            assert (spec["hookEventName"], spec["permissionDecision"]) == ("PreToolUse", "deny")
+            for text in expect["deny_contains"]:
+                assert text in spec["permissionDecisionReason"], where
+        if "system_contains" in expect:
+            assert "decision" not in data, where
+            for text in expect["system_contains"]:
+                assert text in data["systemMessage"], where
+
+
+async def test_stop_is_silent_once_the_checks_pass(node: NodeAgent, state_dir: Path) -> None:
+    target = state_dir / "VERSION"
+    target.write_text("0.2.0\n")
+    digest = sha256_file(target)
+    target.unlink()
+    node.ledger.add("s-check", "Bump the version", check=FileCheck(path=str(target), sha256=digest))
+    blocked = await hook(node, "Stop", {"session_id": "s-check", "stop_hook_active": False})
+    assert json.loads(blocked.stdout)["decision"] == "block"
+    target.write_text("0.2.0\n")
+    clear = await hook(node, "Stop", {"session_id": "s-check", "stop_hook_active": True})
+    assert (clear.stdout, clear.exit_code) == ("", 0)
+    (item,) = node.store.items("s-check")
+    assert item.item.stored_status.value == "done" and (item.item.stored_by or "").startswith(
+        "check:"
+    )
+
+
+async def test_the_socket_is_private_to_its_owner(node: NodeAgent) -> None:
+    mode = stat.S_IMODE(node.settings.socket_path.stat().st_mode)
+    assert mode == 0o600
+
+
+async def test_health_and_readiness_answer_over_the_socket(node: NodeAgent) -> None:
+    def probe() -> tuple[dict[str, Any], dict[str, Any]]:
+        with NodeClient(node.settings.socket_path) as client:
+            return client.get("/healthz"), client.get("/readyz")
+
+    live, ready = await asyncio.to_thread(probe)
+    assert live["status"] == "alive" and ready["status"] == "ready" and ready["nats"] == "off"
+
+
+async def test_loopback_http_serves_the_same_api(state_dir: Path) -> None:
+    agent = await start(NodeSettings(state_dir=state_dir, http_port=0))
+    try:
+        assert agent.api.http_port
+
+        def call() -> dict[str, Any]:
+            with NodeClient(http_port=agent.api.http_port) as client:
+                return client.call("prompt", session_id="s-http", text="- fix the bug")
+
+        assert "fix the bug" in (await asyncio.to_thread(call))["context"]
+    finally:
+        await agent.stop()
+
+
+def test_node_agent_down_denies_consequential_actions_and_skips_reminders(state_dir: Path) -> None:
+    settings = NodeSettings(state_dir=state_dir)
+    with NodeClient(state_dir / "absent.sock", timeout=1) as client:
+        _down(settings, client)
+
+
+def _down(settings: NodeSettings, client: NodeClient) -> None:
+    push = {"session_id": "s", "tool_name": "Bash", "tool_input": {"command": "git push"}}
+    denied = handle("claude-code", "PreToolUse", json.dumps(push), settings=settings, client=client)
+    spec = json.loads(denied.stdout)["hookSpecificOutput"]
+    assert (
+        spec["permissionDecision"] == "deny" and "fail closed" in spec["permissionDecisionReason"]
+    )
+    read = {**push, "tool_input": {"command": "ls"}}
+    allowed = handle(
+        "claude-code", "PreToolUse", json.dumps(read), settings=settings, client=client
+    )
+    assert allowed.stdout == "" and allowed.exit_code == 0
+    stop = handle("claude-code", "Stop", '{"session_id": "s"}', settings=settings, client=client)
+    assert "decision" not in json.loads(stop.stdout)
+    assert "reminders skipped" in json.loads(stop.stdout)["systemMessage"]
+
+
+async def test_malformed_hook_input_changes_nothing(node: NodeAgent) -> None:
+    before = node.store.outbox_counts()
+    stop = await hook(node, "Stop", "{not json")
+    pre = await hook(node, "PreToolUse", "[1, 2]")
+    assert (stop.exit_code, pre.exit_code) == (1, 2) and stop.stdout == pre.stdout == ""
+    assert node.store.outbox_counts() == before
+
+
+async def test_gemini_before_tool_denies_in_its_own_format(node: NodeAgent) -> None:
+    payload = {
+        "session_id": "g1",
+        "tool_name": "run_shell_command",
+        "tool_input": {"command": "git push"},
+    }
+    answer = await hook(node, "BeforeTool", payload, name="gemini")
+    assert json.loads(answer.stdout)["decision"] == "deny"
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def root() -> None:
+        """test root"""
+
+    register(app)
+    return app
+
+
+def test_todo_done_needs_a_human_or_a_passing_check(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_STATE_DIR", str(state_dir))
+    runner, app = CliRunner(), _cli()
+    added = runner.invoke(app, ["todo", "add", "ship the release", "--agent", "ann", "--json"])
+    assert added.exit_code == 0, added.output
+    refused = runner.invoke(app, ["todo", "done", "t1", "--agent", "ann"])
+    assert refused.exit_code == 3
+    done = runner.invoke(app, ["todo", "done", "t1", "--agent", "ann", "--by", "ann", "--json"])
+    assert done.exit_code == 0 and json.loads(done.stdout)["item"]["stored_by"] == "human:ann"
+    checked = runner.invoke(
+        app, ["todo", "add", "tests pass", "--agent", "ann", "--check-cmd", "false"]
+    )
+    assert checked.exit_code == 0
+    assert runner.invoke(app, ["todo", "done", "t2", "--agent", "ann"]).exit_code == 3
+
+
+def test_hooks_install_merges_without_clobbering(state_dir: Path) -> None:
+    settings = state_dir / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    mine = {"command": "my-linter", "type": "command"}
+    settings.write_text(json.dumps({"model": "opus", "hooks": {"Stop": [{"hooks": [mine]}]}}))
+    runner, app = CliRunner(), _cli()
+    for _ in range(2):  # idempotent
+        result = runner.invoke(
+            app, ["hooks", "install", "claude-code", "--project", str(state_dir)]
+        )
+        assert result.exit_code == 0, result.output
+    data = json.loads(settings.read_text())
+    assert data["model"] == "opus"
+    stop_commands = [h["command"] for g in data["hooks"]["Stop"] for h in g["hooks"]]
+    assert stop_commands == ["my-linter", "fleetledger hook claude-code Stop"]
+    assert data["hooks"]["PreToolUse"][0]["matcher"] == "*"
+
+
+# --- with real NATS and the session coordinator ---------------------------------------------
+
+
+async def test_the_outbox_publishes_every_event_once_to_jetstream(
+    coordinator: Coordinator, nats_url: str, state_dir: Path, fleet: FleetClient
+) -> None:
+    mission = f"m-{new_id().hex[-12:]}"
+    agent = await start(NodeSettings(state_dir=state_dir, nats_url=nats_url, mission=mission))
+    try:
+        await hook(agent, "UserPromptSubmit", {"session_id": "s1", "prompt": "- a one\n- b two"})
+        await hook(agent, "Stop", {"session_id": "s1"})
+        total = agent.store.outbox_counts()[0]
+        await wait_until(lambda: agent.store.outbox_counts() == (total, total))
+        info = await fleet.js.stream_info(STREAM, subjects_filter=mission_filter(mission))
+        assert sum((info.state.subjects or {}).values()) == total == 4  # 2 captured, turn, reminder
+    finally:
+        await agent.stop()
+
+
+async def test_consequential_action_is_authorised_by_the_coordinator_and_blocked_by_a_local_risk(
+    coordinator: Coordinator, nats_url: str, state_dir: Path, fleet: FleetClient
+) -> None:
+    mission = f"m-{new_id().hex[-12:]}"
+    expires = "2099-01-01T00:00:00+00:00"
+    await fleet.manage(
+        "mission.create",
+        mission,
+        {"purpose": "release", "owner": "ann", "ceiling": 1_000_000, "expires_at": expires},
+    )
+    await fleet.manage(
+        "grant.issue", mission,
+        {"grant_id": "g-rel", "holder": "claude", "purpose": "release", "owner": "ann",
+         "authority": Authority.of(["git.push"]).model_dump(mode="json"), "budget": 100_000},
+    )  # fmt: skip
+    settings = NodeSettings(
+        state_dir=state_dir, nats_url=nats_url, mission=mission, grant_id="g-rel"
+    )
+    agent = await start(settings)
+    try:
+        await wait_until(lambda: "*" in agent.watchers)
+        push = {
+            "session_id": "s1",
+            "tool_name": "Bash",
+            "tool_input": {"command": "git push origin main"},
+        }
+        allowed = await hook(agent, "PreToolUse", push)
+        assert allowed.stdout == "", allowed
+        await fleet.manage(
+            "risk.open",
+            mission,
+            {
+                "risk_id": "r-tag",
+                "blocks": ["git.push"],
+                "owner": "sec",
+                "summary": "tag signing key leaked",
+            },
+        )
+        await wait_until(lambda: agent._local_risk(mission, "git.push", "g-rel") is not None)
+        denied = json.loads((await hook(agent, "PreToolUse", push)).stdout)["hookSpecificOutput"]
+        assert "risk non-erasure" in denied["permissionDecisionReason"]
+        await wait_until(lambda: bool(agent.store.open_risks(mission)))
+    finally:
+        await agent.stop()
