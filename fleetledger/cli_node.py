@@ -15,6 +15,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ledger.errors import FleetError, InvalidInput
@@ -109,10 +110,9 @@ def todo_list(
     for column in ("session", "id", "item", "stored status", "by", "model claim", "check"):
         table.add_column(column)
     for i in items:
-        table.add_row(
-            i["session_id"], i["short_id"], i["text"], i["stored_status"], i["stored_by"] or "",
-            i["model_claim"] or "", i["check"] or "",
-        )  # fmt: skip
+        cells = (i["session_id"], i["short_id"], i["text"], i["stored_status"], i["stored_by"],
+                 i["model_claim"], i["check"])  # fmt: skip
+        table.add_row(*(escape(c or "") for c in cells))
     out.print(table)
 
 

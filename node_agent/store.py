@@ -367,6 +367,16 @@ class Store:
             self._bump(db, stored.session_id)
         return self.find_item(stored.item_id)
 
+    def attach_check(self, item_id: str, check: Check) -> StoredItem:
+        """Give an item a completion check (`todo add --check-*` does it at creation)."""
+        with self.tx() as db:
+            db.execute(
+                "UPDATE items SET check_json = ? WHERE item_id = ?",
+                (CHECK.dump_json(check).decode(), item_id),
+            )
+            self._bump(db, self.find_item(item_id).session_id)
+        return self.find_item(item_id)
+
     def record_check_detail(self, item_id: str, detail: str) -> None:
         self.db.execute("UPDATE items SET check_detail = ? WHERE item_id = ?", (detail, item_id))
 
