@@ -143,20 +143,32 @@ class Coordinator:
         await self._health.start()
         log.info("coordinator ready", extra={"applied_seq": self.applied_seq})
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving; each step is bounded so a stuck peer cannot hold the process."""
+
+        async def step(name: str, aw: Awaitable[Any]) -> None:
+            # asyncio.wait, unlike wait_for, never waits on a peer that ignores cancellation.
+            task = asyncio.ensure_future(aw)
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+            if not done:
+                task.cancel()
+                log.warning("coordinator stop: %s took over %.0fs; moving on", name, timeout)
+            elif not task.cancelled() and task.exception() is not None:
+                log.warning("coordinator stop: %s failed: %s", name, task.exception())
+
         for task in self._tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await step("background tasks", asyncio.gather(*self._tasks, return_exceptions=True))
         if self._health:
-            await self._health.stop()
+            await step("health server", self._health.stop())
         if self._pull:
-            await self._pull.stop()
+            await step("consumer", self._pull.stop())
         if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.drain()
+            await step("NATS drain", self._nc.drain())
+            if not self._nc.is_closed:
+                await step("NATS close", self._nc.close())
         if self._reservations is not None:
-            await self._reservations.close()
+            await step("Redis", self._reservations.close())
 
     async def _rebuild(self) -> None:
         """Fold the whole stream into memory before serving (replay is deterministic)."""
@@ -588,16 +600,21 @@ class Coordinator:
             json.dumps(project(state, req.role, applied_seq=self.applied_seq)).encode()
         )
 
-    async def sweep_once(self) -> int:
+    async def sweep_once(self, *, every_mission: bool = False) -> int:
         """Return held reservations whose lease passed, recording each one the ledger knows.
 
-        A reservation Redis holds but the ledger never recorded (a coordinator died between
-        reserving and appending) is returned too; there is nothing to record for it.
+        Missions whose record shows held reservations are swept each time; ``every_mission``
+        also sweeps the rest, for a reservation Redis holds but the ledger never recorded (a
+        coordinator died between reserving and appending): it is returned, with nothing to record.
         """
         assert self._reservations is not None
         expired = 0
         for mission_id, state in list(self.states.items()):
             if state.mission is None:
+                continue
+            if not every_mission and not any(
+                r.state == "held" for r in state.reservations.values()
+            ):
                 continue
             async with self._locks[mission_id]:
                 result = await self._reservations.sweep(mission_id)
@@ -617,10 +634,12 @@ class Coordinator:
         return expired
 
     async def _sweep_forever(self) -> None:
+        rounds = 0
         while True:
             await asyncio.sleep(self.settings.sweep_interval_s)
+            rounds += 1
             try:
-                await self.sweep_once()
+                await self.sweep_once(every_mission=rounds % ORPHAN_SWEEP_EVERY == 0)
             except FleetError as exc:
                 log.warning("sweep failed: %s", exc.message)
 
@@ -644,6 +663,7 @@ class Coordinator:
 
 
 STREAM_SUBJECTS = "fleet.ledger.>"
+ORPHAN_SWEEP_EVERY = 30  # sweep rounds between sweeps of missions with nothing held on record
 
 
 def _safe(token: str) -> bool:
