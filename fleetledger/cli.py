@@ -31,6 +31,15 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _register_subcommands() -> None:
+    from fleetledger.cli_node import register
+
+    register(app)
+
+
+_register_subcommands()
 # Pipes and CI logs get a readable width instead of rich's 80-column fallback.
 out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
@@ -58,7 +67,9 @@ def _root(
     """fleetledger: a distributed fleet coordinator for AI agents."""
 
 
-def _servers_table(servers: EmbeddedServers, env_file: Path, nodes: int, http_port: int) -> Table:
+def _servers_table(
+    servers: EmbeddedServers, env_file: Path, sockets: list[Path], http_port: int
+) -> Table:
     table = Table(title="Embedded fleet", title_justify="left")
     table.add_column("component")
     table.add_column("where")
@@ -68,7 +79,8 @@ def _servers_table(servers: EmbeddedServers, env_file: Path, nodes: int, http_po
     if servers.redis is not None:
         table.add_row("redis-server", servers.redis_url, "[green]healthy[/]")
     table.add_row("coordinator", f"http://127.0.0.1:{http_port}/readyz", "[green]ready[/]")
-    table.add_row("node slots", f"{nodes}", "recorded in fleet.env (FLEET_NODES)")
+    for i, sock in enumerate(sockets, start=1):
+        table.add_row(f"node agent node-{i}", str(sock), "[green]listening[/]")
     table.add_row("settings", str(env_file), "written")
     return table
 
@@ -94,22 +106,26 @@ def up(
         settings = CoordinatorSettings(
             nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0
         )
+        sockets: list[Path] = []
 
-        def ready(coordinator: Any) -> None:
+        async def ready(coordinator: Any) -> None:
+            sockets.extend(await _start_nodes(servers.nats_url, directory, nodes, node_agents))
             env = {
                 **servers.env(),
                 "FLEET_STATE_DIR": str(directory),
                 "FLEET_NODES": str(nodes),
                 "FLEET_COORDINATOR_HTTP": f"http://127.0.0.1:{coordinator.http_port}",
+                "FLEET_SOCKET": str(sockets[0]),
             }
             write_env_file(env_file, env)
-            out.print(_servers_table(servers, env_file, nodes, coordinator.http_port))
+            out.print(_servers_table(servers, env_file, sockets, coordinator.http_port))
             err.print(
                 f"In another terminal: [bold]export $(cat {env_file})[/] or let fleetledger "
                 "read it, then e.g. `fleetledger mission create ...`. Ctrl-C stops the fleet."
             )
 
-        _run(lambda: _serve_coordinator(settings, ready))
+        node_agents: list[Any] = []
+        _run(lambda: _serve_coordinator(settings, ready, node_agents))
     finally:
         servers.stop()
         env_file.unlink(missing_ok=True)
@@ -540,7 +556,29 @@ def coordinator_run() -> None:
     _run(lambda: _serve_coordinator(settings))
 
 
-async def _serve_coordinator(settings: Any, on_ready: Any = None) -> None:
+async def _start_nodes(
+    nats_url: str, directory: Path, count: int, started: list[Any]
+) -> list[Path]:
+    """One node agent per simulated node, each with its own state dir and socket."""
+    from node_agent.daemon import NodeAgent
+    from node_agent.settings import NodeSettings
+
+    sockets = []
+    for i in range(1, count + 1):
+        settings = NodeSettings(
+            state_dir=directory / f"node-{i}", node_id=f"node-{i}", nats_url=nats_url
+        )
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        agent = NodeAgent(settings)
+        await agent.start()
+        started.append(agent)
+        sockets.append(settings.socket_path)
+    return sockets
+
+
+async def _serve_coordinator(
+    settings: Any, on_ready: Any = None, also_stop: list[Any] | None = None
+) -> None:
     from coordinator.service import Coordinator
 
     coordinator = Coordinator(settings)
@@ -550,7 +588,7 @@ async def _serve_coordinator(settings: Any, on_ready: Any = None) -> None:
         f"{coordinator.http_port}/readyz"
     )
     if on_ready is not None:
-        on_ready(coordinator)
+        await on_ready(coordinator)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -558,7 +596,9 @@ async def _serve_coordinator(settings: Any, on_ready: Any = None) -> None:
     try:
         await stop.wait()
     finally:
-        err.print("coordinator stopping…")
+        err.print("stopping…")
+        for agent in also_stop or []:
+            await agent.stop()
         await coordinator.stop()
 
 

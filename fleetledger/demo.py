@@ -309,6 +309,13 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
             figures.update(await scripted_mission(fleet, watchers, steps))
             out.print(steps.table)
             figures["steps_as_scripted"] = all(steps.ok)
+            out.rule(
+                "A Claude Code session beside its node agent (hooks → Unix socket → auto-ledger)"
+            )
+            from node_agent import scripted
+
+            session = await scripted.run(out, nats_url=servers.nats_url, mission=MISSION)
+            figures.update({f"session_{k}": v for k, v in session.items()})
             figures["coordinator_race_admitted"] = await coordinator_race(fleet)
             if ray_branches:
                 from fleetledger.race import ray_race
@@ -368,6 +375,10 @@ def expected(figures: dict[str, Any]) -> list[str]:
         problems.append("a scripted step had an unexpected verdict")
     if figures.get("coordinator_race_admitted") != 1:
         problems.append("the coordinator race did not admit exactly one")
+    if not figures.get("session_false_done_refused") or not figures.get(
+        "session_silent_when_clear"
+    ):
+        problems.append("the node agent session did not refuse the false done and fall silent")
     if "ray_admitted" in figures and figures["ray_admitted"] != 1:
         problems.append("the Ray race did not admit exactly one")
     return problems

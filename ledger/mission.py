@@ -250,7 +250,8 @@ def fold(
 
 
 def _needs_mission(payload: object) -> bool:
-    return not isinstance(payload, GrantRequested)
+    """Decision-state events need their mission; a node's observations are records regardless."""
+    return type(payload) in _HANDLERS and not isinstance(payload, GrantRequested)
 
 
 # --- handlers: check everything first, then mutate ------------------------------------------

@@ -1129,3 +1129,16 @@ def test_snapshot_is_a_deep_copy() -> None:
     copied = copy.deepcopy(snap)
     led.reserve("rz", 1)
     assert snap == copied
+
+
+def test_node_observations_are_recorded_even_before_their_mission_exists() -> None:
+    from ledger.events import ItemCaptured, TurnEnded, make_event
+
+    state = MissionState("node-only")
+    for payload in (
+        ItemCaptured(item_id="i1", session_id="s1", text="write the tests", order=0),
+        TurnEnded(session_id="s1", turn=1),
+    ):
+        state.apply(make_event(payload, mission_id="node-only", at=T0))
+    assert state.version == 2
+    assert state.mission is None
