@@ -14,7 +14,7 @@ from nats.js.errors import NotFoundError
 
 from coordinator.bus import connect
 from ledger.errors import FleetError, InvalidInput
-from ledger.events import parse_event
+from ledger.events import Event, parse_event
 from ledger.mission import MissionState
 from ledger.protocol import STREAM, mission_filter
 
@@ -23,6 +23,7 @@ from ledger.protocol import STREAM, mission_filter
 class ReplayResult:
     state: MissionState
     events: int
+    record: list[Event]  # every event read, in stream order (rejected ones included)
     rejected: int
     last_seq: int
     seconds: float
@@ -36,6 +37,7 @@ async def replay_mission(nats_url: str, mission_id: str, *, cut: int | None = No
     started = time.perf_counter()
     state = MissionState(mission_id)
     events = rejected = last = 0
+    record: list[Event] = []
     try:
         js = nc.jetstream()
         try:
@@ -55,7 +57,9 @@ async def replay_mission(nats_url: str, mission_id: str, *, cut: int | None = No
                     if seq > end:
                         break
                     try:
-                        state.apply(parse_event(msg.data))
+                        event = parse_event(msg.data)
+                        record.append(event)
+                        state.apply(event)
                         events += 1
                     except FleetError:
                         rejected += 1
@@ -66,4 +70,4 @@ async def replay_mission(nats_url: str, mission_id: str, *, cut: int | None = No
                 await sub.unsubscribe()
     finally:
         await nc.close()
-    return ReplayResult(state, events, rejected, last, time.perf_counter() - started)
+    return ReplayResult(state, events, record, rejected, last, time.perf_counter() - started)

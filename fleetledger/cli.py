@@ -519,6 +519,9 @@ def view(
 def replay(
     mission_id: Annotated[str, typer.Argument()],
     cut: Annotated[int | None, typer.Option(help="Stop at this stream sequence.")] = None,
+    audit: Annotated[
+        bool, typer.Option("--audit", help="Review every decision: reasonable at its cut, or not.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Rebuild a mission's state from the stream (to any cut) and report the time it took."""
@@ -535,11 +538,28 @@ def replay(
         "last_seq": result.last_seq,
         "seconds": round(result.seconds, 6),
     }
+    reviews: list[dict[str, Any]] = []
+    if audit:
+        from ledger.audit import review_all
+
+        reviews = [
+            {"action_id": r.action_id, "verdict": r.verdict.value, "reasons": list(r.reasons)}
+            for r in review_all(result.record)
+        ]
     if as_json:
-        print(json.dumps({**summary, "view": data}))
+        print(json.dumps({**summary, "view": data, "audit": reviews}))
         return
     for table in team_view(data):
         out.print(table)
+    if audit:
+        hindsight = Table(title="Hindsight on each decision (S4.3)", title_justify="left")
+        for col in ("action", "verdict", "why"):
+            hindsight.add_column(col, overflow="fold")
+        for r in reviews:
+            hindsight.add_row(
+                str(r["action_id"]), str(r["verdict"]), "; ".join(r["reasons"]) or "-"
+            )
+        out.print(hindsight)
     err.print(
         f"replayed {result.events} events up to seq {result.last_seq} "
         f"in {result.seconds * 1000:.1f} ms "

@@ -128,6 +128,7 @@ class MissionState:
     rejected_grants: dict[str, str] = field(default_factory=dict)
     evidence: dict[str, EvidenceFact] = field(default_factory=dict)
     risks: dict[str, RiskFact] = field(default_factory=dict)
+    risk_known_at: dict[str, datetime] = field(default_factory=dict)  # valid time, not recorded
     treatments: dict[str, tuple[str, str, datetime]] = field(default_factory=dict)
     approvals: dict[str, ApprovalFact] = field(default_factory=dict)
     usage: dict[str, Usage] = field(default_factory=dict)
@@ -414,6 +415,7 @@ def _risk_opened(s: MissionState, e: Event) -> None:
     if p.grant_id is not None and p.grant_id not in s.grants:
         raise InvalidInput(f"risk scope grant {p.grant_id} is not issued", code=ErrorCode.NOT_FOUND)
     s.risks[p.risk_id] = RiskFact(p.risk_id, p.blocks, p.owner, p.summary, p.grant_id, open=True)
+    s.risk_known_at[p.risk_id] = e.effective_at
 
 
 def _risk_treated(s: MissionState, e: Event) -> None:

@@ -423,3 +423,31 @@ async def test_health_and_readiness_endpoints_answer(coordinator: Coordinator) -
     writer.close()
     assert data.startswith(b"HTTP/1.0 200")
     assert b'"redis": true' in data
+
+
+async def test_replay_to_a_cut_and_audit_each_decision(fleet: FleetClient, nats_url: str) -> None:
+    from coordinator.replay import replay_mission
+    from ledger.audit import Hindsight, review_all
+
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["credit.issue"], 600_000, evidence_for=["credit.issue"])
+    await fleet.manage(
+        "evidence.register", mid, {"evidence_id": "ev-1", "source": "b", "claim": "c"}
+    )
+    ok = await fleet.authorize(
+        mid, request("a1", "g-ap", "credit.issue", 50_000, evidence_ids=frozenset({"ev-1"}))
+    )
+    assert ok.decision is not None and ok.decision_seq is not None
+    await fleet.manage(
+        "evidence.register", mid, {"evidence_id": "ev-2", "source": "b", "claim": "corrected"}
+    )
+    await fleet.manage("evidence.supersede", mid, {"evidence_id": "ev-1", "by": "ev-2"})
+    whole = await replay_mission(nats_url, mid)
+    at_decision = await replay_mission(nats_url, mid, cut=ok.decision_seq)
+    assert at_decision.state.evidence["ev-1"].superseded_by is None
+    assert whole.state.evidence["ev-1"].superseded_by == "ev-2"
+    view = await fleet.view(mid)
+    assert view["version"] == whole.state.version  # the coordinator and a replay agree
+    (review,) = review_all(whole.record)
+    assert review.verdict is Hindsight.CHANGED_SINCE
