@@ -34,6 +34,16 @@ from ledger.protocol import (
 log = logging.getLogger("fleetledger.bus")
 
 
+def cancel_requested() -> bool:
+    """True if the current task was asked to stop.
+
+    Loops that turn errors into retries must check this: on Python 3.11 a cancellation that
+    lands inside nats-py's or asyncio's ``wait_for`` can resurface as a timeout error instead.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 async def connect(url: str, *, name: str, connect_timeout: float = 2.0) -> Client:
     """Connect, then let nats-py reconnect forever; unreachable at first -> ``Unreachable``.
 
@@ -45,8 +55,8 @@ async def connect(url: str, *, name: str, connect_timeout: float = 2.0) -> Clien
         log.debug("nats %s: %s", url, exc)
 
     try:
-        return await asyncio.wait_for(
-            nats.connect(
+        async with asyncio.timeout(connect_timeout * 2):
+            return await nats.connect(
                 url,
                 name=name,
                 connect_timeout=connect_timeout,
@@ -54,9 +64,7 @@ async def connect(url: str, *, name: str, connect_timeout: float = 2.0) -> Clien
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
                 error_cb=quiet,
-            ),
-            timeout=connect_timeout * 2,
-        )
+            )
     except (OSError, TimeoutError, nats.errors.NoServersError) as exc:
         raise Unreachable(
             f"NATS at {url} is unreachable ({type(exc).__name__}); refused (fail closed)"

@@ -26,7 +26,8 @@ class HealthServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            line = await asyncio.wait_for(reader.readline(), 5)
+            async with asyncio.timeout(5):
+                line = await reader.readline()
             parts = line.decode("latin-1").split()
             path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
             probe = self._routes.get(path)

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from coordinator.bus import (
     ContinuousPull,
+    cancel_requested,
     connect,
     ensure_risk_bucket,
     ensure_streams,
@@ -282,8 +283,10 @@ class Coordinator:
                     f"{seq}; refusing to decide on an older cut"
                 )
             progress = self._progress
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(progress.wait(), left)
+                async with asyncio.timeout(left):
+                    await progress.wait()
 
     async def _append(self, events: list[Event]) -> list[int]:
         """Publish events in order (one connection keeps order) and wait for every PubAck."""
@@ -636,11 +639,15 @@ class Coordinator:
     async def _sweep_forever(self) -> None:
         rounds = 0
         while True:
+            if cancel_requested():  # a cancel swallowed by a wait_for below us (3.11)
+                raise asyncio.CancelledError
             await asyncio.sleep(self.settings.sweep_interval_s)
             rounds += 1
             try:
                 await self.sweep_once(every_mission=rounds % ORPHAN_SWEEP_EVERY == 0)
             except FleetError as exc:
+                if cancel_requested():
+                    raise asyncio.CancelledError from None
                 log.warning("sweep failed: %s", exc.message)
 
     async def _live(self) -> tuple[bool, dict[str, object]]:

@@ -52,7 +52,8 @@ class ApiServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            status, body = await asyncio.wait_for(self._handle(reader), 60)
+            async with asyncio.timeout(60):
+                status, body = await self._handle(reader)
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             status, body = 400, {"error": {"code": "FL-INPUT", "message": "incomplete request"}}
         data = json.dumps(body).encode()
@@ -115,7 +116,8 @@ def _err(exc: FleetError) -> dict[str, Any]:
 
 async def _answers(path: Path) -> bool:
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), 1)
+        async with asyncio.timeout(1):
+            _, writer = await asyncio.open_unix_connection(str(path))
     except (OSError, TimeoutError):
         return False
     writer.close()

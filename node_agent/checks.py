@@ -94,7 +94,8 @@ async def run_check(
     except OSError as exc:
         return CheckResult(passed=False, detail=f"{check.describe()}: cannot run ({exc})")
     try:
-        code = await asyncio.wait_for(proc.wait(), timeout)
+        async with asyncio.timeout(timeout):
+            code = await proc.wait()
     except TimeoutError:
         proc.kill()
         await proc.wait()

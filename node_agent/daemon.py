@@ -128,7 +128,8 @@ class NodeAgent:
     async def _connected(self, client: FleetClient) -> None:
         watcher = RiskWatcher(client.nc, None)  # every mission this node serves
         try:
-            await asyncio.wait_for(watcher.start(), 5)
+            async with asyncio.timeout(5):
+                await watcher.start()
             self.watchers["*"] = watcher
         except Exception as exc:  # no risk bucket yet: local risks stay as stored
             log.info("risk watch not started: %s", exc)

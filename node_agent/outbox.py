@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from coordinator.bus import connect, publish_checked
+from coordinator.bus import cancel_requested, connect, publish_checked
 from fleetledger.client import FleetClient
 from ledger.errors import FleetError
 from node_agent.store import Store
@@ -62,6 +62,8 @@ class OutboxPublisher:
                     await self.on_connect(client)
                 return client
             except FleetError as exc:
+                if cancel_requested():
+                    raise asyncio.CancelledError from None
                 self.last_error = exc.message
                 log.info("outbox: NATS away (%s); retrying in %.2fs", exc.message, delay)
                 await asyncio.sleep(delay)
@@ -71,11 +73,15 @@ class OutboxPublisher:
         self.client = await self._connect()
         delay = BACKOFF_START_S
         while True:
+            if cancel_requested():  # a cancel swallowed by a wait_for below us (3.11)
+                raise asyncio.CancelledError
             rows = self.store.pending()
             if not rows:
                 self._wake.clear()
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), POLL_S)
+                    async with asyncio.timeout(POLL_S):
+                        await self._wake.wait()
                 continue
             try:
                 for row in rows:
@@ -84,6 +90,8 @@ class OutboxPublisher:
                     self.published += 1
                 delay, self.last_error = BACKOFF_START_S, None
             except FleetError as exc:
+                if cancel_requested():
+                    raise asyncio.CancelledError from None
                 self.last_error = exc.message
                 log.info("outbox: publish failed (%s); retrying in %.2fs", exc.message, delay)
                 await asyncio.sleep(delay)
