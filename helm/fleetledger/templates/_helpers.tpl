@@ -1,0 +1,211 @@
+{{/* Names, labels and shared fragments of the fleetledger chart. */}}
+
+{{- define "fleetledger.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: <release>-<chart>, or the release name when it already holds the chart name. */}}
+{{- define "fleetledger.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A component's name: <fullname>-<component>, e.g. "fleet-fleetledger-coordinator". */}}
+{{- define "fleetledger.component" -}}
+{{- printf "%s-%s" (include "fleetledger.fullname" .root) .component | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "fleetledger.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object; call with (dict "root" $ "component" "coordinator"). */}}
+{{- define "fleetledger.labels" -}}
+helm.sh/chart: {{ include "fleetledger.chart" .root }}
+{{ include "fleetledger.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: fleetledger
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels: stable across upgrades, so never the version. */}}
+{{- define "fleetledger.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "fleetledger.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "fleetledger.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "fleetledger.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "fleetledger.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Where the services are: the chart's own, else the external URL from values. */}}
+{{- define "fleetledger.natsUrl" -}}
+{{- if .Values.nats.enabled }}
+{{- printf "nats://%s:4222" (include "fleetledger.component" (dict "root" . "component" "nats")) }}
+{{- else }}
+{{- required "nats.externalUrl is required when nats.enabled is false" .Values.nats.externalUrl }}
+{{- end }}
+{{- end }}
+
+{{- define "fleetledger.redisUrl" -}}
+{{- if .Values.redis.enabled }}
+{{- printf "redis://%s:6379/0" (include "fleetledger.component" (dict "root" . "component" "redis")) }}
+{{- else }}
+{{- required "redis.externalUrl is required when redis.enabled is false" .Values.redis.externalUrl }}
+{{- end }}
+{{- end }}
+
+{{- define "fleetledger.otelEndpoint" -}}
+{{- if .Values.otel.endpoint }}
+{{- .Values.otel.endpoint }}
+{{- else if .Values.jaeger.enabled }}
+{{- printf "http://%s:4318" (include "fleetledger.component" (dict "root" . "component" "jaeger")) }}
+{{- end }}
+{{- end }}
+
+{{/* Settings every fleetledger process shares; goes into the ConfigMap. */}}
+{{- define "fleetledger.commonConfig" -}}
+FLEET_NATS_URL: {{ include "fleetledger.natsUrl" . | quote }}
+{{- $otel := include "fleetledger.otelEndpoint" . }}
+{{- if and .Values.otel.enabled $otel }}
+OTEL_EXPORTER_OTLP_ENDPOINT: {{ $otel | quote }}
+OTEL_EXPORTER_OTLP_PROTOCOL: {{ .Values.otel.protocol | quote }}
+OTEL_TRACES_EXPORTER: "otlp"
+{{- else }}
+OTEL_SDK_DISABLED: "true"
+OTEL_TRACES_EXPORTER: "none"
+{{- end }}
+{{- with .Values.ray.address }}
+RAY_ADDRESS: {{ . | quote }}
+{{- end }}
+PYTHONDONTWRITEBYTECODE: "1"
+PYTHONUNBUFFERED: "1"
+HOME: "/tmp"
+{{- end }}
+
+{{/* Env that must be per pod or secret (env wins over envFrom, so the Secret overrides values). */}}
+{{- define "fleetledger.podEnv" -}}
+- name: POD_NAME
+  valueFrom: {fieldRef: {fieldPath: metadata.name}}
+- name: POD_NAMESPACE
+  valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+- name: NODE_NAME
+  valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+{{- with .Values.existingSecret }}
+{{- if and .name .natsUrlKey }}
+- name: FLEET_NATS_URL
+  valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .natsUrlKey | quote }}}}
+{{- end }}
+{{- if and .name .redisUrlKey }}
+- name: FLEET_REDIS_URL
+  valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .redisUrlKey | quote }}}}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* OTEL_SERVICE_NAME and resource attributes for one component. */}}
+{{- define "fleetledger.otelEnv" -}}
+- name: OTEL_SERVICE_NAME
+  value: {{ printf "fleetledger-%s" .component | quote }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ printf "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE),k8s.node.name=$(NODE_NAME)%s" (ternary (printf ",%s" .root.Values.otel.resourceAttributes) "" (ne .root.Values.otel.resourceAttributes "")) | quote }}
+{{- end }}
+
+{{/*
+Exec probe for the node agent: its HTTP listener binds loopback only (node_agent/api.py), which a
+kubelet httpGet cannot reach, so the probe asks /healthz or /readyz over the Unix socket.
+*/}}
+{{- define "fleetledger.nodeAgentProbe" -}}
+exec:
+  command:
+    - python
+    - -c
+    - "import os,socket,sys;s=socket.socket(socket.AF_UNIX);s.settimeout(4);s.connect(os.environ['FLEET_SOCKET']);s.sendall(b'GET {{ . }} HTTP/1.1\\r\\nHost: node-agent\\r\\nConnection: close\\r\\n\\r\\n');sys.exit(0 if s.recv(64).startswith(b'HTTP/1.1 200') else 1)"
+{{- end }}
+
+{{- define "fleetledger.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The loopback judge container; (dict "root" $ "native" true) makes it a native sidecar. */}}
+{{- define "fleetledger.judgeContainer" -}}
+{{- $root := .root }}
+{{- $j := $root.Values.nodeAgent.judge }}
+- name: judge
+  image: {{ printf "%s:%s" $j.image.repository $j.image.tag | quote }}
+  imagePullPolicy: {{ $j.image.pullPolicy }}
+  {{- if .native }}
+  # A native sidecar: up before the node agent starts, stopped after it exits.
+  restartPolicy: Always
+  {{- end }}
+  command: ["/bin/sh", "-c"]
+  args:
+    - |
+      ollama serve & server=$!
+      trap 'kill -TERM "$server"' TERM INT
+      {{- if $j.pullModel }}
+      until ollama list >/dev/null 2>&1; do sleep 1; done
+      ollama pull "$JUDGE_MODEL" || echo "judge: pulling $JUDGE_MODEL failed; the node agent keeps its deterministic auditor" >&2
+      {{- end }}
+      wait "$server"
+  env:
+    # Loopback only: reachable from the node agent in this pod, from nowhere else.
+    - name: OLLAMA_HOST
+      value: {{ printf "127.0.0.1:%d" (int $j.port) | quote }}
+    - name: OLLAMA_MODELS
+      value: /models
+    - name: HOME
+      value: /tmp
+    - name: JUDGE_MODEL
+      value: {{ $j.model | quote }}
+    {{- with $j.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  # No ports declared and no Service: the judge is never a network endpoint. The probes exec
+  # the ollama client, which talks to OLLAMA_HOST inside the pod.
+  startupProbe:
+    exec: {command: ["ollama", "list"]}
+    periodSeconds: 2
+    failureThreshold: 60
+  readinessProbe:
+    exec: {command: ["ollama", "show", {{ $j.model | quote }}]}
+    periodSeconds: 10
+    timeoutSeconds: 5
+  livenessProbe:
+    exec: {command: ["ollama", "list"]}
+    periodSeconds: 20
+    timeoutSeconds: 5
+    failureThreshold: 6
+  resources:
+    {{- toYaml $j.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $root.Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    - name: judge-models
+      mountPath: /models
+    - name: judge-tmp
+      mountPath: /tmp
+{{- end }}
