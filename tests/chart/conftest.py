@@ -1,0 +1,127 @@
+"""Chart fixtures: a Python >= 3.12 virtualenv with helm-sdkpy, and the chart rendered once.
+
+The venv lives outside the repository (~/.cache/fleetledger/venv-helm-<pin>, or
+$FLEET_HELM_VENV) and is created on first use; later runs reuse it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "fleetledger"
+SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
+HELM_REQUIREMENTS = ("helm-sdkpy==0.1.32", "pyyaml>=6")
+VENV = Path(
+    os.environ.get("FLEET_HELM_VENV")
+    or Path.home() / ".cache" / "fleetledger" / "venv-helm-0.1.32"
+)
+
+
+def _is_312(python: str) -> bool:
+    try:
+        done = subprocess.run(
+            [python, "-c", "import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)"],
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def find_python312() -> str | None:
+    """A Python >= 3.12 interpreter: this one, $FLEET_HELM_PYTHON, PATH, then pyenv."""
+    candidates = [os.environ.get("FLEET_HELM_PYTHON"), sys.executable]
+    candidates += [shutil.which(f"python3.{minor}") for minor in (13, 12, 14)]
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates += [str(p) for p in sorted(pyenv.glob("3.1[2-9]*/bin/python3"), reverse=True)]
+    return next((c for c in candidates if c and _is_312(c)), None)
+
+
+def _ensure_venv() -> Path:
+    python = VENV / "bin" / "python"
+    stamp = VENV / ".installed"
+    wanted = "\n".join(HELM_REQUIREMENTS)
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.parent / f"{VENV.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two pytest runs must not build it at once
+        if stamp.is_file() and stamp.read_text() == wanted and python.exists():
+            return python
+        base = find_python312()
+        if base is None:
+            pytest.skip(
+                "the chart checks need Python >= 3.12 for helm-sdkpy (the real Helm library); "
+                "none found on PATH, in ~/.pyenv/versions or in $FLEET_HELM_PYTHON"
+            )
+        shutil.rmtree(VENV, ignore_errors=True)
+        subprocess.run([base, "-m", "venv", str(VENV)], check=True, capture_output=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", *HELM_REQUIREMENTS],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+        stamp.write_text(wanted)
+    return python
+
+
+@pytest.fixture(scope="session")
+def helm_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Lint messages and rendered manifests (from the real Helm library) for every scenario."""
+    python = _ensure_venv()
+    out = tmp_path_factory.mktemp("helm") / "report.json"
+    done = subprocess.run(
+        [str(python), str(Path(__file__).with_name("helm_render.py")), str(CHART), str(out)]
+        + [str(s) for s in SCENARIOS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"helm_render.py failed:\n{done.stdout}\n{done.stderr}"
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+class Rendered:
+    """One scenario's manifests, parsed."""
+
+    def __init__(self, manifest: str, hooks: list[str]) -> None:
+        self.objects = [d for d in yaml.safe_load_all(manifest) if d]
+        self.hooks = [d for h in hooks for d in yaml.safe_load_all(h) if d]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def one(self, kind: str, suffix: str) -> dict[str, Any]:
+        found = [o for o in self.of(kind) if o["metadata"]["name"].endswith(suffix)]
+        assert len(found) == 1, f"expected one {kind} named *{suffix}, found {len(found)}"
+        return found[0]
+
+    def pod_specs(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        for o in self.objects:
+            if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet"):
+                yield o["metadata"]["name"], o["spec"]["template"]["spec"]
+        for o in self.hooks:
+            if o["kind"] == "Pod":
+                yield o["metadata"]["name"], o["spec"]
+
+
+@pytest.fixture(scope="session")
+def rendered(helm_report: dict[str, Any]) -> dict[str, Rendered]:
+    out = {}
+    for name, result in helm_report["renders"].items():
+        assert "error" not in result, f"{name} did not render: {result['error']}"
+        out[name] = Rendered(result["manifest"], result["hooks"])
+    return out

@@ -1,0 +1,374 @@
+"""The Helm chart: lint and render with the real Helm library, schema, structure, probes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from node_agent.daemon import NodeAgent
+from node_agent.settings import NodeSettings
+from tests.chart.conftest import CHART, SCENARIOS, Rendered
+
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+NAMES = [s.name for s in SCENARIOS]
+ERROR = 3  # Helm's lint severity for errors (1 info, 2 warning)
+# Containers the chart itself defines and that serve something, so must have every probe.
+SERVING = {"coordinator", "node-agent", "judge", "nats", "redis", "jaeger"}
+
+
+def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(spec.get("initContainers") or []) + list(spec["containers"])
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env") or []}
+
+
+def config_of(r: Rendered, suffix: str) -> dict[str, str]:
+    data: dict[str, str] = r.one("ConfigMap", suffix)["data"]
+    return data
+
+
+def node_agent_pod(r: Rendered) -> dict[str, Any]:
+    spec: dict[str, Any] = r.one("DaemonSet", "-node-agent")["spec"]["template"]["spec"]
+    return spec
+
+
+def named(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in containers(spec) if c["name"] == name)
+
+
+# --- the real Helm library ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["chart", *NAMES])
+def test_chart_lints_without_errors_with_the_helm_library(
+    helm_report: dict[str, Any], target: str
+) -> None:
+    errors = [m for m in helm_report["lint"][target]["messages"] if m["severity"] >= ERROR]
+    assert not errors, f"helm lint ({target}): {errors}"
+
+
+@pytest.mark.parametrize("scenario", NAMES)
+def test_scenario_renders_with_the_helm_library(rendered: dict[str, Rendered], scenario: str) -> None:
+    assert rendered[scenario].of("Deployment"), "no coordinator Deployment rendered"
+
+
+# --- values.schema.json ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [CHART / "values.yaml", *SCENARIOS], ids=lambda p: p.name)
+def test_values_file_validates_against_the_schema(path: Path) -> None:
+    jsonschema.validate(yaml.safe_load(path.read_text()) or {}, SCHEMA)
+
+
+def test_schema_forbids_unknown_keys_at_every_object_level() -> None:
+    loose = []
+
+    def walk(node: dict[str, Any], where: str) -> None:
+        if "properties" in node and node.get("additionalProperties") is not False:
+            loose.append(where or "<root>")
+        for key, child in (node.get("properties") or {}).items():
+            walk(child, f"{where}.{key}")
+
+    walk(SCHEMA, "")
+    assert not loose, f"objects that accept unknown keys: {loose}"
+
+
+def test_schema_rejects_a_misspelled_key() -> None:
+    with pytest.raises(jsonschema.ValidationError, match="replica"):
+        jsonschema.validate({"coordinator": {"replica": 2}}, SCHEMA)
+
+
+def test_schema_requires_an_external_url_when_nats_is_not_deployed() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    values["nats"]["enabled"] = False
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(values, SCHEMA)
+
+
+def test_every_default_value_is_commented() -> None:
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    top = [i for i, line in enumerate(lines) if line and line[0].isalpha()]
+    uncommented = [lines[i] for i in top if not lines[i - 1].lstrip().startswith("#")]
+    assert not uncommented, f"top-level keys without a comment above them: {uncommented}"
+
+
+# --- pod security, probes, resources --------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", NAMES)
+def test_every_container_has_resources_and_a_security_context(
+    rendered: dict[str, Rendered], scenario: str
+) -> None:
+    for owner, spec in rendered[scenario].pod_specs():
+        for c in containers(spec):
+            assert c.get("resources", {}).get("limits"), f"{owner}/{c['name']}: no limits"
+            assert c.get("resources", {}).get("requests"), f"{owner}/{c['name']}: no requests"
+            assert c.get("securityContext"), f"{owner}/{c['name']}: no securityContext"
+
+
+@pytest.mark.parametrize("scenario", NAMES)
+def test_every_serving_container_has_startup_readiness_and_liveness_probes(
+    rendered: dict[str, Rendered], scenario: str
+) -> None:
+    seen = set()
+    for owner, spec in rendered[scenario].pod_specs():
+        for c in containers(spec):
+            if c["name"] in SERVING:
+                seen.add(c["name"])
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    assert probe in c, f"{owner}/{c['name']}: no {probe}"
+    assert {"coordinator", "node-agent", "judge"} <= seen
+
+
+@pytest.mark.parametrize("scenario", NAMES)
+def test_pods_run_with_restricted_security(rendered: dict[str, Rendered], scenario: str) -> None:
+    for owner, spec in rendered[scenario].pod_specs():
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True, owner
+        assert pod["seccompProfile"]["type"] == "RuntimeDefault", owner
+        assert spec.get("hostNetwork") is not True, owner
+        for c in containers(spec):
+            sc, where = c["securityContext"], f"{owner}/{c['name']}"
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["capabilities"]["drop"] == ["ALL"], where
+            assert sc["seccompProfile"]["type"] == "RuntimeDefault", where
+            if c["name"] == "prepare-host-dir":  # root, but only to chown the host dirs
+                assert set(sc["capabilities"]["add"]) <= {"CHOWN", "FOWNER"}, where
+            else:
+                assert "add" not in sc["capabilities"], where
+                assert sc.get("runAsNonRoot", True) is True, where
+
+
+def test_coordinator_probes_its_health_endpoints_on_all_interfaces(
+    rendered: dict[str, Rendered],
+) -> None:
+    r = rendered["default-values.yaml"]
+    spec = r.one("Deployment", "-coordinator")["spec"]["template"]["spec"]
+    c = named(spec, "coordinator")
+    assert config_of(r, "fleetledger")["FLEET_HTTP_HOST"] == "0.0.0.0"
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+
+
+def test_node_agent_probes_go_through_its_socket(rendered: dict[str, Rendered]) -> None:
+    c = named(node_agent_pod(rendered["default-values.yaml"]), "node-agent")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert "FLEET_SOCKET" in " ".join(c[probe]["exec"]["command"])
+
+
+async def test_node_agent_exec_probe_passes_against_a_running_node_agent(
+    rendered: dict[str, Rendered], tmp_path: Path
+) -> None:
+    c = named(node_agent_pod(rendered["default-values.yaml"]), "node-agent")
+    command = c["readinessProbe"]["exec"]["command"]
+    socket = tmp_path / "node-agent.sock"
+    agent = NodeAgent(NodeSettings(state_dir=tmp_path, socket=socket))
+    await agent.start()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *command[1:], env={**os.environ, "FLEET_SOCKET": str(socket)}
+        )
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        await agent.stop()
+
+
+def test_node_agent_exec_probe_fails_without_a_node_agent(
+    rendered: dict[str, Rendered], tmp_path: Path
+) -> None:
+    c = named(node_agent_pod(rendered["default-values.yaml"]), "node-agent")
+    command = c["livenessProbe"]["exec"]["command"]
+    env = {**os.environ, "FLEET_SOCKET": str(tmp_path / "absent.sock")}
+    done = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, timeout=30)
+    assert done.returncode != 0
+
+
+@pytest.mark.parametrize("scenario", NAMES)
+def test_workloads_carry_a_config_checksum_annotation(
+    rendered: dict[str, Rendered], scenario: str
+) -> None:
+    r = rendered[scenario]
+    for kind, suffix in (("Deployment", "-coordinator"), ("DaemonSet", "-node-agent")):
+        annotations = r.one(kind, suffix)["spec"]["template"]["metadata"]["annotations"]
+        assert len(annotations["checksum/config"]) == 64
+
+
+def test_coordinator_has_a_pod_disruption_budget(rendered: dict[str, Rendered]) -> None:
+    r = rendered["default-values.yaml"]
+    pdb = r.one("PodDisruptionBudget", "-coordinator")
+    labels = r.one("Deployment", "-coordinator")["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+# --- the loopback judge ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", NAMES)
+def test_judge_binds_loopback_and_declares_no_port(
+    rendered: dict[str, Rendered], scenario: str
+) -> None:
+    r = rendered[scenario]
+    judge = named(node_agent_pod(r), "judge")
+    assert env_of(judge)["OLLAMA_HOST"].startswith("127.0.0.1:")
+    assert not judge.get("ports")
+    assert config_of(r, "-node-agent")["FLEET_JUDGE_URL"].startswith("http://127.0.0.1:")
+
+
+@pytest.mark.parametrize("scenario", NAMES)
+def test_no_service_selects_the_node_agent_or_its_judge(
+    rendered: dict[str, Rendered], scenario: str
+) -> None:
+    r = rendered[scenario]
+    pod_labels = r.one("DaemonSet", "-node-agent")["spec"]["template"]["metadata"]["labels"]
+    for svc in r.of("Service"):
+        selector = svc["spec"].get("selector") or {}
+        assert not selector.items() <= pod_labels.items(), svc["metadata"]["name"]
+        assert 11434 not in [p.get("targetPort") for p in svc["spec"]["ports"]]
+
+
+def test_judge_is_a_native_sidecar_by_default(rendered: dict[str, Rendered]) -> None:
+    spec = node_agent_pod(rendered["default-values.yaml"])
+    judge = next(c for c in spec["initContainers"] if c["name"] == "judge")
+    assert judge["restartPolicy"] == "Always"
+    assert "judge" not in [c["name"] for c in spec["containers"]]
+
+
+def test_judge_falls_back_to_a_plain_container(rendered: dict[str, Rendered]) -> None:
+    spec = node_agent_pod(rendered["plain-sidecar-values.yaml"])
+    judge = next(c for c in spec["containers"] if c["name"] == "judge")
+    assert "restartPolicy" not in judge
+    assert "judge" not in [c["name"] for c in spec.get("initContainers") or []]
+    assert env_of(judge)["JUDGE_MODEL"] == "qwen2.5:0.5b"
+
+
+# --- node agent placement and identity ------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", NAMES)
+def test_node_agent_socket_is_on_a_host_directory(
+    rendered: dict[str, Rendered], scenario: str
+) -> None:
+    r = rendered[scenario]
+    spec = node_agent_pod(r)
+    socket = Path(config_of(r, "-node-agent")["FLEET_SOCKET"])
+    mount = next(m for m in named(spec, "node-agent")["volumeMounts"] if m["name"] == "socket-dir")
+    assert Path(mount["mountPath"]) == socket.parent
+    volume = next(v for v in spec["volumes"] if v["name"] == "socket-dir")
+    assert volume["hostPath"]["path"].startswith("/")
+
+
+def test_node_identity_comes_from_the_downward_api(rendered: dict[str, Rendered]) -> None:
+    env = env_of(named(node_agent_pod(rendered["default-values.yaml"]), "node-agent"))
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["FLEET_NODE_ID"] == "$(NODE_NAME)"
+
+
+def test_node_agent_admits_no_network_traffic_under_network_policy(
+    rendered: dict[str, Rendered],
+) -> None:
+    policy = rendered["external-deps-values.yaml"].one("NetworkPolicy", "-node-agent")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == []
+
+
+# --- dependencies, credentials, telemetry ---------------------------------------------------
+
+
+def test_bundled_nats_is_a_jetstream_statefulset_with_storage(
+    rendered: dict[str, Rendered],
+) -> None:
+    r = rendered["default-values.yaml"]
+    nats = r.one("StatefulSet", "-nats")
+    assert "--jetstream" in named(nats["spec"]["template"]["spec"], "nats")["args"]
+    assert nats["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]
+    assert config_of(r, "fleetledger")["FLEET_NATS_URL"].endswith("-nats:4222")
+
+
+def test_external_dependencies_replace_the_bundled_ones(rendered: dict[str, Rendered]) -> None:
+    r = rendered["external-deps-values.yaml"]
+    names = [o["metadata"]["name"] for o in r.objects]
+    assert not [n for n in names if n.endswith(("-nats", "-redis", "-jaeger"))]
+    config = config_of(r, "fleetledger")
+    assert config["FLEET_NATS_URL"] == "nats://nats.messaging.svc:4222"
+    assert config["FLEET_REDIS_URL"] == "rediss://redis.data.svc:6380/0"
+    assert config["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability.svc:4318"
+    assert config["RAY_ADDRESS"] == "ray://ray-head.ray.svc:10001"
+
+
+def test_credentials_come_from_the_existing_secret(rendered: dict[str, Rendered]) -> None:
+    r = rendered["external-deps-values.yaml"]
+    spec = r.one("Deployment", "-coordinator")["spec"]["template"]["spec"]
+    env = env_of(named(spec, "coordinator"))
+    secret = {"name": "fleetledger-credentials", "key": "redis-url"}
+    assert env["FLEET_REDIS_URL"] == {"secretKeyRef": secret}
+    assert env["FLEET_NATS_URL"]["secretKeyRef"]["key"] == "nats-url"
+
+
+def test_traces_go_to_the_bundled_jaeger_by_default(rendered: dict[str, Rendered]) -> None:
+    r = rendered["default-values.yaml"]
+    assert config_of(r, "fleetledger")["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith("-jaeger:4318")
+    ports = {p["port"] for p in r.one("Service", "-jaeger")["spec"]["ports"]}
+    assert {4317, 4318, 16686} <= ports
+
+
+def test_extra_env_and_extra_containers_reach_the_pods(rendered: dict[str, Rendered]) -> None:
+    external = rendered["external-deps-values.yaml"]
+    spec = external.one("Deployment", "-coordinator")["spec"]["template"]["spec"]
+    assert env_of(named(spec, "coordinator"))["FLEET_SWEEP_INTERVAL_S"] == "0.5"
+    plain = node_agent_pod(rendered["plain-sidecar-values.yaml"])
+    assert "debug-shell" in [c["name"] for c in plain["containers"]]
+
+
+# --- helm test ------------------------------------------------------------------------------
+
+
+def test_helm_test_pod_checks_health_and_runs_a_mission_round_trip(
+    rendered: dict[str, Rendered],
+) -> None:
+    pods = [h for h in rendered["default-values.yaml"].hooks if h["kind"] == "Pod"]
+    assert len(pods) == 1
+    pod = pods[0]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    script = " ".join(pod["spec"]["containers"][0]["args"])
+    assert "/readyz" in script
+    assert "fleetledger mission create" in script
+    assert "fleetledger view" in script
+
+
+# --- with a helm binary: every manifest against the Kubernetes schemas ----------------------
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.name)
+def test_helm_template_output_validates_against_kubernetes_schemas(
+    scenario: Path, tmp_path: Path
+) -> None:
+    helm = shutil.which("helm")
+    if helm is None:
+        pytest.skip("no helm binary on PATH; the helm-sdkpy render above covers rendering")
+    kv = pytest.importorskip("kubernetes_validate")
+    done = subprocess.run(
+        [helm, "template", "fleet", str(CHART), "-f", str(scenario), "--kube-version", "1.32.0"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    for doc in yaml.safe_load_all(done.stdout):
+        if doc and doc["apiVersion"] != "monitoring.coreos.com/v1":  # a CRD: no core schema
+            kv.validate(doc, "1.32.0", strict=True)
