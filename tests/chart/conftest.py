@@ -7,25 +7,20 @@ $FLEET_HELM_VENV) and is created on first use; later runs reuse it.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "fleetledger"
-SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
+from tests.chart.chartlib import CHART, SCENARIOS, Rendered, run_helm
+
 HELM_REQUIREMENTS = ("helm-sdkpy==0.1.32", "pyyaml>=6")
 VENV = Path(
-    os.environ.get("FLEET_HELM_VENV")
-    or Path.home() / ".cache" / "fleetledger" / "venv-helm-0.1.32"
+    os.environ.get("FLEET_HELM_VENV") or Path.home() / ".cache" / "fleetledger" / "venv-helm-0.1.32"
 )
 
 
@@ -78,44 +73,15 @@ def _ensure_venv() -> Path:
 
 
 @pytest.fixture(scope="session")
-def helm_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def helm_python() -> Path:
+    return _ensure_venv()
+
+
+@pytest.fixture(scope="session")
+def helm_report(helm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Lint messages and rendered manifests (from the real Helm library) for every scenario."""
-    python = _ensure_venv()
     out = tmp_path_factory.mktemp("helm") / "report.json"
-    done = subprocess.run(
-        [str(python), str(Path(__file__).with_name("helm_render.py")), str(CHART), str(out)]
-        + [str(s) for s in SCENARIOS],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, f"helm_render.py failed:\n{done.stdout}\n{done.stderr}"
-    report: dict[str, Any] = json.loads(out.read_text())
-    return report
-
-
-class Rendered:
-    """One scenario's manifests, parsed."""
-
-    def __init__(self, manifest: str, hooks: list[str]) -> None:
-        self.objects = [d for d in yaml.safe_load_all(manifest) if d]
-        self.hooks = [d for h in hooks for d in yaml.safe_load_all(h) if d]
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [o for o in self.objects if o["kind"] == kind]
-
-    def one(self, kind: str, suffix: str) -> dict[str, Any]:
-        found = [o for o in self.of(kind) if o["metadata"]["name"].endswith(suffix)]
-        assert len(found) == 1, f"expected one {kind} named *{suffix}, found {len(found)}"
-        return found[0]
-
-    def pod_specs(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        for o in self.objects:
-            if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet"):
-                yield o["metadata"]["name"], o["spec"]["template"]["spec"]
-        for o in self.hooks:
-            if o["kind"] == "Pod":
-                yield o["metadata"]["name"], o["spec"]
+    return run_helm(helm_python, CHART, out, SCENARIOS)
 
 
 @pytest.fixture(scope="session")

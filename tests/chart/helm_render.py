@@ -23,7 +23,7 @@ import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import helm_sdkpy as helm
 import yaml
@@ -48,7 +48,7 @@ RELEASE_BLOB = re.compile(rb"H4sI[A-Za-z0-9+/=]+")  # base64 of a gzip stream
 
 
 class FakeApiServer(BaseHTTPRequestHandler):
-    releases: list[dict[str, Any]] = []
+    releases: ClassVar[list[dict[str, Any]]] = []
 
     def log_message(self, *args: object) -> None:
         pass
@@ -93,8 +93,9 @@ class FakeApiServer(BaseHTTPRequestHandler):
         if path.split("/")[-1] in PLURALS:
             return self._send(200, {"kind": "List", "apiVersion": "v1",
                                     "metadata": {"resourceVersion": "1"}, "items": []})  # fmt: skip
-        return self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                "reason": "NotFound", "code": 404, "message": "not found"})  # fmt: skip
+        missing = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                   "reason": "NotFound", "code": 404, "message": "not found"}  # fmt: skip
+        return self._send(404, missing)
 
     def _accept(self, code: int) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))

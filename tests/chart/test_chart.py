@@ -17,7 +17,7 @@ import yaml
 
 from node_agent.daemon import NodeAgent
 from node_agent.settings import NodeSettings
-from tests.chart.conftest import CHART, SCENARIOS, Rendered
+from tests.chart.chartlib import CHART, SCENARIOS, Rendered, run_helm
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 NAMES = [s.name for s in SCENARIOS]
@@ -59,8 +59,18 @@ def test_chart_lints_without_errors_with_the_helm_library(
     assert not errors, f"helm lint ({target}): {errors}"
 
 
+def test_lint_reports_a_broken_template_as_an_error(helm_python: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "fleetledger"
+    shutil.copytree(CHART, broken)
+    (broken / "templates" / "broken.yaml").write_text("kind: {{ .Values.no.such.key }}\n")
+    report = run_helm(helm_python, broken, tmp_path / "report.json", [])
+    assert [m for m in report["lint"]["chart"]["messages"] if m["severity"] >= ERROR]
+
+
 @pytest.mark.parametrize("scenario", NAMES)
-def test_scenario_renders_with_the_helm_library(rendered: dict[str, Rendered], scenario: str) -> None:
+def test_scenario_renders_with_the_helm_library(
+    rendered: dict[str, Rendered], scenario: str
+) -> None:
     assert rendered[scenario].of("Deployment"), "no coordinator Deployment rendered"
 
 

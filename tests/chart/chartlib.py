@@ -1,0 +1,53 @@
+"""Where the chart is, its ci scenarios, and rendered manifests parsed for the tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "fleetledger"
+HELM_RENDER = Path(__file__).with_name("helm_render.py")
+SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
+
+
+class Rendered:
+    """One scenario's manifests, parsed."""
+
+    def __init__(self, manifest: str, hooks: list[str]) -> None:
+        self.objects = [d for d in yaml.safe_load_all(manifest) if d]
+        self.hooks = [d for h in hooks for d in yaml.safe_load_all(h) if d]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def one(self, kind: str, suffix: str) -> dict[str, Any]:
+        found = [o for o in self.of(kind) if o["metadata"]["name"].endswith(suffix)]
+        assert len(found) == 1, f"expected one {kind} named *{suffix}, found {len(found)}"
+        return found[0]
+
+    def pod_specs(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        for o in self.objects:
+            if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet"):
+                yield o["metadata"]["name"], o["spec"]["template"]["spec"]
+        for o in self.hooks:
+            if o["kind"] == "Pod":
+                yield o["metadata"]["name"], o["spec"]
+
+
+def run_helm(python: Path, chart: Path, out: Path, scenarios: list[Path]) -> dict[str, Any]:
+    """Lint `chart` and render each scenario with helm_render.py in the helm venv."""
+    done = subprocess.run(
+        [str(python), str(HELM_RENDER), str(chart), str(out)] + [str(s) for s in scenarios],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"helm_render.py failed:\n{done.stdout}\n{done.stderr}"
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
