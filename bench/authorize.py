@@ -14,21 +14,27 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-import nats
-from rich.console import Console
-from rich.table import Table
+# Run as a script, bench/ comes first on sys.path and bench/reservations.py would shadow the
+# `reservations` package; drop it before importing ours.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
 
-from coordinator.service import Coordinator
-from coordinator.settings import CoordinatorSettings
-from fleetledger.client import FleetClient
-from fleetledger.servers import EmbeddedServers
-from ledger.authority import Authority
-from ledger.events import EvidenceRegistered, make_event
-from ledger.kernel import ActionRequest
-from node_agent.risks import RiskWatcher
+import nats  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from coordinator.service import Coordinator  # noqa: E402
+from coordinator.settings import CoordinatorSettings  # noqa: E402
+from fleetledger.client import FleetClient  # noqa: E402
+from fleetledger.servers import EmbeddedServers  # noqa: E402
+from ledger.authority import Authority  # noqa: E402
+from ledger.events import EvidenceRegistered, make_event  # noqa: E402
+from ledger.kernel import ActionRequest  # noqa: E402
+from node_agent.risks import RiskWatcher  # noqa: E402
 
 err = Console(stderr=True)
 

@@ -114,6 +114,9 @@ class Coordinator:
         self._tasks: list[asyncio.Task[None]] = []
         self._health: HealthServer | None = None
         self._ready_seq = 0
+        # Events this coordinator published, by their bytes: its own events need no re-parsing
+        # when they come back through the stream (anything else in the stream is parsed).
+        self._own: dict[bytes, Event] = {}
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -200,8 +203,9 @@ class Coordinator:
     def _apply_bytes(
         self, data: bytes, seq: int, *, live: bool
     ) -> tuple[Event | None, FleetError | None]:
+        own = self._own.pop(data, None)
         try:
-            event = parse_event(data)
+            event = own if own is not None else parse_event(data)
         except FleetError as exc:
             return None, exc
         state = self.states.get(event.mission_id)
@@ -292,13 +296,16 @@ class Coordinator:
         """Publish events in order (one connection keeps order) and wait for every PubAck."""
         assert self._js is not None
         js = self._js
+        bodies = [e.to_json() for e in events]
+        if len(self._own) < OWN_CACHE_LIMIT:
+            self._own.update(zip(bodies, events, strict=True))
         return list(
             await asyncio.gather(
                 *(
                     publish_checked(
-                        js, event_subject(e.mission_id, e.kind), e.to_json(), msg_id=str(e.event_id)
+                        js, event_subject(e.mission_id, e.kind), body, msg_id=str(e.event_id)
                     )
-                    for e in events
+                    for e, body in zip(events, bodies, strict=True)
                 )
             )
         )
@@ -384,7 +391,7 @@ class Coordinator:
             idempotency_key=action.idempotency_key,
             trace=req.trace,
         )
-        events = [requested] if existing is None else []
+        events: list[Event] = [requested] if existing is None else []
         parent = requested.event_id if existing is None else None
         reservation_id: str | None = None
         if decision.allowed and action.cost > 0:
@@ -671,6 +678,7 @@ class Coordinator:
 
 STREAM_SUBJECTS = "fleet.ledger.>"
 ORPHAN_SWEEP_EVERY = 30  # sweep rounds between sweeps of missions with nothing held on record
+OWN_CACHE_LIMIT = 10_000  # own events awaiting their return through the stream
 
 
 def _safe(token: str) -> bool:
