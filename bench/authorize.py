@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -27,10 +29,8 @@ import nats  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from coordinator.service import Coordinator  # noqa: E402
-from coordinator.settings import CoordinatorSettings  # noqa: E402
 from fleetledger.client import FleetClient  # noqa: E402
-from fleetledger.servers import EmbeddedServers  # noqa: E402
+from fleetledger.servers import EmbeddedServers, free_port  # noqa: E402
 from ledger.authority import Authority  # noqa: E402
 from ledger.events import EvidenceRegistered, make_event  # noqa: E402
 from ledger.kernel import ActionRequest  # noqa: E402
@@ -44,23 +44,38 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def raw_request_reply(url: str, n: int) -> list[float]:
-    nc = await nats.connect(url)
-    sub_nc = await nats.connect(url)
-
-    async def echo(msg: nats.aio.msg.Msg) -> None:
+ECHO = """
+import asyncio, sys, nats
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    async def echo(msg):
         await msg.respond(msg.data)
+    await nc.subscribe("bench.echo", cb=echo)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
 
-    await sub_nc.subscribe("bench.echo", cb=echo)
-    await sub_nc.flush()
-    out = []
-    payload = b"x" * 300
-    for _ in range(n):
-        t = time.perf_counter()
-        await nc.request("bench.echo", payload, timeout=2)
-        out.append(time.perf_counter() - t)
-    await nc.close()
-    await sub_nc.close()
+
+async def raw_request_reply(url: str, n: int) -> list[float]:
+    """Request/reply round trips to an echo responder in its own process (as the coordinator is)."""
+    proc = subprocess.Popen([sys.executable, "-c", ECHO, url], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        nc = await nats.connect(url)
+        out = []
+        payload = b"x" * 300
+        for _ in range(n):
+            t = time.perf_counter()
+            await nc.request("bench.echo", payload, timeout=2)
+            out.append(time.perf_counter() - t)
+        await nc.close()
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
     return out
 
 
@@ -91,7 +106,16 @@ async def raw_publish_rate(url: str, n: int) -> float:
     return rate
 
 
-async def ingest_rate(url: str, coordinator: Coordinator, mission: str, n: int) -> float:
+async def applied_seq(http_port: int) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", http_port)
+    writer.write(b"GET /healthz HTTP/1.0\r\n\r\n")
+    data = await reader.read()
+    writer.close()
+    return int(json.loads(data.split(b"\r\n\r\n", 1)[1])["applied_seq"])
+
+
+async def ingest_rate(url: str, http_port: int, mission: str, n: int) -> float:
+    """Publish n events, then wait until the coordinator (its own process) has applied them."""
     nc = await nats.connect(url)
     js = nc.jetstream()
     now = datetime.now(UTC)
@@ -107,7 +131,8 @@ async def ingest_rate(url: str, coordinator: Coordinator, mission: str, n: int) 
     t = time.perf_counter()
     acks = [await js.publish_async(s, d, headers={"Nats-Msg-Id": mid}) for s, d, mid in datas]
     last = max(a.seq for a in await asyncio.gather(*acks))
-    await coordinator.wait_applied(last, 120)
+    while await applied_seq(http_port) < last:
+        await asyncio.sleep(0.002)  # polling the coordinator's health endpoint for its progress
     rate = n / (time.perf_counter() - t)
     await nc.close()
     return rate
@@ -139,12 +164,29 @@ async def main(quick: bool) -> dict[str, object]:
     n_lat = 300 if quick else 3000
     n_ingest = 5000 if quick else 50000
     with EmbeddedServers() as fleet:
-        settings = CoordinatorSettings(
-            nats_url=fleet.nats_url, redis_url=fleet.redis_url, http_port=0
+        http_port = free_port()
+        env = {
+            **os.environ,
+            "FLEET_NATS_URL": fleet.nats_url,
+            "FLEET_REDIS_URL": fleet.redis_url,
+            "FLEET_HTTP_PORT": str(http_port),
+        }
+        coordinator = subprocess.Popen(
+            [sys.executable, "-m", "fleetledger", "coordinator", "run"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
-        co = Coordinator(settings)
-        await co.start()
         try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    await applied_seq(http_port)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)
             client = await FleetClient.connect(fleet.nats_url)
             expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
             for m in ("bench-auth", "bench-ingest", "bench-risk"):
@@ -182,14 +224,15 @@ async def main(quick: bool) -> dict[str, object]:
                 assert reply.decision is not None and reply.decision.allowed
             err.print(f"(b) ingest of {n_ingest} events vs raw JetStream async publish…")
             raw_rate = await raw_publish_rate(fleet.nats_url, n_ingest)
-            our_rate = await ingest_rate(fleet.nats_url, co, "bench-ingest", n_ingest)
+            our_rate = await ingest_rate(fleet.nats_url, http_port, "bench-ingest", n_ingest)
             err.print("(c) risk propagation to 100 agents…")
             delays = await propagation(
                 fleet.nats_url, client, "bench-risk", 100, 5 if quick else 20
             )
             await client.close()
         finally:
-            await co.stop()
+            coordinator.terminate()
+            coordinator.wait(10)
     figures = {
         "raw_rr_p50_ms": statistics.median(raw) * 1e3,
         "authorize_p50_ms": statistics.median(ours) * 1e3,

@@ -112,8 +112,15 @@ async def ensure_risk_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyV
 Handler = Callable[[Msg], Awaitable[None]]
 
 
+ACK_EVERY = 64
+
+
 class ContinuousPull:
-    """Keep up to ``batch`` messages requested from a durable pull consumer, apply in order."""
+    """Keep up to ``batch`` messages requested from a durable pull consumer, apply in order.
+
+    The handler must not ack: acks are cumulative (AckPolicy.ALL) and sent here after the
+    handler returns, so an ack never covers a message that was not applied.
+    """
 
     def __init__(
         self,
@@ -130,6 +137,7 @@ class ContinuousPull:
         self.durable, self.filter_subject = durable, filter_subject
         self.batch, self.expires_s = batch, expires_s
         self._outstanding = 0
+        self._since_ack = 0
         self._sub: Subscription | None = None
         self._inbox = ""
         self._refill: asyncio.Task[None] | None = None
@@ -138,7 +146,7 @@ class ContinuousPull:
         config = api.ConsumerConfig(
             durable_name=self.durable,
             name=self.durable,
-            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_policy=api.AckPolicy.ALL,  # explicit, cumulative: one ack covers a burst
             deliver_policy=api.DeliverPolicy.ALL,
             filter_subject=self.filter_subject,
             max_ack_pending=self.batch * 8,
@@ -183,6 +191,11 @@ class ContinuousPull:
             return  # 100 (heartbeat) and friends carry no data
         self._outstanding -= 1
         await self._handler(msg)
+        # Ack (cumulatively) at the end of each burst, or every ACK_EVERY messages within one.
+        self._since_ack += 1
+        if self._since_ack >= ACK_EVERY or self._sub is None or self._sub.pending_msgs == 0:
+            await msg.ack()
+            self._since_ack = 0
         if self._outstanding <= self.batch // 2:
             await self._pull()
 

@@ -221,8 +221,7 @@ class Coordinator:
     async def _on_event(self, msg: Msg) -> None:
         seq = int(msg.metadata.sequence.stream)
         if seq <= self.applied_seq:
-            await msg.ack()  # redelivery or already folded during rebuild: no second effect
-            return
+            return  # redelivery, or already folded during rebuild: no second effect
         event, problem = self._apply_bytes(msg.data, seq, live=True)
         self.applied_seq = seq
         if problem is not None:
@@ -231,7 +230,6 @@ class Coordinator:
             payload = event.payload
             assert isinstance(payload, RiskOpened | RiskTreated)
             await self._put_risk(event.mission_id, payload.risk_id, self.states[event.mission_id])
-        await msg.ack()
         self._progress.set()
         self._progress = asyncio.Event()
 
