@@ -1,1 +1,41 @@
-"""telemetry (see SPEC S3)."""
+"""telemetry: OpenTelemetry for the fleet (SPEC S8): set-up from OTEL_*, ledger event spans and
+links, W3C trace context in NATS headers and event envelopes, GenAI names, fleet metrics."""
+
+from telemetry.links import EventTraces, event_attributes
+from telemetry.metrics import FleetMetrics
+from telemetry.propagation import (
+    context_from,
+    current_trace_context,
+    extract_context,
+    inject_headers,
+    span_context_from,
+    trace_context_of,
+)
+from telemetry.setup import Telemetry, process_telemetry, resource_from_env
+from telemetry.spans import (
+    guardrail_span,
+    messaging_attributes,
+    producer_span,
+    set_verdict,
+    tool_span,
+)
+
+__all__ = [
+    "EventTraces",
+    "FleetMetrics",
+    "Telemetry",
+    "context_from",
+    "current_trace_context",
+    "event_attributes",
+    "extract_context",
+    "guardrail_span",
+    "inject_headers",
+    "messaging_attributes",
+    "process_telemetry",
+    "producer_span",
+    "resource_from_env",
+    "set_verdict",
+    "span_context_from",
+    "tool_span",
+    "trace_context_of",
+]

@@ -1,0 +1,146 @@
+"""Span links between ledger events: child → causal parent, settle → reserve, decision → its cut.
+
+``EventTraces`` remembers the span context of recent events by event id and by the ids they
+introduce (grant, evidence, risk, approval, reservation, action), so a later event's span can
+link to the spans of the events it depends on. Bounded: the oldest entries go first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from opentelemetry.trace import Link, SpanContext
+from opentelemetry.util.types import AttributeValue
+
+from ledger.events import Event
+from telemetry.conventions import (
+    FLEET_LINK_RELATION,
+    LEDGER_AGENT_ID,
+    LEDGER_CAUSAL_PARENT,
+    LEDGER_EVENT_ID,
+    LEDGER_GRANT_ID,
+    LEDGER_KIND,
+    LEDGER_MISSION_ID,
+)
+from telemetry.propagation import span_context_from
+
+DEFAULT_LIMIT = 100_000
+_RESOLVES_RESERVATION = frozenset(
+    {
+        "budget.committed",
+        "budget.settled",
+        "budget.released",
+        "budget.expired",
+        "budget.overrun",
+    }
+)
+# payload field -> index namespace, for the ids an event introduces
+_INTRODUCES = {
+    "grant.issued": "grant",
+    "evidence.registered": "evidence",
+    "risk.opened": "risk",
+    "approval.granted": "approval",
+    "budget.reserved": "reservation",
+    "action.requested": "action",
+}
+
+
+def event_attributes(event: Event) -> dict[str, AttributeValue]:
+    """The ``ledger.*`` attributes of one event (never its payload's free text)."""
+    attrs: dict[str, AttributeValue] = {
+        LEDGER_EVENT_ID: str(event.event_id),
+        LEDGER_KIND: event.kind,
+        LEDGER_MISSION_ID: event.mission_id,
+        LEDGER_AGENT_ID: event.agent_id,
+    }
+    if event.grant_id is not None:
+        attrs[LEDGER_GRANT_ID] = event.grant_id
+    if event.causal_parent is not None:
+        attrs[LEDGER_CAUSAL_PARENT] = str(event.causal_parent)
+    return attrs
+
+
+def _introduced_key(event: Event) -> str | None:
+    space = _INTRODUCES.get(event.kind)
+    if space is None:
+        return None
+    payload: Any = event.payload
+    if space == "grant":
+        return f"grant:{payload.grant.grant_id}"
+    return f"{space}:{getattr(payload, f'{space}_id')}"
+
+
+class EventTraces:
+    """Span contexts of recent events, by event id and by the ids they introduce."""
+
+    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+        self.limit = limit
+        self._by_key: OrderedDict[str, tuple[str, SpanContext]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def record(self, event: Event) -> None:
+        sc = span_context_from(event.trace)
+        if sc is None:
+            return
+        entry = (str(event.event_id), sc)
+        self._put(f"event:{event.event_id}", entry)
+        key = _introduced_key(event)
+        if key is not None:
+            self._put(key, entry)
+
+    def _put(self, key: str, entry: tuple[str, SpanContext]) -> None:
+        self._by_key[key] = entry
+        self._by_key.move_to_end(key)
+        while len(self._by_key) > self.limit:
+            self._by_key.popitem(last=False)
+
+    def _link(self, key: str, relation: str, seen: set[str]) -> Link | None:
+        entry = self._by_key.get(key)
+        if entry is None or entry[0] in seen:
+            return None
+        seen.add(entry[0])
+        return Link(entry[1], {LEDGER_EVENT_ID: entry[0], FLEET_LINK_RELATION: relation})
+
+    def links_for(self, event: Event, *, origin: bool = False) -> list[Link]:
+        """Links from ``event``'s span to the spans of the events it depends on.
+
+        ``origin`` adds a link to the span recorded in the event's own envelope (for a span that
+        handles an event produced elsewhere, e.g. the coordinator applying a node's event).
+        """
+        seen: set[str] = {str(event.event_id)}
+        links: list[Link] = []
+        if origin:
+            sc = span_context_from(event.trace)
+            if sc is not None:
+                links.append(
+                    Link(sc, {LEDGER_EVENT_ID: str(event.event_id), FLEET_LINK_RELATION: "origin"})
+                )
+        wanted: list[tuple[str, str]] = []
+        if event.causal_parent is not None:
+            wanted.append((f"event:{event.causal_parent}", "causal_parent"))
+        payload: Any = event.payload
+        if event.kind in _RESOLVES_RESERVATION:
+            wanted.append((f"reservation:{payload.reservation_id}", "reserve"))
+        elif event.kind == "effect.observed":
+            wanted.append((f"action:{payload.action_id}", "action"))
+        elif event.kind == "decision.recorded":
+            wanted.append((f"action:{payload.action_id}", "cut"))
+            if event.grant_id is not None:
+                wanted.append((f"grant:{event.grant_id}", "cut"))
+            wanted += [(f"evidence:{e}", "cut") for e in payload.evidence]
+            wanted += [(f"risk:{r}", "cut") for r in payload.risks]
+            if payload.approval_id:
+                wanted.append((f"approval:{payload.approval_id}", "cut"))
+            if payload.reservation_id:
+                wanted.append((f"reservation:{payload.reservation_id}", "reserve"))
+        for key, relation in wanted:
+            link = self._link(key, relation, seen)
+            if link is not None:
+                links.append(link)
+        return links
+
+
+__all__ = ["EventTraces", "event_attributes"]
