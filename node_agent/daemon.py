@@ -1,4 +1,5 @@
-"""The node agent daemon (`fleetledger node-agent run`): API, auto-ledger, outbox, local risks.
+"""The node agent daemon (`fleetledger node-agent run`): API, auto-ledger, execution state,
+claims cache, outbox, local risks, and the fleet's resource modifications.
 
 One asyncio process per machine. It keeps working from its SQLite store when NATS or the
 coordinator is away: capture, checks and reminders are local; consequential actions are then
@@ -10,7 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from typing import Any
+
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from fleetledger.client import FleetClient
 from ledger.authority import member
@@ -22,19 +27,32 @@ from ledger.errors import (
     RuleViolation,
     Unreachable,
 )
+from ledger.events import parse_event
 from ledger.ids import new_id
 from ledger.items import Actor, ItemStatus
 from ledger.kernel import ActionRequest
 from ledger.money import parse_amount
+from ledger.protocol import SUBJECT_PREFIX
 from node_agent.api import ApiServer, Route
 from node_agent.auditor import context
 from node_agent.autoledger import AutoLedger, TurnResult
 from node_agent.checks import CHECK
+from node_agent.claims import ClaimKey, ClaimsCache, Receipt
+from node_agent.execution import (
+    FETCH_TOOLS,
+    READ_TOOLS,
+    WRITE_TOOLS,
+    ExecutionState,
+    digest,
+    exit_status,
+    response_text,
+    tool_paths,
+)
 from node_agent.judge import Judge, JudgeGate, OllamaJudge
 from node_agent.outbox import OutboxPublisher
 from node_agent.risks import RiskWatcher
 from node_agent.settings import NodeSettings, consequential
-from node_agent.store import Store, StoredItem, safe_id
+from node_agent.store import Session, Store, StoredItem, safe_id
 
 log = logging.getLogger("fleetledger.node")
 
@@ -90,8 +108,18 @@ class NodeAgent:
             stop_block_cap=settings.stop_block_cap,
             check_timeout_s=settings.check_timeout_s,
         )
+        self.execution = ExecutionState(
+            self.store,
+            rules=settings.cacheable,
+            shared=settings.shared,
+            scan_limit=settings.cache_scan_limit,
+            cache_failures=settings.cache_failures,
+        )
+        self.claims = ClaimsCache(self.store)
         self.api = ApiServer(self._routes(), live=self._live, ready=self._ready)
         self.outbox: OutboxPublisher | None = None
+        self.fleet_follower: Any = None  # the ordered consumer of resource.modified
+        self.folded = 0  # other nodes' modifications folded into the execution state
         self.watchers: dict[str, RiskWatcher] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -113,6 +141,9 @@ class NodeAgent:
 
     async def stop(self) -> None:
         await self.api.stop()
+        if self.fleet_follower is not None:
+            with contextlib.suppress(Exception):
+                await self.fleet_follower.unsubscribe()
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -126,6 +157,41 @@ class NodeAgent:
         self.store.close()
 
     async def _connected(self, client: FleetClient) -> None:
+        if self.settings.follow_fleet:
+            await self._follow_fleet(client)
+        await self._watch_risks(client)
+
+    async def _follow_fleet(self, client: FleetClient) -> None:
+        """Fold other nodes' ``resource.modified`` into the execution state (ordered consumer)."""
+        if self.fleet_follower is not None:
+            with contextlib.suppress(Exception):
+                await self.fleet_follower.unsubscribe()
+            self.fleet_follower = None
+        last = int(self.store.meta("fleet_resource_seq") or 0)
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE if last else DeliverPolicy.ALL,
+            opt_start_seq=last + 1 if last else None,
+        )
+
+        async def on_message(msg: Msg) -> None:
+            try:
+                event = parse_event(msg.data)
+                if self.execution.fold(event):
+                    self.folded += 1
+                self.store.set_meta("fleet_resource_seq", str(msg.metadata.sequence.stream))
+            except Exception as exc:  # a malformed event is the coordinator's to dead-letter
+                log.info("fleet follower skipped a message: %s", exc)
+
+        try:
+            async with asyncio.timeout(5):
+                self.fleet_follower = await client.js.subscribe(
+                    f"{SUBJECT_PREFIX}.*.resource.modified", cb=on_message,
+                    ordered_consumer=True, config=config,
+                )  # fmt: skip
+        except Exception as exc:  # no stream yet: local staleness still works
+            log.info("fleet follower not started: %s", exc)
+
+    async def _watch_risks(self, client: FleetClient) -> None:
         watcher = RiskWatcher(client.nc, None)  # every mission this node serves
         try:
             async with asyncio.timeout(5):
@@ -184,6 +250,14 @@ class NodeAgent:
             "todo.add": self.todo_add,
             "todo.set": self.todo_set,
             "evidence.register": self.evidence,
+            "resource.observe": self.resource_observe,
+            "resource.modify": self.resource_modify,
+            "resource.check": self.resource_check,
+            "exec.state": self.exec_state,
+            "claims.lookup": self.claims_lookup,
+            "claims.record": self.claims_record,
+            "claims.receipt": self.claims_receipt,
+            "claims.stats": self.claims_stats,
         }
 
     @staticmethod
@@ -205,10 +279,13 @@ class NodeAgent:
             raise InvalidInput("field 'text' must be a string")
         result = self.ledger.on_prompt(session_id, text, **self._who(body))
         self._wake()
-        return {"added": result.added, "cancelled": result.cancelled, "context": result.context}
+        ctx = _join(result.context, self.execution.summary(result.session_id))
+        return {"added": result.added, "cancelled": result.cancelled, "context": ctx}
 
     async def context(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {"context": context(self.ledger.audit(self._str(body, "session_id")))}
+        session_id = self._str(body, "session_id")
+        todo = context(self.ledger.audit(session_id))
+        return {"context": _join(todo, self.execution.summary(safe_id(session_id)))}
 
     async def tool(self, body: dict[str, Any]) -> dict[str, Any]:
         session_id = self._str(body, "session_id")
@@ -221,10 +298,182 @@ class NodeAgent:
         claimed = self.ledger.on_tool(
             session_id, phase, tool, tool_input, agent=who["agent"], mission=who["mission"]
         )
-        if phase == "post":
-            return {"claimed": claimed}
         session = self.ledger.session(session_id, **who)
+        cwd = str(body.get("cwd") or tool_input.get("cwd") or os.getcwd())
+        if phase == "post":
+            self._after_tool(session, tool, tool_input, cwd, body)
+            self._wake()
+            return {"claimed": claimed}
+        checked = self._before_tool(session, tool, tool_input, cwd, body)
+        if checked is not None:
+            self._wake()
+            return checked
         return await self.check_action(session.mission_id, session.grant_id, tool, tool_input)
+
+    # --- the execution state at both boundaries of a step -----------------------------------
+
+    def _resources(self, body: dict[str, Any], key: str) -> list[str]:
+        value = body.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise InvalidInput(f"field {key!r} must be a list of resource ids")
+        return list(value)
+
+    def _before_tool(
+        self, session: Session, tool: str, tool_input: dict[str, Any], cwd: str,
+        body: dict[str, Any],
+    ) -> dict[str, Any] | None:  # fmt: skip
+        """Block a stale premise; answer a still-valid command from the record; else None."""
+        writes = self._resources(body, "writes")
+        if tool in WRITE_TOOLS:
+            writes += [self.execution.resource_for(p, cwd) for p in tool_paths(tool_input)]
+        for rid in writes:
+            stale = self.execution.check_write(session, rid)
+            if stale is not None:
+                return {
+                    "decision": "deny", "consequential": False, "kind": "stale",
+                    "action": f"{tool} {rid}", "rule": "stale_premise", "reason": stale.reason,
+                    "resource": rid, "observed": stale.observed, "current": stale.current,
+                }  # fmt: skip
+        command = tool_input.get("command")
+        if isinstance(command, str) and command.strip():
+            if consequential(self.settings.consequential, tool, tool_input) is not None:
+                return None  # never answered from a record: the coordinator decides
+            hit = self.execution.before_command(session, tool, command, cwd)
+            if hit is not None:
+                return {
+                    "decision": "deny", "consequential": False, "kind": "cached",
+                    "action": hit.command, "rule": "answered_from_record", "reason": hit.reason,
+                    "fingerprint": hit.fingerprint, "exit_status": hit.exit_status,
+                    "output": hit.output,
+                }  # fmt: skip
+        return None
+
+    def _after_tool(
+        self, session: Session, tool: str, tool_input: dict[str, Any], cwd: str,
+        body: dict[str, Any],
+    ) -> None:  # fmt: skip
+        response = body.get("response")
+        for rid in self._resources(body, "reads"):
+            self.execution.observe(session, rid)
+        for rid in self._resources(body, "writes"):
+            self.execution.modify(session, rid)
+        paths = [self.execution.resource_for(p, cwd) for p in tool_paths(tool_input)]
+        if tool in READ_TOOLS:
+            for rid in paths:
+                if self.execution.live_version(rid) is not None:
+                    self.execution.observe(session, rid)
+        elif tool in WRITE_TOOLS:
+            for rid in paths:
+                if self.execution.live_version(rid) is not None:
+                    self.execution.modify(session, rid)
+        elif tool in FETCH_TOOLS and isinstance(tool_input.get("url"), str):
+            text = response_text(response)
+            self.execution.observe(session, f"url:{tool_input['url']}", digest(text.encode()))
+        command = tool_input.get("command")
+        if isinstance(command, str) and command.strip() and response is not None:
+            status = exit_status(response)
+            if status is not None:
+                self.execution.after_command(
+                    session, tool, command, cwd, status, response_text(response)
+                )
+
+    async def resource_observe(self, body: dict[str, Any]) -> dict[str, Any]:
+        session = self.ledger.session(self._str(body, "session_id"), **self._who(body))
+        rid = self._str(body, "resource_id")
+        version = self.execution.observe(session, rid, body.get("version") or None)
+        self._wake()
+        return {"resource_id": rid, "version": version}
+
+    async def resource_modify(self, body: dict[str, Any]) -> dict[str, Any]:
+        session = self.ledger.session(self._str(body, "session_id"), **self._who(body))
+        rid = self._str(body, "resource_id")
+        version = self.execution.modify(session, rid, body.get("version") or None)
+        self._wake()
+        return {"resource_id": rid, "version": version}
+
+    async def resource_check(self, body: dict[str, Any]) -> dict[str, Any]:
+        """May this session change ``resource_id`` now? (in-house agents ask before writing)"""
+        session = self.ledger.session(self._str(body, "session_id"), **self._who(body))
+        rid = self._str(body, "resource_id")
+        stale = self.execution.check_write(session, rid)
+        self._wake()
+        if stale is None:
+            return {"decision": "allow", "resource_id": rid}
+        return {
+            "decision": "deny", "resource_id": rid, "rule": "stale_premise",
+            "reason": stale.reason, "observed": stale.observed, "current": stale.current,
+        }  # fmt: skip
+
+    async def exec_state(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"summary": self.execution.summary(safe_id(self._str(body, "session_id")))}
+
+    # --- the claims cache over the API (in-house agents bring their own model) ----------------
+
+    def _claim_key(self, body: dict[str, Any]) -> ClaimKey:
+        inputs = body.get("inputs") or {}
+        if not isinstance(inputs, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in inputs.items()
+        ):
+            raise InvalidInput("field 'inputs' must map resource ids to versions")
+        return ClaimKey.make(
+            self._str(body, "owner"), self._str(body, "task"),
+            repo=str(body.get("repo") or ""), profile=str(body.get("profile") or ""),
+            inputs=inputs,
+        )  # fmt: skip
+
+    async def claims_lookup(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Query first: a hit returns the stored result and writes a zero-call receipt."""
+        session = self.ledger.session(self._str(body, "session_id"), **self._who(body))
+        key = self._claim_key(body)
+        hit = self.claims.lookup(key)
+        if hit is None:
+            ws = self.claims.working_set(
+                key, self._str(body, "task"), messages=[str(m) for m in body.get("messages") or []],
+                story=body.get("story"),
+            )  # fmt: skip
+            return {
+                "hit": False, "claim_id": key.claim_id,
+                "working_set": {"system": ws.system, "claims": list(ws.claims),
+                                "story": ws.story, "messages": list(ws.messages)},
+            }  # fmt: skip
+        self.claims.receipt(session, key, Receipt("hit", "hit", False, True))
+        self._wake()
+        return {"hit": True, "claim_id": key.claim_id, "result": hit.result}
+
+    async def claims_record(self, body: dict[str, Any]) -> dict[str, Any]:
+        session = self.ledger.session(self._str(body, "session_id"), **self._who(body))
+        key = self._claim_key(body)
+        ttl = body.get("ttl_s")
+        inserted = self.claims.record(
+            session, key, self._str(body, "result"), artifact=body.get("artifact"),
+            status=str(body.get("status") or "succeeded"),
+            ttl_s=float(ttl) if isinstance(ttl, int | float) else None,
+        )  # fmt: skip
+        self._wake()
+        return {"claim_id": key.claim_id, "inserted": inserted}
+
+    async def claims_receipt(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A miss's receipt, as the agent that called its model reports it."""
+        session = self.ledger.session(self._str(body, "session_id"), **self._who(body))
+        key = self._claim_key(body)
+        status = self._str(body, "status")
+        attempted = status != "no_key" and bool(body.get("inference_attempted", True))
+
+        def known(name: str) -> int | None:
+            value = body.get(name)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        receipt = Receipt(
+            "miss", status, attempted, False, body.get("model"), known("prompt_tokens"),
+            known("completion_tokens"), known("cost"),
+        )  # fmt: skip
+        self.claims.receipt(session, key, receipt)
+        self._wake()
+        return {"claim_id": key.claim_id, "recorded": True}
+
+    async def claims_stats(self, body: dict[str, Any]) -> dict[str, Any]:
+        owner = body.get("owner")
+        return self.claims.aggregates(owner if isinstance(owner, str) and owner else None)
 
     async def check_action(
         self, mission_id: str, grant_id: str | None, tool: str, tool_input: dict[str, Any]
@@ -377,6 +626,11 @@ async def set_status(
             f"{stored.short_id} has no completion check; `done` needs --by HUMAN",
         )
     raise InvalidInput(f"setting {to.value} needs --by NAME (who decided it)")
+
+
+def _join(*parts: str | None) -> str | None:
+    text = "\n\n".join(p for p in parts if p)
+    return text or None
 
 
 def _deny(exc: FleetError, action: str) -> dict[str, Any]:

@@ -7,6 +7,8 @@ the node agent over its socket, and answers on stdout in the agent's documented 
     UserPromptSubmit             prompt            hookSpecificOutput.additionalContext
     SessionStart                 context           hookSpecificOutput.additionalContext
     PreToolUse                   tool (pre)        hookSpecificOutput.permissionDecision=deny
+                                                   (a stale premise, a command answered from
+                                                   the record, or a coordinator denial)
     PostToolUse                  tool (post)       (silent)
     Stop / SubagentStop          stop              {"decision": "block", "reason": ...}
 
@@ -141,8 +143,19 @@ def handle(
             ctx = client.call("context", session_id=session).get("context")
             return _context(agent, event, ctx) if ctx else HookAnswer()
         if op in ("pre", "post"):
-            reply = client.call("tool", phase=op, tool=tool, input=tool_input, **who)
+            extra: dict[str, Any] = {}
+            if isinstance(payload.get("cwd"), str):
+                extra["cwd"] = payload["cwd"]
+            if op == "post":
+                response = payload.get("tool_response", payload.get("tool_result"))
+                if response is not None:
+                    extra["response"] = response
+            reply = client.call("tool", phase=op, tool=tool, input=tool_input, **who, **extra)
             if op == "pre" and reply.get("decision") == "deny":
+                if reply.get("kind") in ("stale", "cached"):
+                    # Claude Code has no "substitute the result" answer for PreToolUse: a deny
+                    # whose reason (shown to Claude) carries the recorded result is the way
+                    return _deny(agent, event, f"fleetledger: {reply.get('reason')}")
                 return _deny(
                     agent, event, f"fleetledger denied {reply.get('action')}: {reply.get('reason')}"
                 )

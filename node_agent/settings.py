@@ -13,6 +13,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fleetledger.settings import ENV_FILE_NAME, default_state_dir
 
+# Claude Code and Codex call their shell tool "Bash"; Gemini CLI calls it run_shell_command.
+SHELL_TOOLS = r"^(Bash|shell|exec_command|run_shell_command)$"
+SHELL_TOOLS_PATTERN = SHELL_TOOLS
+
 
 class ConsequentialRule(BaseModel):
     """A tool call the coordinator must authorise: tool name regex + command/input regex."""
@@ -39,9 +43,6 @@ def consequential(
     return next((r for r in rules if r.matches(tool, tool_input)), None)
 
 
-# Claude Code and Codex call their shell tool "Bash"; Gemini CLI calls it run_shell_command.
-SHELL_TOOLS = r"^(Bash|shell|exec_command|run_shell_command)$"
-
 DEFAULT_RULES: tuple[ConsequentialRule, ...] = (
     ConsequentialRule(tool=SHELL_TOOLS, pattern=r"\bgit\s+push\b", action="git.push"),
     ConsequentialRule(
@@ -52,6 +53,45 @@ DEFAULT_RULES: tuple[ConsequentialRule, ...] = (
     ConsequentialRule(
         tool=SHELL_TOOLS, pattern=r"\b(terraform|tofu)\s+(apply|destroy)\b", action="infra.apply"
     ),
+)
+
+
+class CacheRule(BaseModel):
+    """A command whose result can be answered from the record while its inputs are unchanged.
+
+    ``inputs`` are globs relative to the command's working directory (``**/*.py``); ``resources``
+    are extra resource ids it reads (``svc:orders``). Commands with pipes, redirections, chains
+    or substitutions are never cached, whatever the pattern says.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tool: str = SHELL_TOOLS_PATTERN
+    pattern: str  # regex searched in the command
+    inputs: tuple[str, ...] = ()
+    resources: tuple[str, ...] = ()
+
+    def matches(self, tool: str, command: str) -> bool:
+        return (
+            re.search(self.tool, tool) is not None and re.search(self.pattern, command) is not None
+        )
+
+
+def cache_rule(rules: list[CacheRule], tool: str, command: str) -> CacheRule | None:
+    """The first rule that declares this command cacheable, if any."""
+    return next((r for r in rules if r.matches(tool, command)), None)
+
+
+PY_INPUTS = (
+    "**/*.py", "**/*.pyi", "pyproject.toml", "setup.cfg", "setup.py", "tox.ini", "pytest.ini",
+    "mypy.ini", ".mypy.ini", "ruff.toml", ".ruff.toml", "requirements*.txt",
+)  # fmt: skip
+
+# Conservative: read-only checkers whose result depends on the Python sources and their config.
+DEFAULT_CACHEABLE: tuple[CacheRule, ...] = (
+    CacheRule(pattern=r"^\s*(python3? -m )?ruff (check|format --check)\b", inputs=PY_INPUTS),
+    CacheRule(pattern=r"^\s*(python3? -m )?(mypy|pyright|flake8)\b", inputs=PY_INPUTS),
+    CacheRule(pattern=r"^\s*(python3? -m )?pytest\b", inputs=PY_INPUTS),
 )
 
 
@@ -89,6 +129,13 @@ class NodeSettings(BaseSettings):
     reminders_fail_open: bool = True  # node agent down: skip reminders (open) with a message
     consequential: list[ConsequentialRule] = Field(default_factory=lambda: list(DEFAULT_RULES))
     check_timeout_s: float = Field(default=30.0, gt=0)
+
+    # the execution state (S5.3): cacheable commands, shared roots, the fleet's modifications
+    cacheable: list[CacheRule] = Field(default_factory=lambda: list(DEFAULT_CACHEABLE))
+    cache_failures: bool = False  # answer a failed run from the record too (off: rerun it)
+    cache_scan_limit: int = Field(default=5000, ge=1)  # more input files: uncertain, runs
+    shared: dict[str, str] = Field(default_factory=dict)  # local root -> fleet id ("repo:app")
+    follow_fleet: bool = True  # fold other nodes' resource.modified events from the stream
     hook_timeout_s: float = Field(default=10.0, gt=0)
 
     @property

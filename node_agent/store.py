@@ -66,6 +66,44 @@ CREATE TABLE IF NOT EXISTS outbox (
     subject TEXT NOT NULL, data BLOB NOT NULL, stream_seq INTEGER
 );
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox(seq) WHERE stream_seq IS NULL;
+-- the execution state (execution.py): observations, modifications, commands; seq orders them
+CREATE TABLE IF NOT EXISTS resource_log (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, resource_id TEXT NOT NULL, kind TEXT NOT NULL,
+    version TEXT NOT NULL, session_id TEXT, by TEXT NOT NULL, node_id TEXT NOT NULL,
+    at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS resources (
+    resource_id TEXT PRIMARY KEY, version TEXT NOT NULL, seq INTEGER NOT NULL,
+    by TEXT NOT NULL, node_id TEXT NOT NULL, at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS observations (
+    session_id TEXT NOT NULL, resource_id TEXT NOT NULL, version TEXT NOT NULL,
+    seq INTEGER NOT NULL, at TEXT NOT NULL, PRIMARY KEY (session_id, resource_id)
+);
+CREATE TABLE IF NOT EXISTS commands (
+    fingerprint TEXT PRIMARY KEY, command TEXT NOT NULL, cwd TEXT NOT NULL,
+    inputs TEXT NOT NULL, exit_status INTEGER NOT NULL, output TEXT NOT NULL,
+    session_id TEXT NOT NULL, at TEXT NOT NULL, hits INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS pending_commands (
+    session_id TEXT NOT NULL, key TEXT NOT NULL, inputs TEXT NOT NULL,
+    PRIMARY KEY (session_id, key)
+);
+-- the claims cache (claims.py): owner-scoped claims, FTS5 over them, a receipt per turn
+CREATE TABLE IF NOT EXISTS claims (
+    claim_id TEXT PRIMARY KEY, owner TEXT NOT NULL, task TEXT NOT NULL, repo TEXT NOT NULL,
+    profile TEXT NOT NULL, inputs TEXT NOT NULL, status TEXT NOT NULL, result TEXT NOT NULL,
+    artifact TEXT NOT NULL, created_at REAL NOT NULL, fresh_until REAL
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS claims_fts USING fts5(
+    claim_id UNINDEXED, owner UNINDEXED, task, result
+);
+CREATE TABLE IF NOT EXISTS receipts (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, claim_id TEXT NOT NULL,
+    outcome TEXT NOT NULL, model TEXT, status TEXT NOT NULL, prompt_tokens INTEGER,
+    completion_tokens INTEGER, cost INTEGER, attempted INTEGER NOT NULL,
+    avoided INTEGER NOT NULL, at REAL NOT NULL
+);
 """
 
 _SAFE = re.compile(r"[^A-Za-z0-9_\-]")

@@ -1,0 +1,525 @@
+"""The execution-state ledger (SPEC S5.3): which resources were observed at which version, which
+changed since, and which commands ran with what result; consulted before every action.
+
+Kept deterministically from the action stream, with no model calls. Pure decisions first
+(``premise_check``, ``normalise_command``, ``fingerprint``), then ``ExecutionState``, the shell
+that keeps them in the node's SQLite store and writes the events to its outbox in the same
+transaction.
+
+Resource ids: ``file:/abs/path`` for local files (version = content hash), a shared id such as
+``repo:app/src/x.py`` for files under a root registered in ``settings.shared`` (the same id on
+every node), ``url:<url>`` for fetched pages (version = hash of what was fetched), and any
+``scheme:name`` for which a version function is registered (service records and the like).
+Ordering is by a local sequence, never by wall clocks of different machines.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import shlex
+import sqlite3
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ledger.errors import InvalidInput
+from ledger.events import (
+    CommandBlockedStale,
+    CommandRecorded,
+    CommandReused,
+    Event,
+    ResourceModified,
+    ResourceObserved,
+)
+from node_agent.settings import CacheRule, cache_rule
+from node_agent.store import Session, Store
+
+VersionFn = Callable[[str], str | None]  # the name after ``scheme:`` -> its version, or None
+
+ABSENT = "absent"
+MAX_OUTPUT = 3000  # characters of a command's output kept with its record
+SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
+                       ".ruff_cache", ".pytest_cache", ".tox", "dist", "build"})  # fmt: skip
+# a command with any of these is not cached: pipes, redirections, substitutions, globs, chains
+SHELL_META = re.compile(r"[;&|<>`$(){}*?\[\]~!\n\\]")
+
+# tool names of Claude Code, Codex and Gemini CLI, by what they do to a file
+READ_TOOLS = frozenset({"Read", "NotebookRead", "read_file", "read_many_files", "view"})
+WRITE_TOOLS = frozenset({"Edit", "MultiEdit", "Write", "NotebookEdit", "write_file", "replace"})
+FETCH_TOOLS = frozenset({"WebFetch", "web_fetch"})
+
+
+# --- the pure core --------------------------------------------------------------------------
+
+
+def digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()[:16]
+
+
+def file_version(path: Path) -> str | None:
+    """A file's version is its content hash; a missing file is ``absent``; a directory: None."""
+    try:
+        with path.open("rb") as fh:
+            h = hashlib.sha256()
+            for chunk in iter(lambda: fh.read(1 << 16), b""):
+                h.update(chunk)
+        return "sha256:" + h.hexdigest()[:16]
+    except FileNotFoundError:
+        return ABSENT
+    except (IsADirectoryError, PermissionError, OSError):
+        return None
+
+
+def normalise_command(command: str) -> str | None:
+    """One spelling per command (whitespace and quoting folded); None when not safely cacheable."""
+    if SHELL_META.search(command):
+        return None
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    return " ".join(shlex.quote(w) for w in words) or None
+
+
+def fingerprint(command: str, cwd: str, inputs: Mapping[str, str]) -> str:
+    """The identity of one run: normalised command, working directory, versions it read."""
+    body = json.dumps([command, cwd, sorted(inputs.items())], separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Observation:
+    resource_id: str
+    version: str
+    seq: int
+
+
+@dataclass(frozen=True)
+class Modification:
+    resource_id: str
+    version: str
+    seq: int
+    by: str
+    node_id: str
+    at: str
+
+
+@dataclass(frozen=True)
+class Stale:
+    """An action premised on an observation that a later change superseded."""
+
+    resource_id: str
+    observed: str
+    current: str
+    by: str
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"re-observe first: {self.resource_id} was observed at {self.observed} but is now "
+            f"at {self.current} (changed by {self.by} since); read it again, then edit"
+        )
+
+
+def premise_check(
+    observed: Observation | None, last: Modification | None, live: str | None
+) -> Stale | None:
+    """Stale when the resource now differs from what this session saw; None when unsure."""
+    if observed is None:
+        return None  # no premise recorded: uncertain, so it runs normally
+    if live is not None and live != observed.version:
+        by = f"{last.by} on {last.node_id}" if last and last.version == live else "a change"
+        return Stale(observed.resource_id, observed.version, live, by)
+    if last is not None and last.seq > observed.seq and last.version != observed.version:
+        return Stale(
+            observed.resource_id, observed.version, last.version, f"{last.by} on {last.node_id}"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    fingerprint: str
+    command: str
+    cwd: str
+    exit_status: int
+    output: str
+    at: str
+    inputs: int
+
+    @property
+    def reason(self) -> str:
+        shown = self.output.strip() or "(no output)"
+        return (
+            f"answered from the record: `{self.command}` already ran in {self.cwd} at {self.at} "
+            f"with exit status {self.exit_status}, and none of the {self.inputs} inputs it read "
+            f"has changed since, so running it again would give the same result. "
+            f"Recorded output:\n{shown}"
+        )
+
+
+def tool_paths(tool_input: Mapping[str, Any]) -> list[str]:
+    for key in ("file_path", "notebook_path", "absolute_path", "path"):
+        value = tool_input.get(key)
+        if isinstance(value, str) and value.strip():
+            return [value]
+    paths = tool_input.get("paths")
+    return [p for p in paths if isinstance(p, str)] if isinstance(paths, list) else []
+
+
+def response_text(response: Any) -> str:
+    if isinstance(response, str):
+        return response
+    if isinstance(response, dict):
+        parts = [response.get(k) for k in ("stdout", "stderr", "output", "result", "content")]
+        text = "\n".join(p for p in parts if isinstance(p, str) and p)
+        return text or json.dumps(response, sort_keys=True, default=str)
+    return json.dumps(response, sort_keys=True, default=str)
+
+
+def exit_status(response: Any) -> int | None:
+    """The exit status a shell tool reported; Claude Code's PostToolUse only fires on success."""
+    if not isinstance(response, dict):
+        return 0 if isinstance(response, str) else None
+    for key in ("exit_code", "exitCode", "returncode", "exit_status"):
+        value = response.get(key)
+        if isinstance(value, int):
+            return value
+    if response.get("interrupted"):
+        return None
+    return 0 if any(k in response for k in ("stdout", "output")) else None
+
+
+# --- the shell: SQLite and the outbox -------------------------------------------------------
+
+
+class ExecutionState:
+    """The execution state of one node, kept in its store."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        rules: Iterable[CacheRule] = (),
+        shared: Mapping[str, str] | None = None,
+        scan_limit: int = 5000,
+        cache_failures: bool = False,
+    ) -> None:
+        self.store = store
+        self.rules = list(rules)
+        # longest root first so nested roots win
+        self.shared = sorted(
+            ((str(Path(k)), v.rstrip("/")) for k, v in (shared or {}).items()),
+            key=lambda kv: -len(kv[0]),
+        )
+        self.scan_limit, self.cache_failures = scan_limit, cache_failures
+        self.versions: dict[str, VersionFn] = {}
+
+    def register_version(self, scheme: str, fn: VersionFn) -> None:
+        """Give a kind of resource (``svc``, ``db``...) a version function."""
+        self.versions[scheme] = fn
+
+    # --- ids and versions -----------------------------------------------------------------
+
+    def resource_for(self, path: str, cwd: str | None = None) -> str:
+        full = Path(path) if os.path.isabs(path) else Path(cwd or os.getcwd()) / path
+        text = os.path.normpath(str(full))
+        for root, shared_id in self.shared:
+            if text == root or text.startswith(root + os.sep):
+                return shared_id + "/" + os.path.relpath(text, root)
+        return "file:" + text
+
+    def local_path(self, resource_id: str) -> Path | None:
+        if resource_id.startswith("file:"):
+            return Path(resource_id[5:])
+        for root, shared_id in self.shared:
+            if resource_id.startswith(shared_id + "/"):
+                return Path(root) / resource_id[len(shared_id) + 1 :]
+        return None
+
+    def live_version(self, resource_id: str) -> str | None:
+        path = self.local_path(resource_id)
+        if path is not None:
+            return file_version(path)
+        scheme = resource_id.split(":", 1)[0]
+        fn = self.versions.get(scheme)
+        if fn is None:
+            return None
+        try:
+            return fn(resource_id.split(":", 1)[1] if ":" in resource_id else resource_id)
+        except Exception:
+            return None  # a failing version function makes the resource uncertain, not stale
+
+    # --- reads of the state ---------------------------------------------------------------
+
+    def observation(self, session_id: str, resource_id: str) -> Observation | None:
+        row = self.store.db.execute(
+            "SELECT version, seq FROM observations WHERE session_id = ? AND resource_id = ?",
+            (session_id, resource_id),
+        ).fetchone()
+        return None if row is None else Observation(resource_id, row[0], int(row[1]))
+
+    def last_modification(self, resource_id: str) -> Modification | None:
+        row = self.store.db.execute(
+            "SELECT * FROM resources WHERE resource_id = ?", (resource_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        return Modification(
+            resource_id, row["version"], int(row["seq"]), row["by"], row["node_id"], row["at"]
+        )
+
+    def current(self, resource_id: str) -> str | None:
+        live = self.live_version(resource_id)
+        if live is not None:
+            return live
+        last = self.last_modification(resource_id)
+        return last.version if last else None
+
+    # --- writes: observe, modify, fold --------------------------------------------------------
+
+    def _log(
+        self, db: sqlite3.Connection, rid: str, kind: str, version: str, session_id: str | None,
+        by: str, node_id: str,
+    ) -> tuple[int, str]:  # fmt: skip
+        at = self.store.clock.now().isoformat()
+        cur = db.execute(
+            "INSERT INTO resource_log (resource_id, kind, version, session_id, by, node_id, at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (rid, kind, version, session_id, by, node_id, at),
+        )
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid), at
+
+    @staticmethod
+    def _who(session: Session) -> str:
+        return f"{session.agent_id}/{session.session_id}"
+
+    def observe(self, session: Session, resource_id: str, version: str | None = None) -> str:
+        """This session saw ``resource_id`` at ``version`` (default: its version now)."""
+        version = version or self.live_version(resource_id)
+        if version is None:
+            raise InvalidInput(
+                f"no version known for {resource_id}: pass one, or register a version function"
+            )
+        with self.store.tx() as db:
+            seq, at = self._log(
+                db, resource_id, "observed", version, session.session_id, self._who(session),
+                self.store.node_id,
+            )  # fmt: skip
+            db.execute(
+                "INSERT OR REPLACE INTO observations VALUES (?, ?, ?, ?, ?)",
+                (session.session_id, resource_id, version, seq, at),
+            )
+            self.store.emit(db, session, ResourceObserved(resource_id=resource_id, version=version))
+        return version
+
+    def modify(self, session: Session, resource_id: str, version: str | None = None) -> str:
+        """This session changed ``resource_id``; it now knows the new version it wrote."""
+        version = version or self.live_version(resource_id)
+        if version is None:
+            raise InvalidInput(f"no version known for {resource_id} after the change: pass one")
+        with self.store.tx() as db:
+            who = self._who(session)
+            seq, at = self._log(
+                db, resource_id, "modified", version, session.session_id, who, self.store.node_id
+            )
+            db.execute(
+                "INSERT OR REPLACE INTO resources VALUES (?, ?, ?, ?, ?, ?)",
+                (resource_id, version, seq, who, self.store.node_id, at),
+            )
+            db.execute(
+                "INSERT OR REPLACE INTO observations VALUES (?, ?, ?, ?, ?)",
+                (session.session_id, resource_id, version, seq, at),
+            )
+            self.store.emit(db, session, ResourceModified(resource_id=resource_id, version=version))
+        return version
+
+    def fold(self, event: Event) -> bool:
+        """Fold a ``resource.modified`` of another node (from the stream); True if it applied."""
+        payload = event.payload
+        if not isinstance(payload, ResourceModified) or event.node_id == self.store.node_id:
+            return False
+        with self.store.tx() as db:
+            who = f"{event.agent_id}"
+            seq, at = self._log(
+                db, payload.resource_id, "modified", payload.version, None, who, event.node_id
+            )
+            db.execute(
+                "INSERT OR REPLACE INTO resources VALUES (?, ?, ?, ?, ?, ?)",
+                (payload.resource_id, payload.version, seq, who, event.node_id, at),
+            )
+        return True
+
+    # --- the checks on the way out ----------------------------------------------------------
+
+    def check_write(self, session: Session, resource_id: str) -> Stale | None:
+        """Block a change premised on a superseded observation (and record the block)."""
+        stale = premise_check(
+            self.observation(session.session_id, resource_id),
+            self.last_modification(resource_id),
+            self.live_version(resource_id),
+        )
+        if stale is not None:
+            with self.store.tx() as db:
+                self.store.emit(
+                    db,
+                    session,
+                    CommandBlockedStale(
+                        resource_id=resource_id,
+                        observed_version=stale.observed,
+                        current_version=stale.current,
+                    ),
+                )
+        return stale
+
+    def rule_for(self, tool: str, command: str) -> CacheRule | None:
+        return cache_rule(self.rules, tool, command)
+
+    def inputs(self, rule: CacheRule, cwd: str, extra: Iterable[str] = ()) -> dict[str, str] | None:
+        """Versions of everything ``rule`` says the command reads; None when unsure (too many)."""
+        found: dict[str, str] = {}
+        patterns = list(rule.inputs)
+        if patterns:
+            for dirpath, dirnames, filenames in os.walk(cwd):
+                dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+                for name in sorted(filenames):
+                    full = os.path.join(dirpath, name)
+                    rel = os.path.relpath(full, cwd)
+                    if not any(_matches(rel, p) for p in patterns):
+                        continue
+                    if len(found) >= self.scan_limit:
+                        return None
+                    version = file_version(Path(full))
+                    if version is None:
+                        return None
+                    found[self.resource_for(full)] = version
+        for rid in [*rule.resources, *extra]:
+            version = self.current(rid)
+            if version is None:
+                return None  # an input whose version nobody knows: uncertain
+            found[rid] = version
+        return found
+
+    def before_command(
+        self, session: Session, tool: str, command: str, cwd: str
+    ) -> CacheHit | None:
+        """A cacheable command whose inputs are unchanged is answered from the record."""
+        rule = self.rule_for(tool, command)
+        norm = normalise_command(command)
+        if rule is None or norm is None:
+            return None
+        inputs = self.inputs(rule, cwd)
+        if inputs is None:
+            return None
+        fp = fingerprint(norm, cwd, inputs)
+        key = fingerprint(norm, cwd, {})
+        with self.store.tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO pending_commands VALUES (?, ?, ?)",
+                (session.session_id, key, json.dumps(inputs)),
+            )
+            row = db.execute("SELECT * FROM commands WHERE fingerprint = ?", (fp,)).fetchone()
+            if row is None or (row["exit_status"] != 0 and not self.cache_failures):
+                return None
+            db.execute("UPDATE commands SET hits = hits + 1 WHERE fingerprint = ?", (fp,))
+            self.store.emit(db, session, CommandReused(fingerprint=fp))
+        return CacheHit(
+            fp, row["command"], row["cwd"], int(row["exit_status"]), row["output"], row["at"],
+            len(inputs),
+        )  # fmt: skip
+
+    def after_command(
+        self, session: Session, tool: str, command: str, cwd: str, status: int, output: str
+    ) -> str | None:
+        """Record a cacheable command's result under the input versions it ran with."""
+        rule = self.rule_for(tool, command)
+        norm = normalise_command(command)
+        if rule is None or norm is None:
+            return None
+        key = fingerprint(norm, cwd, {})
+        row = self.store.db.execute(
+            "SELECT inputs FROM pending_commands WHERE session_id = ? AND key = ?",
+            (session.session_id, key),
+        ).fetchone()
+        inputs: dict[str, str] | None = json.loads(row[0]) if row else self.inputs(rule, cwd)
+        if inputs is None:
+            return None
+        fp = fingerprint(norm, cwd, inputs)
+        kept = output if len(output) <= MAX_OUTPUT else output[: MAX_OUTPUT - 20] + "\n…(truncated)"
+        with self.store.tx() as db:
+            db.execute(
+                "DELETE FROM pending_commands WHERE session_id = ? AND key = ?",
+                (session.session_id, key),
+            )
+            db.execute(
+                "INSERT OR REPLACE INTO commands (fingerprint, command, cwd, inputs, exit_status,"
+                " output, session_id, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    fp, norm, cwd, json.dumps(inputs), status, kept, session.session_id,
+                    self.store.clock.now().isoformat(timespec="seconds"),
+                ),
+            )  # fmt: skip
+            self.store.emit(
+                db,
+                session,
+                CommandRecorded(
+                    fingerprint=fp, command=norm[:4000], cwd=cwd, inputs=inputs,
+                    exit_status=status, result_ref=f"command:{fp}",
+                ),
+            )  # fmt: skip
+        return fp
+
+    # --- the summary on the way in ----------------------------------------------------------
+
+    def summary(self, session_id: str, *, limit: int = 5) -> str | None:
+        """What holds now and what is stale for this session, in a few lines; None if nothing."""
+        rows = self.store.db.execute(
+            "SELECT resource_id FROM observations WHERE session_id = ? ORDER BY seq DESC LIMIT 200",
+            (session_id,),
+        ).fetchall()
+        holds, stale = 0, []
+        for (rid,) in rows:
+            found = premise_check(
+                self.observation(session_id, rid),
+                self.last_modification(rid),
+                self.live_version(rid),
+            )
+            if found is None:
+                holds += 1
+            else:
+                stale.append(found)
+        valid = []
+        for row in self.store.db.execute(
+            "SELECT command, cwd, inputs, exit_status FROM commands WHERE session_id = ? "
+            "ORDER BY at DESC LIMIT ?",
+            (session_id, limit),
+        ):
+            inputs = json.loads(row["inputs"])
+            if all(self.current(rid) == v for rid, v in inputs.items()):
+                valid.append(f"`{row['command']}` (exit {row['exit_status']}, inputs unchanged)")
+        if not rows and not valid:
+            return None
+        lines = [f"Execution state: {holds} observation(s) still hold."]
+        if stale:
+            lines.append("Stale (re-observe before editing):")
+            lines += [
+                f"- {s.resource_id}: saw {s.observed}, now {s.current}" for s in stale[:limit]
+            ]
+            if len(stale) > limit:
+                lines.append(f"- …and {len(stale) - limit} more")
+        if valid:
+            lines.append("Results still valid (no need to rerun):")
+            lines += [f"- {v}" for v in valid]
+        return "\n".join(lines)
+
+
+def _matches(rel: str, pattern: str) -> bool:
+    if pattern.startswith("**/"):
+        return fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(rel, pattern[3:])
+    return fnmatch.fnmatch(rel, pattern)
