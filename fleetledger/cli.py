@@ -601,19 +601,20 @@ async def _serve_coordinator(
 ) -> None:
     from coordinator.service import Coordinator
 
-    coordinator = Coordinator(settings)
-    await coordinator.start()
-    err.print(
-        f"coordinator ready: NATS {settings.nats_url}, health on http://{settings.http_host}:"
-        f"{coordinator.http_port}/readyz"
-    )
-    if on_ready is not None:
-        await on_ready(coordinator)
+    # Signals first: Ctrl-C during start-up still stops everything cleanly.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    coordinator = Coordinator(settings)
+    await coordinator.start()
     try:
+        err.print(
+            f"coordinator ready: NATS {settings.nats_url}, health on http://{settings.http_host}:"
+            f"{coordinator.http_port}/readyz"
+        )
+        if on_ready is not None:
+            await on_ready(coordinator)
         await stop.wait()
     finally:
         err.print("stopping…")
