@@ -27,6 +27,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from pydantic import ValidationError
 
 from coordinator.bus import (
@@ -78,6 +80,39 @@ from ledger.protocol import (
     risk_key,
 )
 from reservations import ReservationClient
+from telemetry import (
+    EventTraces,
+    Telemetry,
+    context_from,
+    event_attributes,
+    extract_context,
+    inject_headers,
+    messaging_attributes,
+    trace_context_of,
+)
+from telemetry.conventions import (
+    DB_OPERATION_NAME,
+    DB_SYSTEM_NAME,
+    DB_SYSTEM_REDIS,
+    EVENT_SUBJECT_TEMPLATE,
+    FLEET_COST_MICROS,
+    FLEET_DECISION_ALLOWED,
+    FLEET_DECISION_CUT,
+    FLEET_DECISION_RULE,
+    FLEET_ERROR_CODE,
+    FLEET_MANAGE_OP,
+    FLEET_RESERVATION_ID,
+    FLEET_RESERVATION_OUTCOME,
+    FLEET_STREAM_SEQ,
+    GEN_AI_TOOL_CALL_ID,
+    GEN_AI_TOOL_NAME,
+    LEDGER_AGENT_ID,
+    LEDGER_GRANT_ID,
+    LEDGER_MISSION_ID,
+    MESSAGING_CONSUMER_GROUP_NAME,
+    OP_PROCESS,
+    OP_SEND,
+)
 
 log = logging.getLogger("fleetledger.coordinator")
 
@@ -96,8 +131,16 @@ class Coordinator:
         *,
         clock: Clock | None = None,
         queue_group: str = "coordinators",
+        telemetry: Telemetry | None = None,
     ) -> None:
+        """``telemetry``: default, built from the OTEL_* environment (off when none is set)."""
         self.settings = settings
+        self.telemetry = telemetry or Telemetry.from_env(
+            "fleetledger-coordinator", node_id=settings.node_id
+        )
+        self._traces = EventTraces()
+        self.consumer_lag = 0  # messages of the stream not yet delivered to this coordinator
+        self.telemetry.metrics.observe_lag(lambda: self.consumer_lag)
         self.clock: Clock = clock or SystemClock()
         self.queue_group = queue_group
         self.states: dict[str, MissionState] = {}
@@ -173,6 +216,7 @@ class Coordinator:
                 await step("NATS close", self._nc.close())
         if self._reservations is not None:
             await step("Redis", self._reservations.close())
+        await step("telemetry", asyncio.to_thread(self.telemetry.shutdown))
 
     async def _rebuild(self) -> None:
         """Fold the whole stream into memory before serving (replay is deterministic)."""
@@ -216,14 +260,50 @@ class Coordinator:
         except FleetError as exc:
             return event, exc
         self.states[event.mission_id] = state
+        if self.telemetry.enabled:
+            self._traces.record(event)
         return event, None
 
     async def _on_event(self, msg: Msg) -> None:
-        seq = int(msg.metadata.sequence.stream)
+        meta = msg.metadata
+        seq = int(meta.sequence.stream)
+        self.consumer_lag = int(meta.num_pending or 0)
         if seq <= self.applied_seq:
             return  # redelivery, or already folded during rebuild: no second effect
+        if self.telemetry.enabled and msg.data not in self._own:
+            # An event produced elsewhere: its span here continues the producer's trace (NATS
+            # headers) and links to its origin, its causal parent, its reservation.
+            with self.telemetry.tracer.start_as_current_span(
+                "process fleet.ledger",
+                context=extract_context(msg.headers),
+                kind=SpanKind.CONSUMER,
+                attributes={
+                    **messaging_attributes(
+                        msg.subject,
+                        operation=OP_PROCESS,
+                        body=msg.data,
+                        template=EVENT_SUBJECT_TEMPLATE,
+                    ),
+                    FLEET_STREAM_SEQ: seq,
+                    MESSAGING_CONSUMER_GROUP_NAME: CONSUMER_NAME,
+                },
+            ) as span:
+                await self._ingest(msg, seq, span)
+        else:
+            await self._ingest(msg, seq, None)
+
+    async def _ingest(self, msg: Msg, seq: int, span: Span | None) -> None:
         event, problem = self._apply_bytes(msg.data, seq, live=True)
         self.applied_seq = seq
+        if span is not None:
+            if event is not None:
+                span.update_name(f"process fleet.ledger.{event.kind}")
+                span.set_attributes(event_attributes(event))
+                for link in self._traces.links_for(event, origin=True):
+                    span.add_link(link.context, link.attributes)
+            if problem is not None:
+                span.set_status(Status(StatusCode.ERROR, problem.message))
+                span.set_attribute(FLEET_ERROR_CODE, str(problem.code))
         if problem is not None:
             await self._dead_letter(msg, event, problem, seq)
         elif event is not None and event.kind in ("risk.opened", "risk.treated"):
@@ -293,6 +373,8 @@ class Coordinator:
     async def _append(self, events: list[Event]) -> list[int]:
         """Publish events in order (one connection keeps order) and wait for every PubAck."""
         assert self._js is not None
+        if self.telemetry.enabled:
+            return await self._append_traced(events)
         js = self._js
         bodies = [e.to_json() for e in events]
         if len(self._own) < OWN_CACHE_LIMIT:
@@ -306,6 +388,65 @@ class Coordinator:
                     for e, body in zip(events, bodies, strict=True)
                 )
             )
+        )
+
+    async def _append_traced(self, events: list[Event]) -> list[int]:
+        """``_append`` with one PRODUCER span per event: the span's context goes into the
+        envelope (so links survive the stream) and into the NATS headers (one trace)."""
+        assert self._js is not None
+        js, tracer = self._js, self.telemetry.tracer
+        spans: list[Span] = []
+        sends: list[Awaitable[int]] = []
+        for e in events:
+            subject = event_subject(e.mission_id, e.kind)
+            span = tracer.start_span(
+                f"send fleet.ledger.{e.kind}",
+                kind=SpanKind.PRODUCER,
+                attributes={
+                    **event_attributes(e),
+                    **messaging_attributes(
+                        subject,
+                        operation=OP_SEND,
+                        message_id=str(e.event_id),
+                        template=EVENT_SUBJECT_TEMPLATE,
+                    ),
+                },
+            )
+            e = e.model_copy(update={"trace": trace_context_of(span)})
+            for link in self._traces.links_for(e):
+                span.add_link(link.context, link.attributes)
+            self._traces.record(e)  # before the next event: a decision links to this reserve
+            body = e.to_json()
+            if len(self._own) < OWN_CACHE_LIMIT:
+                self._own[body] = e
+            headers = inject_headers(context=trace.set_span_in_context(span))
+            spans.append(span)
+            sends.append(
+                publish_checked(js, subject, body, msg_id=str(e.event_id), headers=headers)
+            )
+        try:
+            seqs = list(await asyncio.gather(*sends))
+        except FleetError as exc:
+            for span in spans:
+                span.set_status(Status(StatusCode.ERROR, exc.message))
+                span.end()
+            raise
+        for span, seq in zip(spans, seqs, strict=True):
+            span.set_attribute(FLEET_STREAM_SEQ, seq)
+            span.end()
+        return seqs
+
+    def _redis_span(
+        self, op: str, reservation_id: str | None
+    ) -> contextlib.AbstractContextManager[Any]:
+        """A CLIENT span around one reservation call to Redis (nothing when tracing is off)."""
+        if not self.telemetry.enabled:
+            return contextlib.nullcontext()
+        attrs: dict[str, Any] = {DB_SYSTEM_NAME: DB_SYSTEM_REDIS, DB_OPERATION_NAME: "EVALSHA"}
+        if reservation_id:
+            attrs[FLEET_RESERVATION_ID] = reservation_id
+        return self.telemetry.tracer.start_as_current_span(
+            f"fleet.reservation.{op}", kind=SpanKind.CLIENT, attributes=attrs
         )
 
     def _event(
@@ -337,11 +478,43 @@ class Coordinator:
             replied = True
             await msg.respond(reply.model_dump_json(exclude_none=True).encode())
 
-        try:
-            await self.authorize(req, respond)
-        except FleetError as exc:
-            if not replied:
-                await respond(AuthorizeReply(error=error_body(exc)))
+        if not self.telemetry.enabled:
+            try:
+                await self.authorize(req, respond)
+            except FleetError as exc:
+                if not replied:
+                    await respond(AuthorizeReply(error=error_body(exc)))
+            return
+        action = req.request
+        with self.telemetry.tracer.start_as_current_span(
+            f"process {AUTHORIZE_SUBJECT}",
+            context=extract_context(msg.headers) or context_from(req.trace),
+            kind=SpanKind.CONSUMER,
+            attributes={
+                **messaging_attributes(msg.subject, operation=OP_PROCESS, body=msg.data),
+                LEDGER_MISSION_ID: req.mission_id,
+                LEDGER_AGENT_ID: req.agent_id,
+                LEDGER_GRANT_ID: action.grant_id,
+                GEN_AI_TOOL_NAME: action.action,
+                GEN_AI_TOOL_CALL_ID: action.action_id,
+                FLEET_COST_MICROS: action.cost,
+            },
+            record_exception=False,
+        ) as span:
+            try:
+                reply = await self.authorize(req, respond)
+            except FleetError as exc:
+                span.set_status(Status(StatusCode.ERROR, exc.message))
+                span.set_attribute(FLEET_ERROR_CODE, str(exc.code))
+                if not replied:
+                    await respond(AuthorizeReply(error=error_body(exc)))
+                return
+            if reply.decision is not None:
+                d = reply.decision
+                span.set_attribute(FLEET_DECISION_ALLOWED, d.allowed)
+                span.set_attribute(FLEET_DECISION_CUT, d.cut)
+                if d.rule is not None:
+                    span.set_attribute(FLEET_DECISION_RULE, d.rule.value)
 
     async def authorize(
         self,
@@ -394,19 +567,23 @@ class Coordinator:
         reservation_id: str | None = None
         if decision.allowed and action.cost > 0:
             chain = [s for s in state.scopes(action.grant_id) if s != MISSION_SCOPE]
+            metrics = self.telemetry.metrics
             try:
-                res = await self._reservations.reserve(
-                    req.mission_id,
-                    chain,
-                    f"r-{action.action_id}",
-                    action.cost,
-                    self.settings.lease_s,
-                )
+                with self._redis_span("reserve", f"r-{action.action_id}"):
+                    res = await self._reservations.reserve(
+                        req.mission_id,
+                        chain,
+                        f"r-{action.action_id}",
+                        action.cost,
+                        self.settings.lease_s,
+                    )
             except RuleViolation as exc:
+                metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: "denied"})
                 decision = decision.model_copy(
                     update={"allowed": False, "rule": exc.rule, "reason": str(exc)}
                 )
             except Unreachable as exc:
+                metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: "unreachable"})
                 decision = decision.model_copy(
                     update={
                         "allowed": False,
@@ -415,6 +592,7 @@ class Coordinator:
                     }
                 )
             else:
+                metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: "held"})
                 reservation_id = res.reservation_id
                 events.append(
                     self._event(
@@ -425,6 +603,7 @@ class Coordinator:
                         causal_parent=parent,
                     )
                 )
+        self._count_decision(decision)
         receipt = self._event(
             decision.receipt(reservation_id),
             req.mission_id,
@@ -458,11 +637,39 @@ class Coordinator:
             raise failure
         return reply
 
+    def _count_decision(self, decision: Decision) -> None:
+        metrics = self.telemetry.metrics
+        metrics.decisions.add(1, {FLEET_DECISION_ALLOWED: decision.allowed})
+        if not decision.allowed:
+            rule = decision.rule.value if decision.rule is not None else "unreachable"
+            metrics.denials.add(1, {FLEET_DECISION_RULE: rule})
+
     # --- management ------------------------------------------------------------------------
 
     async def _on_manage(self, msg: Msg) -> None:
+        if not self.telemetry.enabled:
+            await self._handle_manage(msg)
+            return
+        with self.telemetry.tracer.start_as_current_span(
+            f"process {MANAGE_SUBJECT}",
+            context=extract_context(msg.headers),
+            kind=SpanKind.CONSUMER,
+            attributes=messaging_attributes(msg.subject, operation=OP_PROCESS, body=msg.data),
+        ):
+            await self._handle_manage(msg)
+
+    async def _handle_manage(self, msg: Msg) -> None:
+        span = trace.get_current_span()
         try:
             req = ManageRequest.model_validate_json(msg.data)
+            if self.telemetry.enabled:
+                span.set_attributes(
+                    {
+                        FLEET_MANAGE_OP: req.op,
+                        LEDGER_MISSION_ID: req.mission_id,
+                        LEDGER_AGENT_ID: req.actor,
+                    }
+                )
             async with self._locks[req.mission_id]:
                 reply = await self.manage(req)
         except ValidationError as exc:
@@ -470,6 +677,9 @@ class Coordinator:
             reply = ManageReply(ok=False, error=error_body(err))
         except FleetError as exc:
             reply = ManageReply(ok=False, error=error_body(exc))
+        if reply.error is not None and self.telemetry.enabled:
+            span.set_status(Status(StatusCode.ERROR, reply.error.message))
+            span.set_attribute(FLEET_ERROR_CODE, reply.error.code)
         await msg.respond(reply.model_dump_json(exclude_none=True).encode())
 
     async def manage(self, req: ManageRequest) -> ManageReply:
@@ -565,16 +775,21 @@ class Coordinator:
         rid = record.reservation_id
         res = state.reservations.get(rid) if rid else None
         if rid and res is not None and res.state in ("held", "committed"):
+            store, mid = self._reservations, state.mission_id
             if payload.outcome is Outcome.UNKNOWN:
-                moved: Any = await self._reservations.commit(
-                    state.mission_id, rid
-                )  # hold until reconciled
-            elif payload.actual is not None:
-                moved = await self._reservations.settle(state.mission_id, rid, payload.actual)
-            elif payload.outcome is Outcome.VERIFIED_FAILURE:
-                moved = await self._reservations.release(state.mission_id, rid)
+                outcome = "committed"  # hold until reconciled
+                with self._redis_span("commit", rid):
+                    moved: Any = await store.commit(mid, rid)
+            elif payload.outcome is Outcome.VERIFIED_FAILURE and payload.actual is None:
+                outcome = "released"
+                with self._redis_span("release", rid):
+                    moved = await store.release(mid, rid)
             else:
-                moved = await self._reservations.settle(state.mission_id, rid, res.amount)
+                outcome = "settled"
+                actual = payload.actual if payload.actual is not None else res.amount
+                with self._redis_span("settle", rid):
+                    moved = await store.settle(mid, rid, actual)
+            self.telemetry.metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: outcome})
             extra.append(
                 self._event(
                     moved.ledger_payload(), state.mission_id, at=moved.at, grant_id=record.grant_id
@@ -639,6 +854,9 @@ class Coordinator:
                 if events:
                     await self._commit(events)
                     expired += len(events)
+                    self.telemetry.metrics.reservations.add(
+                        len(events), {FLEET_RESERVATION_OUTCOME: "expired"}
+                    )
         return expired
 
     async def _sweep_forever(self) -> None:
@@ -675,6 +893,7 @@ class Coordinator:
 
 
 STREAM_SUBJECTS = "fleet.ledger.>"
+CONSUMER_NAME = "coordinator"
 ORPHAN_SWEEP_EVERY = 30  # sweep rounds between sweeps of missions with nothing held on record
 OWN_CACHE_LIMIT = 10_000  # own events awaiting their return through the stream
 

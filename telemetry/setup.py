@@ -188,9 +188,8 @@ class Telemetry:
         return ok
 
     def shutdown(self) -> None:
-        """Flush and stop the providers this object built (not ones it was given)."""
+        """Flush and stop the providers this object built; ones it was given are the caller's."""
         if not self._owned:
-            self.force_flush()
             return
         for provider in (self.tracer_provider, self.meter_provider):
             stop = getattr(provider, "shutdown", None)
