@@ -410,8 +410,8 @@ class ExecutionState:
         self, session: Session, tool: str, command: str, cwd: str
     ) -> CacheHit | None:
         """A cacheable command whose inputs are unchanged is answered from the record."""
-        rule = self.rule_for(tool, command)
         norm = normalise_command(command)
+        rule = self.rule_for(tool, norm) if norm is not None else None
         if rule is None or norm is None:
             return None
         inputs = self.inputs(rule, cwd)
@@ -438,8 +438,8 @@ class ExecutionState:
         self, session: Session, tool: str, command: str, cwd: str, status: int, output: str
     ) -> str | None:
         """Record a cacheable command's result under the input versions it ran with."""
-        rule = self.rule_for(tool, command)
         norm = normalise_command(command)
+        rule = self.rule_for(tool, norm) if norm is not None else None
         if rule is None or norm is None:
             return None
         key = fingerprint(norm, cwd, {})
