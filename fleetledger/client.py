@@ -12,6 +12,7 @@ from typing import Any, Self
 
 import nats
 from nats.aio.client import Client
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from coordinator.bus import connect, publish_checked
 from ledger.errors import (
@@ -38,6 +39,29 @@ from ledger.protocol import (
     ViewRequest,
     event_subject,
 )
+from telemetry import (
+    Telemetry,
+    current_trace_context,
+    event_attributes,
+    inject_headers,
+    messaging_attributes,
+    process_telemetry,
+)
+from telemetry.conventions import (
+    EVENT_SUBJECT_TEMPLATE,
+    FLEET_COST_MICROS,
+    FLEET_DECISION_ALLOWED,
+    FLEET_DECISION_RULE,
+    FLEET_ERROR_CODE,
+    FLEET_MANAGE_OP,
+    FLEET_STREAM_SEQ,
+    GEN_AI_TOOL_CALL_ID,
+    GEN_AI_TOOL_NAME,
+    LEDGER_AGENT_ID,
+    LEDGER_GRANT_ID,
+    LEDGER_MISSION_ID,
+    OP_SEND,
+)
 
 
 def raise_error(body: ErrorBody) -> None:
@@ -60,9 +84,20 @@ def raise_error(body: ErrorBody) -> None:
 
 class FleetClient:
     def __init__(
-        self, nc: Client, *, timeout: float = 5.0, agent_id: str = "cli", node_id: str = "cli"
+        self,
+        nc: Client,
+        *,
+        timeout: float = 5.0,
+        agent_id: str = "cli",
+        node_id: str = "cli",
+        telemetry: Telemetry | None = None,
     ):
+        """``telemetry``: default, this process's (from the OTEL_* environment; off if unset).
+
+        With tracing on, every call is a PRODUCER span whose context travels in the NATS
+        headers, so the coordinator's work continues the caller's trace."""
         self.nc = nc
+        self.telemetry = telemetry or process_telemetry()
         self.js = nc.jetstream()
         self.timeout = timeout
         self.agent_id, self.node_id = agent_id, node_id
@@ -81,9 +116,11 @@ class FleetClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _request(self, subject: str, body: bytes) -> bytes:
+    async def _request(
+        self, subject: str, body: bytes, headers: dict[str, str] | None = None
+    ) -> bytes:
         try:
-            msg = await self.nc.request(subject, body, timeout=self.timeout)
+            msg = await self.nc.request(subject, body, timeout=self.timeout, headers=headers)
         except nats.errors.NoRespondersError:
             raise Unreachable(
                 "no coordinator answers on NATS; is `fleetledger up` or "
@@ -103,9 +140,25 @@ class FleetClient:
         body = ManageRequest(
             op=op, mission_id=mission_id, actor=actor, node_id=self.node_id, args=args
         )
-        reply = ManageReply.model_validate_json(
-            await self._request(MANAGE_SUBJECT, body.model_dump_json().encode())
-        )
+        data = body.model_dump_json().encode()
+        if not self.telemetry.enabled:
+            reply = ManageReply.model_validate_json(await self._request(MANAGE_SUBJECT, data))
+        else:
+            with self.telemetry.tracer.start_as_current_span(
+                f"send {MANAGE_SUBJECT}",
+                kind=SpanKind.PRODUCER,
+                attributes={
+                    **messaging_attributes(MANAGE_SUBJECT, operation=OP_SEND, body=data),
+                    FLEET_MANAGE_OP: op,
+                    LEDGER_MISSION_ID: mission_id,
+                    LEDGER_AGENT_ID: actor,
+                },
+            ) as span:
+                raw = await self._request(MANAGE_SUBJECT, data, inject_headers())
+                reply = ManageReply.model_validate_json(raw)
+                if reply.error is not None:
+                    span.set_status(Status(StatusCode.ERROR, reply.error.message))
+                    span.set_attribute(FLEET_ERROR_CODE, reply.error.code)
         if reply.error is not None:
             raise_error(reply.error)
         if reply.seq:
@@ -114,20 +167,58 @@ class FleetClient:
 
     async def authorize(self, mission_id: str, request: ActionRequest) -> AuthorizeReply:
         """Ask for a decision at a cut no older than everything this client published."""
-        body = AuthorizeRequest(
-            mission_id=mission_id,
-            after_seq=self.last_seq,
-            node_id=self.node_id,
-            agent_id=self.agent_id,
-            request=request,
-        )
-        data = await self._request(AUTHORIZE_SUBJECT, body.model_dump_json().encode())
-        reply = AuthorizeReply.model_validate_json(data)
+        if self.telemetry.enabled:
+            reply = await self._authorize_traced(mission_id, request)
+        else:
+            body = AuthorizeRequest(
+                mission_id=mission_id,
+                after_seq=self.last_seq,
+                node_id=self.node_id,
+                agent_id=self.agent_id,
+                request=request,
+            )
+            data = await self._request(AUTHORIZE_SUBJECT, body.model_dump_json().encode())
+            reply = AuthorizeReply.model_validate_json(data)
         if reply.error is not None:
             raise_error(reply.error)
         if reply.decision_seq:
             self.last_seq = max(self.last_seq, reply.decision_seq)
         return reply
+
+    async def _authorize_traced(self, mission_id: str, request: ActionRequest) -> AuthorizeReply:
+        with self.telemetry.tracer.start_as_current_span(
+            f"send {AUTHORIZE_SUBJECT}",
+            kind=SpanKind.PRODUCER,
+            attributes={
+                **messaging_attributes(AUTHORIZE_SUBJECT, operation=OP_SEND),
+                LEDGER_MISSION_ID: mission_id,
+                LEDGER_AGENT_ID: self.agent_id,
+                LEDGER_GRANT_ID: request.grant_id,
+                GEN_AI_TOOL_NAME: request.action,
+                GEN_AI_TOOL_CALL_ID: request.action_id,
+                FLEET_COST_MICROS: request.cost,
+            },
+        ) as span:
+            body = AuthorizeRequest(
+                mission_id=mission_id,
+                after_seq=self.last_seq,
+                node_id=self.node_id,
+                agent_id=self.agent_id,
+                request=request,
+                trace=current_trace_context(),  # the action.requested event continues it
+            )
+            data = await self._request(
+                AUTHORIZE_SUBJECT, body.model_dump_json().encode(), inject_headers()
+            )
+            reply = AuthorizeReply.model_validate_json(data)
+            if reply.decision is not None:
+                span.set_attribute(FLEET_DECISION_ALLOWED, reply.decision.allowed)
+                if reply.decision.rule is not None:
+                    span.set_attribute(FLEET_DECISION_RULE, reply.decision.rule.value)
+            if reply.error is not None:
+                span.set_status(Status(StatusCode.ERROR, reply.error.message))
+                span.set_attribute(FLEET_ERROR_CODE, reply.error.code)
+            return reply
 
     async def view(self, mission_id: str, role: str = "operator") -> dict[str, Any]:
         body = ViewRequest.model_validate({"mission_id": mission_id, "role": role})
@@ -137,12 +228,38 @@ class FleetClient:
         return dict(data)
 
     async def publish(self, event: Event) -> int:
-        """Append an event to the ledger stream directly (node outboxes do this)."""
-        seq = await publish_checked(
-            self.js,
-            event_subject(event.mission_id, event.kind),
-            event.to_json(),
-            msg_id=str(event.event_id),
-        )
+        """Append an event to the ledger stream directly (node outboxes do this).
+
+        With tracing on, the PRODUCER span's context goes into the NATS headers and, unless the
+        event already carries one (or is signed), into the envelope's ``trace``."""
+        subject = event_subject(event.mission_id, event.kind)
+        if not self.telemetry.enabled:
+            seq = await publish_checked(
+                self.js, subject, event.to_json(), msg_id=str(event.event_id)
+            )
+        else:
+            with self.telemetry.tracer.start_as_current_span(
+                f"send fleet.ledger.{event.kind}",
+                kind=SpanKind.PRODUCER,
+                attributes={
+                    **event_attributes(event),
+                    **messaging_attributes(
+                        subject,
+                        operation=OP_SEND,
+                        message_id=str(event.event_id),
+                        template=EVENT_SUBJECT_TEMPLATE,
+                    ),
+                },
+            ) as span:
+                if event.trace is None and event.signature is None:  # never alter signed bytes
+                    event = event.model_copy(update={"trace": current_trace_context()})
+                seq = await publish_checked(
+                    self.js,
+                    subject,
+                    event.to_json(),
+                    msg_id=str(event.event_id),
+                    headers=inject_headers(),
+                )
+                span.set_attribute(FLEET_STREAM_SEQ, seq)
         self.last_seq = max(self.last_seq, seq)
         return seq

@@ -11,13 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
+
+from opentelemetry.trace import SpanKind
 
 from coordinator.bus import cancel_requested, connect, publish_checked
 from fleetledger.client import FleetClient
 from ledger.errors import FleetError
+from ledger.events import TraceContext
 from node_agent.store import Store
+from telemetry import context_from, inject_headers, messaging_attributes
+from telemetry.conventions import (
+    EVENT_SUBJECT_TEMPLATE,
+    FLEET_STREAM_SEQ,
+    LEDGER_EVENT_ID,
+    LEDGER_KIND,
+    LEDGER_MISSION_ID,
+    OP_SEND,
+)
 
 log = logging.getLogger("fleetledger.node.outbox")
 
@@ -99,9 +112,46 @@ class OutboxPublisher:
 
     async def _publish(self, subject: str, data: bytes, event_id: str) -> int:
         assert self.client is not None
-        seq = await publish_checked(self.client.js, subject, data, msg_id=event_id)
+        tel = self.client.telemetry
+        if not tel.enabled:
+            seq = await publish_checked(self.client.js, subject, data, msg_id=event_id)
+        else:
+            seq = await self._publish_traced(subject, data, event_id)
         # authorize requests ask for a cut no older than what this node published
         self.client.last_seq = max(self.client.last_seq, seq)
+        return seq
+
+    async def _publish_traced(self, subject: str, data: bytes, event_id: str) -> int:
+        """Publish under a PRODUCER span continuing the trace recorded in the row's envelope
+        (rows are signed-ready bytes: the envelope is read, never rewritten)."""
+        assert self.client is not None
+        try:
+            doc = json.loads(data)
+            trace = TraceContext.model_validate(doc["trace"]) if doc.get("trace") else None
+        except ValueError:
+            doc, trace = {}, None
+        attrs = messaging_attributes(
+            subject,
+            operation=OP_SEND,
+            body=data,
+            message_id=event_id,
+            template=EVENT_SUBJECT_TEMPLATE,
+        )
+        attrs[LEDGER_EVENT_ID] = event_id
+        if isinstance(doc.get("kind"), str):
+            attrs[LEDGER_KIND] = doc["kind"]
+        if isinstance(doc.get("mission_id"), str):
+            attrs[LEDGER_MISSION_ID] = doc["mission_id"]
+        with self.client.telemetry.tracer.start_as_current_span(
+            f"send fleet.ledger.{attrs.get(LEDGER_KIND, 'event')}",
+            context=context_from(trace),
+            kind=SpanKind.PRODUCER,
+            attributes=attrs,
+        ) as span:
+            seq = await publish_checked(
+                self.client.js, subject, data, msg_id=event_id, headers=inject_headers()
+            )
+            span.set_attribute(FLEET_STREAM_SEQ, seq)
         return seq
 
     async def stop(self) -> None:
