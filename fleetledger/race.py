@@ -115,20 +115,24 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
     finally:
         if started_ray:
             ray.shutdown()
-    # Record every Redis transition in the ledger (the record), in each branch's order.
+    # Record every Redis transition in the ledger, in Redis's own order across branches.
     now = datetime.now(UTC)
-    for outcome in outcomes:
-        for payload in outcome.events:
-            await fleet.publish(
-                make_event(
-                    payload,
-                    mission_id=RAY_MISSION,
-                    at=now,
-                    grant_id="g-ray",
-                    node_id="ray",
-                    agent_id=f"branch-{outcome.index}",
-                )
+    records = sorted(
+        (seq, outcome.index, payload)
+        for outcome in outcomes
+        for seq, payload in zip(outcome.seqs, outcome.events, strict=True)
+    )
+    for _, index, payload in records:
+        await fleet.publish(
+            make_event(
+                payload,
+                mission_id=RAY_MISSION,
+                at=now,
+                grant_id="g-ray",
+                node_id="ray",
+                agent_id=f"branch-{index}",
             )
+        )
     ours = sum(1 for o in outcomes if o.status == "admitted")
     view = await fleet.view(RAY_MISSION)
     return {

@@ -59,8 +59,16 @@ class Branch:
 
     def ledger_payloads(self) -> list[Any]:
         """The ledger events of every transition this branch made, in order."""
+        return [payload for _, payload in self.ledger_records()]
+
+    def ledger_records(self) -> list[tuple[int, Any]]:
+        """``(seq, payload)`` per transition: ``seq`` is the mission's Redis transition counter.
+
+        Branches run concurrently; recording every branch's events sorted by ``seq`` gives the
+        ledger Redis's own order, so the record never shows a level above its ceiling.
+        """
         steps = (self.reserved, self.committed, self.resolved)
-        return [step.ledger_payload() for step in steps if step is not None]
+        return [(step.seq, step.ledger_payload()) for step in steps if step is not None]
 
     async def __aenter__(self) -> Self:
         self.reserved = await self.store.reserve(
@@ -107,6 +115,7 @@ class BranchOutcome:
     actual: int | None = None
     error: str | None = None
     events: tuple[Any, ...] = ()  # ledger payloads of the branch's transitions, in order
+    seqs: tuple[int, ...] = ()  # their Redis transition counters (record all branches by seq)
 
 
 BranchFn = Callable[[Any, BranchContext], int | Awaitable[int]]
@@ -143,16 +152,18 @@ async def run_branch(
             return _failed(index, branch, exc)
         except Exception as exc:
             return _failed(index, branch, exc)
+        records = branch.ledger_records()
         return BranchOutcome(
             index, reservation_id, "admitted", branch.actual, None,
-            tuple(branch.ledger_payloads()),
+            tuple(p for _, p in records), tuple(q for q, _ in records),
         )  # fmt: skip
 
 
 def _failed(index: int, branch: Branch, exc: BaseException) -> BranchOutcome:
+    records = branch.ledger_records()
     return BranchOutcome(
         index, branch.reservation_id, "failed", None, f"{type(exc).__name__}: {exc}",
-        tuple(branch.ledger_payloads()),
+        tuple(p for _, p in records), tuple(q for q, _ in records),
     )  # fmt: skip
 
 

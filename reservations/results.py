@@ -79,6 +79,7 @@ class ReserveResult:
     lease_until: datetime
     at: datetime = field(compare=False)
     replayed: bool = field(default=False, compare=False)
+    seq: int = 0  # the mission's Redis transition counter: record ledger events in this order
 
     @property
     def grant_id(self) -> str | None:
@@ -101,6 +102,7 @@ class CommitResult:
     reservation_id: str
     at: datetime = field(compare=False)
     replayed: bool = field(default=False, compare=False)
+    seq: int = 0  # the mission's Redis transition counter: record ledger events in this order
 
     def ledger_payload(self) -> BudgetCommitted:
         return BudgetCommitted(reservation_id=self.reservation_id)
@@ -114,6 +116,7 @@ class SettleResult:
     overrun: bool  # actual exceeded the reservation: recorded, and the leaf scope is blocked
     at: datetime = field(compare=False)
     replayed: bool = field(default=False, compare=False)
+    seq: int = 0  # the mission's Redis transition counter: record ledger events in this order
 
     def ledger_payload(self) -> BudgetSettled | BudgetOverrun:
         if self.overrun:
@@ -127,6 +130,7 @@ class ReleaseResult:
     reservation_id: str
     at: datetime = field(compare=False)
     replayed: bool = field(default=False, compare=False)
+    seq: int = 0  # the mission's Redis transition counter: record ledger events in this order
 
     def ledger_payload(self) -> BudgetReleased:
         return BudgetReleased(reservation_id=self.reservation_id)
@@ -139,6 +143,7 @@ class ExpiredReservation:
     amount: int
     chain: tuple[str, ...]
     at: datetime = field(compare=False)
+    seq: int = 0
 
     def ledger_payload(self) -> BudgetExpired:
         return BudgetExpired(reservation_id=self.reservation_id)

@@ -306,7 +306,7 @@ class ReservationClient:
         if tag in ("ok", "dup"):
             return ReserveResult(
                 mission_id, reservation_id, chain, amount, from_ms(int(reply[1])),
-                from_ms(int(reply[2])), replayed=tag == "dup",
+                from_ms(int(reply[2])), replayed=tag == "dup", seq=int(reply[3]),
             )  # fmt: skip
         if tag == "conflict":
             return InvalidInput(
@@ -394,8 +394,9 @@ class ReservationClient:
         reply = await self._run("commit", keys, args)
         if reply[0] in ("ok", "dup"):
             return CommitResult(
-                mission_id, reservation_id, from_ms(int(reply[1])), replayed=reply[0] == "dup"
-            )
+                mission_id, reservation_id, from_ms(int(reply[1])), replayed=reply[0] == "dup",
+                seq=int(reply[2]),
+            )  # fmt: skip
         raise self._unresolvable(reservation_id, reply, "committed")
 
     def _settle_result(
@@ -404,7 +405,7 @@ class ReservationClient:
         if reply[0] in ("ok", "dup"):
             return SettleResult(
                 mission_id, reservation_id, actual, reply[1] == "overrun",
-                from_ms(int(reply[2])), replayed=reply[0] == "dup",
+                from_ms(int(reply[2])), replayed=reply[0] == "dup", seq=int(reply[3]),
             )  # fmt: skip
         if reply[0] == "resolved" and reply[2]:
             return RuleViolation(
@@ -446,8 +447,9 @@ class ReservationClient:
         reply = await self._run("release", keys, args)
         if reply[0] in ("ok", "dup"):
             return ReleaseResult(
-                mission_id, reservation_id, from_ms(int(reply[1])), replayed=reply[0] == "dup"
-            )
+                mission_id, reservation_id, from_ms(int(reply[1])), replayed=reply[0] == "dup",
+                seq=int(reply[2]),
+            )  # fmt: skip
         raise self._unresolvable(reservation_id, reply, "released")
 
     async def sweep(self, mission_id: str, *, limit: int = SWEEP_BATCH) -> SweepResult:
@@ -462,7 +464,8 @@ class ReservationClient:
                 int(reply[i + 1]),
                 tuple(g for g in str(reply[i + 2]).split(",") if g),
                 at,
+                seq=int(reply[i + 3]),
             )
-            for i in range(1, len(reply), 3)
+            for i in range(1, len(reply), 4)
         )
         return SweepResult(mission_id, at, expired)

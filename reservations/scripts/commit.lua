@@ -1,9 +1,9 @@
 -- Commit a held reservation (work started): the lease no longer expires it.
 -- KEYS[1] reservation hash   KEYS[2] leases zset   ARGV[1] reservation id   ARGV[2] key prefix
 local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'lease_until', 'state',
-  'committed_at')
+  'committed_at', 'committed_seq')
 if not r[1] then return {'missing'} end
-if r[4] == 'committed' then return {'dup', tonumber(r[5])} end
+if r[4] == 'committed' then return {'dup', tonumber(r[5]), tonumber(r[6] or 0)} end
 if r[4] ~= 'held' then return {'resolved', r[4]} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -15,6 +15,7 @@ for _, key in ipairs(keys) do
   redis.call('HINCRBY', key, 'reserved', 0 - tonumber(r[1]))
   redis.call('HINCRBY', key, 'committed', r[1])
 end
-redis.call('HSET', KEYS[1], 'state', 'committed', 'committed_at', now)
+local seq = redis.call('HINCRBY', ARGV[2] .. 'mission', 'seq', 1)
+redis.call('HSET', KEYS[1], 'state', 'committed', 'committed_at', now, 'committed_seq', seq)
 redis.call('ZREM', KEYS[2], ARGV[1])
-return {'ok', now}
+return {'ok', now, seq}

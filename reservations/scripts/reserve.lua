@@ -5,10 +5,10 @@
 -- ARGV[1] reservation id   ARGV[2] amount   ARGV[3] lease (ms)   ARGV[4] chain csv (leaf first)
 -- ARGV[5..] grant ids, leaf first (names for KEYS[4..])
 local amount = tonumber(ARGV[2])
-local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'lease_until', 'state', 'at')
+local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'lease_until', 'state', 'at', 'seq')
 if r[1] then
   if r[1] == ARGV[2] and r[2] == ARGV[4] then
-    return {'dup', tonumber(r[3]), tonumber(r[5])}
+    return {'dup', tonumber(r[3]), tonumber(r[5]), tonumber(r[6] or 0)}
   end
   return {'conflict', r[1], r[2]}
 end
@@ -41,7 +41,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_until = now + tonumber(ARGV[3])
 for _, key in ipairs(keys) do redis.call('HINCRBY', key, 'reserved', ARGV[2]) end
+-- The mission's transition counter orders the ledger records of concurrent writers.
+local seq = redis.call('HINCRBY', KEYS[3], 'seq', 1)
 redis.call('HSET', KEYS[1], 'amount', ARGV[2], 'scopes', ARGV[4], 'lease_until', lease_until,
-  'state', 'held', 'at', now)
+  'state', 'held', 'at', now, 'seq', seq)
 redis.call('ZADD', KEYS[2], lease_until, ARGV[1])
-return {'ok', lease_until, now}
+return {'ok', lease_until, now, seq}

@@ -2,10 +2,11 @@
 -- Above the reserved amount it is an overrun: recorded honestly and the leaf scope is blocked.
 -- KEYS[1] reservation hash   KEYS[2] leases zset
 -- ARGV[1] reservation id   ARGV[2] key prefix   ARGV[3] actual
-local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'state', 'actual', 'resolved_at')
+local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'state', 'actual', 'resolved_at',
+  'resolved_seq')
 if not r[1] then return {'missing'} end
 if r[3] == 'settled' or r[3] == 'overrun' then
-  if r[4] == ARGV[3] then return {'dup', r[3], tonumber(r[5])} end
+  if r[4] == ARGV[3] then return {'dup', r[3], tonumber(r[5]), tonumber(r[6] or 0)} end
   return {'resolved', r[3], r[4]}
 end
 if r[3] ~= 'held' and r[3] ~= 'committed' then return {'resolved', r[3], ''} end
@@ -25,6 +26,8 @@ if tonumber(ARGV[3]) > tonumber(r[1]) then
   state = 'overrun'
   redis.call('HSET', keys[1], 'blocked', ARGV[1])
 end
-redis.call('HSET', KEYS[1], 'state', state, 'actual', ARGV[3], 'resolved_at', now)
+local seq = redis.call('HINCRBY', ARGV[2] .. 'mission', 'seq', 1)
+redis.call('HSET', KEYS[1], 'state', state, 'actual', ARGV[3], 'resolved_at', now,
+  'resolved_seq', seq)
 redis.call('ZREM', KEYS[2], ARGV[1])
-return {'ok', state, now}
+return {'ok', state, now, seq}

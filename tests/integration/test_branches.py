@@ -137,3 +137,49 @@ async def held_then_die(redis_url: str, ctx: BranchContext) -> int:
         )  # fmt: skip
         await branch.__aenter__()
     os._exit(1)
+
+
+async def test_concurrent_branches_recorded_by_seq_fold_into_the_ledger_without_a_rejection(
+    client: ReservationClient,
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from ledger import MissionState, make_event
+    from ledger.events import MissionCreated
+
+    mid = uid("m")
+    ceiling = 800_000
+    await client.create_mission(mid, ceiling)
+
+    async def one(i: int) -> list[tuple[int, Any]]:
+        branch = Branch(client, mid, [], 300_000, reservation_id=f"seq-{i}")
+        try:
+            async with branch:
+                await asyncio.sleep(0)  # yield: other branches reserve, settle, release meanwhile
+                if i % 3 == 0:
+                    raise RuntimeError("this branch fails; its reservation is released")
+                branch.spend(100_000 + i)
+        except RuleViolation:
+            pass  # denied at the ceiling
+        except RuntimeError:
+            pass
+        return branch.ledger_records()
+
+    records = sorted(r for rs in await asyncio.gather(*(one(i) for i in range(30))) for r in rs)
+    seqs = [seq for seq, _ in records]
+    assert len(set(seqs)) == len(seqs) and all(s > 0 for s in seqs)
+    now = datetime.now(UTC)
+    state = MissionState(mid)
+    created = MissionCreated(
+        purpose="p", owner="o", ceiling=ceiling, expires_at=now + timedelta(days=1)
+    )
+    state.apply(make_event(created, mission_id=mid, at=now))
+    for _, payload in records:  # raises if the record ever showed a level above its ceiling
+        state.apply(make_event(payload, mission_id=mid, at=now))
+    redis_level = await client.level(mid, MISSION_SCOPE)
+    ledger_level = state.level("mission")
+    assert (ledger_level.reserved, ledger_level.committed, ledger_level.settled) == (
+        redis_level.reserved,
+        redis_level.committed,
+        redis_level.settled,
+    )
