@@ -1,6 +1,7 @@
-"""A scripted agent session for the demo: capture, a Stop reminder, a model's false "done"
-refused, and silence once the checks pass. Real hook payloads go through the Claude Code
-adapter to an in-process node agent over its Unix socket.
+"""Scripted agent sessions for the demo. ``run``: capture, a Stop reminder, a model's false
+"done" refused, and silence once the checks pass. ``run_exec``: a stale edit blocked, a command
+answered from the record, and a claims replay that pays once for repeated work. Real hook
+payloads go through the Claude Code adapter to an in-process node agent over its Unix socket.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rich.markup import escape
 
 from ledger.items import Actor, ItemStatus
 from node_agent.checks import FileCheck
+from node_agent.claims import ClaimKey, Completion, WorkingSet
 from node_agent.client import NodeClient
 from node_agent.daemon import NodeAgent
 from node_agent.hooks import HookAnswer, handle
@@ -87,6 +89,110 @@ async def run(
         console.print(
             "[bold]checks pass[/] → Stop hook silent: "
             + escape(", ".join(f"{s} done by {by}" for s, by in closed))
+        )
+        figures["events_in_outbox"] = agent.store.outbox_counts()[0]
+        return figures
+    finally:
+        await agent.stop()
+        if own_dir:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+class ScriptedModel:
+    """The demo's stand-in model: a fixed answer, usage unknown (so the receipt says null)."""
+
+    model = "scripted-model"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(self, working_set: WorkingSet) -> Completion:
+        self.calls += 1
+        return Completion(f"{working_set.task}: the fixture reads a stale token cache", self.model)
+
+
+async def run_exec(
+    console: Console,
+    nats_url: str | None = None,
+    *,
+    mission: str = "demo-release",
+    state_dir: Path | None = None,
+    turns: int = 20,
+) -> dict[str, Any]:
+    """Two agents on one node: a stale edit blocked, a command answered from the record, and a
+    claims replay (1 novel question, ``turns - 1`` repeats); return the figures it showed."""
+    own_dir = state_dir is None
+    directory = state_dir or Path(tempfile.mkdtemp(prefix="fl-exec-", dir="/tmp"))
+    settings = NodeSettings(
+        state_dir=directory, node_id="node-demo", mission=mission, nats_url=nats_url
+    )
+    agent = NodeAgent(settings)
+    await agent.start()
+    work = directory / "repo"
+    work.mkdir(exist_ok=True)
+    target = work / "auth.py"
+    target.write_text("TOKEN_TTL = 60\n")
+
+    async def hook(session: str, event: str, payload: dict[str, Any]) -> HookAnswer:
+        body = json.dumps(
+            {"session_id": session, "hook_event_name": event, "cwd": str(work), **payload}
+        )
+
+        def call() -> HookAnswer:
+            with NodeClient(settings.socket_path) as client:
+                return handle("claude-code", event, body, settings=settings, client=client)
+
+        return await asyncio.to_thread(call)
+
+    def reason(answer: HookAnswer) -> str | None:
+        if not answer.stdout:
+            return None
+        out = json.loads(answer.stdout).get("hookSpecificOutput", {})
+        return str(out.get("permissionDecisionReason")) if out.get("permissionDecision") else None
+
+    read = {"tool_name": "Read", "tool_input": {"file_path": str(target)}}
+    edit = {"tool_name": "Edit", "tool_input": {"file_path": str(target)}}
+    figures: dict[str, Any] = {}
+    try:
+        await hook("demo-alice", "PostToolUse", read)
+        await hook("demo-bob", "PostToolUse", read)
+        target.write_text("TOKEN_TTL = 300\n")  # bob edits the file alice has read
+        await hook("demo-bob", "PostToolUse", edit)
+        blocked = reason(await hook("demo-alice", "PreToolUse", edit))
+        figures["stale_edit_blocked"] = blocked is not None and "re-observe first" in blocked
+        console.print("[bold]stale edit[/] alice's Edit after bob's change →", escape(str(blocked)))
+        await hook("demo-alice", "PostToolUse", read)
+        figures["allowed_after_reobserve"] = (
+            reason(await hook("demo-alice", "PreToolUse", edit)) is None
+        )
+        console.print("[bold]re-observed[/] alice reads auth.py again → her Edit runs")
+
+        tests = {"tool_name": "Bash", "tool_input": {"command": "python -m pytest -q"}}
+        await hook("demo-alice", "PreToolUse", tests)
+        done = {"stdout": "12 passed in 0.84s", "stderr": "", "interrupted": False}
+        await hook("demo-alice", "PostToolUse", {**tests, "tool_response": done})
+        cached = reason(await hook("demo-bob", "PreToolUse", tests))
+        figures["cache_hit"] = cached is not None and "answered from the record" in cached
+        console.print(
+            "[bold]cache hit[/] bob's `python -m pytest -q`, inputs unchanged →",
+            escape(str(cached).split("\n", 1)[0]),
+        )
+
+        model = ScriptedModel()
+        session = agent.store.ensure_session("demo-claims", agent_id="worker", mission_id=mission)
+        inputs = {agent.execution.resource_for(str(target)): agent.execution.current(
+            agent.execution.resource_for(str(target))) or "absent"}  # fmt: skip
+        for n in range(turns):
+            task = "Why does the login test fail?" if n % 2 else "why does the login test fail"
+            key = ClaimKey.make("worker", task, repo="demo", profile="ci", inputs=inputs)
+            await agent.claims.turn(session, key, task, model)
+        stats = agent.claims.aggregates("worker")
+        figures["inference_avoided"], figures["turns"] = stats["avoided"], stats["turns"]
+        figures["model_calls"] = model.calls
+        console.print(
+            f"[bold]claims cache[/] {stats['turns']} turns of the same question → "
+            f"{stats['avoided']} answered from the claim, {model.calls} model call; "
+            f"unknown usage stays null ({stats['unknown_usage']} receipt)"
         )
         figures["events_in_outbox"] = agent.store.outbox_counts()[0]
         return figures
