@@ -1,0 +1,399 @@
+"""Tracing across processes over real NATS, Redis and a real OTLP/HTTP receiver on loopback.
+
+The coordinator runs in-process with its own TracerProvider (no global state); the node side runs
+in a subprocess configured only by OTEL_* environment variables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from typer.testing import CliRunner
+
+from coordinator.service import Coordinator
+from coordinator.settings import CoordinatorSettings
+from fleetledger.cli_trace import find_trace
+from fleetledger.client import FleetClient
+from fleetledger.servers import EmbeddedServers
+from ledger.authority import Authority
+from ledger.events import EvidenceRegistered, make_event
+from ledger.ids import new_id
+from ledger.kernel import ActionRequest
+from telemetry import Telemetry
+from telemetry.receiver import OTLPReceiver, Received, ReceivedSpan
+
+PRODUCER, CONSUMER, CLIENT = 4, 5, 3  # OTLP span kinds
+
+
+def telemetry_to(receiver: OTLPReceiver, service: str) -> Telemetry:
+    """A component's own providers, exporting to the receiver (queue large enough for bursts)."""
+    resource = Resource.create({"service.name": service})
+    tp = TracerProvider(resource=resource, shutdown_on_exit=False)
+    tp.add_span_processor(
+        BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=f"{receiver.url}/v1/traces"),
+            max_queue_size=65_536,
+            max_export_batch_size=2_048,
+            schedule_delay_millis=200,
+        )
+    )
+    mp = MeterProvider(
+        resource=resource,
+        metric_readers=[
+            PeriodicExportingMetricReader(
+                OTLPMetricExporter(endpoint=f"{receiver.url}/v1/metrics"),
+                export_interval_millis=3_600_000,
+            )
+        ],
+        shutdown_on_exit=False,
+    )
+    return Telemetry(tp, mp, owned=True)
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OTLPReceiver]:
+    running = OTLPReceiver().start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def own_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServers]:
+    # Own servers: the session coordinator would share (and split) the durable consumer.
+    with EmbeddedServers(tmp_path_factory.mktemp("otel-servers")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def traced(
+    own_servers: EmbeddedServers, receiver: OTLPReceiver
+) -> AsyncIterator[Coordinator]:
+    settings = CoordinatorSettings(
+        nats_url=own_servers.nats_url, redis_url=own_servers.redis_url, http_port=0
+    )
+    tel = telemetry_to(receiver, "test-coordinator")
+    running = Coordinator(settings, telemetry=tel)
+    await running.start()
+    yield running
+    await running.stop()
+    tel.shutdown()
+
+
+@pytest.fixture
+async def plain_client(
+    traced: Coordinator, own_servers: EmbeddedServers
+) -> AsyncIterator[FleetClient]:
+    async with await FleetClient.connect(
+        own_servers.nats_url, telemetry=Telemetry.disabled()
+    ) as client:
+        yield client
+
+
+async def mission_with_grant(client: FleetClient, *, evidence_for: list[str]) -> str:
+    mid = f"m-{new_id().hex[-12:]}"
+    expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
+    await client.manage(
+        "mission.create",
+        mid,
+        {"purpose": "p", "owner": "o", "ceiling": 10_000_000, "expires_at": expires},
+    )
+    authority = Authority.of(["pay", "refund"], evidence_required_for=evidence_for)
+    await client.manage(
+        "grant.issue",
+        mid,
+        {
+            "grant_id": "g1",
+            "holder": "agent-1",
+            "purpose": "p",
+            "owner": "o",
+            "authority": authority.model_dump(mode="json"),
+            "budget": 5_000_000,
+        },
+    )
+    return mid
+
+
+NODE_SCRIPT = """
+import asyncio, json, sys
+from datetime import UTC, datetime
+from fleetledger.client import FleetClient
+from ledger.events import EvidenceRegistered, make_event
+from ledger.kernel import ActionRequest
+from telemetry import current_trace_context, process_telemetry
+
+async def main(url: str, mission: str) -> None:
+    tel = process_telemetry()
+    assert tel.enabled
+    async with await FleetClient.connect(url, agent_id="agent-1", node_id="node-7") as client:
+        # stands in for the hook call (the hook -> node agent socket leg is not traced here)
+        with tel.tracer.start_as_current_span("hook PreToolUse") as root:
+            evidence = make_event(
+                EvidenceRegistered(evidence_id="ev1", source="crm", claim="overbilled"),
+                mission_id=mission, at=datetime.now(UTC), agent_id="agent-1", node_id="node-7",
+                trace=current_trace_context(),
+            )
+            await client.publish(evidence)
+            reply = await client.authorize(mission, ActionRequest(
+                action_id="a1", grant_id="g1", action="refund", cost=40_000,
+                idempotency_key="k-a1", evidence_ids=frozenset({"ev1"})))
+    tel.shutdown()
+    print(json.dumps({
+        "trace_id": format(root.get_span_context().trace_id, "032x"),
+        "evidence_event": str(evidence.event_id),
+        "decision_event": reply.decision_event_id,
+        "allowed": reply.decision.allowed,
+    }))
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def run_node(nats_url: str, mission: str, receiver: OTLPReceiver) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "OTEL_SERVICE_NAME": "test-node",
+        "OTEL_METRICS_EXPORTER": "none",
+        "FLEET_NODE_ID": "node-7",
+        "POD_NAME": "node-agent-x1",
+        "POD_NAMESPACE": "fleet",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", NODE_SCRIPT, nats_url, mission],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def named(spans: list[ReceivedSpan], name: str) -> ReceivedSpan:
+    found = [s for s in spans if s.name == name]
+    assert len(found) == 1, (name, [s.name for s in spans])
+    return found[0]
+
+
+async def test_authorize_across_processes_is_one_trace_with_links_by_event_id(
+    traced: Coordinator,
+    plain_client: FleetClient,
+    own_servers: EmbeddedServers,
+    receiver: OTLPReceiver,
+) -> None:
+    mid = await mission_with_grant(plain_client, evidence_for=["refund"])
+    node = await asyncio.to_thread(run_node, own_servers.nats_url, mid, receiver)
+    assert node["allowed"] is True
+    trace_id = str(node["trace_id"])
+    expected = {
+        "hook PreToolUse",
+        "send fleet.ledger.evidence.registered",
+        "process fleet.ledger.evidence.registered",
+        "send fleet.v1.authorize",
+        "process fleet.v1.authorize",
+        "fleet.reservation.reserve",
+        "send fleet.ledger.action.requested",
+        "send fleet.ledger.budget.reserved",
+        "send fleet.ledger.decision.recorded",
+    }
+    await traced.wait_applied(traced.applied_seq, 5)
+    assert traced.telemetry.force_flush()
+
+    def arrived(r: Received) -> bool:
+        return expected <= {s.name for s in r.spans if s.trace_id == trace_id}
+
+    await asyncio.to_thread(receiver.wait_for, arrived, 15)
+    spans = receiver.spans(lambda s: s.trace_id == trace_id)
+    ids = {s.span_id: s for s in spans}
+
+    # cross-process parentage through NATS headers
+    send_auth, proc_auth = (
+        named(spans, "send fleet.v1.authorize"),
+        named(spans, "process fleet.v1.authorize"),
+    )
+    assert (send_auth.kind, proc_auth.kind) == (PRODUCER, CONSUMER)
+    assert proc_auth.parent_span_id == send_auth.span_id
+    assert send_auth.resource["service.name"] == "test-node"
+    assert send_auth.resource["fleet.node.id"] == "node-7"
+    assert send_auth.resource["k8s.pod.name"] == "node-agent-x1"
+    assert proc_auth.resource["service.name"] == "test-coordinator"
+    assert proc_auth.attributes["messaging.system"] == "nats"
+    assert proc_auth.attributes["gen_ai.tool.name"] == "refund"
+    assert proc_auth.attributes["fleet.decision.allowed"] is True
+    reserve = named(spans, "fleet.reservation.reserve")
+    assert reserve.kind == CLIENT and reserve.parent_span_id == proc_auth.span_id
+    assert reserve.attributes["db.system.name"] == "redis"
+
+    # the node's event: its ingest span continues the publish and links to the event's origin
+    ev_id = str(node["evidence_event"])
+    ingest = named(spans, "process fleet.ledger.evidence.registered")
+    assert ids[ingest.parent_span_id].name == "send fleet.ledger.evidence.registered"
+    assert ingest.attributes["ledger.event_id"] == ev_id
+    assert ingest.attributes["ledger.agent_id"] == "agent-1"
+    assert any(
+        ln.attributes["ledger.event_id"] == ev_id
+        and ln.attributes["fleet.link.relation"] == "origin"
+        for ln in ingest.links
+    )
+
+    # the decision: its span is the event's, linked to the events at its cut and its reserve
+    decision = named(spans, "send fleet.ledger.decision.recorded")
+    assert decision.attributes["ledger.event_id"] == node["decision_event"]
+    assert decision.attributes["ledger.kind"] == "decision.recorded"
+    assert decision.attributes["ledger.mission_id"] == mid
+    assert decision.attributes["ledger.grant_id"] == "g1"
+    requested = named(spans, "send fleet.ledger.action.requested")
+    reserved = named(spans, "send fleet.ledger.budget.reserved")
+    relations = {
+        (ln.attributes["fleet.link.relation"], ln.attributes["ledger.event_id"]): ln.span_id
+        for ln in decision.links
+    }
+    assert (
+        relations[("causal_parent", requested.attributes["ledger.event_id"])] == requested.span_id
+    )
+    assert relations[("reserve", reserved.attributes["ledger.event_id"])] == reserved.span_id
+    assert ("cut", ev_id) in relations  # the evidence the decision relied on
+    grant_links = [ln for ln in decision.links if ln.attributes["fleet.link.relation"] == "cut"]
+    assert any(ln.trace_id != trace_id for ln in grant_links)  # the grant.issued, another trace
+
+    # `fleetledger trace` finds the decision event's span in the stream
+    found = await find_trace(
+        own_servers.nats_url, str(node["decision_event"]), jaeger_url="http://jaeger:16686/"
+    )
+    assert (found["trace_id"], found["span_id"]) == (trace_id, decision.span_id)
+    assert found["jaeger_url"].startswith(f"http://jaeger:16686/trace/{trace_id}")
+
+
+async def test_settle_links_to_its_reserve_and_metrics_count_outcomes(
+    traced: Coordinator, own_servers: EmbeddedServers, receiver: OTLPReceiver
+) -> None:
+    tel = telemetry_to(receiver, "test-settle-client")
+    async with await FleetClient.connect(own_servers.nats_url, telemetry=tel) as client:
+        mid = await mission_with_grant(client, evidence_for=[])
+        ok = await client.authorize(
+            mid,
+            ActionRequest(
+                action_id="s1", grant_id="g1", action="pay", cost=10, idempotency_key="ks1"
+            ),
+        )
+        denied = await client.authorize(
+            mid,
+            ActionRequest(
+                action_id="s2", grant_id="g1", action="wire", cost=10, idempotency_key="ks2"
+            ),
+        )
+        await client.manage(
+            "effect.record", mid, {"action_id": "s1", "outcome": "verified_success", "actual": 7}
+        )
+    assert ok.decision is not None and ok.decision.allowed
+    assert denied.decision is not None and not denied.decision.allowed
+    assert tel.force_flush() and traced.telemetry.force_flush()
+
+    def settled(r: Received) -> bool:
+        return (
+            any(
+                s.name == "send fleet.ledger.budget.settled"
+                and s.attributes["ledger.mission_id"] == mid
+                for s in r.spans
+            )
+            and "fleet.denials" in r.metrics
+        )
+
+    await asyncio.to_thread(receiver.wait_for, settled, 15)
+    mine = receiver.spans(lambda s: s.attributes.get("ledger.mission_id") == mid)
+    settle = next(s for s in mine if s.name == "send fleet.ledger.budget.settled")
+    reserve = next(s for s in mine if s.name == "send fleet.ledger.budget.reserved")
+    assert [(ln.span_id, ln.attributes["fleet.link.relation"]) for ln in settle.links] == [
+        (reserve.span_id, "reserve")
+    ]
+    manage = next(s for s in receiver.spans() if s.span_id == settle.parent_span_id)
+    assert manage.name == "process fleet.v1.manage"
+    assert manage.attributes["fleet.manage.op"] == "effect.record"
+    metrics = receiver.received.metrics
+    outcomes = {a["fleet.reservation.outcome"] for a, _ in metrics["fleet.reservations"]}
+    assert {"held", "settled"} <= outcomes
+    assert any(a["fleet.decision.rule"] for a, _ in metrics["fleet.denials"])
+    assert "fleet.consumer.lag" in metrics
+    tel.shutdown()
+
+
+async def test_a_burst_of_1000_events_drops_no_span(
+    traced: Coordinator, own_servers: EmbeddedServers, receiver: OTLPReceiver
+) -> None:
+    tel = telemetry_to(receiver, "test-burst-client")
+    mission = f"burst-{new_id().hex[-10:]}"
+    now = datetime.now(UTC)
+    events = [
+        make_event(
+            EvidenceRegistered(evidence_id=f"e{i}", source="bench", claim="c"),
+            mission_id=mission,
+            at=now,
+        )
+        for i in range(1000)
+    ]
+    async with await FleetClient.connect(own_servers.nats_url, telemetry=tel) as client:
+        seqs = await asyncio.gather(*(client.publish(e) for e in events))
+    await traced.wait_applied(max(seqs), 30)
+    assert tel.force_flush() and traced.telemetry.force_flush()
+
+    def all_in(r: Received) -> bool:
+        return sum(1 for s in r.spans if s.attributes.get("ledger.mission_id") == mission) >= 2000
+
+    await asyncio.to_thread(receiver.wait_for, all_in, 20)
+    mine = receiver.spans(lambda s: s.attributes.get("ledger.mission_id") == mission)
+    sends = {s.attributes["ledger.event_id"] for s in mine if s.kind == PRODUCER}
+    applied = {s.attributes["ledger.event_id"] for s in mine if s.kind == CONSUMER}
+    assert sends == applied == {str(e.event_id) for e in events}
+    assert len(mine) == 2000
+    tel.shutdown()
+
+
+def test_trace_command_prints_trace_id_and_jaeger_link(
+    traced: Coordinator, own_servers: EmbeddedServers, receiver: OTLPReceiver
+) -> None:
+    import typer
+
+    from fleetledger.cli_trace import register
+
+    tel = telemetry_to(receiver, "test-cli")
+
+    async def publish() -> str:
+        event = make_event(
+            EvidenceRegistered(evidence_id="cli-ev", source="s", claim="c"),
+            mission_id=f"m-{new_id().hex[-12:]}",
+            at=datetime.now(UTC),
+        )
+        async with await FleetClient.connect(own_servers.nats_url, telemetry=tel) as client:
+            await client.publish(event)
+        return str(event.event_id)
+
+    event_id = asyncio.run(publish())
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)  # a group, so `trace` is a subcommand
+    env = {"FLEET_NATS_URL": own_servers.nats_url, "FLEET_JAEGER_URL": "http://j:16686"}
+    result = CliRunner().invoke(app, ["trace", event_id, "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["event_id"] == event_id and len(out["trace_id"]) == 32
+    assert out["jaeger_url"].startswith(f"http://j:16686/trace/{out['trace_id']}")
+    missing = CliRunner().invoke(app, ["trace", str(new_id())], env=env)
+    assert missing.exit_code == 2
+    tel.shutdown()
