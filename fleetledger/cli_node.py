@@ -1,4 +1,5 @@
-"""The node agent's commands: `node-agent run`, `todo ...`, `hook AGENT EVENT`, `hooks install`.
+"""The node agent's commands: `node-agent run|state|claims`, `todo ...`, `hook AGENT EVENT`,
+`hooks install`.
 
 `todo` works on the node's SQLite ledger directly (WAL lets it share the file with a running
 daemon, whose outbox then publishes the events), so it works with the daemon down too.
@@ -21,7 +22,9 @@ from rich.table import Table
 from ledger.errors import FleetError, InvalidInput
 from node_agent.autoledger import AutoLedger
 from node_agent.checks import Check, CommandCheck, EvidenceCheck, FileCheck
+from node_agent.claims import ClaimsCache
 from node_agent.daemon import item_dict, serve, set_status
+from node_agent.execution import ExecutionState
 from node_agent.hooks import SETTINGS_FILES, Agent, install, run
 from node_agent.settings import NodeSettings
 from node_agent.store import Store, safe_id
@@ -253,6 +256,42 @@ def hooks_install(
     tmp.write_text(json.dumps(merged, indent=2) + "\n")
     tmp.replace(path)
     out.print(f"hooks for {name} written to {path}")
+
+
+@node_app.command("state")
+def node_state(
+    session: Annotated[str, typer.Argument(help="The agent session to summarise.")],
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
+) -> None:
+    """The execution state of a session: observations that hold, stale ones, valid results."""
+    settings = NodeSettings.load()
+    store = Store(settings.db_path, node_id=settings.node_id, default_mission=settings.mission)
+    state = ExecutionState(store, rules=settings.cacheable, shared=settings.shared)
+    summary = state.summary(safe_id(session))
+    if as_json:
+        print(json.dumps({"session_id": safe_id(session), "summary": summary}))
+    else:
+        out.print(escape(summary or "nothing recorded for this session"))
+
+
+@node_app.command("claims")
+def node_claims(
+    owner: Annotated[str | None, typer.Option(help="Only this owner's receipts.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
+) -> None:
+    """Claims-cache receipts: inference avoided / total, known tokens and cost, unknown usage."""
+    settings = NodeSettings.load()
+    store = Store(settings.db_path, node_id=settings.node_id, default_mission=settings.mission)
+    stats = ClaimsCache(store).aggregates(owner)
+    if as_json:
+        print(json.dumps(stats))
+        return
+    table = Table(title="claims cache receipts")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in stats.items():
+        table.add_row(key, "unknown" if value is None else str(value))
+    out.print(table)
 
 
 def register(app: typer.Typer) -> None:

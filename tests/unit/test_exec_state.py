@@ -146,3 +146,28 @@ def test_the_summary_says_what_holds_and_what_is_stale(
     assert text is not None
     assert "1 observation(s) still hold" in text and "b.py" in text and "Stale" in text
     assert state.summary("nobody") is None
+
+
+def test_the_cli_shows_a_sessions_state_and_the_claims_receipts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from fleetledger.cli_node import register
+
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path))
+    store = Store(tmp_path / "node-agent.sqlite3")
+    state = ExecutionState(store)
+    f = tmp_path / "a.py"
+    f.write_text("1\n")
+    state.observe(store.ensure_session("s1"), state.resource_for(str(f)))
+    store.close()
+    app = typer.Typer()
+    register(app)
+    shown = CliRunner().invoke(app, ["node-agent", "state", "s1", "--json"])
+    assert shown.exit_code == 0 and "1 observation(s) still hold" in shown.stdout
+    stats = CliRunner().invoke(app, ["node-agent", "claims", "--json"])
+    assert json.loads(stats.stdout.strip().splitlines()[-1])["turns"] == 0
