@@ -316,6 +316,9 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
 
             session = await scripted.run(out, nats_url=servers.nats_url, mission=MISSION)
             figures.update({f"session_{k}": v for k, v in session.items()})
+            out.rule("Execution state and claims cache (no model calls)")
+            exec_figures = await scripted.run_exec(out, nats_url=servers.nats_url, mission=MISSION)
+            figures.update({f"exec_{k}": v for k, v in exec_figures.items()})
             figures["coordinator_race_admitted"] = await coordinator_race(fleet)
             if ray_branches:
                 from fleetledger.race import ray_race
@@ -379,6 +382,10 @@ def expected(figures: dict[str, Any]) -> list[str]:
         "session_silent_when_clear"
     ):
         problems.append("the node agent session did not refuse the false done and fall silent")
+    if not figures.get("exec_stale_edit_blocked") or not figures.get("exec_cache_hit"):
+        problems.append("the stale edit was not blocked or the cached command was not answered")
+    if figures.get("exec_inference_avoided") != 19:
+        problems.append("the claims replay did not avoid inference on 19 of 20 turns")
     if "ray_admitted" in figures and figures["ray_admitted"] != 1:
         problems.append("the Ray race did not admit exactly one")
     return problems

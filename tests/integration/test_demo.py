@@ -30,6 +30,10 @@ def test_demo_through_the_coordinator_stops_what_it_should() -> None:
     assert figures["nodes_blocked_locally"] == 3
     assert isinstance(figures["risk_propagation_ms"], float)
     assert figures["risk_propagation_ms"] < 1000
+    assert figures["session_false_done_refused"] is True
+    assert figures["session_silent_when_clear"] is True
+    assert figures["exec_stale_edit_blocked"] is True and figures["exec_cache_hit"] is True
+    assert figures["exec_inference_avoided"] == 19
 
 
 @pytest.mark.slow
