@@ -69,8 +69,11 @@ class Received:
 class OTLPReceiver:
     """Loopback OTLP/HTTP receiver; ``wait_for(predicate)`` blocks until what it holds matches."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, count_only: bool = False) -> None:
+        """``count_only``: keep span counts by name only (cheap, for benchmarks)."""
         self.received = Received()
+        self.count_only = count_only
+        self.counts: Counter[str] = Counter()
         self._cond = threading.Condition()
         receiver = self
 
@@ -80,7 +83,7 @@ class OTLPReceiver:
 
             def do_GET(self) -> None:
                 with receiver._cond:
-                    counts = Counter(s.name for s in receiver.received.spans)
+                    counts = Counter(s.name for s in receiver.received.spans) + receiver.counts
                 body = json.dumps({"total": sum(counts.values()), "by_name": counts}).encode()
                 self._reply(body, "application/json")
 
@@ -111,6 +114,14 @@ class OTLPReceiver:
 
     def _traces(self, data: bytes) -> None:
         req = ExportTraceServiceRequest.FromString(data)
+        if self.count_only:
+            names = Counter(
+                s.name for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans
+            )
+            with self._cond:
+                self.counts.update(names)
+                self._cond.notify_all()
+            return
         out: list[ReceivedSpan] = []
         for rs in req.resource_spans:
             resource = _attrs(rs.resource.attributes)
@@ -175,7 +186,8 @@ class OTLPReceiver:
 
 
 if __name__ == "__main__":
-    port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    running = OTLPReceiver(port=port).start()
+    args = [a for a in sys.argv[1:] if a != "--count-only"]
+    running = OTLPReceiver(port=int(args[0]) if args else 0, count_only="--count-only" in sys.argv)
+    running.start()
     print(running.url, flush=True)
     threading.Event().wait()

@@ -1,0 +1,228 @@
+"""Authorize throughput with tracing on (exporting over OTLP/HTTP to a local receiver) vs off.
+
+In one run, on embedded nats-server and redis-server, the coordinator in its own process
+(`fleetledger coordinator run`, configured by OTEL_* only) and an OTLP receiver in another:
+phases alternate off/on; each phase runs concurrent authorize calls (one mission per worker, so
+the per-mission lock does not serialise them). With tracing on, the client traces too and the
+receiver's span count is checked against what was sent (target: ratio >= 0.9, no span dropped).
+Ends with one JSON line of figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+# Run as a script, bench/ comes first on sys.path and bench/reservations.py would shadow the
+# `reservations` package; drop it before importing ours.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
+from opentelemetry.sdk.resources import Resource  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from fleetledger.client import FleetClient  # noqa: E402
+from fleetledger.servers import EmbeddedServers, free_port  # noqa: E402
+from ledger.authority import Authority  # noqa: E402
+from ledger.kernel import ActionRequest  # noqa: E402
+from telemetry import Telemetry  # noqa: E402
+
+err = Console(stderr=True)
+WORKERS = 8
+
+
+async def healthy(http_port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", http_port)
+            writer.write(b"GET /readyz HTTP/1.0\r\n\r\n")
+            data = await reader.read()
+            writer.close()
+            if b" 200 " in data.split(b"\r\n", 1)[0]:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("the coordinator did not become ready")
+        await asyncio.sleep(0.05)  # polling the coordinator's readiness endpoint
+
+
+def start_coordinator(
+    fleet: EmbeddedServers, http_port: int, otlp: str | None
+) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env |= {
+        "FLEET_NATS_URL": fleet.nats_url,
+        "FLEET_REDIS_URL": fleet.redis_url,
+        "FLEET_HTTP_PORT": str(http_port),
+    }
+    if otlp:
+        env |= {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp,
+            "OTEL_SERVICE_NAME": "bench-coordinator",
+            "OTEL_METRICS_EXPORTER": "none",
+        }
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleetledger", "coordinator", "run"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def client_telemetry(otlp: str) -> Telemetry:
+    tp = TracerProvider(resource=Resource.create({"service.name": "bench-client"}))
+    tp.add_span_processor(
+        BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=f"{otlp}/v1/traces"),
+            max_queue_size=65_536,
+            max_export_batch_size=2_048,
+        )
+    )
+    return Telemetry(tp, owned=True)
+
+
+async def setup(client: FleetClient, missions: list[str]) -> None:
+    expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
+    for m in missions:
+        await client.manage(
+            "mission.create",
+            m,
+            {"purpose": "bench", "owner": "o", "ceiling": 10**12, "expires_at": expires},
+        )
+        await client.manage(
+            "grant.issue",
+            m,
+            {
+                "grant_id": "g",
+                "holder": "a",
+                "purpose": "bench",
+                "owner": "o",
+                "authority": Authority.of(["pay"]).model_dump(mode="json"),
+                "budget": 10**12,
+            },
+        )
+
+
+async def phase(
+    nats_url: str, tel: Telemetry, missions: list[str], tag: str, per_worker: int
+) -> float:
+    """Authorize calls per second over WORKERS concurrent clients, one mission each."""
+    clients = [await FleetClient.connect(nats_url, telemetry=tel) for _ in missions]
+
+    async def worker(client: FleetClient, mission: str) -> None:
+        for i in range(per_worker):
+            req = ActionRequest(
+                action_id=f"{tag}-{i}",
+                grant_id="g",
+                action="pay",
+                cost=1,
+                idempotency_key=f"k{tag}{i}",
+            )
+            reply = await client.authorize(mission, req)
+            assert reply.decision is not None and reply.decision.allowed
+
+    t = time.perf_counter()
+    await asyncio.gather(*(worker(c, m) for c, m in zip(clients, missions, strict=True)))
+    rate = WORKERS * per_worker / (time.perf_counter() - t)
+    for c in clients:
+        await c.close()
+    return rate
+
+
+def counts(otlp: str) -> dict[str, int]:
+    with urllib.request.urlopen(f"{otlp}/counts", timeout=10) as resp:
+        return dict(json.loads(resp.read())["by_name"])
+
+
+async def main(quick: bool) -> dict[str, object]:
+    rounds, per_worker = (2, 150) if quick else (4, 1000)
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "telemetry.receiver", "--count-only"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert receiver.stdout is not None
+    otlp = receiver.stdout.readline().strip()
+    off_rates: list[float] = []
+    on_rates: list[float] = []
+    sent_on = 0
+    try:
+        with EmbeddedServers() as fleet:
+            missions = [f"bench-otel-{w}" for w in range(WORKERS)]
+            for r in range(rounds):
+                for mode in ("off", "on"):
+                    http_port = free_port()
+                    coord = start_coordinator(fleet, http_port, otlp if mode == "on" else None)
+                    try:
+                        await healthy(http_port)
+                        tel = client_telemetry(otlp) if mode == "on" else Telemetry.disabled()
+                        if r == 0 and mode == "off":
+                            async with await FleetClient.connect(
+                                fleet.nats_url, telemetry=Telemetry.disabled()
+                            ) as c:
+                                await setup(c, missions)
+                        # a short warm-up, then the measured phase
+                        await phase(fleet.nats_url, tel, missions, f"w{r}{mode}", 20)
+                        rate = await phase(fleet.nats_url, tel, missions, f"{r}{mode}", per_worker)
+                        (on_rates if mode == "on" else off_rates).append(rate)
+                        if mode == "on":
+                            sent_on += WORKERS * (per_worker + 20)
+                        tel.shutdown()  # flushes the client's spans
+                        err.print(f"round {r + 1} tracing {mode}: {rate:,.0f} authorize/s")
+                    finally:
+                        coord.terminate()  # SIGTERM: the coordinator flushes its spans on stop
+                        coord.wait(20)
+        got = counts(otlp)
+    finally:
+        receiver.kill()
+        receiver.wait()
+        receiver.stdout.close()
+    received_client = got.get("send fleet.v1.authorize", 0)
+    received_server = got.get("process fleet.v1.authorize", 0)
+    received_decisions = got.get("send fleet.ledger.decision.recorded", 0)
+    off, on = statistics.median(off_rates), statistics.median(on_rates)
+    figures: dict[str, object] = {
+        "authorize_per_s_tracing_off": round(off, 1),
+        "authorize_per_s_tracing_on": round(on, 1),
+        "ratio_on_off": round(on / off, 4),
+        "authorizes_traced": sent_on,
+        "spans_received": sum(got.values()),
+        "dropped_spans": (sent_on - received_client)
+        + (sent_on - received_server)
+        + (sent_on - received_decisions),
+        "workers": WORKERS,
+    }
+    table = Table(title="Tracing on/off (one run)", title_justify="left")
+    for col in ("measure", "tracing on", "tracing off (baseline)", "ratio", "target"):
+        table.add_column(col)
+    table.add_row(
+        f"authorize/s, {WORKERS} concurrent",
+        f"{on:,.0f}",
+        f"{off:,.0f}",
+        f"{on / off:.2f}x",
+        ">= 0.9x",
+    )
+    table.add_row("spans dropped", str(figures["dropped_spans"]), "", "", "0")
+    Console().print(table)
+    return figures
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a short run (under a minute)")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main(args.quick))))
