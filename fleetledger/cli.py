@@ -35,8 +35,10 @@ app = typer.Typer(
 
 def _register_subcommands() -> None:
     from fleetledger.cli_node import register
+    from fleetledger.cli_trace import register as register_trace
 
     register(app)
+    register_trace(app)
 
 
 _register_subcommands()
