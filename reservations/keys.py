@@ -6,7 +6,12 @@
     fl:{<mission>}:leases           zset  held reservation id -> lease end (Redis ms)
 
 ``parent`` is ``mission`` for a root grant; ``scopes`` is the grant chain leaf first, comma
-joined (the mission is implicit); ``blocked`` names the overrun reservation blocking the scope.
+joined (the mission is implicit); ``blocked`` names the overrun reservation blocking the scope;
+the mission hash's ``seq`` counts transitions (each result carries its own).
+
+Scripts are called with the reservation key only and derive the mission's other keys from its
+prefix: all share the hash tag, so they live in the same Cluster slot, and the hot path sends
+few arguments.
 """
 
 from __future__ import annotations

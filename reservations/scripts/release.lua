@@ -1,5 +1,7 @@
 -- Release a held or committed reservation that never executed: all of it returns.
--- KEYS[1] reservation hash   KEYS[2] leases zset   ARGV[1] reservation id   ARGV[2] key prefix
+-- KEYS[1] reservation hash fl:{m}:res:<id> (its prefix names the mission's other keys)
+local prefix, rid = string.match(KEYS[1], '^(.*)res:(.+)$')
+local leases = prefix .. 'leases'
 local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'state', 'resolved_at',
   'resolved_seq')
 if not r[1] then return {'missing'} end
@@ -10,10 +12,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local from = 'committed'
 if r[3] == 'held' then from = 'reserved' end
 for id in string.gmatch(r[2], '[^,]+') do
-  redis.call('HINCRBY', ARGV[2] .. 'grant:' .. id, from, 0 - tonumber(r[1]))
+  redis.call('HINCRBY', prefix .. 'grant:' .. id, from, 0 - tonumber(r[1]))
 end
-redis.call('HINCRBY', ARGV[2] .. 'mission', from, 0 - tonumber(r[1]))
-local seq = redis.call('HINCRBY', ARGV[2] .. 'mission', 'seq', 1)
+redis.call('HINCRBY', prefix .. 'mission', from, 0 - tonumber(r[1]))
+local seq = redis.call('HINCRBY', prefix .. 'mission', 'seq', 1)
 redis.call('HSET', KEYS[1], 'state', 'released', 'resolved_at', now, 'resolved_seq', seq)
-redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', leases, rid)
 return {'ok', now, seq}

@@ -1,23 +1,24 @@
 -- Admit one reservation against every level of its grant chain, or nothing at all.
 -- Every check (existence, parent links, overrun blocks, ceilings) runs before the first write.
--- KEYS[1] reservation hash   KEYS[2] leases zset   KEYS[3] mission hash
--- KEYS[4..] grant hashes, leaf first
--- ARGV[1] reservation id   ARGV[2] amount   ARGV[3] lease (ms)   ARGV[4] chain csv (leaf first)
--- ARGV[5..] grant ids, leaf first (names for KEYS[4..])
-local amount = tonumber(ARGV[2])
+-- KEYS[1] reservation hash fl:{m}:res:<id>; the mission, grant and leases keys share its
+-- prefix (one hash tag, one Cluster slot). Few arguments keep the hot path cheap.
+-- ARGV[1] amount   ARGV[2] lease (ms)   ARGV[3..] grant ids, leaf first
+local prefix, rid = string.match(KEYS[1], '^(.*)res:(.+)$')
+local leases = prefix .. 'leases'
+local amount = tonumber(ARGV[1])
+local names = {}
+for i = 3, #ARGV do names[#names + 1] = ARGV[i] end
+local csv = table.concat(names, ',')
 local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'lease_until', 'state', 'at', 'seq')
 if r[1] then
-  if r[1] == ARGV[2] and r[2] == ARGV[4] then
+  if r[1] == ARGV[1] and r[2] == csv then
     return {'dup', tonumber(r[3]), tonumber(r[5]), tonumber(r[6] or 0)}
   end
   return {'conflict', r[1], r[2]}
 end
-local keys, names = {}, {}
-for i = 4, #KEYS do
-  keys[#keys + 1] = KEYS[i]
-  names[#names + 1] = ARGV[i + 1]
-end
-keys[#keys + 1] = KEYS[3]
+local keys = {}
+for i, name in ipairs(names) do keys[i] = prefix .. 'grant:' .. name end
+keys[#keys + 1] = prefix .. 'mission'
 names[#names + 1] = 'mission'
 local levels = {}
 for i, key in ipairs(keys) do
@@ -39,11 +40,11 @@ for i, h in ipairs(levels) do
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease_until = now + tonumber(ARGV[3])
-for _, key in ipairs(keys) do redis.call('HINCRBY', key, 'reserved', ARGV[2]) end
+local lease_until = now + tonumber(ARGV[2])
+for _, key in ipairs(keys) do redis.call('HINCRBY', key, 'reserved', ARGV[1]) end
 -- The mission's transition counter orders the ledger records of concurrent writers.
-local seq = redis.call('HINCRBY', KEYS[3], 'seq', 1)
-redis.call('HSET', KEYS[1], 'amount', ARGV[2], 'scopes', ARGV[4], 'lease_until', lease_until,
+local seq = redis.call('HINCRBY', prefix .. 'mission', 'seq', 1)
+redis.call('HSET', KEYS[1], 'amount', ARGV[1], 'scopes', csv, 'lease_until', lease_until,
   'state', 'held', 'at', now, 'seq', seq)
-redis.call('ZADD', KEYS[2], lease_until, ARGV[1])
+redis.call('ZADD', leases, lease_until, rid)
 return {'ok', lease_until, now, seq}

@@ -1,12 +1,14 @@
 -- Settle a held or committed reservation with its actual cost; the unused part returns.
 -- Above the reserved amount it is an overrun: recorded honestly and the leaf scope is blocked.
--- KEYS[1] reservation hash   KEYS[2] leases zset
--- ARGV[1] reservation id   ARGV[2] key prefix   ARGV[3] actual
+-- KEYS[1] reservation hash fl:{m}:res:<id> (its prefix names the mission's other keys)
+-- ARGV[1] actual
+local prefix, rid = string.match(KEYS[1], '^(.*)res:(.+)$')
+local leases = prefix .. 'leases'
 local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'state', 'actual', 'resolved_at',
   'resolved_seq')
 if not r[1] then return {'missing'} end
 if r[3] == 'settled' or r[3] == 'overrun' then
-  if r[4] == ARGV[3] then return {'dup', r[3], tonumber(r[5]), tonumber(r[6] or 0)} end
+  if r[4] == ARGV[1] then return {'dup', r[3], tonumber(r[5]), tonumber(r[6] or 0)} end
   return {'resolved', r[3], r[4]}
 end
 if r[3] ~= 'held' and r[3] ~= 'committed' then return {'resolved', r[3], ''} end
@@ -15,19 +17,19 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local from = 'committed'
 if r[3] == 'held' then from = 'reserved' end
 local keys = {}
-for id in string.gmatch(r[2], '[^,]+') do keys[#keys + 1] = ARGV[2] .. 'grant:' .. id end
-keys[#keys + 1] = ARGV[2] .. 'mission'
+for id in string.gmatch(r[2], '[^,]+') do keys[#keys + 1] = prefix .. 'grant:' .. id end
+keys[#keys + 1] = prefix .. 'mission'
 for _, key in ipairs(keys) do
   redis.call('HINCRBY', key, from, 0 - tonumber(r[1]))
-  redis.call('HINCRBY', key, 'settled', ARGV[3])
+  redis.call('HINCRBY', key, 'settled', ARGV[1])
 end
 local state = 'settled'
-if tonumber(ARGV[3]) > tonumber(r[1]) then
+if tonumber(ARGV[1]) > tonumber(r[1]) then
   state = 'overrun'
-  redis.call('HSET', keys[1], 'blocked', ARGV[1])
+  redis.call('HSET', keys[1], 'blocked', rid)
 end
-local seq = redis.call('HINCRBY', ARGV[2] .. 'mission', 'seq', 1)
-redis.call('HSET', KEYS[1], 'state', state, 'actual', ARGV[3], 'resolved_at', now,
+local seq = redis.call('HINCRBY', prefix .. 'mission', 'seq', 1)
+redis.call('HSET', KEYS[1], 'state', state, 'actual', ARGV[1], 'resolved_at', now,
   'resolved_seq', seq)
-redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', leases, rid)
 return {'ok', state, now, seq}
