@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,6 +30,7 @@ from ledger.errors import FleetError, RuleViolation
 from ledger.kernel import ActionRequest
 from ledger.money import format_amount, parse_amount
 from node_agent.risks import RiskWatcher
+from telemetry import current_trace_context, process_telemetry
 
 MISSION = "invoice-run"
 RACE = "budget-race"
@@ -306,7 +308,17 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
             steps = Steps(
                 f"Mission {MISSION}: ceiling 0.80, owner finance-lead (NATS → coordinator → Redis)"
             )
-            figures.update(await scripted_mission(fleet, watchers, steps))
+            # One root span for the scripted mission: with OTEL_* set, every request it makes,
+            # the coordinator's decisions and their reservations join one trace.
+            tel = process_telemetry("fleetledger-demo")
+            with (
+                tel.tracer.start_as_current_span("fleet.demo.mission")
+                if tel.enabled
+                else nullcontext()
+            ):
+                figures.update(await scripted_mission(fleet, watchers, steps))
+                root = current_trace_context() if tel.enabled else None
+            figures["trace_id"] = root.traceparent.split("-")[1] if root else None
             out.print(steps.table)
             figures["steps_as_scripted"] = all(steps.ok)
             out.rule(
@@ -333,6 +345,7 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
                 await c.close()
             await fleet.close()
             await coordinator.stop()
+            process_telemetry().force_flush(5_000)
     finally:
         servers.stop()
     return figures

@@ -397,3 +397,48 @@ def test_trace_command_prints_trace_id_and_jaeger_link(
     missing = CliRunner().invoke(app, ["trace", str(new_id())], env=env)
     assert missing.exit_code == 2
     tel.shutdown()
+
+
+def test_the_demo_mission_is_one_connected_trace_with_links_by_event_id(
+    receiver: OTLPReceiver,
+) -> None:
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_SERVICE_NAME": "fleetledger-demo-test",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetledger", "demo", "--json", "--no-ray"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    trace_id = json.loads(result.stdout.strip().splitlines()[-1])["trace_id"]
+    assert trace_id
+
+    def decisions(r: Received) -> list[ReceivedSpan]:
+        return [
+            s
+            for s in r.spans
+            if s.trace_id == trace_id and s.attributes.get("ledger.kind") == "decision.recorded"
+        ]
+
+    # The scripted mission makes four decisions (two credits refused, two accepted).
+    receiver.wait_for(lambda r: len(decisions(r)) >= 4, 20)
+    mine = receiver.spans(lambda s: s.trace_id == trace_id)
+    kinds = {s.attributes.get("ledger.kind") for s in mine}
+    assert {
+        "mission.created",
+        "grant.issued",
+        "grant.rejected",
+        "risk.opened",
+        "risk.treated",
+        "budget.reserved",
+        "decision.recorded",
+    } <= kinds
+    for span in decisions(receiver.received):
+        linked = {link.attributes.get("ledger.event_id") for link in span.links}
+        assert linked - {None}, f"decision span {span.span_id} links no event by id"
