@@ -603,6 +603,19 @@ class Coordinator:
                         causal_parent=parent,
                     )
                 )
+                # An authorised action is about to run: commit, so no lease can return money
+                # that is being spent. It stays committed until its effect is recorded.
+                with self._redis_span("commit", reservation_id):
+                    committed = await self._reservations.commit(req.mission_id, reservation_id)
+                events.append(
+                    self._event(
+                        committed.ledger_payload(),
+                        req.mission_id,
+                        at=committed.at,
+                        grant_id=action.grant_id,
+                        causal_parent=parent,
+                    )
+                )
         self._count_decision(decision)
         receipt = self._event(
             decision.receipt(reservation_id),
@@ -612,13 +625,16 @@ class Coordinator:
             causal_parent=parent,
         )
         events.append(receipt)
-        try:
-            seqs = await self._append(events)
-        except FleetError:
-            if reservation_id is not None:  # nothing recorded: give the money back
-                with contextlib.suppress(FleetError):
-                    await self._reservations.release(req.mission_id, reservation_id)
-            raise
+        # A failed publish is ambiguous (the server may have stored it): never give the money
+        # back here. Retry with the same message ids (JetStream de-duplicates them); if it still
+        # fails, the committed reservation holds until the same request is retried.
+        for attempt in range(APPEND_ATTEMPTS):
+            try:
+                seqs = await self._append(events)
+                break
+            except FleetError:
+                if attempt + 1 == APPEND_ATTEMPTS:
+                    raise
         if decision.rule is None and not decision.allowed:
             failure = Unreachable(decision.reason)
             reply = AuthorizeReply(error=error_body(failure))
@@ -774,6 +790,16 @@ class Coordinator:
         extra: list[Event] = []
         rid = record.reservation_id
         res = state.reservations.get(rid) if rid else None
+        if (
+            res is not None
+            and res.state not in ("held", "committed")
+            and payload.actual is not None
+        ):
+            raise RuleViolation(
+                Rule.BUDGET_CONSERVATION,
+                f"reservation {rid} of action {payload.action_id} is already {res.state}; "
+                "an actual cost cannot be recorded against it (treat it as an overrun)",
+            )
         if rid and res is not None and res.state in ("held", "committed"):
             store, mid = self._reservations, state.mission_id
             if payload.outcome is Outcome.UNKNOWN:
@@ -895,6 +921,7 @@ class Coordinator:
 STREAM_SUBJECTS = "fleet.ledger.>"
 CONSUMER_NAME = "coordinator"
 ORPHAN_SWEEP_EVERY = 30  # sweep rounds between sweeps of missions with nothing held on record
+APPEND_ATTEMPTS = 3  # publishes of one decision's events before the request fails
 OWN_CACHE_LIMIT = 10_000  # own events awaiting their return through the stream
 
 

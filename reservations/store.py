@@ -305,6 +305,11 @@ class ReservationClient:
                 mission_id, reservation_id, chain, amount, from_ms(int(reply[1])),
                 from_ms(int(reply[2])), replayed=tag == "dup", seq=int(reply[3]),
             )  # fmt: skip
+        if tag == "resolved":
+            return RuleViolation(
+                Rule.BUDGET_CONSERVATION,
+                f"reservation {reservation_id} is already {reply[1]}; an id reserves at most once",
+            )
         if tag == "conflict":
             return InvalidInput(
                 f"reservation {reservation_id} exists with other terms "

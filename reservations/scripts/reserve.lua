@@ -11,6 +11,7 @@ for i = 3, #ARGV do names[#names + 1] = ARGV[i] end
 local csv = table.concat(names, ',')
 local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'lease_until', 'state', 'at', 'seq')
 if r[1] then
+  if r[4] ~= 'held' and r[4] ~= 'committed' then return {'resolved', r[4]} end
   if r[1] == ARGV[1] and r[2] == csv then
     return {'dup', tonumber(r[3]), tonumber(r[5]), tonumber(r[6] or 0)}
   end

@@ -105,7 +105,8 @@ async def test_invoice_credit_needs_evidence_and_is_accepted_with_it(fleet: Flee
     assert ok.decision.evidence == ("ev-1",)
     assert ok.reservation_id == "r-a1"
     view = await fleet.view(mid)
-    assert view["budget"]["reserved"] == "0.05"
+    # An authorised action's reservation is committed at once: no lease can return it.
+    assert view["budget"]["committed"] == "0.05" and view["budget"]["reserved"] == "0.00"
     assert [d["allowed"] for d in view["decisions"]] == [False, True]
 
 
@@ -208,7 +209,7 @@ async def test_retried_authorize_returns_the_recorded_receipt(fleet: FleetClient
     assert first.decision is not None and again.decision is not None
     assert again.decision.allowed and again.decision.cut == first.decision.cut
     view = await fleet.view(mid)
-    assert view["budget"]["reserved"] == "0.10"  # reserved once
+    assert view["budget"]["committed"] == "0.10"  # reserved (and committed) once
 
 
 async def test_unknown_outcome_blocks_the_idempotency_key_until_reconciled(
@@ -449,5 +450,45 @@ async def test_replay_to_a_cut_and_audit_each_decision(fleet: FleetClient, nats_
     assert whole.state.evidence["ev-1"].superseded_by == "ev-2"
     view = await fleet.view(mid)
     assert view["version"] == whole.state.version  # the coordinator and a replay agree
+    assert view["budget"]["committed"] == "0.05"
     (review,) = review_all(whole.record)
     assert review.verdict is Hindsight.CHANGED_SINCE
+
+
+async def test_an_authorised_reservation_is_committed_so_no_lease_returns_spent_money(
+    fleet: FleetClient, coordinator: Coordinator, redis_url: str
+) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
+    ok = await fleet.authorize(mid, request("a1", "g-ap", "pay", 100_000))
+    assert ok.decision is not None and ok.decision.allowed
+    assert coordinator.states[mid].reservations["r-a1"].state == "committed"
+    async with ReservationClient.from_url(redis_url) as store:
+        swept = await store.sweep(mid)  # nothing is held on a lease any more
+        level = await store.level(mid, "mission")
+    assert swept.expired == () and level.committed == 100_000
+    await fleet.manage(
+        "effect.record", mid, {"action_id": "a1", "outcome": "verified_success", "actual": 80_000}
+    )
+    view = await fleet.view(mid)
+    assert (view["budget"]["committed"], view["budget"]["settled"]) == ("0.00", "0.08")
+
+
+async def test_an_actual_against_a_settled_reservation_is_refused_not_dropped(
+    fleet: FleetClient,
+) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
+    await fleet.authorize(mid, request("a1", "g-ap", "pay", 100_000, key="k1"))
+    await fleet.manage(
+        "effect.record", mid, {"action_id": "a1", "outcome": "verified_success", "actual": 90_000}
+    )
+    with pytest.raises(RuleViolation) as exc:  # a compensation's cost is a new action, not this one
+        await fleet.manage(
+            "effect.record", mid, {"action_id": "a1", "outcome": "compensated", "actual": 5}
+        )
+    assert "already settled" in str(exc.value)
+    view = await fleet.view(mid)
+    assert view["budget"]["settled"] == "0.09"

@@ -365,3 +365,16 @@ async def test_a_zero_amount_reservation_goes_through_every_transition(
     await client.reserve(mission, ["g1"], "z3", 0, 0.01)
     await wait_for_sweep(client, mission, "z3")
     assert (await client.level(mission, "g1")).used == 0
+
+
+async def test_reserving_again_after_release_is_refused_not_replayed(
+    client: ReservationClient,
+) -> None:
+    mid = uid("m")
+    await client.create_mission(mid, 1_000)
+    await client.reserve(mid, (), "r1", 600, 30)
+    await client.release(mid, "r1")
+    with pytest.raises(RuleViolation) as exc:
+        await client.reserve(mid, (), "r1", 600, 30)
+    assert "already released" in str(exc.value)
+    assert (await client.level(mid, MISSION_SCOPE)).used == 0
