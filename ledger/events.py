@@ -80,6 +80,13 @@ class GrantSpec(BaseModel):
     effective_from: UtcDatetime | None = None  # None: from issue
     expires_at: UtcDatetime | None = None
 
+    @model_validator(mode="after")
+    def _not_the_mission_scope(self) -> GrantSpec:
+        # "mission" names the mission's own budget level; a grant of that name would alias it.
+        if self.grant_id == "mission":
+            raise ValueError("grant id 'mission' is reserved for the mission's own budget level")
+        return self
+
 
 class GrantRequested(_Payload):
     kind: Literal["grant.requested"] = "grant.requested"

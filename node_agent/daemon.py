@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import os
 from typing import Any
@@ -73,6 +75,15 @@ def item_dict(s: StoredItem) -> dict[str, Any]:
     }
 
 
+def _call_key(session_id: str, tool: str, tool_input: dict[str, Any], tool_use_id: Any) -> str:
+    """The identity of one tool call, matching its PreToolUse to its PostToolUse: the agent's
+    tool_use_id when it sends one ("call-"), else the session, tool and input ("input-")."""
+    if isinstance(tool_use_id, str) and tool_use_id:
+        return f"call-{session_id}-{hashlib.sha256(tool_use_id.encode()).hexdigest()[:24]}"
+    digest = hashlib.sha256(json.dumps([tool, tool_input], sort_keys=True, default=str).encode())
+    return f"input-{session_id}-{digest.hexdigest()[:24]}"
+
+
 def turn_dict(r: TurnResult) -> dict[str, Any]:
     return {
         "session_id": r.session_id, "block": r.block, "reason": r.reason, "message": r.message,
@@ -83,6 +94,8 @@ def turn_dict(r: TurnResult) -> dict[str, Any]:
 
 class NodeAgent:
     def __init__(self, settings: NodeSettings, *, judge: Judge | None = None) -> None:
+        # authorised consequential calls awaiting their PostToolUse: call key -> (mission, action)
+        self._authorised: dict[str, tuple[str, str]] = {}
         self.settings = settings
         self.store = Store(
             settings.db_path, node_id=settings.node_id, default_mission=settings.mission
@@ -300,15 +313,33 @@ class NodeAgent:
         )
         session = self.ledger.session(session_id, **who)
         cwd = str(body.get("cwd") or tool_input.get("cwd") or os.getcwd())
+        call = _call_key(session_id, tool, tool_input, body.get("tool_use_id"))
         if phase == "post":
             self._after_tool(session, tool, tool_input, cwd, body)
             self._wake()
+            await self._record_effect(call)
             return {"claimed": claimed}
         checked = self._before_tool(session, tool, tool_input, cwd, body)
         if checked is not None:
             self._wake()
             return checked
-        return await self.check_action(session.mission_id, session.grant_id, tool, tool_input)
+        return await self.check_action(
+            session.mission_id, session.grant_id, tool, tool_input, call=call
+        )
+
+    async def _record_effect(self, call: str) -> None:
+        """A consequential call the coordinator authorised has run (PostToolUse fires on
+        success): record its effect, which settles its reservation and closes its key."""
+        pending = self._authorised.pop(call, None)
+        client = self.outbox.client if self.outbox is not None else None
+        if pending is None or client is None:
+            return
+        mission_id, action_id = pending
+        try:
+            effect = {"action_id": action_id, "outcome": "verified_success"}
+            await client.manage("effect.record", mission_id, effect, actor=self.settings.node_id)
+        except FleetError as exc:  # the coordinator keeps it committed until reconciled
+            log.warning("effect of %s not recorded: %s", action_id, exc.message)
 
     # --- the execution state at both boundaries of a step -----------------------------------
 
@@ -476,8 +507,9 @@ class NodeAgent:
         return self.claims.aggregates(owner if isinstance(owner, str) and owner else None)
 
     async def check_action(
-        self, mission_id: str, grant_id: str | None, tool: str, tool_input: dict[str, Any]
-    ) -> dict[str, Any]:
+        self, mission_id: str, grant_id: str | None, tool: str, tool_input: dict[str, Any],
+        *, call: str | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """Local checks first (risks kept on this node), then the coordinator's authorize."""
         rule = consequential(self.settings.consequential, tool, tool_input)
         if rule is None:
@@ -511,12 +543,16 @@ class NodeAgent:
                 ),
                 action,
             )
+        # One tool call is one idempotency key: a retry of the same call (same tool_use_id)
+        # cannot run again while its earlier outcome is unknown or unrecorded.
         request = ActionRequest(
             action_id=f"a-{new_id().hex[:20]}",
             grant_id=grant_id,
             action=action,
             cost=parse_amount(rule.cost),
-            idempotency_key=f"node-{new_id()}",
+            # Only a real tool-call id identifies a retry; the same command run twice on purpose
+            # (no id) gets a key of its own.
+            idempotency_key=call if call and call.startswith("call-") else f"node-{new_id()}",
         )
         try:
             reply = await client.authorize(mission_id, request)
@@ -528,6 +564,8 @@ class NodeAgent:
         if decision is None:
             return _deny(FleetError("the coordinator gave no decision (fail closed)"), action)
         if decision.allowed:
+            if call is not None:
+                self._authorised[call] = (mission_id, request.action_id)
             return {"decision": "allow", "consequential": True, "action": action}
         rule_name = decision.rule.value if decision.rule else "denied"
         return {

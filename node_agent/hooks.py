@@ -146,6 +146,8 @@ def handle(
             extra: dict[str, Any] = {}
             if isinstance(payload.get("cwd"), str):
                 extra["cwd"] = payload["cwd"]
+            if isinstance(payload.get("tool_use_id"), str):
+                extra["tool_use_id"] = payload["tool_use_id"]
             if op == "post":
                 response = payload.get("tool_response", payload.get("tool_result"))
                 if response is not None:

@@ -53,6 +53,10 @@ DEFAULT_RULES: tuple[ConsequentialRule, ...] = (
     ConsequentialRule(
         tool=SHELL_TOOLS, pattern=r"\b(terraform|tofu)\s+(apply|destroy)\b", action="infra.apply"
     ),
+    # An agent closing its own to-do items from its shell would bypass the status firewall.
+    ConsequentialRule(
+        tool=SHELL_TOOLS, pattern=r"\bfleetledger\s+todo\s+(done|cancel)\b", action="todo.close"
+    ),
 )
 
 

@@ -268,10 +268,17 @@ async def test_consequential_action_is_authorised_by_the_coordinator_and_blocked
         {"purpose": "release", "owner": "ann", "ceiling": 1_000_000, "expires_at": expires},
     )
     await fleet.manage(
-        "grant.issue", mission,
-        {"grant_id": "g-rel", "holder": "claude", "purpose": "release", "owner": "ann",
-         "authority": Authority.of(["git.push"]).model_dump(mode="json"), "budget": 100_000},
-    )  # fmt: skip
+        "grant.issue",
+        mission,
+        {
+            "grant_id": "g-rel",
+            "holder": "claude",
+            "purpose": "release",
+            "owner": "ann",
+            "authority": Authority.of(["git.push"]).model_dump(mode="json"),
+            "budget": 100_000,
+        },
+    )
     settings = NodeSettings(
         state_dir=state_dir, nats_url=nats_url, mission=mission, grant_id="g-rel"
     )
@@ -299,5 +306,65 @@ async def test_consequential_action_is_authorised_by_the_coordinator_and_blocked
         denied = json.loads((await hook(agent, "PreToolUse", push)).stdout)["hookSpecificOutput"]
         assert "risk non-erasure" in denied["permissionDecisionReason"]
         await wait_until(lambda: bool(agent.store.open_risks(mission)))
+    finally:
+        await agent.stop()
+
+
+async def test_one_tool_call_is_one_idempotency_key_and_its_post_hook_records_the_effect(
+    coordinator: Coordinator, nats_url: str, state_dir: Path, fleet: FleetClient
+) -> None:
+    mission = f"m-{new_id().hex[-12:]}"
+    await fleet.manage(
+        "mission.create",
+        mission,
+        {
+            "purpose": "release",
+            "owner": "ann",
+            "ceiling": 1_000_000,
+            "expires_at": "2099-01-01T00:00:00+00:00",
+        },
+    )
+    await fleet.manage(
+        "grant.issue",
+        mission,
+        {
+            "grant_id": "g-rel",
+            "holder": "claude",
+            "purpose": "release",
+            "owner": "ann",
+            "authority": Authority.of(["git.push"]).model_dump(mode="json"),
+            "budget": 100_000,
+        },
+    )
+    settings = NodeSettings(
+        state_dir=state_dir, nats_url=nats_url, mission=mission, grant_id="g-rel"
+    )
+    agent = await start(settings)
+    try:
+        await wait_until(lambda: agent.outbox is not None and agent.outbox.client is not None)
+        push = {
+            "session_id": "s1",
+            "tool_name": "Bash",
+            "tool_use_id": "toolu_01",
+            "tool_input": {"command": "git push origin main"},
+        }
+        assert (await hook(agent, "PreToolUse", push)).stdout == ""
+        # The same call again before its effect is known: refused (outcome honesty).
+        again = json.loads((await hook(agent, "PreToolUse", push)).stdout)["hookSpecificOutput"]
+        assert "outcome honesty" in again["permissionDecisionReason"]
+        await hook(agent, "PostToolUse", {**push, "tool_response": {"stdout": "ok"}})
+        state = coordinator.states[mission]
+        await wait_until(
+            lambda: any(a.status.value == "verified_success" for a in state.actions.values())
+        )
+        # An agent closing its own to-do from its shell: consequential, and no grant covers it.
+        close = {
+            "session_id": "s1",
+            "tool_name": "Bash",
+            "tool_use_id": "toolu_02",
+            "tool_input": {"command": "fleetledger todo done t1 --by alice"},
+        }
+        denied = json.loads((await hook(agent, "PreToolUse", close)).stdout)["hookSpecificOutput"]
+        assert "todo.close" in denied["permissionDecisionReason"]
     finally:
         await agent.stop()

@@ -391,3 +391,31 @@ def test_events_are_immutable() -> None:
 
 def test_envelope_must_be_an_event_type() -> None:
     assert isinstance(parse_event(envelope()), Event)
+
+
+def test_a_grant_may_not_be_named_after_the_mission_scope() -> None:
+    from ledger import Authority, GrantSpec, InvalidInput, parse_event
+
+    spec = {
+        "grant_id": "mission",
+        "holder": "a",
+        "purpose": "p",
+        "owner": "o",
+        "budget": 1,
+        "authority": Authority.of(["pay"]).model_dump(mode="json"),
+    }
+    with pytest.raises(ValueError, match="reserved for the mission"):
+        GrantSpec.model_validate(spec)
+    raw = {
+        "event_id": "01a22bfb-becb-74c5-bfde-982d4e52d7d5",
+        "kind": "grant.issued",
+        "mission_id": "m",
+        "node_id": "n",
+        "agent_id": "a",
+        "idempotency_key": "k",
+        "recorded_at": "2026-01-01T00:00:00Z",
+        "effective_at": "2026-01-01T00:00:00Z",
+        "payload": {"grant": spec},
+    }
+    with pytest.raises(InvalidInput, match="reserved for the mission"):
+        parse_event(raw)
