@@ -26,6 +26,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -270,6 +271,8 @@ class Coordinator:
         self.consumer_lag = int(meta.num_pending or 0)
         if seq <= self.applied_seq:
             return  # redelivery, or already folded during rebuild: no second effect
+        if seq > self.applied_seq + 1:
+            await self._fill_gap(seq)
         if self.telemetry.enabled and msg.data not in self._own:
             # An event produced elsewhere: its span here continues the producer's trace (NATS
             # headers) and links to its origin, its causal parent, its reservation.
@@ -292,7 +295,20 @@ class Coordinator:
         else:
             await self._ingest(msg, seq, None)
 
-    async def _ingest(self, msg: Msg, seq: int, span: Span | None) -> None:
+    async def _fill_gap(self, upto: int) -> None:
+        """The consumer reads the whole stream, so sequences are contiguous: a jump means
+        messages were lost in flight. Fetch and apply them first; the fold never skips one."""
+        assert self._js is not None
+        for missing in range(self.applied_seq + 1, upto):
+            try:
+                raw = await self._js.get_msg(STREAM, missing)
+            except NotFoundError:
+                self.applied_seq = missing  # removed from the stream: nothing to apply
+                continue
+            log.warning("ingest: applying seq %s, skipped in delivery", missing)
+            await self._ingest(raw, missing, None)
+
+    async def _ingest(self, msg: Any, seq: int, span: Span | None) -> None:
         event, problem = self._apply_bytes(msg.data, seq, live=True)
         self.applied_seq = seq
         if span is not None:
@@ -547,7 +563,7 @@ class Coordinator:
                     return reply
             # Requested but undecided: a coordinator died mid-append. Decide it now.
         now = self.clock.now()
-        decision = decide(state, action, now)
+        decision = decide(state, action, now).model_copy(update={"cut_seq": self.applied_seq})
         if state.mission is None:  # nothing to record it in: answer, append nothing
             reply = AuthorizeReply(decision=decision)
             if respond is not None:
@@ -944,6 +960,7 @@ def _from_receipt(receipt: Any, grant_id: str, cost: int) -> Decision:
         action=receipt.action,
         grant_id=grant_id,
         cost=cost,
+        cut_seq=receipt.cut_seq,
         cut=receipt.cut,
         policy_version=receipt.policy_version,
         evidence=receipt.evidence,

@@ -63,6 +63,7 @@ def operator_view(
             "rule": d.rule.value if d.rule else None,
             "reason": d.reason,
             "cut": d.cut,
+            "cut_seq": d.cut_seq,
         }
         for d in state.decisions[-receipts:]
     ]

@@ -103,6 +103,10 @@ def decision_table(decision: Decision, reservation_id: str | None = None) -> Tab
     table.add_row("action", f"{decision.action} under grant {decision.grant_id}")
     table.add_row("cost", format_amount(decision.cost))
     table.add_row("cut (ledger version)", str(decision.cut))
+    if decision.cut_seq is not None:
+        table.add_row(
+            "cut (stream seq)", f"{decision.cut_seq}  (replay with --cut {decision.cut_seq})"
+        )
     table.add_row("policy version", decision.policy_version)
     table.add_row("evidence", ", ".join(decision.evidence) or "-")
     table.add_row("open risks considered", ", ".join(decision.risks) or "-")

@@ -263,7 +263,10 @@ class DecisionRecorded(_Payload):
     allowed: bool
     rule: Rule | None = None
     reason: Text
-    cut: int = Field(ge=0)
+    cut: int = Field(ge=0)  # the mission's ledger version the decision evaluated
+    cut_seq: int | None = Field(
+        default=None, ge=0
+    )  # the stream sequence of that cut (replay --cut)
     policy_version: str
     evidence: tuple[str, ...] = ()
     risks: tuple[str, ...] = ()

@@ -70,6 +70,7 @@ class Decision(BaseModel):
     grant_id: str
     cost: int
     cut: int
+    cut_seq: int | None = None  # set by the coordinator: the stream sequence of the cut
     policy_version: str = POLICY_VERSION
     evidence: tuple[str, ...] = ()
     risks: tuple[str, ...] = ()
@@ -80,7 +81,8 @@ class Decision(BaseModel):
         """The decision receipt payload to append to the ledger."""
         return DecisionRecorded(
             action_id=self.action_id, action=self.action, allowed=self.allowed, rule=self.rule,
-            reason=self.reason, cut=self.cut, policy_version=self.policy_version,
+            reason=self.reason, cut=self.cut, cut_seq=self.cut_seq,
+            policy_version=self.policy_version,
             evidence=self.evidence, risks=self.risks, approval_id=self.approval_id,
             budget=self.budget, reservation_id=reservation_id if self.allowed else None,
         )  # fmt: skip

@@ -492,3 +492,48 @@ async def test_an_actual_against_a_settled_reservation_is_refused_not_dropped(
     assert "already settled" in str(exc.value)
     view = await fleet.view(mid)
     assert view["budget"]["settled"] == "0.09"
+
+
+async def test_a_gap_in_delivery_is_filled_from_the_stream_in_order() -> None:
+    with EmbeddedServers() as own:
+        co = Coordinator(
+            CoordinatorSettings(nats_url=own.nats_url, redis_url=own.redis_url, http_port=0)
+        )
+        await co.start()
+        try:
+            async with await FleetClient.connect(own.nats_url) as client:
+                mid = mission_id()
+                await make_mission(client, mid)
+                assert co._pull is not None
+                await co._pull.stop()  # deliveries stop: what follows is "lost in flight"
+                now = datetime.now(UTC)
+                seqs = [
+                    await client.publish(
+                        make_event(
+                            EvidenceRegistered(evidence_id=f"ev{i}", source="s", claim="c"),
+                            mission_id=mid,
+                            at=now,
+                        )
+                    )
+                    for i in range(3)
+                ]
+                assert co.applied_seq < seqs[0]
+                await co._fill_gap(seqs[-1] + 1)
+                assert co.applied_seq == seqs[-1]
+                assert sorted(co.states[mid].evidence) == ["ev0", "ev1", "ev2"]
+        finally:
+            await co.stop()
+
+
+async def test_a_receipt_names_the_stream_sequence_of_its_cut_for_replay(
+    fleet: FleetClient, nats_url: str
+) -> None:
+    from coordinator.replay import replay_mission
+
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
+    reply = await fleet.authorize(mid, request("a1", "g-ap", "pay", 10_000))
+    assert reply.decision is not None and reply.decision.cut_seq is not None
+    at_cut = await replay_mission(nats_url, mid, cut=reply.decision.cut_seq)
+    assert at_cut.state.version == reply.decision.cut  # the replay sees what the decision saw
