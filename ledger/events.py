@@ -33,6 +33,10 @@ POLICY_VERSION = "2026-11.1"
 # Ids travel in NATS subjects and Redis keys: keep them to a safe alphabet.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,127}$"
 Ident = Annotated[str, Field(pattern=ID_PATTERN)]
+# Action names are compared exactly by grants, risks and gates: one spelling only (no case,
+# no spaces), so "Deploy " cannot slip past a risk on "deploy".
+ACTION_PATTERN = r"^[a-z0-9][a-z0-9_.:\-]{0,127}$"
+ActionName = Annotated[str, Field(pattern=ACTION_PATTERN)]
 Text = Annotated[str, Field(min_length=1, max_length=4000)]
 Micros = Annotated[int, Field(ge=0, le=MAX_MICROS, strict=True)]
 UtcDatetime = Annotated[datetime, AfterValidator(ensure_utc)]
@@ -227,7 +231,7 @@ class BudgetOverrunTreated(_Payload):
 class ActionRequested(_Payload):
     kind: Literal["action.requested"] = "action.requested"
     action_id: Ident
-    action: Text
+    action: ActionName
     cost: Micros = 0
     evidence_ids: frozenset[str] = frozenset()
     resource_class: str | None = None

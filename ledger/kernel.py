@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ledger.authority import Authority, intersect
 from ledger.errors import Rule, RuleViolation
 from ledger.events import (
+    ACTION_PATTERN,
     ID_PATTERN,
     POLICY_VERSION,
     ActionRequested,
@@ -41,7 +42,7 @@ class ActionRequest(BaseModel):
 
     action_id: str = Field(pattern=ID_PATTERN)
     grant_id: str = Field(pattern=ID_PATTERN)
-    action: str = Field(min_length=1)
+    action: str = Field(pattern=ACTION_PATTERN)
     cost: Micros = 0
     idempotency_key: str = Field(min_length=1)
     evidence_ids: frozenset[str] = frozenset()

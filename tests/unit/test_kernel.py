@@ -641,3 +641,13 @@ def test_a_risk_denial_receipt_records_the_risk_set_and_budget_it_was_made_on() 
     denied(d, Rule.RISK_NON_ERASURE, "k1")
     assert d.risks == ("k1",)
     assert [lvl.scope for lvl in d.budget] == ["c", "p", "mission"]
+
+
+@pytest.mark.parametrize("spelling", ["Deploy", "deploy ", " deploy", "de ploy", ""])
+def test_an_action_name_has_one_spelling_so_gates_cannot_be_evaded(spelling: str) -> None:
+    from pydantic import ValidationError
+
+    from ledger import ActionRequest
+
+    with pytest.raises(ValidationError):
+        ActionRequest(action_id="a1", grant_id="g", action=spelling, idempotency_key="k")
