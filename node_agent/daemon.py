@@ -18,6 +18,8 @@ from typing import Any
 
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from opentelemetry import context as otel_context
+from pydantic import ValidationError
 
 from fleetledger.client import FleetClient
 from ledger.authority import member
@@ -29,7 +31,7 @@ from ledger.errors import (
     RuleViolation,
     Unreachable,
 )
-from ledger.events import parse_event
+from ledger.events import TraceContext, parse_event
 from ledger.ids import new_id
 from ledger.items import Actor, ItemStatus
 from ledger.kernel import ActionRequest
@@ -55,6 +57,7 @@ from node_agent.outbox import OutboxPublisher
 from node_agent.risks import RiskWatcher
 from node_agent.settings import NodeSettings, consequential
 from node_agent.store import Session, Store, StoredItem, safe_id
+from telemetry import context_from, process_telemetry, tool_span
 
 log = logging.getLogger("fleetledger.node")
 
@@ -73,6 +76,16 @@ def item_dict(s: StoredItem) -> dict[str, Any]:
         "check": s.check.describe() if s.check else None,
         "check_detail": s.check_detail,
     }
+
+
+def _trace_of(traceparent: Any) -> TraceContext | None:
+    """A caller's W3C traceparent; an invalid one starts a new trace, as W3C asks."""
+    if not isinstance(traceparent, str):
+        return None
+    try:
+        return TraceContext(traceparent=traceparent)
+    except ValidationError:
+        return None
 
 
 def _call_key(session_id: str, tool: str, tool_input: dict[str, Any], tool_use_id: Any) -> str:
@@ -319,13 +332,23 @@ class NodeAgent:
             self._wake()
             await self._record_effect(call)
             return {"claimed": claimed}
-        checked = self._before_tool(session, tool, tool_input, cwd, body)
-        if checked is not None:
-            self._wake()
-            return checked
-        return await self.check_action(
-            session.mission_id, session.grant_id, tool, tool_input, call=call
-        )
+        # The hook call is where a trace starts (or continues, given a traceparent): the
+        # checks, the coordinator's authorize, its reservation and decision join it.
+        tel = process_telemetry()
+        parent = context_from(_trace_of(body.get("traceparent"))) if tel.enabled else None
+        token = otel_context.attach(parent) if parent is not None else None
+        try:
+            with tool_span(tel, tool, agent_id=session.agent_id):
+                checked = self._before_tool(session, tool, tool_input, cwd, body)
+                if checked is not None:
+                    self._wake()
+                    return checked
+                return await self.check_action(
+                    session.mission_id, session.grant_id, tool, tool_input, call=call
+                )
+        finally:
+            if token is not None:
+                otel_context.detach(token)
 
     async def _record_effect(self, call: str) -> None:
         """A consequential call the coordinator authorised has run (PostToolUse fires on

@@ -442,3 +442,88 @@ def test_the_demo_mission_is_one_connected_trace_with_links_by_event_id(
     for span in decisions(receiver.received):
         linked = {link.attributes.get("ledger.event_id") for link in span.links}
         assert linked - {None}, f"decision span {span.span_id} links no event by id"
+
+
+HOOK_NODE_SCRIPT = """
+import asyncio, json, sys, time
+from pathlib import Path
+from node_agent.daemon import NodeAgent
+from node_agent.settings import NodeSettings
+from telemetry import process_telemetry
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+async def main(url: str, mission: str, state: str) -> None:
+    agent = NodeAgent(NodeSettings(state_dir=Path(state), nats_url=url, mission=mission,
+                                   grant_id="g1", node_id="node-hook"))
+    await agent.start()
+    deadline = time.monotonic() + 20
+    while agent.outbox is None or agent.outbox.client is None:
+        assert time.monotonic() < deadline, "the node agent never reached NATS"
+        await asyncio.sleep(0.02)
+    answer = await agent.tool({"session_id": "s1", "phase": "pre", "tool": "Bash",
+                               "input": {"command": "git push origin main"},
+                               "tool_use_id": "toolu_hook_1",
+                               "traceparent": TRACEPARENT})
+    await agent.stop()
+    process_telemetry().shutdown()
+    print(json.dumps(answer))
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
+"""
+
+
+async def test_a_hook_call_through_the_node_agent_to_the_decision_is_one_trace(
+    traced: Coordinator,
+    plain_client: FleetClient,
+    own_servers: EmbeddedServers,
+    receiver: OTLPReceiver,
+    tmp_path: Path,
+) -> None:
+    mid = f"m-{new_id().hex[-12:]}"
+    expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
+    await plain_client.manage(
+        "mission.create",
+        mid,
+        {"purpose": "p", "owner": "o", "ceiling": 1_000_000, "expires_at": expires},
+    )
+    await plain_client.manage(
+        "grant.issue",
+        mid,
+        {
+            "grant_id": "g1",
+            "holder": "claude",
+            "purpose": "release",
+            "owner": "o",
+            "authority": Authority.of(["git.push"]).model_dump(mode="json"),
+            "budget": 100_000,
+        },
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "OTEL_SERVICE_NAME": "test-node-agent",
+        "OTEL_METRICS_EXPORTER": "none",
+    }
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", HOOK_NODE_SCRIPT, own_servers.nats_url, mid, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["decision"] == "allow"
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"  # the caller's traceparent, continued
+
+    def complete(r: Received) -> bool:
+        names = {s.name for s in r.spans if s.trace_id == trace_id}
+        return {"execute_tool Bash", "process fleet.v1.authorize"} <= names and any(
+            s.trace_id == trace_id and s.attributes.get("ledger.kind") == "decision.recorded"
+            for s in r.spans
+        )
+
+    await asyncio.to_thread(receiver.wait_for, complete, 20)
+    tool = named(receiver.spans(lambda s: s.trace_id == trace_id), "execute_tool Bash")
+    assert tool.attributes.get("gen_ai.tool.name") == "Bash"
+    assert tool.parent_span_id == "00f067aa0ba902b7"
