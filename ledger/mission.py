@@ -468,6 +468,12 @@ def _budget_reserved(s: MissionState, e: Event) -> None:
     existing = s.reservations.get(p.reservation_id)
     scopes = s.scopes(p.grant_id)
     if existing is not None:
+        if existing.state not in ("held", "committed"):
+            raise RuleViolation(
+                Rule.BUDGET_CONSERVATION,
+                f"reservation {p.reservation_id} is already {existing.state}; "
+                "an id reserves at most once",
+            )
         if existing.amount == p.amount and existing.scopes == scopes:
             return  # the same reservation again: idempotent
         raise InvalidInput(

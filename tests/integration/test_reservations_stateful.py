@@ -38,7 +38,7 @@ from ledger.events import (
     make_event,
 )
 from ledger.mission import MissionState
-from reservations import MISSION_SCOPE, ReservationClient
+from reservations import MISSION_SCOPE, ReservationClient, ReserveResult
 from reservations.results import from_ms
 
 pytestmark = pytest.mark.integration
@@ -187,8 +187,23 @@ class ReservationMachine(RuleBasedStateMachine):
         assert self.last is not None
         thunk, first = self.last
         before = self.levels()
-        again = self.run(thunk())
-        assert again == first and again.replayed
+        reservation = self.model.reservations.get(first.reservation_id)
+        if (
+            isinstance(first, ReserveResult)
+            and reservation is not None
+            and reservation.state
+            not in (
+                "held",
+                "committed",
+            )
+        ):
+            # A reservation that has since resolved is not held: a retried reserve must not
+            # report it as held (that would admit spend against money already returned).
+            with pytest.raises(RuleViolation, match=f"already {reservation.state}"):
+                self.run(thunk())
+        else:
+            again = self.run(thunk())
+            assert again == first and again.replayed
         assert self.levels() == before
 
     # --- invariants ------------------------------------------------------------------------

@@ -1142,3 +1142,15 @@ def test_node_observations_are_recorded_even_before_their_mission_exists() -> No
         state.apply(make_event(payload, mission_id="node-only", at=T0))
     assert state.version == 2
     assert state.mission is None
+
+
+def test_reserving_a_released_id_again_is_rejected_not_replayed() -> None:
+    led = chain_ledger()
+    led.reserve("r1", 100_000, grant_id="c")
+    led.release("r1")
+    before = led.state.snapshot()
+    with pytest.raises(RuleViolation) as exc:
+        led.reserve("r1", 100_000, grant_id="c")
+    assert exc.value.rule is Rule.BUDGET_CONSERVATION
+    assert "already released" in str(exc.value)
+    assert led.state.snapshot() == before
