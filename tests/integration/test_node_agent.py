@@ -257,9 +257,8 @@ async def test_the_outbox_publishes_every_event_once_to_jetstream(
         await agent.stop()
 
 
-async def test_consequential_action_is_authorised_by_the_coordinator_and_blocked_by_a_local_risk(
-    coordinator: Coordinator, nats_url: str, state_dir: Path, fleet: FleetClient
-) -> None:
+async def release_mission(fleet: FleetClient) -> str:
+    """A mission with grant g-rel permitting git.push (budget 0.10) for agent claude."""
     mission = f"m-{new_id().hex[-12:]}"
     expires = "2099-01-01T00:00:00+00:00"
     await fleet.manage(
@@ -279,6 +278,13 @@ async def test_consequential_action_is_authorised_by_the_coordinator_and_blocked
             "budget": 100_000,
         },
     )
+    return mission
+
+
+async def test_consequential_action_is_authorised_by_the_coordinator_and_blocked_by_a_local_risk(
+    coordinator: Coordinator, nats_url: str, state_dir: Path, fleet: FleetClient
+) -> None:
+    mission = await release_mission(fleet)
     settings = NodeSettings(
         state_dir=state_dir, nats_url=nats_url, mission=mission, grant_id="g-rel"
     )
@@ -313,29 +319,7 @@ async def test_consequential_action_is_authorised_by_the_coordinator_and_blocked
 async def test_one_tool_call_is_one_idempotency_key_and_its_post_hook_records_the_effect(
     coordinator: Coordinator, nats_url: str, state_dir: Path, fleet: FleetClient
 ) -> None:
-    mission = f"m-{new_id().hex[-12:]}"
-    await fleet.manage(
-        "mission.create",
-        mission,
-        {
-            "purpose": "release",
-            "owner": "ann",
-            "ceiling": 1_000_000,
-            "expires_at": "2099-01-01T00:00:00+00:00",
-        },
-    )
-    await fleet.manage(
-        "grant.issue",
-        mission,
-        {
-            "grant_id": "g-rel",
-            "holder": "claude",
-            "purpose": "release",
-            "owner": "ann",
-            "authority": Authority.of(["git.push"]).model_dump(mode="json"),
-            "budget": 100_000,
-        },
-    )
+    mission = await release_mission(fleet)
     settings = NodeSettings(
         state_dir=state_dir, nats_url=nats_url, mission=mission, grant_id="g-rel"
     )
