@@ -41,8 +41,8 @@ __all__ = ["MAX_LEASE_S", "ReservationClient", "ReservationStore"]
 MAX_LEASE_S = 24 * 3600.0
 SWEEP_BATCH = 1000
 _SCRIPTS = (
-    "create_mission", "create_grant", "reserve", "commit", "settle", "release", "sweep",
-    "treat_overrun",
+    "create_mission", "create_grant", "reserve", "reserve_commit", "commit", "settle", "release",
+    "sweep", "treat_overrun",
 )  # fmt: skip
 
 
@@ -333,6 +333,33 @@ class ReservationClient:
         if isinstance(result, FleetError):
             raise result
         return result
+
+    async def reserve_committed(
+        self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
+        lease_s: float,
+    ) -> tuple[ReserveResult, CommitResult]:  # fmt: skip
+        """``reserve`` then ``commit`` in one script (one round trip): for an action that is
+        about to run. Two transitions, two ledger records; a refusal changes nothing.
+
+        Raises what ``reserve`` raises; a reservation held earlier under the same id and terms
+        is committed (replayed), unless its lease has ended.
+        """
+        keys, args = self._reserve_call(mission_id, chain, reservation_id, amount, lease_s)
+        reply = await self._run("reserve_commit", keys, args)
+        tag = reply[0]  # 'held': reserved by an earlier call, committed by this one
+        if tag == "lease_ended":
+            raise self._unresolvable(reservation_id, reply, "committed")
+        result = self._reserve_result(
+            mission_id, tuple(chain), reservation_id, amount,
+            ["dup", *reply[1:]] if tag == "held" else reply,
+        )  # fmt: skip
+        if isinstance(result, FleetError):
+            raise result
+        committed = CommitResult(
+            mission_id, reservation_id, from_ms(int(reply[4])), replayed=tag == "dup",
+            seq=int(reply[5]),
+        )  # fmt: skip
+        return result, committed
 
     async def reserve_many(
         self, mission_id: str, chain: Sequence[str], requests: Sequence[tuple[str, int]],

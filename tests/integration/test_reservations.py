@@ -122,6 +122,56 @@ async def test_commit_moves_reserved_to_committed_idempotently(
     assert (level.reserved, level.committed) == (0, 100_000)
 
 
+async def test_reserve_committed_equals_reserve_then_commit(
+    client: ReservationClient, mission: str
+):
+    other = uid("m")
+    await client.create_mission(other, 1_000_000)
+    await client.create_grant(other, "g1", 600_000)
+    await client.create_grant(other, "g2", 300_000, parent_id="g1")
+    res, com = await client.reserve_committed(mission, ["g2", "g1"], "r1", 100_000, 30)
+    res2 = await client.reserve(other, ["g2", "g1"], "r1", 100_000, 30)
+    com2 = await client.commit(other, "r1")
+    assert (res.amount, res.chain, res.seq, com.seq) == (res2.amount, res2.chain, 1, 2)
+    assert (com2.seq, res.replayed, com.replayed) == (2, False, False)
+    one = await client.levels(mission, ["g2", "g1"])
+    two = await client.levels(other, ["g2", "g1"])
+    assert one == two
+    assert [(lv.reserved, lv.committed) for lv in one] == [(0, 100_000)] * 3
+    # committed: the sweeper never returns it, however short the lease was
+    assert (await client.sweep(mission)).expired == ()
+
+
+async def test_reserve_committed_is_idempotent_and_commits_an_earlier_hold(
+    client: ReservationClient, mission: str
+):
+    first = await client.reserve_committed(mission, ["g1"], "r1", 100_000, 30)
+    again = await client.reserve_committed(mission, ["g1"], "r1", 100_000, 30)
+    assert again == first and again[0].replayed and again[1].replayed
+    held = await client.reserve(mission, ["g1"], "r2", 50_000, 30)
+    res, com = await client.reserve_committed(mission, ["g1"], "r2", 50_000, 30)
+    assert res.replayed and res.seq == held.seq and not com.replayed
+    level = await client.level(mission, "g1")
+    assert (level.reserved, level.committed) == (0, 150_000)
+
+
+async def test_reserve_committed_refuses_like_reserve_and_writes_nothing(
+    client: ReservationClient, mission: str
+):
+    with pytest.raises(RuleViolation) as err:
+        await client.reserve_committed(mission, ["g2", "g1"], "r1", 400_000, 30)
+    assert err.value.rule is Rule.BUDGET_CONSERVATION and "grant g2" in err.value.message
+    await client.reserve(mission, ["g1"], "r2", 1, 30)
+    with pytest.raises(InvalidInput) as dup:
+        await client.reserve_committed(mission, ["g1"], "r2", 2, 30)
+    assert dup.value.code is ErrorCode.DUPLICATE
+    await client.release(mission, "r2")
+    with pytest.raises(RuleViolation, match="already released"):
+        await client.reserve_committed(mission, ["g1"], "r2", 1, 30)
+    levels = await client.levels(mission, ["g2", "g1"])
+    assert all((lv.reserved, lv.committed) == (0, 0) for lv in levels)
+
+
 async def test_settle_returns_the_unused_part(client: ReservationClient, mission: str):
     await client.reserve(mission, ["g2", "g1"], "r1", 100_000, 30)
     await client.commit(mission, "r1")
