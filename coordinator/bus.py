@@ -26,6 +26,8 @@ from ledger.protocol import (
     CONSUMER,
     DEADLETTER_PREFIX,
     DEADLETTER_STREAM,
+    RECEIPT_REPUBLISH_DEST,
+    RECEIPT_REPUBLISH_SOURCE,
     RISK_BUCKET,
     STREAM,
     SUBJECT_PREFIX,
@@ -74,7 +76,10 @@ async def connect(url: str, *, name: str, connect_timeout: float = 2.0) -> Clien
 async def ensure_streams(
     js: JetStreamContext, *, replicas: int = 1, duplicate_window_s: float = 120.0
 ) -> None:
-    """The ledger stream (file storage, de-dup by Nats-Msg-Id) and the dead-letter stream."""
+    """The ledger stream (file storage, de-dup by Nats-Msg-Id) and the dead-letter stream.
+
+    The ledger stream republishes each stored decision receipt to its requester's receipt
+    subject: an authorize answer is the durable receipt itself."""
     ledger = api.StreamConfig(
         name=STREAM,
         subjects=[f"{SUBJECT_PREFIX}.>"],
@@ -83,6 +88,7 @@ async def ensure_streams(
         duplicate_window=duplicate_window_s,
         retention=api.RetentionPolicy.LIMITS,
         max_msg_size=64 * 1024,
+        republish=api.RePublish(src=RECEIPT_REPUBLISH_SOURCE, dest=RECEIPT_REPUBLISH_DEST),
     )
     dead = api.StreamConfig(
         name=DEADLETTER_STREAM,

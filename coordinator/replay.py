@@ -14,7 +14,7 @@ from nats.js.errors import NotFoundError
 
 from coordinator.bus import connect
 from ledger.errors import FleetError, InvalidInput
-from ledger.events import Event, parse_event
+from ledger.events import Event, parse_events
 from ledger.mission import MissionState
 from ledger.protocol import STREAM, mission_filter
 
@@ -57,12 +57,18 @@ async def replay_mission(nats_url: str, mission_id: str, *, cut: int | None = No
                     if seq > end:
                         break
                     try:
-                        event = parse_event(msg.data)
-                        record.append(event)
-                        state.apply(event)
-                        events += 1
+                        batch = parse_events(msg.data)  # one event, or a decision's bundle
                     except FleetError:
+                        batch = ()
                         rejected += 1
+                    for event in batch:
+                        try:
+                            state.apply(event)
+                        except FleetError:
+                            rejected += 1
+                            continue
+                        record.append(event)
+                        events += 1
                     last = seq
                     if msg.metadata.num_pending == 0:
                         break

@@ -60,8 +60,9 @@ from ledger.events import (
     Outcome,
     RiskOpened,
     RiskTreated,
+    bundle_json,
     make_event,
-    parse_event,
+    parse_events,
 )
 from ledger.kernel import Decision, decide
 from ledger.mission import MISSION_SCOPE, MissionState, admit_grant, evolve
@@ -77,8 +78,11 @@ from ledger.protocol import (
     ManageRequest,
     ViewRequest,
     deadletter_subject,
-    event_subject,
+    decision_of,
+    receipt_subject,
+    reply_from_receipt,
     risk_key,
+    subject_of,
 )
 from reservations import ReservationClient
 from telemetry import (
@@ -160,7 +164,7 @@ class Coordinator:
         self._ready_seq = 0
         # Events this coordinator published, by their bytes: its own events need no re-parsing
         # when they come back through the stream (anything else in the stream is parsed).
-        self._own: dict[bytes, Event] = {}
+        self._own: dict[bytes, tuple[Event, ...]] = {}
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -247,23 +251,29 @@ class Coordinator:
 
     def _apply_bytes(
         self, data: bytes, seq: int, *, live: bool
-    ) -> tuple[Event | None, FleetError | None]:
+    ) -> list[tuple[Event | None, FleetError | None]]:
+        """Apply one stream message (an event or a bundle), each event in order; return each
+        event with the problem that kept it out of the fold, if any."""
         own = self._own.pop(data, None)
         try:
-            event = own if own is not None else parse_event(data)
+            events = own if own is not None else parse_events(data)
         except FleetError as exc:
-            return None, exc
-        state = self.states.get(event.mission_id)
-        if state is None:
-            state = MissionState(event.mission_id)
-        try:
-            state.apply(event)
-        except FleetError as exc:
-            return event, exc
-        self.states[event.mission_id] = state
-        if self.telemetry.enabled:
-            self._traces.record(event)
-        return event, None
+            return [(None, exc)]
+        out: list[tuple[Event | None, FleetError | None]] = []
+        for event in events:
+            state = self.states.get(event.mission_id)
+            if state is None:
+                state = MissionState(event.mission_id)
+            try:
+                state.apply(event)
+            except FleetError as exc:
+                out.append((event, exc))
+                continue
+            self.states[event.mission_id] = state
+            if self.telemetry.enabled:
+                self._traces.record(event)
+            out.append((event, None))
+        return out
 
     async def _on_event(self, msg: Msg) -> None:
         meta = msg.metadata
@@ -309,23 +319,30 @@ class Coordinator:
             await self._ingest(raw, missing, None)
 
     async def _ingest(self, msg: Any, seq: int, span: Span | None) -> None:
-        event, problem = self._apply_bytes(msg.data, seq, live=True)
+        applied = self._apply_bytes(msg.data, seq, live=True)
         self.applied_seq = seq
         if span is not None:
-            if event is not None:
-                span.update_name(f"process fleet.ledger.{event.kind}")
-                span.set_attributes(event_attributes(event))
-                for link in self._traces.links_for(event, origin=True):
-                    span.add_link(link.context, link.attributes)
+            last = applied[-1][0]
+            if last is not None:
+                span.update_name(f"process fleet.ledger.{last.kind}")
+                span.set_attributes(event_attributes(last))
+            for event, _ in applied:
+                if event is not None:
+                    for link in self._traces.links_for(event, origin=True):
+                        span.add_link(link.context, link.attributes)
+            problems = [p for _, p in applied if p is not None]
+            if problems:
+                span.set_status(Status(StatusCode.ERROR, problems[0].message))
+                span.set_attribute(FLEET_ERROR_CODE, str(problems[0].code))
+        for event, problem in applied:
             if problem is not None:
-                span.set_status(Status(StatusCode.ERROR, problem.message))
-                span.set_attribute(FLEET_ERROR_CODE, str(problem.code))
-        if problem is not None:
-            await self._dead_letter(msg, event, problem, seq)
-        elif event is not None and event.kind in ("risk.opened", "risk.treated"):
-            payload = event.payload
-            assert isinstance(payload, RiskOpened | RiskTreated)
-            await self._put_risk(event.mission_id, payload.risk_id, self.states[event.mission_id])
+                await self._dead_letter(msg, event, problem, seq)
+            elif event is not None and event.kind in ("risk.opened", "risk.treated"):
+                payload = event.payload
+                assert isinstance(payload, RiskOpened | RiskTreated)
+                await self._put_risk(
+                    event.mission_id, payload.risk_id, self.states[event.mission_id]
+                )
         self._progress.set()
         self._progress = asyncio.Event()
 
@@ -342,6 +359,7 @@ class Coordinator:
         body = {
             "seq": seq,
             "subject": msg.subject,
+            "event_id": str(event.event_id) if event else None,
             "error": error_body(exc).model_dump(),
             "data": msg.data.decode("utf-8", errors="replace")[:8192],
         }
@@ -351,7 +369,7 @@ class Coordinator:
                 self._js,
                 deadletter_subject(mission if mission and _safe(mission) else None),
                 json.dumps(body).encode(),
-                msg_id=f"dl-{seq}",
+                msg_id=f"dl-{seq}-{event.event_id if event else ''}",
             )
 
     async def _put_risk(self, mission_id: str, risk_id: str, state: MissionState) -> None:
@@ -386,35 +404,30 @@ class Coordinator:
                 async with asyncio.timeout(left):
                     await progress.wait()
 
-    async def _append(self, events: list[Event]) -> list[int]:
-        """Publish events in order (one connection keeps order) and wait for every PubAck."""
+    async def _append(self, events: list[Event]) -> int:
+        """Publish ``events`` as one stream message (a bundle when several: stored, delivered
+        and applied together, all or none) and wait for its PubAck; return its sequence.
+
+        The message id is the last event's id, so a retry of the same append is de-duplicated.
+        """
         assert self._js is not None
         if self.telemetry.enabled:
             return await self._append_traced(events)
-        js = self._js
-        bodies = [e.to_json() for e in events]
+        body = bundle_json(events)
         if len(self._own) < OWN_CACHE_LIMIT:
-            self._own.update(zip(bodies, events, strict=True))
-        return list(
-            await asyncio.gather(
-                *(
-                    publish_checked(
-                        js, event_subject(e.mission_id, e.kind), body, msg_id=str(e.event_id)
-                    )
-                    for e, body in zip(events, bodies, strict=True)
-                )
-            )
-        )
+            self._own[body] = tuple(events)
+        last = events[-1]
+        return await publish_checked(self._js, subject_of(last), body, msg_id=str(last.event_id))
 
-    async def _append_traced(self, events: list[Event]) -> list[int]:
+    async def _append_traced(self, events: list[Event]) -> int:
         """``_append`` with one PRODUCER span per event: the span's context goes into the
-        envelope (so links survive the stream) and into the NATS headers (one trace)."""
+        envelope (so links survive the stream); the last one's into the NATS headers."""
         assert self._js is not None
         js, tracer = self._js, self.telemetry.tracer
         spans: list[Span] = []
-        sends: list[Awaitable[int]] = []
+        traced: list[Event] = []
         for e in events:
-            subject = event_subject(e.mission_id, e.kind)
+            subject = subject_of(e)
             span = tracer.start_span(
                 f"send fleet.ledger.{e.kind}",
                 kind=SpanKind.PRODUCER,
@@ -423,7 +436,7 @@ class Coordinator:
                     **messaging_attributes(
                         subject,
                         operation=OP_SEND,
-                        message_id=str(e.event_id),
+                        message_id=str(events[-1].event_id),
                         template=EVENT_SUBJECT_TEMPLATE,
                     ),
                 },
@@ -432,25 +445,26 @@ class Coordinator:
             for link in self._traces.links_for(e):
                 span.add_link(link.context, link.attributes)
             self._traces.record(e)  # before the next event: a decision links to this reserve
-            body = e.to_json()
-            if len(self._own) < OWN_CACHE_LIMIT:
-                self._own[body] = e
-            headers = inject_headers(context=trace.set_span_in_context(span))
+            traced.append(e)
             spans.append(span)
-            sends.append(
-                publish_checked(js, subject, body, msg_id=str(e.event_id), headers=headers)
-            )
+        body = bundle_json(traced)
+        if len(self._own) < OWN_CACHE_LIMIT:
+            self._own[body] = tuple(traced)
+        last = traced[-1]
+        headers = inject_headers(context=trace.set_span_in_context(spans[-1]))
         try:
-            seqs = list(await asyncio.gather(*sends))
+            seq = await publish_checked(
+                js, subject_of(last), body, msg_id=str(last.event_id), headers=headers
+            )
         except FleetError as exc:
             for span in spans:
                 span.set_status(Status(StatusCode.ERROR, exc.message))
                 span.end()
             raise
-        for span, seq in zip(spans, seqs, strict=True):
+        for span in spans:
             span.set_attribute(FLEET_STREAM_SEQ, seq)
             span.end()
-        return seqs
+        return seq
 
     def _redis_span(
         self, op: str, reservation_id: str | None
@@ -488,10 +502,16 @@ class Coordinator:
             await msg.respond(AuthorizeReply(error=error_body(err)).model_dump_json().encode())
             return
         replied = False
+        # A requester that names the receipt subject as its reply subject is answered by the
+        # stream itself: the stored receipt is republished there once it is durable, so a
+        # reply built from a stored receipt is not sent again beside it.
+        answered_by_stream = msg.reply == receipt_subject(req.mission_id, req.request.action_id)
 
         async def respond(reply: AuthorizeReply) -> None:
             nonlocal replied
             replied = True
+            if answered_by_stream and reply.decision_seq is not None:
+                return
             await msg.respond(reply.model_dump_json(exclude_none=True).encode())
 
         if not self.telemetry.enabled:
@@ -538,7 +558,9 @@ class Coordinator:
         respond: Callable[[AuthorizeReply], Awaitable[None]] | None = None,
     ) -> AuthorizeReply:
         """Decide, reserve, record; ``respond`` is called once the receipt is durable (PubAck),
-        before this coordinator has folded it, so the caller does not wait for the fold."""
+        before this coordinator has folded it, so the caller does not wait for the fold. (Over
+        NATS, a requester listening on the receipt subject has its answer from the stream's
+        republish of the stored receipt, as early as the PubAck.)"""
         await self.wait_applied(req.after_seq, self.settings.cut_timeout_s)
         async with self._locks[req.mission_id]:
             reply = await self._authorize_locked(req, respond)
@@ -555,7 +577,7 @@ class Coordinator:
             for prior in reversed(state.decisions):
                 if prior.action_id == action.action_id:
                     reply = AuthorizeReply(
-                        decision=_from_receipt(prior, action.grant_id, action.cost),
+                        decision=decision_of(prior, action.grant_id, action.cost),
                         reservation_id=prior.reservation_id,
                     )
                     if respond is not None:
@@ -585,8 +607,11 @@ class Coordinator:
             chain = [s for s in state.scopes(action.grant_id) if s != MISSION_SCOPE]
             metrics = self.telemetry.metrics
             try:
-                with self._redis_span("reserve", f"r-{action.action_id}"):
-                    res = await self._reservations.reserve(
+                # An authorised action is about to run: reserve and commit in one script, so no
+                # lease can return money that is being spent. It stays committed until its
+                # effect is recorded.
+                with self._redis_span("reserve_commit", f"r-{action.action_id}"):
+                    res, committed = await self._reservations.reserve_committed(
                         req.mission_id,
                         chain,
                         f"r-{action.action_id}",
@@ -610,28 +635,16 @@ class Coordinator:
             else:
                 metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: "held"})
                 reservation_id = res.reservation_id
-                events.append(
-                    self._event(
-                        res.ledger_payload(),
-                        req.mission_id,
-                        at=res.at,
-                        grant_id=action.grant_id,
-                        causal_parent=parent,
+                for result in (res, committed):
+                    events.append(
+                        self._event(
+                            result.ledger_payload(),
+                            req.mission_id,
+                            at=result.at,
+                            grant_id=action.grant_id,
+                            causal_parent=parent,
+                        )
                     )
-                )
-                # An authorised action is about to run: commit, so no lease can return money
-                # that is being spent. It stays committed until its effect is recorded.
-                with self._redis_span("commit", reservation_id):
-                    committed = await self._reservations.commit(req.mission_id, reservation_id)
-                events.append(
-                    self._event(
-                        committed.ledger_payload(),
-                        req.mission_id,
-                        at=committed.at,
-                        grant_id=action.grant_id,
-                        causal_parent=parent,
-                    )
-                )
         self._count_decision(decision)
         receipt = self._event(
             decision.receipt(reservation_id),
@@ -646,27 +659,19 @@ class Coordinator:
         # fails, the committed reservation holds until the same request is retried.
         for attempt in range(APPEND_ATTEMPTS):
             try:
-                seqs = await self._append(events)
+                seq = await self._append(events)
                 break
             except FleetError:
                 if attempt + 1 == APPEND_ATTEMPTS:
                     raise
-        if decision.rule is None and not decision.allowed:
-            failure = Unreachable(decision.reason)
-            reply = AuthorizeReply(error=error_body(failure))
-        else:
-            reply = AuthorizeReply(
-                decision=decision,
-                reservation_id=reservation_id,
-                decision_seq=seqs[-1],
-                decision_event_id=str(receipt.event_id),
-            )
+        # The same reply a requester builds from the republished receipt.
+        reply = reply_from_receipt(receipt, seq, action)
         if respond is not None:
             await respond(reply)
         # Hold the mission's lock until our own receipt is folded: the next decision sees it.
-        await self.wait_applied(seqs[-1], self.settings.cut_timeout_s)
+        await self.wait_applied(seq, self.settings.cut_timeout_s)
         if reply.error is not None:
-            raise failure
+            raise Unreachable(reply.error.message)
         return reply
 
     def _count_decision(self, decision: Decision) -> None:
@@ -776,8 +781,8 @@ class Coordinator:
         check = state
         for e in events:  # validate the whole change before anything is appended
             check = evolve(check, e)
-        seqs = await self._commit(events)
-        return ManageReply(ok=True, event_id=str(event.event_id), seq=seqs[-1], result=result)
+        seq = await self._commit(events)
+        return ManageReply(ok=True, event_id=str(event.event_id), seq=seq, result=result)
 
     def _grant_expiry(self, state: MissionState, args: dict[str, Any]) -> Any:
         """Default a grant's expiry to its parent's (or the mission's): never wider by default."""
@@ -839,10 +844,10 @@ class Coordinator:
             )
         return payload, extra, {"reservation_id": rid}
 
-    async def _commit(self, events: list[Event]) -> list[int]:
-        seqs = await self._append(events)
-        await self.wait_applied(seqs[-1], self.settings.cut_timeout_s)
-        return seqs
+    async def _commit(self, events: list[Event]) -> int:
+        seq = await self._append(events)
+        await self.wait_applied(seq, self.settings.cut_timeout_s)
+        return seq
 
     # --- views, sweeper, health ------------------------------------------------------------
 
@@ -949,25 +954,6 @@ def _first_error(exc: ValidationError) -> str:
     err = exc.errors(include_url=False)[0]
     loc = ".".join(str(p) for p in err["loc"])
     return f"{loc}: {err['msg']}" if loc else str(err["msg"])
-
-
-def _from_receipt(receipt: Any, grant_id: str, cost: int) -> Decision:
-    return Decision(
-        allowed=receipt.allowed,
-        rule=receipt.rule,
-        reason=receipt.reason,
-        action_id=receipt.action_id,
-        action=receipt.action,
-        grant_id=grant_id,
-        cost=cost,
-        cut_seq=receipt.cut_seq,
-        cut=receipt.cut,
-        policy_version=receipt.policy_version,
-        evidence=receipt.evidence,
-        risks=receipt.risks,
-        approval_id=receipt.approval_id,
-        budget=receipt.budget,
-    )
 
 
 __all__ = ["Coordinator", "Rule"]

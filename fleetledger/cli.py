@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 from datetime import UTC, datetime, timedelta
@@ -187,10 +188,23 @@ def _nats_url() -> str:
     return settings.nats_url
 
 
+def run_loop(coro: Any) -> Any:
+    """Run ``coro`` on uvloop when it is installed (a faster event loop for the services'
+    hot paths), else on asyncio's own loop; FLEET_EVENT_LOOP=asyncio forces the latter."""
+    if os.environ.get("FLEET_EVENT_LOOP", "uvloop") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+            pass
+        else:
+            return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
 def _run(coro_fn: Any, as_json: bool = False) -> Any:
     """Run one async client call; map errors to exit codes and --json error bodies."""
     try:
-        return asyncio.run(coro_fn())
+        return run_loop(coro_fn())
     except FleetError as exc:
         _fail(exc, as_json)
 

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
-from ledger.events import parse_event
+from ledger.events import parse_events
 from ledger.protocol import STREAM, SUBJECT_PREFIX
 
 SLACK = timedelta(seconds=30)  # an event's id is minted a little before it reaches the stream
@@ -59,8 +59,10 @@ async def find_trace(nats_url: str, event_id: str, *, jaeger_url: str) -> dict[s
                     msg = await sub.next_msg(timeout=READ_TIMEOUT_S)
                 except TimeoutError:
                     break  # nothing more in the stream
-                if (msg.headers or {}).get("Nats-Msg-Id") == event_id:
-                    return _describe(parse_event(msg.data), jaeger_url)
+                if event_id.encode() in msg.data:  # its own message, or a decision's bundle
+                    for event in parse_events(msg.data):
+                        if str(event.event_id) == event_id:
+                            return _describe(event, jaeger_url)
                 if msg.metadata.num_pending == 0:
                     break
         finally:

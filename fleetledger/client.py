@@ -7,6 +7,7 @@ as a ``Decision`` naming its rule; a reply carrying an error is raised as the ma
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any, Self
 
@@ -24,10 +25,11 @@ from ledger.errors import (
     RuleViolation,
     Unreachable,
 )
-from ledger.events import Event
+from ledger.events import Event, parse_events
 from ledger.kernel import ActionRequest
 from ledger.protocol import (
     AUTHORIZE_SUBJECT,
+    STREAM,
     MANAGE_SUBJECT,
     VIEW_SUBJECT,
     AuthorizeReply,
@@ -37,7 +39,9 @@ from ledger.protocol import (
     ManageReply,
     ManageRequest,
     ViewRequest,
-    event_subject,
+    receipt_subject,
+    reply_from_receipt,
+    subject_of,
 )
 from telemetry import (
     Telemetry,
@@ -177,8 +181,7 @@ class FleetClient:
                 agent_id=self.agent_id,
                 request=request,
             )
-            data = await self._request(AUTHORIZE_SUBJECT, body.model_dump_json().encode())
-            reply = AuthorizeReply.model_validate_json(data)
+            reply = await self._authorize_call(body, None)
         if reply.error is not None:
             raise_error(reply.error)
         if reply.decision_seq:
@@ -207,10 +210,7 @@ class FleetClient:
                 request=request,
                 trace=current_trace_context(),  # the action.requested event continues it
             )
-            data = await self._request(
-                AUTHORIZE_SUBJECT, body.model_dump_json().encode(), inject_headers()
-            )
-            reply = AuthorizeReply.model_validate_json(data)
+            reply = await self._authorize_call(body, inject_headers())
             if reply.decision is not None:
                 span.set_attribute(FLEET_DECISION_ALLOWED, reply.decision.allowed)
                 if reply.decision.rule is not None:
@@ -219,6 +219,42 @@ class FleetClient:
                 span.set_status(Status(StatusCode.ERROR, reply.error.message))
                 span.set_attribute(FLEET_ERROR_CODE, reply.error.code)
             return reply
+
+    async def _authorize_call(
+        self, body: AuthorizeRequest, headers: dict[str, str] | None
+    ) -> AuthorizeReply:
+        """Send the request with the receipt subject as its reply subject, and take the first
+        answer there: the stored receipt as the stream republishes it (durable before it can be
+        read), or a direct reply (an error, or the receipt of an action already decided)."""
+        request = body.request
+        subject = receipt_subject(body.mission_id, request.action_id)
+        try:
+            sub = await self.nc.subscribe(subject, max_msgs=1)
+            try:
+                await self.nc.publish(
+                    AUTHORIZE_SUBJECT, body.model_dump_json().encode(), subject, headers
+                )
+                msg = await sub.next_msg(timeout=self.timeout)
+            finally:
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
+        except nats.errors.TimeoutError:
+            raise ComponentTimeout(
+                f"the coordinator did not answer within {self.timeout}s (fail closed)"
+            ) from None
+        except (nats.errors.ConnectionClosedError, OSError) as exc:
+            raise Unreachable(f"NATS connection lost: {type(exc).__name__} (fail closed)") from None
+        hdrs = msg.headers or {}
+        if hdrs.get("Status") == "503":
+            raise Unreachable(
+                "no coordinator answers on NATS; is `fleetledger up` or "
+                "`fleetledger coordinator run` running? (refused: fail closed)"
+            )
+        if hdrs.get("Nats-Stream") == STREAM and "Nats-Sequence" in hdrs:
+            # the decision's bundle as stored: the action, its reservation, the receipt (last)
+            receipt = parse_events(msg.data)[-1]
+            return reply_from_receipt(receipt, int(hdrs["Nats-Sequence"]), request)
+        return AuthorizeReply.model_validate_json(msg.data)
 
     async def view(self, mission_id: str, role: str = "operator") -> dict[str, Any]:
         body = ViewRequest.model_validate({"mission_id": mission_id, "role": role})
@@ -232,7 +268,7 @@ class FleetClient:
 
         With tracing on, the PRODUCER span's context goes into the NATS headers and, unless the
         event already carries one (or is signed), into the envelope's ``trace``."""
-        subject = event_subject(event.mission_id, event.kind)
+        subject = subject_of(event)
         if not self.telemetry.enabled:
             seq = await publish_checked(
                 self.js, subject, event.to_json(), msg_id=str(event.event_id)

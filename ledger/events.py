@@ -6,7 +6,9 @@ malformed payloads raise ``InvalidInput`` naming the problem, and nothing is hal
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -28,6 +30,7 @@ from ledger.ids import new_id
 from ledger.money import MAX_MICROS
 
 MAX_EVENT_BYTES = 64 * 1024
+MAX_BUNDLE_EVENTS = 16
 POLICY_VERSION = "2026-11.1"
 
 # Ids travel in NATS subjects and Redis keys: keep them to a safe alphabet.
@@ -516,6 +519,49 @@ def parse_event(data: bytes | str | dict[str, Any]) -> Event:
             f"{'.'.join(str(p) for p in err['loc']) or 'event'}: {err['msg']}" for err in errors[:5]
         )
         raise InvalidInput(f"malformed event: {detail}") from None
+
+
+_BUNDLE = TypeAdapter(list[Event])
+
+
+def bundle_json(events: Sequence[Event]) -> bytes:
+    """The bytes of one stream message holding ``events`` (all of one mission), in order.
+
+    One event is itself; several are a JSON array (a *bundle*): a decision with the action and
+    the reservation it records is stored, delivered and applied as one message, all or none."""
+    if not 1 <= len(events) <= MAX_BUNDLE_EVENTS:
+        raise InvalidInput(f"a message holds 1 to {MAX_BUNDLE_EVENTS} events, not {len(events)}")
+    if len(events) == 1:
+        return events[0].to_json()
+    if len({e.mission_id for e in events}) != 1:
+        raise InvalidInput("a bundle holds the events of one mission")
+    return b"[" + b",".join(e.to_json() for e in events) + b"]"
+
+
+def parse_events(data: bytes | str) -> tuple[Event, ...]:
+    """Parse one stream message: an event, or a bundle of events of one mission (in order).
+
+    Raises ``InvalidInput`` naming the problem, as ``parse_event`` does."""
+    head = data.lstrip()[:1]
+    if head not in (b"[", "["):
+        return (parse_event(data),)
+    if len(data) > MAX_EVENT_BYTES:
+        raise InvalidInput(f"message is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
+    try:
+        events = tuple(_BUNDLE.validate_json(data))
+    except ValidationError:
+        try:
+            items = json.loads(data)
+        except ValueError:
+            raise InvalidInput("malformed bundle: not a JSON array of events") from None
+        if not isinstance(items, list):  # pragma: no cover - a leading '[' parses as a list
+            raise InvalidInput("malformed bundle: not a JSON array of events") from None
+        events = tuple(parse_event(item) for item in items)  # raises naming the bad event
+    if not 1 <= len(events) <= MAX_BUNDLE_EVENTS:
+        raise InvalidInput(f"a bundle holds 1 to {MAX_BUNDLE_EVENTS} events, not {len(events)}")
+    if len({e.mission_id for e in events}) != 1:
+        raise InvalidInput("a bundle holds the events of one mission")
+    return events
 
 
 def make_event(

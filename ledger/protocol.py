@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger.events import ID_PATTERN, TraceContext
+from ledger.errors import ErrorCode
+from ledger.events import ID_PATTERN, DecisionRecorded, Event, TraceContext
 from ledger.kernel import ActionRequest, Decision
 
 STREAM = "FLEET_LEDGER"
@@ -20,6 +21,8 @@ DEADLETTER_PREFIX = "fleet.deadletter"
 AUTHORIZE_SUBJECT = "fleet.v1.authorize"
 MANAGE_SUBJECT = "fleet.v1.manage"
 VIEW_SUBJECT = "fleet.v1.view"
+RECEIPT_PREFIX = "fleet.v1.receipt"
+RECEIPT_KIND = "decision.recorded"
 RISK_BUCKET = "fleet-risks"
 CONSUMER = "coordinator"
 
@@ -27,6 +30,34 @@ CONSUMER = "coordinator"
 def event_subject(mission_id: str, kind: str) -> str:
     """`fleet.ledger.<mission>.<kind>`: consumers filter by mission (`...<mission>.>`) or kind."""
     return f"{SUBJECT_PREFIX}.{mission_id}.{kind}"
+
+
+def receipt_stream_subject(mission_id: str, action_id: str) -> str:
+    """`fleet.ledger.<mission>.decision.recorded.<action>`: where a decision receipt is stored.
+
+    The action id in the subject lets the stream republish the stored receipt to the one
+    requester waiting for it (``receipt_subject``)."""
+    return f"{SUBJECT_PREFIX}.{mission_id}.{RECEIPT_KIND}.{action_id}"
+
+
+def receipt_subject(mission_id: str, action_id: str) -> str:
+    """`fleet.v1.receipt.<mission>.<action>`: the stream republishes each stored receipt here.
+
+    An authorize request names this subject as its reply subject; the requester's answer is the
+    receipt as stored (durable before anyone can read it), not a copy sent beside it."""
+    return f"{RECEIPT_PREFIX}.{mission_id}.{action_id}"
+
+
+# The stream's RePublish rule: receipt subject tokens 3 (mission) and 6 (action id).
+RECEIPT_REPUBLISH_SOURCE = f"{SUBJECT_PREFIX}.*.{RECEIPT_KIND}.*"
+RECEIPT_REPUBLISH_DEST = RECEIPT_PREFIX + ".{{wildcard(1)}}.{{wildcard(2)}}"
+
+
+def subject_of(event: Event) -> str:
+    """The subject an event is published on: its mission and kind (receipts: and action)."""
+    if isinstance(event.payload, DecisionRecorded):
+        return receipt_stream_subject(event.mission_id, event.payload.action_id)
+    return event_subject(event.mission_id, event.kind)
 
 
 def mission_filter(mission_id: str) -> str:
@@ -66,6 +97,39 @@ class AuthorizeReply(BaseModel):
     decision_seq: int | None = None  # stream sequence of the decision receipt
     decision_event_id: str | None = None
     error: ErrorBody | None = None
+
+
+def reply_from_receipt(receipt: Event, seq: int, request: ActionRequest) -> AuthorizeReply:
+    """The answer to ``request`` that a stored decision receipt (stream sequence ``seq``) gives.
+
+    The coordinator and a requester reading the republished receipt build the same reply. A
+    refusal that names no rule is a failure to decide (a store was unreachable): an error."""
+    payload = receipt.payload
+    if not isinstance(payload, DecisionRecorded) or payload.action_id != request.action_id:
+        raise ValueError(f"event {receipt.event_id} is not the receipt of {request.action_id}")
+    if not payload.allowed and payload.rule is None:
+        return AuthorizeReply(
+            error=ErrorBody(code=str(ErrorCode.UNREACHABLE), message=payload.reason),
+            decision_seq=seq,
+            decision_event_id=str(receipt.event_id),
+        )
+    return AuthorizeReply(
+        decision=decision_of(payload, request.grant_id, request.cost),
+        reservation_id=payload.reservation_id,
+        decision_seq=seq,
+        decision_event_id=str(receipt.event_id),
+    )
+
+
+def decision_of(receipt: DecisionRecorded, grant_id: str, cost: int) -> Decision:
+    """The decision a receipt records (the receipt omits the request's grant and cost)."""
+    return Decision(
+        allowed=receipt.allowed, rule=receipt.rule, reason=receipt.reason,
+        action_id=receipt.action_id, action=receipt.action, grant_id=grant_id, cost=cost,
+        cut_seq=receipt.cut_seq, cut=receipt.cut, policy_version=receipt.policy_version,
+        evidence=receipt.evidence, risks=receipt.risks, approval_id=receipt.approval_id,
+        budget=receipt.budget,
+    )  # fmt: skip
 
 
 ManageOp = Literal[

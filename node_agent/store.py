@@ -23,7 +23,7 @@ from ledger.clock import Clock, SystemClock
 from ledger.errors import ErrorCode, InvalidInput
 from ledger.events import Event, ItemCaptured, ItemStatusChanged, make_event
 from ledger.items import Actor, Item, ItemStatus, record_judgement, transition
-from ledger.protocol import event_subject
+from ledger.protocol import subject_of
 from node_agent.checks import CHECK, Check
 
 SCHEMA = """
@@ -211,7 +211,7 @@ class Store:
         )
         db.execute(
             "INSERT INTO outbox (event_id, subject, data) VALUES (?, ?, ?)",
-            (str(event.event_id), event_subject(event.mission_id, event.kind), event.to_json()),
+            (str(event.event_id), subject_of(event), event.to_json()),
         )
         return event
 
