@@ -29,8 +29,8 @@ from ledger.events import Event, parse_events
 from ledger.kernel import ActionRequest
 from ledger.protocol import (
     AUTHORIZE_SUBJECT,
-    STREAM,
     MANAGE_SUBJECT,
+    STREAM,
     VIEW_SUBJECT,
     AuthorizeReply,
     AuthorizeRequest,

@@ -208,7 +208,7 @@ async def test_authorize_across_processes_is_one_trace_with_links_by_event_id(
         "process fleet.ledger.evidence.registered",
         "send fleet.v1.authorize",
         "process fleet.v1.authorize",
-        "fleet.reservation.reserve",
+        "fleet.reservation.reserve_commit",
         "send fleet.ledger.action.requested",
         "send fleet.ledger.budget.reserved",
         "send fleet.ledger.decision.recorded",
@@ -237,7 +237,7 @@ async def test_authorize_across_processes_is_one_trace_with_links_by_event_id(
     assert proc_auth.attributes["messaging.system"] == "nats"
     assert proc_auth.attributes["gen_ai.tool.name"] == "refund"
     assert proc_auth.attributes["fleet.decision.allowed"] is True
-    reserve = named(spans, "fleet.reservation.reserve")
+    reserve = named(spans, "fleet.reservation.reserve_commit")
     assert reserve.kind == CLIENT and reserve.parent_span_id == proc_auth.span_id
     assert reserve.attributes["db.system.name"] == "redis"
 
