@@ -17,16 +17,28 @@ from fleetledger.client import FleetClient
 from fleetledger.servers import EmbeddedServers
 from ledger.authority import Authority
 from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation, Unreachable
-from ledger.events import EvidenceRegistered, make_event
+from ledger.events import EvidenceRegistered, bundle_json, make_event, parse_events
 from ledger.ids import new_id
 from ledger.kernel import ActionRequest
-from ledger.protocol import DEADLETTER_STREAM, deadletter_subject
+from ledger.protocol import (
+    AUTHORIZE_SUBJECT,
+    DEADLETTER_STREAM,
+    STREAM,
+    AuthorizeReply,
+    AuthorizeRequest,
+    deadletter_subject,
+    receipt_subject,
+)
 from node_agent.risks import RiskWatcher
 from reservations import ReservationClient
 
 
 def mission_id() -> str:
     return f"m-{new_id().hex[-12:]}"
+
+
+def T() -> datetime:
+    return datetime.now(UTC)
 
 
 def soon(hours: float = 8) -> str:
@@ -537,3 +549,75 @@ async def test_a_receipt_names_the_stream_sequence_of_its_cut_for_replay(
     assert reply.decision is not None and reply.decision.cut_seq is not None
     at_cut = await replay_mission(nats_url, mid, cut=reply.decision.cut_seq)
     assert at_cut.state.version == reply.decision.cut  # the replay sees what the decision saw
+
+
+async def test_the_answer_is_the_stored_receipt_republished_by_the_stream(
+    fleet: FleetClient, nats_url: str
+) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
+    before = (await fleet.js.stream_info(STREAM)).state.last_seq
+    nc = await nats.connect(nats_url)
+    try:
+        # a requester listening on the receipt subject gets the stored bundle, with its sequence
+        body = AuthorizeRequest(mission_id=mid, request=request("a1", "g-ap", "pay", 100_000))
+        inbox = receipt_subject(mid, "a1")
+        sub = await nc.subscribe(inbox, max_msgs=1)
+        await nc.publish(AUTHORIZE_SUBJECT, body.model_dump_json().encode(), reply=inbox)
+        msg = await sub.next_msg(timeout=5)
+        assert msg.headers is not None and msg.headers["Nats-Stream"] == STREAM
+        seq = int(msg.headers["Nats-Sequence"])
+        kinds = [e.kind for e in parse_events(msg.data)]
+        assert kinds == [
+            "action.requested", "budget.reserved", "budget.committed", "decision.recorded"
+        ]  # fmt: skip
+        # one decision is one stream message, and the stored one is what was delivered
+        assert seq == before + 1
+        stored = await fleet.js.get_msg(STREAM, seq)
+        assert stored.data == msg.data
+        assert stored.subject == f"fleet.ledger.{mid}.decision.recorded.a1"
+        # a plain request/reply client still gets a direct answer once the receipt is stored
+        body2 = AuthorizeRequest(mission_id=mid, request=request("a2", "g-ap", "pay", 100_000))
+        raw = await nc.request(AUTHORIZE_SUBJECT, body2.model_dump_json().encode(), timeout=5)
+        reply = AuthorizeReply.model_validate_json(raw.data)
+        assert reply.decision is not None and reply.decision.allowed
+        assert reply.decision_seq == seq + 1
+    finally:
+        await nc.close()
+    # the FleetClient reads the same receipt: its view of the decision matches the stream's
+    third = await fleet.authorize(mid, request("a3", "g-ap", "pay", 50_000))
+    assert third.decision is not None and third.decision.allowed
+    assert third.reservation_id == "r-a3" and third.decision_seq == seq + 2
+    view = await fleet.view(mid)
+    assert view["budget"]["committed"] == "0.25"
+
+
+async def test_a_bad_event_inside_a_bundle_is_dead_lettered_alone(
+    fleet: FleetClient, coordinator: Coordinator, nats_url: str
+) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    good = make_event(
+        EvidenceRegistered(evidence_id="ev-1", source="erp", claim="c"), mission_id=mid, at=T()
+    )
+    twice = make_event(
+        EvidenceRegistered(evidence_id="ev-1", source="erp", claim="again"),
+        mission_id=mid,
+        at=T(),
+    )  # registering the same evidence id twice breaks a rule of the fold
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        dead = await js.subscribe(
+            deadletter_subject(mid), stream=DEADLETTER_STREAM, ordered_consumer=True
+        )
+        ack = await js.publish(
+            f"fleet.ledger.{mid}.evidence.registered", bundle_json([good, twice])
+        )
+        await coordinator.wait_applied(ack.seq, 5)
+        reason = json.loads((await dead.next_msg(timeout=5)).data)
+        assert reason["seq"] == ack.seq and reason["event_id"] == str(twice.event_id)
+    finally:
+        await nc.close()
+    assert "ev-1" in coordinator.states[mid].evidence

@@ -50,6 +50,8 @@ from ledger.events import (
     TreatmentStatus,
     TurnEnded,
     TurnReceipt,
+    bundle_json,
+    parse_events,
 )
 from tests.unit.builders import T0, spec, wide
 
@@ -419,3 +421,60 @@ def test_a_grant_may_not_be_named_after_the_mission_scope() -> None:
     }
     with pytest.raises(InvalidInput, match="reserved for the mission"):
         parse_event(raw)
+
+
+# --- bundles: several events of one mission in one stream message --------------------------
+
+
+def _three(mission: str = "m1") -> list[Event]:
+    return [
+        make_event(SAMPLES[k], mission_id=mission, at=T0)
+        for k in ("action.requested", "budget.reserved", "decision.recorded")
+    ]
+
+
+def test_a_bundle_round_trips_in_order() -> None:
+    events = _three()
+    data = bundle_json(events)
+    assert data.startswith(b"[") and parse_events(data) == tuple(events)
+    assert parse_events(data.decode()) == tuple(events)
+
+
+def test_one_event_is_its_own_message() -> None:
+    event = _three()[0]
+    assert bundle_json([event]) == event.to_json()
+    assert parse_events(event.to_json()) == (event,)
+
+
+def test_a_bundle_of_two_missions_is_refused_both_ways() -> None:
+    mixed = [*_three("m1")[:1], *_three("m2")[1:]]
+    with pytest.raises(InvalidInput, match="one mission"):
+        bundle_json(mixed)
+    raw = b"[" + b",".join(e.to_json() for e in mixed) + b"]"
+    with pytest.raises(InvalidInput, match="one mission"):
+        parse_events(raw)
+
+
+def test_an_empty_or_oversized_bundle_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="1 to 16 events"):
+        parse_events(b"[]")
+    with pytest.raises(InvalidInput, match="1 to 16 events"):
+        bundle_json([])
+    many = [make_event(SAMPLES["turn.ended"], mission_id="m1", at=T0) for _ in range(17)]
+    with pytest.raises(InvalidInput, match="1 to 16 events"):
+        bundle_json(many)
+    with pytest.raises(InvalidInput, match="bytes; the limit"):
+        parse_events(b"[" + b" " * MAX_EVENT_BYTES + b"]")
+
+
+def test_a_bad_event_in_a_bundle_is_named() -> None:
+    good = _three()[0]
+    bad = json.loads(good.to_json())
+    bad["kind"] = "grant.teleported"
+    bad["payload"] = {}
+    raw = b"[" + good.to_json() + b"," + json.dumps(bad).encode() + b"]"
+    with pytest.raises(InvalidInput) as err:
+        parse_events(raw)
+    assert err.value.code is ErrorCode.UNKNOWN_KIND and "grant.teleported" in err.value.message
+    with pytest.raises(InvalidInput, match="not a JSON array"):
+        parse_events(b"[not json")

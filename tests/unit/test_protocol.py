@@ -1,0 +1,77 @@
+"""The wire protocol's pure parts: subjects, and the reply a stored receipt gives."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.errors import ErrorCode, Rule
+from ledger.events import DecisionRecorded, EvidenceRegistered, make_event
+from ledger.kernel import ActionRequest
+from ledger.protocol import (
+    RECEIPT_REPUBLISH_DEST,
+    RECEIPT_REPUBLISH_SOURCE,
+    receipt_stream_subject,
+    receipt_subject,
+    reply_from_receipt,
+    subject_of,
+)
+from tests.unit.builders import T0
+
+REQ = ActionRequest(action_id="a1", grant_id="g1", action="pay", cost=5, idempotency_key="k")
+
+
+def receipt(**kw: object) -> DecisionRecorded:
+    base: dict[str, object] = {
+        "action_id": "a1", "action": "pay", "allowed": True, "reason": "ok", "cut": 3,
+        "cut_seq": 9, "policy_version": "p1", "reservation_id": "r-a1",
+    }  # fmt: skip
+    return DecisionRecorded.model_validate({**base, **kw})
+
+
+def test_a_receipt_is_stored_on_its_action_subject_and_republished_to_the_requester() -> None:
+    event = make_event(receipt(), mission_id="m1", at=T0)
+    assert subject_of(event) == receipt_stream_subject("m1", "a1")
+    assert subject_of(event) == "fleet.ledger.m1.decision.recorded.a1"
+    other = make_event(
+        EvidenceRegistered(evidence_id="e", source="s", claim="c"), mission_id="m1", at=T0
+    )
+    assert subject_of(other) == "fleet.ledger.m1.evidence.registered"
+    # the republish rule maps the stored subject's mission and action tokens onto the reply one
+    src = RECEIPT_REPUBLISH_SOURCE.split(".")
+    stored = subject_of(event).split(".")
+    assert len(src) == len(stored) and all(a in ("*", b) for a, b in zip(src, stored, strict=True))
+    dest = RECEIPT_REPUBLISH_DEST.replace("{{wildcard(1)}}", stored[2]).replace(
+        "{{wildcard(2)}}", stored[5]
+    )
+    assert dest == receipt_subject("m1", "a1") == "fleet.v1.receipt.m1.a1"
+
+
+def test_an_allowed_receipt_gives_the_decision_with_the_request_grant_and_cost() -> None:
+    event = make_event(receipt(), mission_id="m1", at=T0)
+    reply = reply_from_receipt(event, 42, REQ)
+    assert reply.error is None and reply.decision is not None
+    assert (reply.decision.allowed, reply.decision.grant_id, reply.decision.cost) == (True, "g1", 5)
+    assert (reply.decision_seq, reply.decision_event_id) == (42, str(event.event_id))
+    assert reply.reservation_id == "r-a1" and reply.decision.cut_seq == 9
+
+
+def test_a_denial_names_its_rule_and_a_failure_to_decide_is_an_error() -> None:
+    denied = make_event(
+        receipt(allowed=False, rule=Rule.EVIDENCE_GATING, reason="no evidence", reservation_id=None),
+        mission_id="m1",
+        at=T0,
+    )
+    reply = reply_from_receipt(denied, 1, REQ)
+    assert reply.decision is not None and reply.decision.rule is Rule.EVIDENCE_GATING
+    failed = make_event(
+        receipt(allowed=False, reason="redis down", reservation_id=None), mission_id="m1", at=T0
+    )
+    reply = reply_from_receipt(failed, 2, REQ)
+    assert reply.decision is None and reply.error is not None
+    assert reply.error.code == str(ErrorCode.UNREACHABLE) and reply.error.message == "redis down"
+
+
+def test_a_receipt_of_another_action_is_not_an_answer() -> None:
+    event = make_event(receipt(action_id="a2"), mission_id="m1", at=T0)
+    with pytest.raises(ValueError, match="not the receipt of a1"):
+        reply_from_receipt(event, 1, REQ)
