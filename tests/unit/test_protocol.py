@@ -57,7 +57,9 @@ def test_an_allowed_receipt_gives_the_decision_with_the_request_grant_and_cost()
 
 def test_a_denial_names_its_rule_and_a_failure_to_decide_is_an_error() -> None:
     denied = make_event(
-        receipt(allowed=False, rule=Rule.EVIDENCE_GATING, reason="no evidence", reservation_id=None),
+        receipt(
+            allowed=False, rule=Rule.EVIDENCE_GATING, reason="no evidence", reservation_id=None
+        ),
         mission_id="m1",
         at=T0,
     )
