@@ -25,7 +25,7 @@ from ledger.errors import (
     RuleViolation,
     Unreachable,
 )
-from ledger.events import Event, parse_events
+from ledger.events import Event, last_event
 from ledger.kernel import ActionRequest
 from ledger.protocol import (
     AUTHORIZE_SUBJECT,
@@ -229,15 +229,19 @@ class FleetClient:
         request = body.request
         subject = receipt_subject(body.mission_id, request.action_id)
         try:
-            sub = await self.nc.subscribe(subject, max_msgs=1)
+            sub = await self.nc.subscribe(subject)
+            # SUB, UNSUB-after-one and PUB leave in one write; the server drops the interest
+            # itself once the answer is delivered.
+            await sub.unsubscribe(limit=1)
             try:
                 await self.nc.publish(
                     AUTHORIZE_SUBJECT, body.model_dump_json().encode(), subject, headers
                 )
                 msg = await sub.next_msg(timeout=self.timeout)
-            finally:
+            except BaseException:
                 with contextlib.suppress(nats.errors.Error):
                     await sub.unsubscribe()
+                raise
         except nats.errors.TimeoutError:
             raise ComponentTimeout(
                 f"the coordinator did not answer within {self.timeout}s (fail closed)"
@@ -251,8 +255,9 @@ class FleetClient:
                 "`fleetledger coordinator run` running? (refused: fail closed)"
             )
         if hdrs.get("Nats-Stream") == STREAM and "Nats-Sequence" in hdrs:
-            # the decision's bundle as stored: the action, its reservation, the receipt (last)
-            receipt = parse_events(msg.data)[-1]
+            # the decision's bundle as stored: the action, its reservation, the receipt (last);
+            # only the receipt is needed here, so only it is validated
+            receipt = last_event(msg.data)
             return reply_from_receipt(receipt, int(hdrs["Nats-Sequence"]), request)
         return AuthorizeReply.model_validate_json(msg.data)
 

@@ -564,6 +564,22 @@ def parse_events(data: bytes | str) -> tuple[Event, ...]:
     return events
 
 
+def last_event(data: bytes | str) -> Event:
+    """The last event of one stream message (a single event, or a bundle's last), validating
+    only that one: a reader that needs a decision's receipt skips validating the rest."""
+    if data.lstrip()[:1] not in (b"[", "["):
+        return parse_event(data)
+    if len(data) > MAX_EVENT_BYTES:
+        raise InvalidInput(f"message is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
+    try:
+        items = json.loads(data)
+    except ValueError:
+        raise InvalidInput("malformed bundle: not a JSON array of events") from None
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BUNDLE_EVENTS:
+        raise InvalidInput(f"a bundle holds 1 to {MAX_BUNDLE_EVENTS} events")
+    return parse_event(items[-1])
+
+
 def make_event(
     payload: Any,
     *,

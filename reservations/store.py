@@ -24,6 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation, Unreachable
 from ledger.money import check_micros, format_amount
 from reservations import keys as k
+from reservations.resp import RespConnection, RespConnectionError, RespError
 from reservations.results import (
     CommitResult,
     ExpiredReservation,
@@ -106,8 +107,13 @@ def _denial(mission_id: str, what: str, amount: int, reply: list[Any]) -> RuleVi
 class ReservationClient:
     """Async Redis client for mission-wide budget reservations (SPEC S7)."""
 
-    def __init__(self, redis: Redis, *, where: str = "redis") -> None:
+    def __init__(
+        self, redis: Redis, *, where: str = "redis", resp: RespConnection | None = None
+    ) -> None:
+        """``resp``: a pipelined connection for the scripts of single calls (the hot path);
+        without one, they go through ``redis`` like everything else."""
         self._redis = redis
+        self._resp = resp
         self._where = where
         self._scripts: dict[str, AsyncScript] = {
             name: redis.register_script(
@@ -139,13 +145,20 @@ class ReservationClient:
         )
         redis = Redis.from_pool(pool)
         host = url.split("@")[-1].split("://")[-1]  # never echo credentials
-        return cls(redis, where=host)
+        resp = (
+            RespConnection(url, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s)
+            if url.startswith(("redis://", "unix://"))
+            else None  # rediss:// (TLS) stays on redis-py
+        )
+        return cls(redis, where=host, resp=resp)
 
     @property
     def redis(self) -> Redis:
         return self._redis
 
     async def close(self) -> None:
+        if self._resp is not None:
+            await self._resp.close()
         await self._redis.aclose()
 
     async def __aenter__(self) -> Self:
@@ -168,6 +181,8 @@ class ReservationClient:
         )
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
+        if self._resp is not None:
+            return await self._run_pipelined(name, keys, args)
         try:
             reply = await self._scripts[name](keys=keys, args=args)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
@@ -175,6 +190,30 @@ class ReservationClient:
         except RedisError as exc:
             raise FleetError(f"reservation script {name} failed: {exc}") from exc
         return list(reply)
+
+    async def _run_pipelined(
+        self, name: str, keys: Sequence[str], args: Sequence[Any]
+    ) -> list[Any]:
+        """``_run`` on the pipelined connection: EVALSHA (EVAL once if Redis lost the script),
+        one retry on a dropped connection (every script is idempotent by reservation id)."""
+        assert self._resp is not None
+        script = self._scripts[name]
+        for attempt in (1, 2):
+            try:
+                try:
+                    reply = await self._resp.call("EVALSHA", script.sha, len(keys), *keys, *args)
+                except RespError as exc:
+                    if not str(exc).startswith("NOSCRIPT"):
+                        raise
+                    reply = await self._resp.call("EVAL", script.script, len(keys), *keys, *args)
+            except (RespConnectionError, TimeoutError) as exc:
+                if attempt == 2:
+                    raise self._unreachable(exc) from exc
+                continue
+            except RespError as exc:
+                raise FleetError(f"reservation script {name} failed: {exc}") from exc
+            return list(reply)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # --- scopes ----------------------------------------------------------------------------
 

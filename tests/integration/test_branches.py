@@ -78,7 +78,9 @@ async def test_ray_branches_half_each_against_point_eight_admit_exactly_one(
         spend_and_echo, [500_000] * 4, redis_url=redis_url, mission_id=mid,
         amount_each=500_000, lease_s=30, carrier={"traceparent": TRACEPARENT},
     )  # fmt: skip
-    assert sorted(o.status for o in outcomes) == ["admitted", "denied", "denied", "denied"]
+    assert sorted(o.status for o in outcomes) == ["admitted", "denied", "denied", "denied"], [
+        o.error for o in outcomes
+    ]
     level = await client.level(mid, MISSION_SCOPE)
     assert (level.settled, level.reserved, level.committed) == (500_000, 0, 0)
 

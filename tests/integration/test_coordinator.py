@@ -87,6 +87,11 @@ async def make_grant(
     )
 
 
+async def caught_up(co: Coordinator, client: FleetClient) -> None:
+    """Wait until ``co`` has folded everything in the stream now."""
+    await co.wait_applied((await client.js.stream_info(STREAM)).state.last_seq, 5)
+
+
 def request(action_id: str, grant: str, action: str, cost: int, **kw: Any) -> ActionRequest:
     return ActionRequest(
         action_id=action_id,
@@ -422,6 +427,7 @@ async def test_redis_down_refuses_authorize_and_records_the_refusal() -> None:
                 with pytest.raises(Unreachable) as exc:
                     await client.authorize(mid, request("a1", "g", "pay", 100_000))
                 assert "fail closed" in str(exc.value)
+                await caught_up(co, client)  # the answer can arrive before the fold
                 state = co.states[mid]
                 assert state.decisions[-1].allowed is False
                 assert state.level("mission").used == 0
@@ -474,7 +480,8 @@ async def test_an_authorised_reservation_is_committed_so_no_lease_returns_spent_
     await make_mission(fleet, mid)
     await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
     ok = await fleet.authorize(mid, request("a1", "g-ap", "pay", 100_000))
-    assert ok.decision is not None and ok.decision.allowed
+    assert ok.decision is not None and ok.decision.allowed and ok.decision_seq is not None
+    await coordinator.wait_applied(ok.decision_seq, 5)  # the answer can arrive before the fold
     assert coordinator.states[mid].reservations["r-a1"].state == "committed"
     async with ReservationClient.from_url(redis_url) as store:
         swept = await store.sweep(mid)  # nothing is held on a lease any more

@@ -51,6 +51,7 @@ from ledger.events import (
     TurnEnded,
     TurnReceipt,
     bundle_json,
+    last_event,
     parse_events,
 )
 from tests.unit.builders import T0, spec, wide
@@ -478,3 +479,13 @@ def test_a_bad_event_in_a_bundle_is_named() -> None:
     assert err.value.code is ErrorCode.UNKNOWN_KIND and "grant.teleported" in err.value.message
     with pytest.raises(InvalidInput, match="not a JSON array"):
         parse_events(b"[not json")
+
+
+def test_last_event_reads_a_bundle_s_last_event_or_a_single_one() -> None:
+    events = _three()
+    assert last_event(bundle_json(events)) == events[-1]
+    assert last_event(events[0].to_json()) == events[0]
+    with pytest.raises(InvalidInput, match="not a JSON array"):
+        last_event(b"[oops")
+    with pytest.raises(InvalidInput, match="1 to 16 events"):
+        last_event(b"[]")
