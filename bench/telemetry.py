@@ -193,7 +193,8 @@ async def main(quick: bool) -> dict[str, object]:
         receiver.stdout.close()
     received_client = got.get("send fleet.v1.authorize", 0)
     received_server = got.get("process fleet.v1.authorize", 0)
-    received_decisions = got.get("send fleet.ledger.decision.recorded", 0)
+    # each decision is a span event on the coordinator's authorize span
+    received_decisions = got.get("event fleet.ledger.decision.recorded", 0)
     off, on = statistics.median(off_rates), statistics.median(on_rates)
     figures: dict[str, object] = {
         "authorize_per_s_tracing_off": round(off, 1),

@@ -112,6 +112,7 @@ from telemetry.conventions import (
     GEN_AI_TOOL_CALL_ID,
     GEN_AI_TOOL_NAME,
     LEDGER_AGENT_ID,
+    LEDGER_EVENT_ID,
     LEDGER_GRANT_ID,
     LEDGER_MISSION_ID,
     MESSAGING_CONSUMER_GROUP_NAME,
@@ -270,7 +271,7 @@ class Coordinator:
                 out.append((event, exc))
                 continue
             self.states[event.mission_id] = state
-            if self.telemetry.enabled:
+            if self.telemetry.enabled and own is None:  # our own: recorded when appended
                 self._traces.record(event)
             out.append((event, None))
         return out
@@ -420,49 +421,60 @@ class Coordinator:
         return await publish_checked(self._js, subject_of(last), body, msg_id=str(last.event_id))
 
     async def _append_traced(self, events: list[Event]) -> int:
-        """``_append`` with one PRODUCER span per event: the span's context goes into the
-        envelope (so links survive the stream); the last one's into the NATS headers."""
+        """``_append`` with each event recorded as a span event on the span handling it (the
+        authorize or manage request), or on one PRODUCER span for the message when none is
+        current. The span's context goes into every envelope (so links by event id survive
+        the stream) and into the NATS headers (one trace); its links join the events these
+        depend on (causal parent, reserve, the facts at a decision's cut)."""
         assert self._js is not None
-        js, tracer = self._js, self.telemetry.tracer
-        spans: list[Span] = []
+        last = events[-1]
+        subject = subject_of(last)
+        current = trace.get_current_span()
+        owned = not current.is_recording()
+        span = (
+            self.telemetry.tracer.start_span(
+                f"send fleet.ledger.{last.kind}",
+                kind=SpanKind.PRODUCER,
+                attributes=messaging_attributes(
+                    subject,
+                    operation=OP_SEND,
+                    message_id=str(last.event_id),
+                    template=EVENT_SUBJECT_TEMPLATE,
+                ),
+            )
+            if owned
+            else current
+        )
+        sc = span.get_span_context()
+        tc = trace_context_of(span)
+        linked: set[tuple[str, str]] = set()
         traced: list[Event] = []
         for e in events:
-            subject = subject_of(e)
-            span = tracer.start_span(
-                f"send fleet.ledger.{e.kind}",
-                kind=SpanKind.PRODUCER,
-                attributes={
-                    **event_attributes(e),
-                    **messaging_attributes(
-                        subject,
-                        operation=OP_SEND,
-                        message_id=str(events[-1].event_id),
-                        template=EVENT_SUBJECT_TEMPLATE,
-                    ),
-                },
-            )
-            e = e.model_copy(update={"trace": trace_context_of(span)})
+            e = e.model_copy(update={"trace": tc})
             for link in self._traces.links_for(e):
-                span.add_link(link.context, link.attributes)
-            self._traces.record(e)  # before the next event: a decision links to this reserve
+                key = (str((link.attributes or {}).get(LEDGER_EVENT_ID)), str(link.context.span_id))
+                if link.context.span_id != sc.span_id and key not in linked:
+                    linked.add(key)
+                    span.add_link(link.context, link.attributes)
+            self._traces.record(e, sc)  # before the next event: a decision links to its reserve
+            span.add_event(f"fleet.ledger.{e.kind}", event_attributes(e))
             traced.append(e)
-            spans.append(span)
+        span.set_attributes(event_attributes(traced[-1]))
         body = bundle_json(traced)
         if len(self._own) < OWN_CACHE_LIMIT:
             self._own[body] = tuple(traced)
-        last = traced[-1]
-        headers = inject_headers(context=trace.set_span_in_context(spans[-1]))
+        headers = inject_headers(context=trace.set_span_in_context(span))
         try:
             seq = await publish_checked(
-                js, subject_of(last), body, msg_id=str(last.event_id), headers=headers
+                self._js, subject, body, msg_id=str(last.event_id), headers=headers
             )
         except FleetError as exc:
-            for span in spans:
-                span.set_status(Status(StatusCode.ERROR, exc.message))
+            span.set_status(Status(StatusCode.ERROR, exc.message))
+            if owned:
                 span.end()
             raise
-        for span in spans:
-            span.set_attribute(FLEET_STREAM_SEQ, seq)
+        span.set_attribute(FLEET_STREAM_SEQ, seq)
+        if owned:
             span.end()
         return seq
 

@@ -81,8 +81,10 @@ class EventTraces:
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def record(self, event: Event) -> None:
-        sc = span_context_from(event.trace)
+    def record(self, event: Event, context: SpanContext | None = None) -> None:
+        """Remember the span of ``event``: ``context`` if given (saves parsing the envelope's
+        ``traceparent``), else the one its envelope names."""
+        sc = context if context is not None else span_context_from(event.trace)
         if sc is None:
             return
         entry = (str(event.event_id), sc)

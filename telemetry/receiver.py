@@ -2,7 +2,8 @@
 
 ``OTLPReceiver`` runs ``http.server`` on a loopback port in a thread and accepts
 ``POST /v1/traces`` and ``/v1/metrics``. ``python -m telemetry.receiver PORT`` runs it in its own
-process and answers ``GET /counts`` with span counts by name (benchmarks keep it off their GIL).
+process and answers ``GET /counts`` with span counts by name, and span event counts by
+``event <name>`` (benchmarks keep it off their GIL).
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ class ReceivedLink:
 
 
 @dataclass(frozen=True)
+class ReceivedEvent:
+    name: str
+    attributes: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class ReceivedSpan:
     trace_id: str
     span_id: str
@@ -58,6 +65,16 @@ class ReceivedSpan:
     resource: dict[str, Any]
     links: tuple[ReceivedLink, ...] = ()
     status_code: int = 0
+    events: tuple[ReceivedEvent, ...] = ()
+
+    def ledger_kinds(self) -> set[str]:
+        """The ``ledger.kind`` of the span and of its span events (events it recorded)."""
+        kinds = {
+            str(e.attributes["ledger.kind"]) for e in self.events if "ledger.kind" in e.attributes
+        }
+        if "ledger.kind" in self.attributes:
+            kinds.add(str(self.attributes["ledger.kind"]))
+        return kinds
 
 
 @dataclass
@@ -115,9 +132,9 @@ class OTLPReceiver:
     def _traces(self, data: bytes) -> None:
         req = ExportTraceServiceRequest.FromString(data)
         if self.count_only:
-            names = Counter(
-                s.name for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans
-            )
+            spans = [s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans]
+            names = Counter(s.name for s in spans)
+            names.update(f"event {e.name}" for s in spans for e in s.events)
             with self._cond:
                 self.counts.update(names)
                 self._cond.notify_all()
@@ -143,6 +160,9 @@ class OTLPReceiver:
                                 for ln in s.links
                             ),
                             status_code=int(s.status.code),
+                            events=tuple(
+                                ReceivedEvent(ev.name, _attrs(ev.attributes)) for ev in s.events
+                            ),
                         )
                     )
         with self._cond:

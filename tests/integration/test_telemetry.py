@@ -209,9 +209,6 @@ async def test_authorize_across_processes_is_one_trace_with_links_by_event_id(
         "send fleet.v1.authorize",
         "process fleet.v1.authorize",
         "fleet.reservation.reserve_commit",
-        "send fleet.ledger.action.requested",
-        "send fleet.ledger.budget.reserved",
-        "send fleet.ledger.decision.recorded",
     }
     await traced.wait_applied(traced.applied_seq, 5)
     assert traced.telemetry.force_flush()
@@ -253,23 +250,36 @@ async def test_authorize_across_processes_is_one_trace_with_links_by_event_id(
         for ln in ingest.links
     )
 
-    # the decision: its span is the event's, linked to the events at its cut and its reserve
-    decision = named(spans, "send fleet.ledger.decision.recorded")
+    # the decision: one message whose events are span events of the span that handled the
+    # request (that span is theirs: their envelopes name it); its links reach the events they
+    # depend on in other spans, by event id
+    decision = proc_auth
     assert decision.attributes["ledger.event_id"] == node["decision_event"]
     assert decision.attributes["ledger.kind"] == "decision.recorded"
     assert decision.attributes["ledger.mission_id"] == mid
     assert decision.attributes["ledger.grant_id"] == "g1"
-    requested = named(spans, "send fleet.ledger.action.requested")
-    reserved = named(spans, "send fleet.ledger.budget.reserved")
+    assert decision.attributes["fleet.stream.seq"] > 0
+    recorded = {e.name: e.attributes for e in decision.events}
+    assert list(recorded) == [
+        "fleet.ledger.action.requested",
+        "fleet.ledger.budget.reserved",
+        "fleet.ledger.budget.committed",
+        "fleet.ledger.decision.recorded",
+    ]
+    assert recorded["fleet.ledger.decision.recorded"]["ledger.event_id"] == node["decision_event"]
+    assert all(a["ledger.mission_id"] == mid and a["ledger.event_id"] for a in recorded.values())
+    reserved_id = recorded["fleet.ledger.budget.reserved"]["ledger.event_id"]
+    assert (
+        recorded["fleet.ledger.budget.committed"]["ledger.causal_parent"]
+        == recorded["fleet.ledger.action.requested"]["ledger.event_id"]
+    )
+    assert reserved_id != recorded["fleet.ledger.decision.recorded"]["ledger.event_id"]
     relations = {
         (ln.attributes["fleet.link.relation"], ln.attributes["ledger.event_id"]): ln.span_id
         for ln in decision.links
     }
-    assert (
-        relations[("causal_parent", requested.attributes["ledger.event_id"])] == requested.span_id
-    )
-    assert relations[("reserve", reserved.attributes["ledger.event_id"])] == reserved.span_id
     assert ("cut", ev_id) in relations  # the evidence the decision relied on
+    assert all(span_id != decision.span_id for span_id in relations.values())  # no self-links
     grant_links = [ln for ln in decision.links if ln.attributes["fleet.link.relation"] == "cut"]
     assert any(ln.trace_id != trace_id for ln in grant_links)  # the grant.issued, another trace
 
@@ -306,26 +316,37 @@ async def test_settle_links_to_its_reserve_and_metrics_count_outcomes(
     assert denied.decision is not None and not denied.decision.allowed
     assert tel.force_flush() and traced.telemetry.force_flush()
 
+    def settles(span: ReceivedSpan) -> bool:
+        return span.name == "process fleet.v1.manage" and any(
+            e.name == "fleet.ledger.budget.settled" for e in span.events
+        )
+
     def settled(r: Received) -> bool:
         return (
-            any(
-                s.name == "send fleet.ledger.budget.settled"
-                and s.attributes["ledger.mission_id"] == mid
-                for s in r.spans
-            )
+            any(settles(s) and s.attributes["ledger.mission_id"] == mid for s in r.spans)
             and "fleet.denials" in r.metrics
         )
 
     await asyncio.to_thread(receiver.wait_for, settled, 15)
     mine = receiver.spans(lambda s: s.attributes.get("ledger.mission_id") == mid)
-    settle = next(s for s in mine if s.name == "send fleet.ledger.budget.settled")
-    reserve = next(s for s in mine if s.name == "send fleet.ledger.budget.reserved")
-    assert [(ln.span_id, ln.attributes["fleet.link.relation"]) for ln in settle.links] == [
-        (reserve.span_id, "reserve")
-    ]
-    manage = next(s for s in receiver.spans() if s.span_id == settle.parent_span_id)
-    assert manage.name == "process fleet.v1.manage"
+    manage = next(s for s in mine if settles(s))
     assert manage.attributes["fleet.manage.op"] == "effect.record"
+    authorized = next(
+        s
+        for s in mine
+        if s.name == "process fleet.v1.authorize"
+        and any(e.name == "fleet.ledger.budget.reserved" for e in s.events)
+    )
+    reserve_id = next(
+        e.attributes["ledger.event_id"]
+        for e in authorized.events
+        if e.name == "fleet.ledger.budget.reserved"
+    )
+    # the settle links to its reserve: the span that recorded it, naming its event id
+    assert (authorized.span_id, "reserve", reserve_id) in {
+        (ln.span_id, ln.attributes["fleet.link.relation"], ln.attributes["ledger.event_id"])
+        for ln in manage.links
+    }
     metrics = receiver.received.metrics
     outcomes = {a["fleet.reservation.outcome"] for a, _ in metrics["fleet.reservations"]}
     assert {"held", "settled"} <= outcomes
@@ -421,15 +442,13 @@ def test_the_demo_mission_is_one_connected_trace_with_links_by_event_id(
 
     def decisions(r: Received) -> list[ReceivedSpan]:
         return [
-            s
-            for s in r.spans
-            if s.trace_id == trace_id and s.attributes.get("ledger.kind") == "decision.recorded"
+            s for s in r.spans if s.trace_id == trace_id and "decision.recorded" in s.ledger_kinds()
         ]
 
     # The scripted mission makes four decisions (two credits refused, two accepted).
     receiver.wait_for(lambda r: len(decisions(r)) >= 4, 20)
     mine = receiver.spans(lambda s: s.trace_id == trace_id)
-    kinds = {s.attributes.get("ledger.kind") for s in mine}
+    kinds = set().union(*(s.ledger_kinds() for s in mine))
     assert {
         "mission.created",
         "grant.issued",
