@@ -535,7 +535,7 @@ def bundle_json(events: Sequence[Event]) -> bytes:
         return events[0].to_json()
     if len({e.mission_id for e in events}) != 1:
         raise InvalidInput("a bundle holds the events of one mission")
-    return b"[" + b",".join(e.to_json() for e in events) + b"]"
+    return _BUNDLE.dump_json(list(events), exclude_none=True)
 
 
 def parse_events(data: bytes | str) -> tuple[Event, ...]:
