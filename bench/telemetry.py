@@ -26,7 +26,6 @@ from pathlib import Path
 # `reservations` package; drop it before importing ours.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
 
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
 from opentelemetry.sdk.resources import Resource  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
@@ -38,6 +37,7 @@ from fleetledger.servers import EmbeddedServers, free_port  # noqa: E402
 from ledger.authority import Authority  # noqa: E402
 from ledger.kernel import ActionRequest  # noqa: E402
 from telemetry import Telemetry  # noqa: E402
+from telemetry.otlp_encode import FastOTLPSpanExporter  # noqa: E402
 
 err = Console(stderr=True)
 WORKERS = 8
@@ -84,10 +84,11 @@ def start_coordinator(
 
 
 def client_telemetry(otlp: str) -> Telemetry:
+    """The agents' side, exporting as ``process_telemetry`` would (our OTLP/HTTP exporter)."""
     tp = TracerProvider(resource=Resource.create({"service.name": "bench-client"}))
     tp.add_span_processor(
         BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=f"{otlp}/v1/traces"),
+            FastOTLPSpanExporter(endpoint=f"{otlp}/v1/traces"),
             max_queue_size=65_536,
             max_export_batch_size=2_048,
         )

@@ -29,7 +29,9 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
 from pydantic import ValidationError
 
 from coordinator.bus import (
@@ -459,7 +461,13 @@ class Coordinator:
             self._traces.record(e, sc)  # before the next event: a decision links to its reserve
             span.add_event(f"fleet.ledger.{e.kind}", event_attributes(e))
             traced.append(e)
-        span.set_attributes(event_attributes(traced[-1]))
+        # the span names the message's last event (a decision: its receipt); a handling span
+        # already carries the mission, agent and grant of the request
+        last_attrs = event_attributes(traced[-1])
+        if not owned:
+            present = span.attributes if isinstance(span, ReadableSpan) else None
+            if present:
+                last_attrs = {k: v for k, v in last_attrs.items() if present.get(k) != v}
         body = bundle_json(traced)
         if len(self._own) < OWN_CACHE_LIMIT:
             self._own[body] = tuple(traced)
@@ -473,7 +481,7 @@ class Coordinator:
             if owned:
                 span.end()
             raise
-        span.set_attribute(FLEET_STREAM_SEQ, seq)
+        span.set_attributes({**last_attrs, FLEET_STREAM_SEQ: seq})
         if owned:
             span.end()
         return seq
@@ -559,10 +567,13 @@ class Coordinator:
                 return
             if reply.decision is not None:
                 d = reply.decision
-                span.set_attribute(FLEET_DECISION_ALLOWED, d.allowed)
-                span.set_attribute(FLEET_DECISION_CUT, d.cut)
+                outcome: dict[str, AttributeValue] = {
+                    FLEET_DECISION_ALLOWED: d.allowed,
+                    FLEET_DECISION_CUT: d.cut,
+                }
                 if d.rule is not None:
-                    span.set_attribute(FLEET_DECISION_RULE, d.rule.value)
+                    outcome[FLEET_DECISION_RULE] = d.rule.value
+                span.set_attributes(outcome)
 
     async def authorize(
         self,

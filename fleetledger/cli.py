@@ -7,9 +7,7 @@ unreachable (fail closed), 1 anything else.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
-import os
 import signal
 import sys
 from datetime import UTC, datetime, timedelta
@@ -21,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetledger import __version__
+from fleetledger.runtime import run_loop, tune_gc
 from fleetledger.servers import EmbeddedServers, write_env_file
 from fleetledger.settings import ENV_FILE_NAME, FleetSettings, default_state_dir
 from ledger.errors import FleetError, InvalidInput, Unreachable
@@ -187,29 +186,6 @@ def _nats_url() -> str:
             "no fleet configured: run `fleetledger up` (it writes fleet.env) or set FLEET_NATS_URL"
         )
     return settings.nats_url
-
-
-def run_loop(coro: Any) -> Any:
-    """Run ``coro`` on uvloop when it is installed (a faster event loop for the services'
-    hot paths), else on asyncio's own loop; FLEET_EVENT_LOOP=asyncio forces the latter."""
-    if os.environ.get("FLEET_EVENT_LOOP", "uvloop") != "asyncio":
-        try:
-            import uvloop
-        except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-            pass
-        else:
-            return uvloop.run(coro)
-    return asyncio.run(coro)
-
-
-def tune_gc() -> None:
-    """For a long-running service once it has started: move what start-up allocated (modules,
-    the rebuilt state) out of the collector's sight, and collect the youngest generation less
-    often. Every request allocates many short-lived objects and few cycles; the default
-    threshold (700) runs a collection several times per request."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
 
 
 def _run(coro_fn: Any, as_json: bool = False) -> Any:

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from fleetledger.runtime import run_loop
 from ledger.errors import FleetError, InvalidInput
 from node_agent.autoledger import AutoLedger
 from node_agent.checks import Check, CommandCheck, EvidenceCheck, FileCheck
@@ -75,7 +76,7 @@ def node_run(
         f"node agent {settings.node_id}: socket {settings.socket_path}, db {settings.db_path}"
     )
     try:
-        asyncio.run(serve(settings))
+        run_loop(serve(settings))
     except FleetError as exc:
         _fail(exc)
     except KeyboardInterrupt:

@@ -212,9 +212,15 @@ class FleetClient:
             )
             reply = await self._authorize_call(body, inject_headers())
             if reply.decision is not None:
-                span.set_attribute(FLEET_DECISION_ALLOWED, reply.decision.allowed)
-                if reply.decision.rule is not None:
-                    span.set_attribute(FLEET_DECISION_RULE, reply.decision.rule.value)
+                if reply.decision.rule is None:
+                    span.set_attribute(FLEET_DECISION_ALLOWED, reply.decision.allowed)
+                else:
+                    span.set_attributes(
+                        {
+                            FLEET_DECISION_ALLOWED: reply.decision.allowed,
+                            FLEET_DECISION_RULE: reply.decision.rule.value,
+                        }
+                    )
             if reply.error is not None:
                 span.set_status(Status(StatusCode.ERROR, reply.error.message))
                 span.set_attribute(FLEET_ERROR_CODE, reply.error.code)
