@@ -91,11 +91,11 @@ from telemetry import (
     EventTraces,
     Telemetry,
     context_from,
+    envelope_of,
     event_attributes,
     extract_context,
     inject_headers,
     messaging_attributes,
-    trace_context_of,
 )
 from telemetry.conventions import (
     DB_OPERATION_NAME,
@@ -448,11 +448,12 @@ class Coordinator:
             else current
         )
         sc = span.get_span_context()
-        tc = trace_context_of(span)
+        tc = envelope_of(sc)
         linked: set[tuple[str, str]] = set()
         traced: list[Event] = []
         for e in events:
-            e = e.model_copy(update={"trace": tc})
+            if e.trace != tc:
+                e = e.model_copy(update={"trace": tc})
             for link in self._traces.links_for(e):
                 key = (str((link.attributes or {}).get(LEDGER_EVENT_ID)), str(link.context.span_id))
                 if link.context.span_id != sc.span_id and key not in linked:

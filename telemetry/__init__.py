@@ -6,6 +6,7 @@ from telemetry.metrics import FleetMetrics
 from telemetry.propagation import (
     context_from,
     current_trace_context,
+    envelope_of,
     extract_context,
     inject_headers,
     span_context_from,
@@ -26,6 +27,7 @@ __all__ = [
     "Telemetry",
     "context_from",
     "current_trace_context",
+    "envelope_of",
     "event_attributes",
     "extract_context",
     "guardrail_span",

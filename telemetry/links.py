@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from opentelemetry.trace import Link, SpanContext
+from opentelemetry.trace import Link, SpanContext, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
 from ledger.events import Event
@@ -76,7 +76,9 @@ class EventTraces:
 
     def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
         self.limit = limit
-        self._by_key: OrderedDict[str, tuple[str, SpanContext]] = OrderedDict()
+        # (event id, trace id, span id, trace flags): atoms only, so the collector untracks
+        # the entries and never walks them; a SpanContext is built only for a link
+        self._by_key: OrderedDict[str, tuple[str, int, int, int]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -87,13 +89,13 @@ class EventTraces:
         sc = context if context is not None else span_context_from(event.trace)
         if sc is None:
             return
-        entry = (str(event.event_id), sc)
+        entry = (str(event.event_id), sc.trace_id, sc.span_id, int(sc.trace_flags))
         self._put(f"event:{event.event_id}", entry)
         key = _introduced_key(event)
         if key is not None:
             self._put(key, entry)
 
-    def _put(self, key: str, entry: tuple[str, SpanContext]) -> None:
+    def _put(self, key: str, entry: tuple[str, int, int, int]) -> None:
         self._by_key[key] = entry
         self._by_key.move_to_end(key)
         while len(self._by_key) > self.limit:
@@ -104,7 +106,9 @@ class EventTraces:
         if entry is None or entry[0] in seen:
             return None
         seen.add(entry[0])
-        return Link(entry[1], {LEDGER_EVENT_ID: entry[0], FLEET_LINK_RELATION: relation})
+        event_id, trace_id, span_id, flags = entry
+        context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+        return Link(context, {LEDGER_EVENT_ID: event_id, FLEET_LINK_RELATION: relation})
 
     def links_for(self, event: Event, *, origin: bool = False) -> list[Link]:
         """Links from ``event``'s span to the spans of the events it depends on.

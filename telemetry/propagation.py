@@ -35,13 +35,32 @@ def extract_context(headers: Mapping[str, str] | None) -> Context | None:
 
 
 def trace_context_of(span: Span) -> TraceContext | None:
-    """The envelope form of a span's context (None for a non-recording, invalid span)."""
-    ctx = span.get_span_context()
+    """The envelope form of a span's context (None for a non-recording, invalid span).
+
+    The envelope is always W3C trace context, whatever ``OTEL_PROPAGATORS`` puts in headers:
+    formatted here directly (what the W3C propagator writes), cached per span context."""
+    return envelope_of(span.get_span_context())
+
+
+_ENVELOPES: dict[tuple[int, int, int], TraceContext] = {}
+
+
+def envelope_of(ctx: SpanContext) -> TraceContext | None:
+    """``trace_context_of`` for a span context."""
     if not ctx.is_valid:
         return None
-    carrier: dict[str, str] = {}
-    _W3C.inject(carrier, context=trace.set_span_in_context(span))
-    return TraceContext(traceparent=carrier["traceparent"], tracestate=carrier.get("tracestate"))
+    key = (ctx.trace_id, ctx.span_id, ctx.trace_flags)
+    tc = _ENVELOPES.get(key) if not ctx.trace_state else None
+    if tc is None:
+        tc = TraceContext(
+            traceparent=f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}",
+            tracestate=ctx.trace_state.to_header() or None if ctx.trace_state else None,
+        )
+        if not ctx.trace_state:
+            if len(_ENVELOPES) >= 1024:  # a span's events share one; keep only recent ones
+                _ENVELOPES.clear()
+            _ENVELOPES[key] = tc
+    return tc
 
 
 def current_trace_context() -> TraceContext | None:
@@ -69,6 +88,7 @@ def context_from(tc: TraceContext | None) -> Context | None:
 __all__ = [
     "context_from",
     "current_trace_context",
+    "envelope_of",
     "extract_context",
     "inject_headers",
     "span_context_from",

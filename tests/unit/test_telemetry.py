@@ -201,3 +201,28 @@ def test_disabled_helpers_return_a_non_recording_span() -> None:
     tel = Telemetry.disabled()
     with guardrail_span(tel, agent_id="a") as judge, tool_span(tel, "t") as tool:
         assert not judge.is_recording() and not tool.is_recording()
+
+
+@pytest.mark.parametrize("state", [None, "vendor=abc,other=1"])
+@pytest.mark.parametrize("flags", [0, 1])
+def test_the_envelope_form_is_what_the_w3c_propagator_writes(state: str | None, flags: int) -> None:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from telemetry import trace_context_of
+
+    ctx = SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0x00F067AA0BA902B7,
+        is_remote=False,
+        trace_flags=TraceFlags(flags),
+        trace_state=TraceState.from_header([state]) if state else None,
+    )
+    span = NonRecordingSpan(ctx)
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, context=trace.set_span_in_context(span))
+    tc = trace_context_of(span)
+    assert tc is not None
+    assert (tc.traceparent, tc.tracestate) == (carrier["traceparent"], carrier.get("tracestate"))
+    assert trace_context_of(span) == tc  # cached or not, the same
