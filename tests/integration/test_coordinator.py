@@ -628,3 +628,29 @@ async def test_a_bad_event_inside_a_bundle_is_dead_lettered_alone(
     finally:
         await nc.close()
     assert "ev-1" in coordinator.states[mid].evidence
+
+
+async def test_a_ledger_stream_from_before_receipts_were_republished_gains_the_rule() -> None:
+    from nats.js import api
+
+    from coordinator.bus import ensure_streams
+    from ledger.protocol import RECEIPT_REPUBLISH_DEST, RECEIPT_REPUBLISH_SOURCE
+
+    with EmbeddedServers() as own:
+        nc = await nats.connect(own.nats_url)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(
+                api.StreamConfig(
+                    name=STREAM, subjects=["fleet.ledger.>"], storage=api.StorageType.FILE
+                )
+            )
+            await ensure_streams(js)
+            republish = (await js.stream_info(STREAM)).config.republish
+            assert republish is not None
+            assert (republish.src, republish.dest) == (
+                RECEIPT_REPUBLISH_SOURCE,
+                RECEIPT_REPUBLISH_DEST,
+            )
+        finally:
+            await nc.close()
