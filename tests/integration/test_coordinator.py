@@ -654,3 +654,26 @@ async def test_a_ledger_stream_from_before_receipts_were_republished_gains_the_r
             )
         finally:
             await nc.close()
+
+
+async def test_a_decision_whose_ledger_append_was_lost_is_recorded_once_on_retry(
+    fleet: FleetClient, coordinator: Coordinator, redis_url: str
+) -> None:
+    """A coordinator that died after Redis reserved and committed but before the decision's
+    message was stored: the retried request commits nothing twice and records it once."""
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
+    async with ReservationClient.from_url(redis_url) as store:
+        await store.reserve_committed(mid, ["g-ap"], "r-a1", 100_000, 30)  # the lost attempt
+        ok = await fleet.authorize(mid, request("a1", "g-ap", "pay", 100_000))
+        level = await store.level(mid, "mission")
+    assert ok.decision is not None and ok.decision.allowed and ok.reservation_id == "r-a1"
+    assert (level.reserved, level.committed) == (0, 100_000)  # held once, not twice
+    assert ok.decision_seq is not None
+    await coordinator.wait_applied(ok.decision_seq, 5)
+    state = coordinator.states[mid]
+    assert state.reservations["r-a1"].state == "committed"
+    assert state.level("mission").used == 100_000
+    bundle = parse_events((await fleet.js.get_msg(STREAM, ok.decision_seq)).data)
+    assert [e.kind for e in bundle].count("budget.reserved") == 1
