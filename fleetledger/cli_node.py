@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fleetledger.runtime import run_loop
+from fleetledger.runtime import run_loop, tune_gc
 from ledger.errors import FleetError, InvalidInput
 from node_agent.autoledger import AutoLedger
 from node_agent.checks import Check, CommandCheck, EvidenceCheck, FileCheck
@@ -75,8 +75,18 @@ def node_run(
     err.print(
         f"node agent {settings.node_id}: socket {settings.socket_path}, db {settings.db_path}"
     )
+    async def serve_tuned() -> None:
+        ready = asyncio.Event()
+        task = asyncio.create_task(serve(settings, ready))
+        waiter = asyncio.create_task(ready.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if ready.is_set():
+            tune_gc()  # started: tune the collector, as the coordinator does
+        waiter.cancel()
+        await task
+
     try:
-        run_loop(serve(settings))
+        run_loop(serve_tuned())
     except FleetError as exc:
         _fail(exc)
     except KeyboardInterrupt:

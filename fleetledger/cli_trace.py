@@ -60,7 +60,11 @@ async def find_trace(nats_url: str, event_id: str, *, jaeger_url: str) -> dict[s
                 except TimeoutError:
                     break  # nothing more in the stream
                 if event_id.encode() in msg.data:  # its own message, or a decision's bundle
-                    for event in parse_events(msg.data):
+                    try:
+                        events = parse_events(msg.data)
+                    except FleetError:  # a malformed message that mentions the id: not it
+                        events = ()
+                    for event in events:
                         if str(event.event_id) == event_id:
                             return _describe(event, jaeger_url)
                 if msg.metadata.num_pending == 0:

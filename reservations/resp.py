@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import collections
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import hiredis
+from redis.asyncio import ConnectionPool
 
 
 class RespError(Exception):
@@ -86,22 +86,50 @@ class _Protocol(asyncio.Protocol):
 
 
 class RespConnection:
-    """A lazily (re)connected, pipelined connection to the Redis at ``url`` (redis:// or unix://).
+    """A lazily (re)connected, pipelined connection to one Redis (TCP or Unix socket).
 
     ``call`` raises ``RespError`` for an error reply, ``RespConnectionError`` when Redis cannot
-    be reached or the connection drops, and ``TimeoutError`` after ``timeout_s``.
+    be reached, refuses the credentials, or the connection drops, and ``TimeoutError`` after
+    ``timeout_s``. Build it with ``from_url`` (the same URL reading as redis-py's) or from the
+    parts.
     """
 
-    def __init__(self, url: str, *, connect_timeout_s: float = 2.0, timeout_s: float = 5.0) -> None:
-        parsed = urlparse(url)
-        if parsed.scheme not in ("redis", "unix"):
-            raise ValueError(f"the pipelined connection speaks redis:// and unix://, not {url!r}")
-        self._parsed = parsed
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 6379,
+        path: str | None = None,
+        db: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+        connect_timeout_s: float = 2.0,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self._host, self._port, self._path = host, port, path
+        self._db, self._username, self._password = db, username, password
         self._connect_timeout_s = connect_timeout_s
         self._timeout_s = timeout_s
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
         self._connecting_loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def from_url(cls, url: str, **kw: Any) -> RespConnection:
+        """``redis://`` and ``unix://`` URLs, read as redis-py reads them (path or ``?db=``,
+        credentials in the URL or the query); ``rediss://`` (TLS) is not spoken here."""
+        if not url.startswith(("redis://", "unix://")):
+            raise ValueError(f"the pipelined connection speaks redis:// and unix://, not {url!r}")
+        parts = ConnectionPool.from_url(url).connection_kwargs
+        return cls(
+            host=str(parts.get("host") or "127.0.0.1"),
+            port=int(parts.get("port") or 6379),
+            path=parts.get("path"),
+            db=int(parts.get("db") or 0),
+            username=parts.get("username"),
+            password=parts.get("password"),
+            **kw,
+        )
 
     async def _connected(self) -> _Protocol:
         loop = asyncio.get_running_loop()
@@ -123,27 +151,32 @@ class RespConnection:
 
     async def _connect(self) -> _Protocol:
         loop = asyncio.get_running_loop()
-        p = self._parsed
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                if p.scheme == "unix":
-                    _, protocol = await loop.create_unix_connection(_Protocol, p.path)
+                if self._path:
+                    _, protocol = await loop.create_unix_connection(_Protocol, self._path)
                 else:
-                    _, protocol = await loop.create_connection(
-                        _Protocol, p.hostname or "127.0.0.1", p.port or 6379
-                    )
+                    _, protocol = await loop.create_connection(_Protocol, self._host, self._port)
         except (OSError, TimeoutError) as exc:
             raise RespConnectionError(f"cannot connect to Redis ({type(exc).__name__})") from exc
         setup: list[tuple[Any, ...]] = []
-        if p.password is not None:
-            user = unquote(p.username) if p.username else None
-            password = unquote(p.password)
-            setup.append(("AUTH", user, password) if user else ("AUTH", password))
-        db = (p.path or "/").strip("/") if p.scheme == "redis" else ""
-        if db and db != "0":
-            setup.append(("SELECT", db))
-        for command in setup:
-            await self._send(protocol, command, self._connect_timeout_s)
+        if self._password is not None:
+            setup.append(
+                ("AUTH", self._username, self._password)
+                if self._username
+                else ("AUTH", self._password)
+            )
+        if self._db:
+            setup.append(("SELECT", self._db))
+        try:
+            for command in setup:
+                await self._send(protocol, command, self._connect_timeout_s)
+        except RespError as exc:  # wrong password, unknown db: not reachable as configured
+            protocol.fail(RespConnectionError(str(exc)))
+            raise RespConnectionError(f"Redis refused the connection set-up: {exc}") from None
+        except BaseException:
+            protocol.fail(RespConnectionError("connection set-up did not finish"))
+            raise
         return protocol
 
     async def _send(self, protocol: _Protocol, args: tuple[Any, ...], timeout_s: float) -> Any:

@@ -146,7 +146,7 @@ class ReservationClient:
         redis = Redis.from_pool(pool)
         host = url.split("@")[-1].split("://")[-1]  # never echo credentials
         resp = (
-            RespConnection(url, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s)
+            RespConnection.from_url(url, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s)
             if url.startswith(("redis://", "unix://"))
             else None  # rediss:// (TLS) stays on redis-py
         )
