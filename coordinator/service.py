@@ -48,6 +48,7 @@ from coordinator.views import project
 from ledger.clock import Clock, SystemClock
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation, Unreachable
 from ledger.events import (
+    MAX_BUNDLE_EVENTS,
     ApprovalGranted,
     BudgetOverrunTreated,
     EffectObserved,
@@ -922,8 +923,10 @@ class Coordinator:
                     events.append(
                         self._event(e.ledger_payload(), mission_id, at=e.at, grant_id=grant_id)
                     )
+                # a message holds at most MAX_BUNDLE_EVENTS; a long sweep takes several
+                for start in range(0, len(events), MAX_BUNDLE_EVENTS):
+                    await self._commit(events[start : start + MAX_BUNDLE_EVENTS])
                 if events:
-                    await self._commit(events)
                     expired += len(events)
                     self.telemetry.metrics.reservations.add(
                         len(events), {FLEET_RESERVATION_OUTCOME: "expired"}

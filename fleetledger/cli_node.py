@@ -75,6 +75,7 @@ def node_run(
     err.print(
         f"node agent {settings.node_id}: socket {settings.socket_path}, db {settings.db_path}"
     )
+
     async def serve_tuned() -> None:
         ready = asyncio.Event()
         task = asyncio.create_task(serve(settings, ready))

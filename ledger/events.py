@@ -188,7 +188,7 @@ class ApprovalGranted(_Payload):
 class BudgetReserved(_Payload):
     kind: Literal["budget.reserved"] = "budget.reserved"
     reservation_id: Ident
-    grant_id: Ident | None  # None: the mission scope only
+    grant_id: Ident | None = None  # None: the mission scope only (omitted in JSON)
     amount: Micros
     lease_until: UtcDatetime
 

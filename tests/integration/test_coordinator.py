@@ -17,7 +17,13 @@ from fleetledger.client import FleetClient
 from fleetledger.servers import EmbeddedServers
 from ledger.authority import Authority
 from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation, Unreachable
-from ledger.events import EvidenceRegistered, bundle_json, make_event, parse_events
+from ledger.events import (
+    MAX_BUNDLE_EVENTS,
+    EvidenceRegistered,
+    bundle_json,
+    make_event,
+    parse_events,
+)
 from ledger.ids import new_id
 from ledger.kernel import ActionRequest
 from ledger.protocol import (
@@ -677,3 +683,22 @@ async def test_a_decision_whose_ledger_append_was_lost_is_recorded_once_on_retry
     assert state.level("mission").used == 100_000
     bundle = parse_events((await fleet.js.get_msg(STREAM, ok.decision_seq)).data)
     assert [e.kind for e in bundle].count("budget.reserved") == 1
+
+
+async def test_a_sweep_of_more_reservations_than_a_message_holds_records_every_one(
+    fleet: FleetClient, coordinator: Coordinator, redis_url: str
+) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    async with ReservationClient.from_url(redis_url) as store:
+        for i in range(MAX_BUNDLE_EVENTS + 1):
+            res = await store.reserve(mid, [], f"r{i}", 1_000, 0.3)
+            seq = await fleet.publish(make_event(res.ledger_payload(), mission_id=mid, at=res.at))
+        await coordinator.wait_applied(seq, 5)
+        deadline = time.monotonic() + 15
+        state = coordinator.states[mid]
+        while any(r.state != "expired" for r in state.reservations.values()):
+            assert time.monotonic() < deadline, {r.state for r in state.reservations.values()}
+            await coordinator.wait_applied(coordinator.applied_seq + 1, 1)
+        assert len(state.reservations) == MAX_BUNDLE_EVENTS + 1
+        assert state.level("mission").used == 0 == (await store.level(mid, "mission")).reserved

@@ -489,3 +489,30 @@ def test_last_event_reads_a_bundle_s_last_event_or_a_single_one() -> None:
         last_event(b"[oops")
     with pytest.raises(InvalidInput, match="1 to 16 events"):
         last_event(b"[]")
+
+
+def test_a_mission_scope_reservation_round_trips_without_its_null_grant() -> None:
+    """``to_json`` omits None fields, so a nullable payload field must have a default."""
+    payload = BudgetReserved(reservation_id="r1", grant_id=None, amount=5, lease_until=T0)
+    event = make_event(payload, mission_id="m1", at=T0)
+    assert b"grant_id" not in event.to_json()
+    assert parse_event(event.to_json()) == event
+    assert parse_events(bundle_json([event, event])) == (event, event)
+
+
+def test_no_payload_field_is_nullable_yet_required() -> None:
+    """Events are written without None fields; a nullable field with no default could not be
+    read back. Every payload's nullable fields must default."""
+    import types
+    import typing
+
+    offenders = []
+    for kind, sample in SAMPLES.items():
+        for name, field in type(sample).model_fields.items():
+            args = typing.get_args(field.annotation)
+            nullable = type(None) in args or field.annotation is type(None)
+            if isinstance(field.annotation, types.UnionType):
+                nullable = nullable or type(None) in field.annotation.__args__
+            if nullable and field.is_required():
+                offenders.append(f"{kind}.{name}")
+    assert offenders == []
