@@ -16,7 +16,7 @@ from coordinator.bus import connect
 from ledger.errors import FleetError, InvalidInput
 from ledger.events import Event, parse_events
 from ledger.mission import MissionState
-from ledger.protocol import STREAM, mission_filter
+from ledger.protocol import STREAM, check_message, mission_filter
 
 
 @dataclass
@@ -58,6 +58,7 @@ async def replay_mission(nats_url: str, mission_id: str, *, cut: int | None = No
                         break
                     try:
                         batch = parse_events(msg.data)  # one event, or a decision's bundle
+                        check_message(msg.subject, batch)  # rejected at ingest: here too
                     except FleetError:
                         batch = ()
                         rejected += 1

@@ -80,6 +80,7 @@ from ledger.protocol import (
     ManageReply,
     ManageRequest,
     ViewRequest,
+    check_message,
     deadletter_subject,
     decision_of,
     receipt_subject,
@@ -169,6 +170,9 @@ class Coordinator:
         # Events this coordinator published, by their bytes: its own events need no re-parsing
         # when they come back through the stream (anything else in the stream is parsed).
         self._own: dict[bytes, tuple[Event, ...]] = {}
+        # (mission, reservation) -> (action, when to give up): reserve_commit calls that failed
+        # ambiguously (Redis may hold the money); settled by a retry or by the sweeper
+        self._undecided: dict[tuple[str, str], tuple[str, float]] = {}
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -184,7 +188,7 @@ class Coordinator:
             self._js, replicas=s.stream_replicas, duplicate_window_s=s.duplicate_window_s
         )
         self._kv = await ensure_risk_bucket(self._js, replicas=s.stream_replicas)
-        self._reservations = ReservationClient.from_url(s.redis_url)
+        self._reservations = ReservationClient.from_url(s.redis_url, timeout_s=s.redis_timeout_s)
         await self._rebuild()
         self._pull = ContinuousPull(self._nc, self._js, self._on_event)
         await self._pull.start()
@@ -239,7 +243,7 @@ class Coordinator:
                 while self.applied_seq < last:
                     msg = await sub.next_msg(timeout=10)
                     seq = int(msg.metadata.sequence.stream)
-                    self._apply_bytes(msg.data, seq, live=False)
+                    self._apply_bytes(msg.data, seq, live=False, subject=msg.subject)
                     self.applied_seq = seq
             finally:
                 await sub.unsubscribe()
@@ -254,13 +258,18 @@ class Coordinator:
     # --- ingest ----------------------------------------------------------------------------
 
     def _apply_bytes(
-        self, data: bytes, seq: int, *, live: bool
+        self, data: bytes, seq: int, *, live: bool, subject: str
     ) -> list[tuple[Event | None, FleetError | None]]:
         """Apply one stream message (an event or a bundle), each event in order; return each
-        event with the problem that kept it out of the fold, if any."""
+        event with the problem that kept it out of the fold, if any. A message whose subject
+        does not say what it carries is rejected whole (``check_message``)."""
         own = self._own.pop(data, None)
         try:
-            events = own if own is not None else parse_events(data)
+            if own is not None:
+                events = own
+            else:
+                events = parse_events(data)
+                check_message(subject, events)
         except FleetError as exc:
             return [(None, exc)]
         out: list[tuple[Event | None, FleetError | None]] = []
@@ -323,7 +332,7 @@ class Coordinator:
             await self._ingest(raw, missing, None)
 
     async def _ingest(self, msg: Any, seq: int, span: Span | None) -> None:
-        applied = self._apply_bytes(msg.data, seq, live=True)
+        applied = self._apply_bytes(msg.data, seq, live=True, subject=msg.subject)
         self.applied_seq = seq
         if span is not None:
             last = applied[-1][0]
@@ -649,14 +658,21 @@ class Coordinator:
                     update={"allowed": False, "rule": exc.rule, "reason": str(exc)}
                 )
             except Unreachable as exc:
+                # Ambiguous: Redis may have run the script before the connection failed, and
+                # what it committed has no lease. Decide and record nothing: a retry of this
+                # action finds what Redis holds (the script is idempotent); unretried, the
+                # sweeper returns it and records that once Redis answers again.
                 metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: "unreachable"})
-                decision = decision.model_copy(
-                    update={
-                        "allowed": False,
-                        "rule": None,
-                        "reason": f"budget store unreachable, refused (fail closed): {exc.message}",
-                    }
+                rid = f"r-{action.action_id}"
+                self._undecided[(req.mission_id, rid)] = (
+                    action.action_id,
+                    time.monotonic() + self.settings.lease_s,
                 )
+                raise Unreachable(
+                    f"budget store unreachable: nothing was decided or recorded (fail closed): "
+                    f"{exc.message}. Retry the same action id; if Redis held its money, an "
+                    f"unretried action's reservation is returned after {self.settings.lease_s:g}s"
+                ) from None
             else:
                 metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: "held"})
                 reservation_id = res.reservation_id
@@ -670,6 +686,7 @@ class Coordinator:
                             causal_parent=parent,
                         )
                     )
+        self._undecided.pop((req.mission_id, f"r-{action.action_id}"), None)
         self._count_decision(decision)
         receipt = self._event(
             decision.receipt(reservation_id),
@@ -903,7 +920,7 @@ class Coordinator:
         coordinator died between reserving and appending): it is returned, with nothing to record.
         """
         assert self._reservations is not None
-        expired = 0
+        expired = await self._settle_undecided()
         for mission_id, state in list(self.states.items()):
             if state.mission is None:
                 continue
@@ -932,6 +949,51 @@ class Coordinator:
                         len(events), {FLEET_RESERVATION_OUTCOME: "expired"}
                     )
         return expired
+
+    async def _settle_undecided(self) -> int:
+        """Return the money of reservations whose authorize failed ambiguously and was not
+        retried in time, recording what Redis did (reserve, commit, release) once it answers;
+        a reservation Redis never made is simply forgotten. Returns how many were returned."""
+        assert self._reservations is not None
+        returned = 0
+        now = time.monotonic()
+        for (mission_id, rid), (action_id, until) in list(self._undecided.items()):
+            if now < until:
+                continue
+            async with self._locks[mission_id]:
+                state = self.states.get(mission_id)
+                if state is None or action_id in state.actions:  # decided by a retry
+                    self._undecided.pop((mission_id, rid), None)
+                    continue
+                try:
+                    found = await self._reservations.reservation(mission_id, rid)
+                    if found is None:  # the script never ran
+                        self._undecided.pop((mission_id, rid), None)
+                        continue
+                    reserved, committed, held = found
+                    if held not in ("held", "committed"):
+                        self._undecided.pop((mission_id, rid), None)
+                        continue
+                    released = await self._reservations.release(mission_id, rid)
+                except Unreachable:
+                    continue  # still down: try again next round
+                grant_id = reserved.grant_id
+                events = [
+                    self._event(r.ledger_payload(), mission_id, at=r.at, grant_id=grant_id)
+                    for r in (reserved, committed, released)
+                    if r is not None
+                ]
+                await self._commit(events)
+                self._undecided.pop((mission_id, rid), None)
+                returned += 1
+                log.warning(
+                    "returned reservation %s of mission %s: Redis held it for action %s, whose "
+                    "authorize failed and was not retried",
+                    rid,
+                    mission_id,
+                    action_id,
+                )
+        return returned
 
     async def _sweep_forever(self) -> None:
         rounds = 0

@@ -20,4 +20,5 @@ class CoordinatorSettings(BaseSettings):
     lease_s: float = Field(default=300.0, gt=0)  # reservation lease for authorised actions
     cut_timeout_s: float = Field(default=2.0, gt=0)  # how long to wait to reach a sender's cut
     sweep_interval_s: float = Field(default=1.0, gt=0)
+    redis_timeout_s: float = Field(default=1.0, gt=0)  # one reservation call (retried once)
     node_id: str = "coordinator"

@@ -6,11 +6,12 @@ Versioned subjects (`fleet.v1.*`) let a coordinator serve two protocol versions 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger.errors import ErrorCode
+from ledger.errors import ErrorCode, InvalidInput
 from ledger.events import ID_PATTERN, DecisionRecorded, Event, TraceContext
 from ledger.kernel import ActionRequest, Decision
 
@@ -58,6 +59,46 @@ def subject_of(event: Event) -> str:
     if isinstance(event.payload, DecisionRecorded):
         return receipt_stream_subject(event.mission_id, event.payload.action_id)
     return event_subject(event.mission_id, event.kind)
+
+
+# Kinds node agents publish (their observations). Everything else is decision state, which
+# only the coordinator writes; subject permissions can tell them apart (README, Security).
+NODE_KIND_PREFIXES = ("item.", "judge.", "reminder.", "turn.", "resource.", "command.", "claim.")
+
+
+def check_message(subject: str, events: Sequence[Event]) -> None:
+    """A stored message must say on its subject what it carries, or subject permissions mean
+    nothing: every event is of the subject's mission; the subject's kind is the last event's
+    (a receipt's subject also names its action); and several events travel in one message
+    only as decision state (no node observation among them), which nodes may not publish.
+
+    Raises ``InvalidInput`` naming the mismatch."""
+    tokens = subject.split(".")
+    if len(tokens) < 5 or ".".join(tokens[:2]) != SUBJECT_PREFIX:
+        raise InvalidInput(f"subject {subject!r} is not fleet.ledger.<mission>.<kind>")
+    mission, kind, rest = tokens[2], ".".join(tokens[3:5]), tokens[5:]
+    last = events[-1]
+    if kind != last.kind:
+        raise InvalidInput(
+            f"subject {subject!r} names kind {kind}, the message ends with {last.kind}"
+        )
+    # a receipt's subject names its action (receipts stored before that did not)
+    allowed: list[list[str]] = [[]]
+    if isinstance(last.payload, DecisionRecorded):
+        allowed.append([last.payload.action_id])
+    if rest not in allowed:
+        raise InvalidInput(f"subject {subject!r} does not name the event it carries")
+    for event in events:
+        if event.mission_id != mission:
+            raise InvalidInput(
+                f"event {event.event_id} of mission {event.mission_id} on subject {subject!r}"
+            )
+    if len(events) > 1:
+        observed = [e.kind for e in events if e.kind.startswith(NODE_KIND_PREFIXES)]
+        if observed:
+            raise InvalidInput(
+                f"a message of several events carries decision state only, not {observed[0]}"
+            )
 
 
 def mission_filter(mission_id: str) -> str:

@@ -286,6 +286,38 @@ class ReservationClient:
         scopes = [*(k.check_id(g, what="grant id") for g in chain), k.MISSION_SCOPE]
         return await self._read_levels(mission_id, scopes)
 
+    async def reservation(
+        self, mission_id: str, reservation_id: str
+    ) -> tuple[ReserveResult, CommitResult | None, str] | None:
+        """What Redis holds for ``reservation_id``: its reserve (and commit) transitions and
+        its state (held, committed, settled, released, expired), or None if there is none."""
+        key = k.reservation_key(
+            k.check_id(mission_id, what="mission id"),
+            k.check_id(reservation_id, what="reservation id"),
+        )
+        fields = ("amount", "scopes", "lease_until", "state", "at", "seq", "committed_at",
+                  "committed_seq")  # fmt: skip
+        try:
+            raw = await self._redis.hmget(key, fields)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise self._unreachable(exc) from exc
+        if raw[0] is None:
+            return None
+        r = ["0" if v is None else _s(v) for v in raw]
+        chain = tuple(g for g in _s(raw[1] or "").split(",") if g)
+        reserved = ReserveResult(
+            mission_id, reservation_id, chain, int(r[0]), from_ms(int(r[2])), from_ms(int(r[4])),
+            replayed=True, seq=int(r[5]),
+        )  # fmt: skip
+        committed = (
+            CommitResult(
+                mission_id, reservation_id, from_ms(int(r[6])), replayed=True, seq=int(r[7])
+            )
+            if raw[6] is not None
+            else None
+        )
+        return reserved, committed, r[3]
+
     async def level(self, mission_id: str, scope: str) -> Level:
         """One scope: a grant id or ``"mission"``."""
         return (await self._read_levels(mission_id, [k.check_id(scope, what="scope")]))[0]

@@ -418,7 +418,7 @@ async def test_unreachable_nats_is_refused_fail_closed() -> None:
         await FleetClient.connect("nats://127.0.0.1:1")
 
 
-async def test_redis_down_refuses_authorize_and_records_the_refusal() -> None:
+async def test_redis_down_refuses_authorize_records_nothing_and_a_retry_decides() -> None:
     with EmbeddedServers() as own:
         settings = CoordinatorSettings(nats_url=own.nats_url, redis_url=own.redis_url, http_port=0)
         co = Coordinator(settings)
@@ -432,13 +432,65 @@ async def test_redis_down_refuses_authorize_and_records_the_refusal() -> None:
                 own.redis.stop()
                 with pytest.raises(Unreachable) as exc:
                     await client.authorize(mid, request("a1", "g", "pay", 100_000))
-                assert "fail closed" in str(exc.value)
-                await caught_up(co, client)  # the answer can arrive before the fold
+                assert "fail closed" in str(exc.value) and "nothing was decided" in str(exc.value)
+                await caught_up(co, client)
                 state = co.states[mid]
-                assert state.decisions[-1].allowed is False
+                assert "a1" not in state.actions and not state.decisions
                 assert state.level("mission").used == 0
+                own.redis.start()  # back (its data persisted): the same action is decided
+                again = await client.authorize(mid, request("a1", "g", "pay", 100_000))
+                assert again.decision is not None and again.decision.allowed
         finally:
             await co.stop()
+
+
+async def test_money_redis_took_during_a_failed_authorize_returns_unless_retried() -> None:
+    """Redis runs the script but its answers are lost: the coordinator cannot tell whether
+    money is committed (with no lease), so it decides and records nothing. Unretried, the
+    sweeper gives the money back once Redis answers, recording what Redis did."""
+    from tests.fixtures.tcp_proxy import TcpProxy
+
+    with EmbeddedServers() as own:
+        assert own.redis is not None
+        proxy = await TcpProxy("127.0.0.1", own.redis.port).start()
+        settings = CoordinatorSettings(
+            nats_url=own.nats_url,
+            redis_url=f"redis://127.0.0.1:{proxy.port}/0",
+            http_port=0,
+            redis_timeout_s=0.2,
+            lease_s=0.5,
+            sweep_interval_s=0.1,
+        )
+        co = Coordinator(settings)
+        await co.start()
+        try:
+            async with (
+                await FleetClient.connect(own.nats_url) as client,
+                ReservationClient.from_url(own.redis_url) as store,
+            ):
+                mid = mission_id()
+                await make_mission(client, mid)
+                await make_grant(client, mid, "g", ["pay"], 500_000)
+                await client.authorize(mid, request("a0", "g", "pay", 1))  # scripts loaded
+                proxy.drop_replies = True
+                with pytest.raises(Unreachable, match="nothing was decided"):
+                    await client.authorize(mid, request("a1", "g", "pay", 100_000))
+                found = await store.reservation(mid, "r-a1")
+                assert found is not None and found[2] == "committed"  # Redis did run it
+                await caught_up(co, client)
+                assert "a1" not in co.states[mid].actions  # and the ledger says nothing
+                proxy.drop_replies = False
+                deadline = time.monotonic() + 10
+                while (await store.level(mid, "mission")).committed > 1:
+                    assert time.monotonic() < deadline, "the undecided reservation stayed"
+                    await co.wait_applied(co.applied_seq + 1, 1)
+                await caught_up(co, client)
+                state = co.states[mid]
+                assert state.reservations["r-a1"].state == "released"
+                assert "a1" not in state.actions and state.level("mission").used == 1
+        finally:
+            await co.stop()
+            await proxy.stop()
 
 
 async def test_health_and_readiness_endpoints_answer(coordinator: Coordinator) -> None:
@@ -702,3 +754,41 @@ async def test_a_sweep_of_more_reservations_than_a_message_holds_records_every_o
             await coordinator.wait_applied(coordinator.applied_seq + 1, 1)
         assert len(state.reservations) == MAX_BUNDLE_EVENTS + 1
         assert state.level("mission").used == 0 == (await store.level(mid, "mission")).reserved
+
+
+async def test_decision_state_smuggled_in_a_node_observation_is_dead_lettered_whole(
+    fleet: FleetClient, coordinator: Coordinator, nats_url: str
+) -> None:
+    """Subject permissions let a node publish only its observation kinds; a bundle that
+    carries a risk treatment on an observation subject must not clear the risk."""
+    from ledger.events import ItemCaptured, RiskTreated, TreatmentStatus
+
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
+    await fleet.manage(
+        "risk.open", mid, {"risk_id": "r1", "blocks": ["pay"], "owner": "treasury", "summary": "s"}
+    )
+    treated = make_event(
+        RiskTreated(risk_id="r1", status=TreatmentStatus.MITIGATED, by="treasury"),
+        mission_id=mid,
+        at=T(),
+    )
+    item = make_event(
+        ItemCaptured(item_id="i1", session_id="s1", text="t", order=0), mission_id=mid, at=T()
+    )
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        dead = await js.subscribe(
+            deadletter_subject(mid), stream=DEADLETTER_STREAM, ordered_consumer=True
+        )
+        ack = await js.publish(f"fleet.ledger.{mid}.item.captured", bundle_json([treated, item]))
+        await coordinator.wait_applied(ack.seq, 5)
+        reason = json.loads((await dead.next_msg(timeout=5)).data)
+        assert reason["seq"] == ack.seq and "decision state only" in reason["error"]["message"]
+    finally:
+        await nc.close()
+    assert coordinator.states[mid].risks["r1"].open
+    blocked = await fleet.authorize(mid, request("a1", "g-ap", "pay", 1_000))
+    assert blocked.decision is not None and blocked.decision.rule is Rule.RISK_NON_ERASURE

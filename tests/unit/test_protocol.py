@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.errors import ErrorCode, Rule
-from ledger.events import DecisionRecorded, EvidenceRegistered, make_event
+from ledger.errors import ErrorCode, InvalidInput, Rule
+from ledger.events import (
+    DecisionRecorded,
+    Event,
+    EvidenceRegistered,
+    ItemCaptured,
+    RiskTreated,
+    TreatmentStatus,
+    make_event,
+)
 from ledger.kernel import ActionRequest
 from ledger.protocol import (
     RECEIPT_REPUBLISH_DEST,
     RECEIPT_REPUBLISH_SOURCE,
+    check_message,
     receipt_stream_subject,
     receipt_subject,
     reply_from_receipt,
@@ -77,3 +86,39 @@ def test_a_receipt_of_another_action_is_not_an_answer() -> None:
     event = make_event(receipt(action_id="a2"), mission_id="m1", at=T0)
     with pytest.raises(ValueError, match="not the receipt of a1"):
         reply_from_receipt(event, 1, REQ)
+
+
+def _ev(payload: object, mission: str = "m1") -> Event:
+    return make_event(payload, mission_id=mission, at=T0)
+
+
+def test_a_message_must_say_on_its_subject_what_it_carries() -> None:
+    ev = _ev(EvidenceRegistered(evidence_id="e", source="s", claim="c"))
+    check_message("fleet.ledger.m1.evidence.registered", [ev])
+    bad = {
+        "fleet.ledger.m2.evidence.registered": "of mission m1",  # another mission's subject
+        "fleet.ledger.m1.item.captured": "names kind item",  # another kind's subject
+        "fleet.ledger.m1.evidence.registered.extra": "does not name",  # trailing tokens
+        "fleet.other.m1.evidence.registered": "is not fleet.ledger",
+    }
+    for subject, problem in bad.items():
+        with pytest.raises(InvalidInput, match=problem):
+            check_message(subject, [ev])
+
+
+def test_a_receipt_is_accepted_on_its_action_subject_or_the_plain_one() -> None:
+    receipt_ev = _ev(receipt())
+    requested = _ev(REQ.payload())
+    check_message("fleet.ledger.m1.decision.recorded.a1", [requested, receipt_ev])
+    check_message("fleet.ledger.m1.decision.recorded", [receipt_ev])  # stored before actions
+    with pytest.raises(InvalidInput, match="does not name"):
+        check_message("fleet.ledger.m1.decision.recorded.a2", [receipt_ev])
+
+
+def test_node_observations_cannot_carry_decision_state_in_a_bundle() -> None:
+    treated = _ev(RiskTreated(risk_id="r1", status=TreatmentStatus.MITIGATED, by="treasury"))
+    item = _ev(ItemCaptured(item_id="i1", session_id="s1", text="do it", order=0))
+    with pytest.raises(InvalidInput, match=r"decision state only, not item\.captured"):
+        check_message("fleet.ledger.m1.item.captured", [treated, item])
+    with pytest.raises(InvalidInput, match=r"names kind item\.captured"):
+        check_message("fleet.ledger.m1.item.captured", [item, treated])
