@@ -21,7 +21,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
-from ledger.errors import ComponentTimeout, Unreachable
+from ledger.errors import ComponentTimeout, InvalidInput, Unreachable
 from ledger.protocol import (
     CONSUMER,
     DEADLETTER_PREFIX,
@@ -233,4 +233,6 @@ async def publish_checked(
         raise ComponentTimeout(f"JetStream did not acknowledge {subject} in {timeout}s") from None
     except (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError, OSError) as exc:
         raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
+    except nats.js.errors.APIError as exc:  # refused outright (size, limits): nothing stored
+        raise InvalidInput(f"JetStream refused {subject}: {exc.description or exc}") from None
     return int(ack.seq)

@@ -49,6 +49,7 @@ from ledger.clock import Clock, SystemClock
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation, Unreachable
 from ledger.events import (
     MAX_BUNDLE_EVENTS,
+    MAX_EVENT_BYTES,
     ApprovalGranted,
     BudgetOverrunTreated,
     EffectObserved,
@@ -83,7 +84,8 @@ from ledger.protocol import (
     check_message,
     deadletter_subject,
     decision_of,
-    receipt_subject,
+    receipt_nonce,
+    receipt_stream_subject,
     reply_from_receipt,
     risk_key,
     subject_of,
@@ -417,7 +419,7 @@ class Coordinator:
                 async with asyncio.timeout(left):
                     await progress.wait()
 
-    async def _append(self, events: list[Event]) -> int:
+    async def _append(self, events: list[Event], subject: str | None = None) -> int:
         """Publish ``events`` as one stream message (a bundle when several: stored, delivered
         and applied together, all or none) and wait for its PubAck; return its sequence.
 
@@ -425,14 +427,20 @@ class Coordinator:
         """
         assert self._js is not None
         if self.telemetry.enabled:
-            return await self._append_traced(events)
+            return await self._append_traced(events, subject)
         body = bundle_json(events)
         if len(self._own) < OWN_CACHE_LIMIT:
             self._own[body] = tuple(events)
         last = events[-1]
-        return await publish_checked(self._js, subject_of(last), body, msg_id=str(last.event_id))
+        try:
+            return await publish_checked(
+                self._js, subject or subject_of(last), body, msg_id=str(last.event_id)
+            )
+        except BaseException:
+            self._own.pop(body, None)
+            raise
 
-    async def _append_traced(self, events: list[Event]) -> int:
+    async def _append_traced(self, events: list[Event], subject: str | None = None) -> int:
         """``_append`` with each event recorded as a span event on the span handling it (the
         authorize or manage request), or on one PRODUCER span for the message when none is
         current. The span's context goes into every envelope (so links by event id survive
@@ -440,7 +448,7 @@ class Coordinator:
         depend on (causal parent, reserve, the facts at a decision's cut)."""
         assert self._js is not None
         last = events[-1]
-        subject = subject_of(last)
+        subject = subject or subject_of(last)
         current = trace.get_current_span()
         owned = not current.is_recording()
         span = (
@@ -488,6 +496,7 @@ class Coordinator:
                 self._js, subject, body, msg_id=str(last.event_id), headers=headers
             )
         except FleetError as exc:
+            self._own.pop(body, None)
             span.set_status(Status(StatusCode.ERROR, exc.message))
             if owned:
                 span.end()
@@ -536,7 +545,8 @@ class Coordinator:
         # A requester that names the receipt subject as its reply subject is answered by the
         # stream itself: the stored receipt is republished there once it is durable, so a
         # reply built from a stored receipt is not sent again beside it.
-        answered_by_stream = msg.reply == receipt_subject(req.mission_id, req.request.action_id)
+        nonce = receipt_nonce(msg.reply, req.mission_id, req.request.action_id)
+        answered_by_stream = nonce is not None
 
         async def respond(reply: AuthorizeReply) -> None:
             nonlocal replied
@@ -547,7 +557,7 @@ class Coordinator:
 
         if not self.telemetry.enabled:
             try:
-                await self.authorize(req, respond)
+                await self.authorize(req, respond, nonce=nonce)
             except FleetError as exc:
                 if not replied:
                     await respond(AuthorizeReply(error=error_body(exc)))
@@ -569,7 +579,7 @@ class Coordinator:
             record_exception=False,
         ) as span:
             try:
-                reply = await self.authorize(req, respond)
+                reply = await self.authorize(req, respond, nonce=nonce)
             except FleetError as exc:
                 span.set_status(Status(StatusCode.ERROR, exc.message))
                 span.set_attribute(FLEET_ERROR_CODE, str(exc.code))
@@ -590,6 +600,8 @@ class Coordinator:
         self,
         req: AuthorizeRequest,
         respond: Callable[[AuthorizeReply], Awaitable[None]] | None = None,
+        *,
+        nonce: str | None = None,
     ) -> AuthorizeReply:
         """Decide, reserve, record; ``respond`` is called once the receipt is durable (PubAck),
         before this coordinator has folded it, so the caller does not wait for the fold. (Over
@@ -597,11 +609,14 @@ class Coordinator:
         republish of the stored receipt, as early as the PubAck.)"""
         await self.wait_applied(req.after_seq, self.settings.cut_timeout_s)
         async with self._locks[req.mission_id]:
-            reply = await self._authorize_locked(req, respond)
+            reply = await self._authorize_locked(req, respond, nonce)
         return reply
 
     async def _authorize_locked(
-        self, req: AuthorizeRequest, respond: Callable[[AuthorizeReply], Awaitable[None]] | None
+        self,
+        req: AuthorizeRequest,
+        respond: Callable[[AuthorizeReply], Awaitable[None]] | None,
+        nonce: str | None,
     ) -> AuthorizeReply:
         assert self._reservations is not None
         state = self.states.get(req.mission_id) or MissionState(req.mission_id)
@@ -634,6 +649,11 @@ class Coordinator:
             idempotency_key=action.idempotency_key,
             trace=req.trace,
         )
+        if len(requested.to_json()) + DECISION_RECORD_SLACK > MAX_EVENT_BYTES:
+            raise InvalidInput(
+                f"action {action.action_id} is too large to record with its decision (a message "
+                f"holds {MAX_EVENT_BYTES} bytes); shorten its fields"
+            )
         events: list[Event] = [requested] if existing is None else []
         parent = requested.event_id if existing is None else None
         reservation_id: str | None = None
@@ -699,10 +719,19 @@ class Coordinator:
         # A failed publish is ambiguous (the server may have stored it): never give the money
         # back here. Retry with the same message ids (JetStream de-duplicates them); if it still
         # fails, the committed reservation holds until the same request is retried.
+        # stored under the requester's nonce: the stream republishes it to that attempt
+        subject = receipt_stream_subject(req.mission_id, action.action_id, nonce)
         for attempt in range(APPEND_ATTEMPTS):
             try:
-                seq = await self._append(events)
+                seq = await self._append(events, subject)
                 break
+            except InvalidInput:
+                # JetStream refused the message outright (not ambiguous): nothing is stored,
+                # so give back what Redis committed for it before failing the request
+                if reservation_id is not None:
+                    with contextlib.suppress(FleetError):
+                        await self._reservations.release(req.mission_id, reservation_id)
+                raise
             except FleetError:
                 if attempt + 1 == APPEND_ATTEMPTS:
                     raise
@@ -1032,6 +1061,8 @@ STREAM_SUBJECTS = "fleet.ledger.>"
 CONSUMER_NAME = "coordinator"
 ORPHAN_SWEEP_EVERY = 30  # sweep rounds between sweeps of missions with nothing held on record
 APPEND_ATTEMPTS = 3  # publishes of one decision's events before the request fails
+# room a decision's message needs besides the action: reservation records and the receipt
+DECISION_RECORD_SLACK = 8 * 1024
 OWN_CACHE_LIMIT = 10_000  # own events awaiting their return through the stream
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 from typing import Any, Self
 
 import nats
@@ -233,7 +234,9 @@ class FleetClient:
         answer there: the stored receipt as the stream republishes it (durable before it can be
         read), or a direct reply (an error, or the receipt of an action already decided)."""
         request = body.request
-        subject = receipt_subject(body.mission_id, request.action_id)
+        # one subject per attempt, unguessable: no other client can answer for the
+        # coordinator, and a late answer to an abandoned attempt reaches nobody
+        subject = receipt_subject(body.mission_id, request.action_id, secrets.token_hex(12))
         try:
             sub = await self.nc.subscribe(subject)
             # SUB, UNSUB-after-one and PUB leave in one write; the server drops the interest

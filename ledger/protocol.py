@@ -6,6 +6,7 @@ Versioned subjects (`fleet.v1.*`) let a coordinator serve two protocol versions 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -33,25 +34,35 @@ def event_subject(mission_id: str, kind: str) -> str:
     return f"{SUBJECT_PREFIX}.{mission_id}.{kind}"
 
 
-def receipt_stream_subject(mission_id: str, action_id: str) -> str:
-    """`fleet.ledger.<mission>.decision.recorded.<action>`: where a decision receipt is stored.
-
-    The action id in the subject lets the stream republish the stored receipt to the one
-    requester waiting for it (``receipt_subject``)."""
-    return f"{SUBJECT_PREFIX}.{mission_id}.{RECEIPT_KIND}.{action_id}"
-
-
-def receipt_subject(mission_id: str, action_id: str) -> str:
-    """`fleet.v1.receipt.<mission>.<action>`: the stream republishes each stored receipt here.
-
-    An authorize request names this subject as its reply subject; the requester's answer is the
-    receipt as stored (durable before anyone can read it), not a copy sent beside it."""
-    return f"{RECEIPT_PREFIX}.{mission_id}.{action_id}"
+def receipt_stream_subject(mission_id: str, action_id: str, nonce: str | None = None) -> str:
+    """`fleet.ledger.<mission>.decision.recorded.<action>[.<nonce>]`: where a decision receipt
+    is stored. With the requester's nonce, the stream republishes the stored receipt to the
+    one attempt waiting for it (``receipt_subject``)."""
+    subject = f"{SUBJECT_PREFIX}.{mission_id}.{RECEIPT_KIND}.{action_id}"
+    return subject if nonce is None else f"{subject}.{nonce}"
 
 
-# The stream's RePublish rule: receipt subject tokens 3 (mission) and 6 (action id).
-RECEIPT_REPUBLISH_SOURCE = f"{SUBJECT_PREFIX}.*.{RECEIPT_KIND}.*"
-RECEIPT_REPUBLISH_DEST = RECEIPT_PREFIX + ".{{wildcard(1)}}.{{wildcard(2)}}"
+def receipt_subject(mission_id: str, action_id: str, nonce: str) -> str:
+    """`fleet.v1.receipt.<mission>.<action>.<nonce>`: the reply subject of one authorize
+    attempt, where the stream republishes its receipt once stored. The nonce (random, per
+    attempt) keeps an answer from being guessed, or from reaching a later attempt."""
+    return f"{RECEIPT_PREFIX}.{mission_id}.{action_id}.{nonce}"
+
+
+def receipt_nonce(reply: str | None, mission_id: str, action_id: str) -> str | None:
+    """The nonce of ``reply`` if it is this action's receipt subject, else None."""
+    prefix = f"{RECEIPT_PREFIX}.{mission_id}.{action_id}."
+    if not reply or not reply.startswith(prefix):
+        return None
+    nonce = reply[len(prefix) :]
+    return nonce if _NONCE.match(nonce) else None
+
+
+_NONCE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+
+# The stream's RePublish rule: stored receipt tokens 3 (mission), 6 (action), 7 (nonce).
+RECEIPT_REPUBLISH_SOURCE = f"{SUBJECT_PREFIX}.*.{RECEIPT_KIND}.*.*"
+RECEIPT_REPUBLISH_DEST = RECEIPT_PREFIX + ".{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"
 
 
 def subject_of(event: Event) -> str:
@@ -82,11 +93,13 @@ def check_message(subject: str, events: Sequence[Event]) -> None:
         raise InvalidInput(
             f"subject {subject!r} names kind {kind}, the message ends with {last.kind}"
         )
-    # a receipt's subject names its action (receipts stored before that did not)
-    allowed: list[list[str]] = [[]]
-    if isinstance(last.payload, DecisionRecorded):
-        allowed.append([last.payload.action_id])
-    if rest not in allowed:
+    # a receipt's subject names its action and the requester's nonce (older ones: neither)
+    named = not rest
+    if isinstance(last.payload, DecisionRecorded) and rest:
+        named = rest[0] == last.payload.action_id and (
+            len(rest) == 1 or (len(rest) == 2 and bool(_NONCE.match(rest[1])))
+        )
+    if not named:
         raise InvalidInput(f"subject {subject!r} does not name the event it carries")
     for event in events:
         if event.mission_id != mission:

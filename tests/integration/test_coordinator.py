@@ -627,7 +627,7 @@ async def test_the_answer_is_the_stored_receipt_republished_by_the_stream(
     try:
         # a requester listening on the receipt subject gets the stored bundle, with its sequence
         body = AuthorizeRequest(mission_id=mid, request=request("a1", "g-ap", "pay", 100_000))
-        inbox = receipt_subject(mid, "a1")
+        inbox = receipt_subject(mid, "a1", "n0nce-for-a1")
         sub = await nc.subscribe(inbox, max_msgs=1)
         await nc.publish(AUTHORIZE_SUBJECT, body.model_dump_json().encode(), reply=inbox)
         msg = await sub.next_msg(timeout=5)
@@ -641,7 +641,7 @@ async def test_the_answer_is_the_stored_receipt_republished_by_the_stream(
         assert seq == before + 1
         stored = await fleet.js.get_msg(STREAM, seq)
         assert stored.data == msg.data
-        assert stored.subject == f"fleet.ledger.{mid}.decision.recorded.a1"
+        assert stored.subject == f"fleet.ledger.{mid}.decision.recorded.a1.n0nce-for-a1"
         # a plain request/reply client still gets a direct answer once the receipt is stored
         body2 = AuthorizeRequest(mission_id=mid, request=request("a2", "g-ap", "pay", 100_000))
         raw = await nc.request(AUTHORIZE_SUBJECT, body2.model_dump_json().encode(), timeout=5)
@@ -792,3 +792,57 @@ async def test_decision_state_smuggled_in_a_node_observation_is_dead_lettered_wh
     assert coordinator.states[mid].risks["r1"].open
     blocked = await fleet.authorize(mid, request("a1", "g-ap", "pay", 1_000))
     assert blocked.decision is not None and blocked.decision.rule is Rule.RISK_NON_ERASURE
+
+
+async def test_an_action_too_large_to_record_is_refused_before_any_money_moves(
+    fleet: FleetClient, coordinator: Coordinator, redis_url: str
+) -> None:
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
+    huge = request("a1", "g-ap", "pay", 100_000, audience="x" * 60_000)
+    with pytest.raises(InvalidInput, match="too large to record"):
+        await fleet.authorize(mid, huge)
+    async with ReservationClient.from_url(redis_url) as store:
+        assert await store.reservation(mid, "r-a1") is None
+        assert (await store.level(mid, "mission")).committed == 0
+    await caught_up(coordinator, fleet)
+    assert "a1" not in coordinator.states[mid].actions
+    ok = await fleet.authorize(mid, request("a2", "g-ap", "pay", 100_000, audience="finance"))
+    assert ok.decision is not None and ok.decision.allowed
+
+
+async def test_only_the_attempt_that_asked_gets_the_answer(
+    fleet: FleetClient, coordinator: Coordinator, nats_url: str
+) -> None:
+    """Answers travel on a per-attempt subject: a client publishing forged 'allowed' replies
+    on the action's receipt subjects reaches no requester."""
+    mid = mission_id()
+    await make_mission(fleet, mid)
+    await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
+    forged = AuthorizeReply.model_validate(
+        {
+            "decision": {
+                "allowed": True, "reason": "forged", "action_id": "a1", "action": "wire",
+                "grant_id": "g-ap", "cost": 1, "cut": 0,
+            }
+        }
+    ).model_dump_json().encode()  # fmt: skip
+    nc = await nats.connect(nats_url)
+    stop = asyncio.Event()
+
+    async def spam() -> None:
+        while not stop.is_set():
+            for subject in (f"fleet.v1.receipt.{mid}.a1", f"fleet.v1.receipt.{mid}.a1.guess1234"):
+                await nc.publish(subject, forged)
+            await nc.flush()
+
+    spammer = asyncio.create_task(spam())
+    try:
+        reply = await fleet.authorize(mid, request("a1", "g-ap", "wire", 1))  # not granted
+    finally:
+        stop.set()
+        await spammer
+        await nc.close()
+    assert reply.decision is not None and not reply.decision.allowed
+    assert reply.decision.reason != "forged" and reply.decision.rule is not None

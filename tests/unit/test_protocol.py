@@ -19,6 +19,7 @@ from ledger.protocol import (
     RECEIPT_REPUBLISH_DEST,
     RECEIPT_REPUBLISH_SOURCE,
     check_message,
+    receipt_nonce,
     receipt_stream_subject,
     receipt_subject,
     reply_from_receipt,
@@ -45,14 +46,32 @@ def test_a_receipt_is_stored_on_its_action_subject_and_republished_to_the_reques
         EvidenceRegistered(evidence_id="e", source="s", claim="c"), mission_id="m1", at=T0
     )
     assert subject_of(other) == "fleet.ledger.m1.evidence.registered"
-    # the republish rule maps the stored subject's mission and action tokens onto the reply one
+    # with the requester's nonce, the republish rule maps the stored subject's mission, action
+    # and nonce tokens onto that attempt's reply subject
+    stored = receipt_stream_subject("m1", "a1", "n0nce-123").split(".")
     src = RECEIPT_REPUBLISH_SOURCE.split(".")
-    stored = subject_of(event).split(".")
     assert len(src) == len(stored) and all(a in ("*", b) for a, b in zip(src, stored, strict=True))
-    dest = RECEIPT_REPUBLISH_DEST.replace("{{wildcard(1)}}", stored[2]).replace(
-        "{{wildcard(2)}}", stored[5]
+    dest = (
+        RECEIPT_REPUBLISH_DEST.replace("{{wildcard(1)}}", stored[2])
+        .replace("{{wildcard(2)}}", stored[5])
+        .replace("{{wildcard(3)}}", stored[6])
     )
-    assert dest == receipt_subject("m1", "a1") == "fleet.v1.receipt.m1.a1"
+    assert dest == receipt_subject("m1", "a1", "n0nce-123") == "fleet.v1.receipt.m1.a1.n0nce-123"
+    # a receipt stored without a nonce has fewer tokens: it is not republished
+    assert len(receipt_stream_subject("m1", "a1").split(".")) < len(src)
+
+
+def test_only_this_action_s_receipt_subject_yields_a_nonce() -> None:
+    assert receipt_nonce("fleet.v1.receipt.m1.a1.abcdef0123", "m1", "a1") == "abcdef0123"
+    for reply in (
+        None,
+        "_INBOX.x.y",
+        "fleet.v1.receipt.m1.a2.abcdef0123",  # another action
+        "fleet.v1.receipt.m2.a1.abcdef0123",  # another mission
+        "fleet.v1.receipt.m1.a1.short",  # too short to be unguessable
+        "fleet.v1.receipt.m1.a1.abcdef0123.more",  # not one token
+    ):
+        assert receipt_nonce(reply, "m1", "a1") is None
 
 
 def test_an_allowed_receipt_gives_the_decision_with_the_request_grant_and_cost() -> None:
@@ -109,6 +128,7 @@ def test_a_message_must_say_on_its_subject_what_it_carries() -> None:
 def test_a_receipt_is_accepted_on_its_action_subject_or_the_plain_one() -> None:
     receipt_ev = _ev(receipt())
     requested = _ev(REQ.payload())
+    check_message("fleet.ledger.m1.decision.recorded.a1.n0nce-1234", [requested, receipt_ev])
     check_message("fleet.ledger.m1.decision.recorded.a1", [requested, receipt_ev])
     check_message("fleet.ledger.m1.decision.recorded", [receipt_ev])  # stored before actions
     with pytest.raises(InvalidInput, match="does not name"):
