@@ -192,6 +192,7 @@ class Coordinator:
         self._kv = await ensure_risk_bucket(self._js, replicas=s.stream_replicas)
         self._reservations = ReservationClient.from_url(s.redis_url, timeout_s=s.redis_timeout_s)
         await self._rebuild()
+        await self._find_undecided()
         self._pull = ContinuousPull(self._nc, self._js, self._on_event)
         await self._pull.start()
         for subject, handler in (
@@ -978,6 +979,31 @@ class Coordinator:
                         len(events), {FLEET_RESERVATION_OUTCOME: "expired"}
                     )
         return expired
+
+    async def _find_undecided(self) -> None:
+        """At start (nothing in flight yet): money Redis holds committed for an authorize the
+        ledger never recorded, because a coordinator failed between Redis and the stream, is
+        settled like an ambiguous failure: a retry within the lease decides it; else it is
+        returned. Only authorize reservations (``r-<action>``) are considered."""
+        assert self._reservations is not None
+        deadline = time.monotonic() + self.settings.lease_s
+        for mission_id, state in self.states.items():
+            if state.mission is None:
+                continue
+            try:
+                ids = await self._reservations.committed_ids(mission_id)
+            except Unreachable as exc:
+                log.warning("start-up reconciliation skipped: %s", exc.message)
+                return
+            for rid in ids:
+                if rid.startswith("r-") and rid not in state.reservations:
+                    self._undecided[(mission_id, rid)] = (rid[2:], deadline)
+                    log.warning(
+                        "reservation %s of mission %s is committed in Redis but not recorded; "
+                        "it is returned unless its action is retried",
+                        rid,
+                        mission_id,
+                    )
 
     async def _settle_undecided(self) -> int:
         """Return the money of reservations whose authorize failed ambiguously and was not

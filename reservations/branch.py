@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Self
 
-from ledger.errors import RuleViolation
+from ledger.errors import InvalidInput, RuleViolation
 from ledger.ids import new_id
 from reservations.results import CommitResult, ReleaseResult, ReserveResult, SettleResult
 from reservations.store import ReservationClient, ReservationStore
@@ -46,6 +46,7 @@ class Branch:
         self.chain = tuple(chain)
         self.amount = amount
         self.reservation_id = reservation_id or f"br-{new_id()}"
+        _not_authorize_id(self.reservation_id)
         self.lease_s = lease_s
         self.commit_on_enter = commit_on_enter
         self.actual: int | None = None
@@ -94,6 +95,16 @@ class Branch:
         # No reported cost: assume the whole reservation was spent rather than under-record.
         actual = self.amount if self.actual is None else self.actual
         self.resolved = await self.store.settle(self.mission_id, self.reservation_id, actual)
+
+
+def _not_authorize_id(reservation_id: str) -> None:
+    """``r-<action>`` names the coordinator's authorize reservations; a committed one the
+    ledger does not know is returned when a coordinator starts. A branch must not look like
+    one."""
+    if reservation_id.startswith("r-"):
+        raise InvalidInput(
+            f"reservation id {reservation_id!r}: ids starting 'r-' are the coordinator's"
+        )
 
 
 @dataclass(frozen=True)
@@ -204,6 +215,7 @@ async def run_branches(
     if not ray.is_initialized():
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
     prefix = reservation_prefix or f"br-{new_id()}"
+    _not_authorize_id(prefix)
     carrier = _current_carrier() if carrier is None else carrier
     task = ray.remote(max_retries=0)(_branch_task)
     refs = []

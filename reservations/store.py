@@ -318,6 +318,19 @@ class ReservationClient:
         )
         return reserved, committed, r[3]
 
+    async def committed_ids(self, mission_id: str) -> list[str]:
+        """Every reservation of the mission that Redis holds committed (scanned: for start-up
+        reconciliation, not for the hot path)."""
+        match = k.reservation_key(k.check_id(mission_id, what="mission id"), "*")
+        out: list[str] = []
+        try:
+            async for key in self._redis.scan_iter(match=match, count=500):
+                if _s(await self._redis.hget(key, "state") or "") == "committed":
+                    out.append(_s(key).rsplit(":res:", 1)[1])
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise self._unreachable(exc) from exc
+        return sorted(out)
+
     async def level(self, mission_id: str, scope: str) -> Level:
         """One scope: a grant id or ``"mission"``."""
         return (await self._read_levels(mission_id, [k.check_id(scope, what="scope")]))[0]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ledger.errors import RuleViolation
+from ledger.errors import InvalidInput, RuleViolation
 from ledger.events import BudgetCommitted, BudgetReleased, BudgetReserved, BudgetSettled
 from reservations import MISSION_SCOPE, ReservationClient
 from reservations.branch import Branch, BranchContext, run_branches
@@ -185,3 +185,8 @@ async def test_concurrent_branches_recorded_by_seq_fold_into_the_ledger_without_
         redis_level.committed,
         redis_level.settled,
     )
+
+
+def test_a_branch_cannot_take_an_authorize_reservation_id(client: ReservationClient) -> None:
+    with pytest.raises(InvalidInput, match="'r-' are the coordinator's"):
+        Branch(client, "m", [], 1, reservation_id="r-a1")

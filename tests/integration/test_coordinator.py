@@ -846,3 +846,36 @@ async def test_only_the_attempt_that_asked_gets_the_answer(
         await nc.close()
     assert reply.decision is not None and not reply.decision.allowed
     assert reply.decision.reason != "forged" and reply.decision.rule is not None
+
+
+async def test_a_restarted_coordinator_returns_money_redis_holds_for_no_recorded_decision() -> None:
+    with EmbeddedServers() as own:
+        settings = CoordinatorSettings(
+            nats_url=own.nats_url,
+            redis_url=own.redis_url,
+            http_port=0,
+            lease_s=0.3,
+            sweep_interval_s=0.1,
+        )
+        first = Coordinator(settings)
+        await first.start()
+        async with await FleetClient.connect(own.nats_url) as client:
+            mid = mission_id()
+            await make_mission(client, mid)
+            await make_grant(client, mid, "g", ["pay"], 500_000)
+            await first.stop()
+            async with ReservationClient.from_url(own.redis_url) as store:
+                # a coordinator died after Redis committed and before the stream stored it
+                await store.reserve_committed(mid, ["g"], "r-a1", 100_000, 30)
+                second = Coordinator(settings)
+                await second.start()
+                try:
+                    deadline = time.monotonic() + 10
+                    while (await store.level(mid, "mission")).committed:
+                        assert time.monotonic() < deadline, "the unrecorded money stayed"
+                        await second.wait_applied(second.applied_seq + 1, 1)
+                    await caught_up(second, client)
+                    assert second.states[mid].reservations["r-a1"].state == "released"
+                    assert second.states[mid].level("mission").used == 0
+                finally:
+                    await second.stop()
