@@ -323,10 +323,27 @@ class ReservationClient:
         reconciliation, not for the hot path)."""
         match = k.reservation_key(k.check_id(mission_id, what="mission id"), "*")
         out: list[str] = []
+        batch: list[str] = []
+
+        async def check() -> None:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in batch:
+                    pipe.hget(key, "state")
+                states = await pipe.execute()
+            out.extend(
+                _s(key).rsplit(":res:", 1)[1]
+                for key, state in zip(batch, states, strict=True)
+                if state is not None and _s(state) == "committed"
+            )
+            batch.clear()
+
         try:
             async for key in self._redis.scan_iter(match=match, count=500):
-                if _s(await self._redis.hget(key, "state") or "") == "committed":
-                    out.append(_s(key).rsplit(":res:", 1)[1])
+                batch.append(key)
+                if len(batch) >= 500:
+                    await check()
+            if batch:
+                await check()
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise self._unreachable(exc) from exc
         return sorted(out)
