@@ -428,3 +428,21 @@ async def test_reserving_again_after_release_is_refused_not_replayed(
         await client.reserve(mid, (), "r1", 600, 30)
     assert "already released" in str(exc.value)
     assert (await client.level(mid, MISSION_SCOPE)).used == 0
+
+
+async def test_a_reservation_can_be_read_back_and_committed_ones_listed(
+    client: ReservationClient, mission: str
+) -> None:
+    res, com = await client.reserve_committed(mission, ["g1"], "c1", 100, 30)
+    await client.reserve(mission, ["g1"], "h1", 100, 30)
+    await client.reserve_committed(mission, [], "c2", 50, 30)
+    await client.release(mission, "c2")
+    found = await client.reservation(mission, "c1")
+    assert found is not None
+    reserved, committed, state = found
+    assert state == "committed" and reserved == res and committed is not None
+    assert (reserved.seq, committed.seq, reserved.chain) == (res.seq, com.seq, ("g1",))
+    held = await client.reservation(mission, "h1")
+    assert held is not None and held[1] is None and held[2] == "held"
+    assert await client.reservation(mission, "nope") is None
+    assert await client.committed_ids(mission) == ["c1"]
