@@ -119,6 +119,7 @@ Handler = Callable[[Msg], Awaitable[None]]
 
 
 ACK_EVERY = 64
+ACK_DELAY_S = 0.05  # acknowledge a quiet consumer's last message this long after it
 
 
 class ContinuousPull:
@@ -147,6 +148,8 @@ class ContinuousPull:
         self._sub: Subscription | None = None
         self._inbox = ""
         self._refill: asyncio.Task[None] | None = None
+        self._acker: asyncio.Task[None] | None = None
+        self._last: Msg | None = None  # the newest applied message not yet acknowledged
 
     async def start(self) -> None:
         config = api.ConsumerConfig(
@@ -197,19 +200,34 @@ class ContinuousPull:
             return  # 100 (heartbeat) and friends carry no data
         self._outstanding -= 1
         await self._handler(msg)
-        # Ack (cumulatively) at the end of each burst, or every ACK_EVERY messages within one.
+        # Ack cumulatively: every ACK_EVERY messages, else shortly after a burst ends, so a
+        # trickle of single messages (one per decision) does not cost an ack each.
         self._since_ack += 1
-        if self._since_ack >= ACK_EVERY or self._sub is None or self._sub.pending_msgs == 0:
-            await msg.ack()
-            self._since_ack = 0
+        self._last = msg
+        if self._since_ack >= ACK_EVERY:
+            await self._ack()
+        elif self._acker is None or self._acker.done():
+            self._acker = asyncio.create_task(self._ack_soon())
         if self._outstanding <= self.batch // 2:
             await self._pull()
 
+    async def _ack(self) -> None:
+        msg, self._last, self._since_ack = self._last, None, 0
+        if msg is not None:
+            with contextlib.suppress(Exception):  # a lost ack only means a harmless redelivery
+                await msg.ack()
+
+    async def _ack_soon(self) -> None:
+        await asyncio.sleep(ACK_DELAY_S)  # the delay is the point: gather a burst's tail
+        await self._ack()
+
     async def stop(self) -> None:
-        if self._refill is not None:
-            self._refill.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refill
+        for task in (self._refill, self._acker):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self._ack()  # what was applied is acknowledged before going
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
