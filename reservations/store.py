@@ -42,8 +42,8 @@ __all__ = ["MAX_LEASE_S", "ReservationClient", "ReservationStore"]
 MAX_LEASE_S = 24 * 3600.0
 SWEEP_BATCH = 1000
 _SCRIPTS = (
-    "create_mission", "create_grant", "reserve", "reserve_commit", "commit", "settle", "release",
-    "sweep", "treat_overrun",
+    "create_mission", "create_grant", "reserve", "commit", "settle", "release", "sweep",
+    "treat_overrun",
 )  # fmt: skip
 
 
@@ -381,7 +381,7 @@ class ReservationClient:
 
     def _reserve_call(
         self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
-        lease_s: float,
+        lease_s: float, *, commit: bool = False,
     ) -> tuple[list[str], list[Any]]:  # fmt: skip
         k.check_id(mission_id, what="mission id")
         k.check_id(reservation_id, what="reservation id")
@@ -393,7 +393,7 @@ class ReservationClient:
         # The script derives the mission, grant and leases keys from the reservation key's
         # prefix (one hash tag): fewer arguments per call on the hot path.
         return [k.reservation_key(mission_id, reservation_id)], [
-            amount, max(1, round(lease_s * 1000)), *chain,
+            amount, max(1, round(lease_s * 1000)), "1" if commit else "0", *chain,
         ]  # fmt: skip
 
     def _reserve_result(
@@ -445,8 +445,10 @@ class ReservationClient:
         Raises what ``reserve`` raises; a reservation held earlier under the same id and terms
         is committed (replayed), unless its lease has ended.
         """
-        keys, args = self._reserve_call(mission_id, chain, reservation_id, amount, lease_s)
-        reply = await self._run("reserve_commit", keys, args)
+        keys, args = self._reserve_call(
+            mission_id, chain, reservation_id, amount, lease_s, commit=True
+        )
+        reply = await self._run("reserve", keys, args)
         tag = reply[0]  # 'held': reserved by an earlier call, committed by this one
         if tag == "lease_ended":
             raise self._unresolvable(reservation_id, reply, "committed")

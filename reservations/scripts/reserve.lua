@@ -1,25 +1,51 @@
--- Admit one reservation against every level of its grant chain, or nothing at all.
+-- Admit one reservation against every level of its grant chain, or nothing at all; with the
+-- commit flag, also commit it in the same step (the authorise path of an action about to run:
+-- reserve then commit, two transitions and two `seq` values, one round trip).
 -- Every check (existence, parent links, overrun blocks, ceilings) runs before the first write.
 -- KEYS[1] reservation hash fl:{m}:res:<id>; the mission, grant and leases keys share its
 -- prefix (one hash tag, one Cluster slot). Few arguments keep the hot path cheap.
--- ARGV[1] amount   ARGV[2] lease (ms)   ARGV[3..] grant ids, leaf first
+-- ARGV[1] amount   ARGV[2] lease (ms)   ARGV[3] commit ('1') or not ('0')
+-- ARGV[4..] grant ids, leaf first
+-- Reply without commit: {'ok'|'dup', lease_until, reserved_at, reserved_seq}
+-- Reply with commit: the same and committed_at, committed_seq; 'held' instead of 'dup' when
+-- an earlier call reserved it without committing and this call committed it.
 local prefix, rid = string.match(KEYS[1], '^(.*)res:(.+)$')
 local leases = prefix .. 'leases'
 local amount = tonumber(ARGV[1])
+local with_commit = ARGV[3] == '1'
 local names = {}
-for i = 3, #ARGV do names[#names + 1] = ARGV[i] end
+for i = 4, #ARGV do names[#names + 1] = ARGV[i] end
 local csv = table.concat(names, ',')
-local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'lease_until', 'state', 'at', 'seq')
-if r[1] then
-  if r[4] ~= 'held' and r[4] ~= 'committed' then return {'resolved', r[4]} end
-  if r[1] == ARGV[1] and r[2] == csv then
-    return {'dup', tonumber(r[3]), tonumber(r[5]), tonumber(r[6] or 0)}
-  end
-  return {'conflict', r[1], r[2]}
-end
 local keys = {}
 for i, name in ipairs(names) do keys[i] = prefix .. 'grant:' .. name end
 keys[#keys + 1] = prefix .. 'mission'
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function commit(tag, lease_until, at, seq)
+  for _, key in ipairs(keys) do
+    redis.call('HINCRBY', key, 'reserved', 0 - amount)
+    redis.call('HINCRBY', key, 'committed', amount)
+  end
+  local cseq = redis.call('HINCRBY', prefix .. 'mission', 'seq', 1)
+  redis.call('HSET', KEYS[1], 'state', 'committed', 'committed_at', now, 'committed_seq', cseq)
+  redis.call('ZREM', leases, rid)
+  return {tag, lease_until, at, seq, now, cseq}
+end
+
+local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'lease_until', 'state', 'at', 'seq',
+  'committed_at', 'committed_seq')
+if r[1] then
+  if r[4] ~= 'held' and r[4] ~= 'committed' then return {'resolved', r[4]} end
+  if r[1] ~= ARGV[1] or r[2] ~= csv then return {'conflict', r[1], r[2]} end
+  local lease_until, at, seq = tonumber(r[3]), tonumber(r[5]), tonumber(r[6] or 0)
+  if not with_commit then return {'dup', lease_until, at, seq} end
+  if r[4] == 'committed' then
+    return {'dup', lease_until, at, seq, tonumber(r[7]), tonumber(r[8] or 0)}
+  end
+  if now >= lease_until then return {'lease_ended', lease_until} end
+  return commit('held', lease_until, at, seq)
+end
 names[#names + 1] = 'mission'
 local levels = {}
 for i, key in ipairs(keys) do
@@ -39,13 +65,12 @@ for i, h in ipairs(levels) do
   local used = tonumber(h[2]) + tonumber(h[3]) + tonumber(h[4])
   if used + amount > ceiling then return {'deny', names[i], ceiling - used, ceiling} end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_until = now + tonumber(ARGV[2])
 for _, key in ipairs(keys) do redis.call('HINCRBY', key, 'reserved', ARGV[1]) end
 -- The mission's transition counter orders the ledger records of concurrent writers.
 local seq = redis.call('HINCRBY', prefix .. 'mission', 'seq', 1)
 redis.call('HSET', KEYS[1], 'amount', ARGV[1], 'scopes', csv, 'lease_until', lease_until,
   'state', 'held', 'at', now, 'seq', seq)
+if with_commit then return commit('ok', lease_until, now, seq) end
 redis.call('ZADD', leases, lease_until, rid)
 return {'ok', lease_until, now, seq}
