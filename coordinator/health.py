@@ -45,7 +45,7 @@ class HealthServer:
             )
             await writer.drain()
         except (TimeoutError, ConnectionError):
-            pass
+            pass  # a probe that hung up or stalled gets no answer; the next probe asks again
         finally:
             writer.close()
             with contextlib.suppress(ConnectionError):

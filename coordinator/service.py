@@ -421,21 +421,24 @@ class Coordinator:
                     await progress.wait()
 
     async def _append(self, events: list[Event], subject: str | None = None) -> int:
-        """Publish ``events`` as one stream message (a bundle when several: stored, delivered
-        and applied together, all or none) and wait for its PubAck; return its sequence.
-
-        The message id is the last event's id, so a retry of the same append is de-duplicated.
-        """
-        assert self._js is not None
+        """Publish ``events`` as one stream message (a bundle when several: stored together or
+        not at all, then applied in order) and wait for its PubAck; return its sequence."""
         if self.telemetry.enabled:
             return await self._append_traced(events, subject)
+        return await self._publish(events, subject or subject_of(events[-1]), None)
+
+    async def _publish(
+        self, events: list[Event], subject: str, headers: dict[str, str] | None
+    ) -> int:
+        """The message itself. Its id is the last event's, so a retried append is
+        de-duplicated; its body is remembered so our own message is not parsed again."""
+        assert self._js is not None
         body = bundle_json(events)
         if len(self._own) < OWN_CACHE_LIMIT:
             self._own[body] = tuple(events)
-        last = events[-1]
         try:
             return await publish_checked(
-                self._js, subject or subject_of(last), body, msg_id=str(last.event_id)
+                self._js, subject, body, msg_id=str(events[-1].event_id), headers=headers
             )
         except BaseException:
             self._own.pop(body, None)
@@ -447,7 +450,6 @@ class Coordinator:
         current. The span's context goes into every envelope (so links by event id survive
         the stream) and into the NATS headers (one trace); its links join the events these
         depend on (causal parent, reserve, the facts at a decision's cut)."""
-        assert self._js is not None
         last = events[-1]
         subject = subject or subject_of(last)
         current = trace.get_current_span()
@@ -488,16 +490,10 @@ class Coordinator:
             present = span.attributes if isinstance(span, ReadableSpan) else None
             if present:
                 last_attrs = {k: v for k, v in last_attrs.items() if present.get(k) != v}
-        body = bundle_json(traced)
-        if len(self._own) < OWN_CACHE_LIMIT:
-            self._own[body] = tuple(traced)
         headers = inject_headers(context=trace.set_span_in_context(span))
         try:
-            seq = await publish_checked(
-                self._js, subject, body, msg_id=str(last.event_id), headers=headers
-            )
+            seq = await self._publish(traced, subject, headers)
         except FleetError as exc:
-            self._own.pop(body, None)
             span.set_status(Status(StatusCode.ERROR, exc.message))
             if owned:
                 span.end()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+from collections.abc import Iterator
 from typing import Any, Self
 
 import nats
@@ -68,6 +69,11 @@ from telemetry.conventions import (
     OP_SEND,
 )
 
+NO_COORDINATOR = (
+    "no coordinator answers on NATS; is `fleetledger up` or `fleetledger coordinator run` "
+    "running? (refused: fail closed)"
+)
+
 
 def raise_error(body: ErrorBody) -> None:
     """Turn an error carried in a reply back into the exception the server raised."""
@@ -121,22 +127,25 @@ class FleetClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _request(
-        self, subject: str, body: bytes, headers: dict[str, str] | None = None
-    ) -> bytes:
+    @contextlib.contextmanager
+    def _fail_closed(self) -> Iterator[None]:
+        """NATS trouble during a call becomes the FleetError a caller acts on (fail closed)."""
         try:
-            msg = await self.nc.request(subject, body, timeout=self.timeout, headers=headers)
+            yield
         except nats.errors.NoRespondersError:
-            raise Unreachable(
-                "no coordinator answers on NATS; is `fleetledger up` or "
-                "`fleetledger coordinator run` running? (refused: fail closed)"
-            ) from None
+            raise Unreachable(NO_COORDINATOR) from None
         except nats.errors.TimeoutError:
             raise ComponentTimeout(
                 f"the coordinator did not answer within {self.timeout}s (fail closed)"
             ) from None
         except (nats.errors.ConnectionClosedError, OSError) as exc:
             raise Unreachable(f"NATS connection lost: {type(exc).__name__} (fail closed)") from None
+
+    async def _request(
+        self, subject: str, body: bytes, headers: dict[str, str] | None = None
+    ) -> bytes:
+        with self._fail_closed():
+            msg = await self.nc.request(subject, body, timeout=self.timeout, headers=headers)
         return bytes(msg.data)
 
     async def manage(
@@ -237,7 +246,7 @@ class FleetClient:
         # one subject per attempt, unguessable: no other client can answer for the
         # coordinator, and a late answer to an abandoned attempt reaches nobody
         subject = receipt_subject(body.mission_id, request.action_id, secrets.token_hex(12))
-        try:
+        with self._fail_closed():
             sub = await self.nc.subscribe(subject)
             # SUB, UNSUB-after-one and PUB leave in one write; the server drops the interest
             # itself once the answer is delivered.
@@ -251,18 +260,9 @@ class FleetClient:
                 with contextlib.suppress(nats.errors.Error):
                     await sub.unsubscribe()
                 raise
-        except nats.errors.TimeoutError:
-            raise ComponentTimeout(
-                f"the coordinator did not answer within {self.timeout}s (fail closed)"
-            ) from None
-        except (nats.errors.ConnectionClosedError, OSError) as exc:
-            raise Unreachable(f"NATS connection lost: {type(exc).__name__} (fail closed)") from None
         hdrs = msg.headers or {}
-        if hdrs.get("Status") == "503":
-            raise Unreachable(
-                "no coordinator answers on NATS; is `fleetledger up` or "
-                "`fleetledger coordinator run` running? (refused: fail closed)"
-            )
+        if hdrs.get("Status") == "503":  # no responders, as a plain subscription sees it
+            raise Unreachable(NO_COORDINATOR)
         if hdrs.get("Nats-Stream") == STREAM and "Nats-Sequence" in hdrs:
             # the decision's bundle as stored: the action, its reservation, the receipt (last);
             # only the receipt is needed here, so only it is validated

@@ -5,19 +5,18 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+from importlib.util import find_spec
 from typing import Any
 
 
 def run_loop(coro: Any) -> Any:
     """Run ``coro`` on uvloop when it is installed (a faster event loop for the services'
     hot paths), else on asyncio's own loop; FLEET_EVENT_LOOP=asyncio forces the latter."""
-    if os.environ.get("FLEET_EVENT_LOOP", "uvloop") != "asyncio":
-        try:
-            import uvloop
-        except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-            pass
-        else:
-            return uvloop.run(coro)
+    # uvloop is a dependency wherever it builds (not on Windows)
+    if os.environ.get("FLEET_EVENT_LOOP", "uvloop") != "asyncio" and find_spec("uvloop"):
+        import uvloop
+
+        return uvloop.run(coro)
     return asyncio.run(coro)
 
 

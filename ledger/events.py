@@ -529,8 +529,7 @@ def bundle_json(events: Sequence[Event]) -> bytes:
 
     One event is itself; several are a JSON array (a *bundle*): a decision with the action and
     the reservation it records is stored, delivered and applied as one message, all or none."""
-    if not 1 <= len(events) <= MAX_BUNDLE_EVENTS:
-        raise InvalidInput(f"a message holds 1 to {MAX_BUNDLE_EVENTS} events, not {len(events)}")
+    _check_count(len(events))
     if len(events) == 1:
         return events[0].to_json()
     if len({e.mission_id for e in events}) != 1:
@@ -538,27 +537,42 @@ def bundle_json(events: Sequence[Event]) -> bytes:
     return _BUNDLE.dump_json(list(events), exclude_none=True)
 
 
+def _is_bundle(data: bytes | str) -> bool:
+    if data.lstrip()[:1] not in (b"[", "["):
+        return False
+    if len(data) > MAX_EVENT_BYTES:
+        raise InvalidInput(f"message is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
+    return True
+
+
+def _bundle_items(data: bytes | str) -> list[Any]:
+    """A bundle's items as JSON values (not yet events), of a size a bundle may have."""
+    try:
+        items = json.loads(data)
+    except ValueError:
+        raise InvalidInput("malformed bundle: not a JSON array of events") from None
+    if not isinstance(items, list):  # pragma: no cover - a leading '[' parses as a list
+        raise InvalidInput("malformed bundle: not a JSON array of events")
+    _check_count(len(items))
+    return items
+
+
+def _check_count(n: int) -> None:
+    if not 1 <= n <= MAX_BUNDLE_EVENTS:
+        raise InvalidInput(f"a bundle holds 1 to {MAX_BUNDLE_EVENTS} events, not {n}")
+
+
 def parse_events(data: bytes | str) -> tuple[Event, ...]:
     """Parse one stream message: an event, or a bundle of events of one mission (in order).
 
     Raises ``InvalidInput`` naming the problem, as ``parse_event`` does."""
-    head = data.lstrip()[:1]
-    if head not in (b"[", "["):
+    if not _is_bundle(data):
         return (parse_event(data),)
-    if len(data) > MAX_EVENT_BYTES:
-        raise InvalidInput(f"message is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
     try:
-        events = tuple(_BUNDLE.validate_json(data))
+        events = tuple(_BUNDLE.validate_json(data))  # the fast path: one call
     except ValidationError:
-        try:
-            items = json.loads(data)
-        except ValueError:
-            raise InvalidInput("malformed bundle: not a JSON array of events") from None
-        if not isinstance(items, list):  # pragma: no cover - a leading '[' parses as a list
-            raise InvalidInput("malformed bundle: not a JSON array of events") from None
-        events = tuple(parse_event(item) for item in items)  # raises naming the bad event
-    if not 1 <= len(events) <= MAX_BUNDLE_EVENTS:
-        raise InvalidInput(f"a bundle holds 1 to {MAX_BUNDLE_EVENTS} events, not {len(events)}")
+        events = tuple(parse_event(item) for item in _bundle_items(data))  # names the bad one
+    _check_count(len(events))
     if len({e.mission_id for e in events}) != 1:
         raise InvalidInput("a bundle holds the events of one mission")
     return events
@@ -567,17 +581,9 @@ def parse_events(data: bytes | str) -> tuple[Event, ...]:
 def last_event(data: bytes | str) -> Event:
     """The last event of one stream message (a single event, or a bundle's last), validating
     only that one: a reader that needs a decision's receipt skips validating the rest."""
-    if data.lstrip()[:1] not in (b"[", "["):
+    if not _is_bundle(data):
         return parse_event(data)
-    if len(data) > MAX_EVENT_BYTES:
-        raise InvalidInput(f"message is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
-    try:
-        items = json.loads(data)
-    except ValueError:
-        raise InvalidInput("malformed bundle: not a JSON array of events") from None
-    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BUNDLE_EVENTS:
-        raise InvalidInput(f"a bundle holds 1 to {MAX_BUNDLE_EVENTS} events")
-    return parse_event(items[-1])
+    return parse_event(_bundle_items(data)[-1])
 
 
 def make_event(
