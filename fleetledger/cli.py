@@ -467,7 +467,7 @@ def action_request(
     if as_json:
         print(reply.model_dump_json())
     else:
-        out.print(decision_table(reply.decision, reply.reservation_id))
+        out.print(decision_table(reply.decision, reply.reservation_id, reply.decision_seq))
     if not reply.decision.allowed:
         err.print(f"[red]denied[/] by rule {reply.decision.rule}: {reply.decision.reason}")
         raise typer.Exit(3)

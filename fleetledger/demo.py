@@ -127,7 +127,8 @@ async def scripted_mission(
             d.rule.value if d.rule else "",
             d.reason
             if not d.allowed
-            else f"receipt at cut {d.cut}, evidence {', '.join(d.evidence)}",
+            else f"receipt stored at seq {reply.decision_seq} (cut {d.cut}), "
+            f"evidence {', '.join(d.evidence)}",
             expect=expect_next.pop(0),
         )
         return d

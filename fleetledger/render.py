@@ -89,7 +89,9 @@ def team_view(view: dict[str, Any]) -> list[Table]:
     return tables
 
 
-def decision_table(decision: Decision, reservation_id: str | None = None) -> Table:
+def decision_table(
+    decision: Decision, reservation_id: str | None = None, stored_seq: int | None = None
+) -> Table:
     """A decision receipt, as `fleetledger action request` prints it."""
     table = Table(
         title=f"Decision receipt for {decision.action_id}", title_justify="left", show_header=False
@@ -102,6 +104,8 @@ def decision_table(decision: Decision, reservation_id: str | None = None) -> Tab
     table.add_row("reason", decision.reason)
     table.add_row("action", f"{decision.action} under grant {decision.grant_id}")
     table.add_row("cost", format_amount(decision.cost))
+    if stored_seq is not None:  # the answer is the receipt as the stream stored it
+        table.add_row("receipt stored at (stream seq)", str(stored_seq))
     table.add_row("cut (ledger version)", str(decision.cut))
     if decision.cut_seq is not None:
         table.add_row(

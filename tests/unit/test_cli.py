@@ -64,3 +64,20 @@ def test_unreachable_nats_fails_closed_with_exit_4_and_json_error(
     result = runner.invoke(app, ["view", "m1", "--json"])
     assert result.exit_code == 4
     assert '"code": "FL-UNREACHABLE"' in result.stdout
+
+
+def test_a_decision_receipt_shows_where_the_stream_stored_it() -> None:
+    from rich.console import Console
+
+    from fleetledger.render import decision_table
+    from ledger.kernel import Decision
+
+    decision = Decision(
+        allowed=True, reason="ok", action_id="a1", action="pay", grant_id="g", cost=5, cut=3
+    )
+    console = Console(record=True, width=120)
+    console.print(decision_table(decision, "r-a1", stored_seq=42))
+    text = console.export_text()
+    assert "receipt stored at (stream seq)" in text and "42" in text
+    console.print(decision_table(decision))
+    assert console.export_text().count("receipt stored at") == 0  # only when it was stored
