@@ -29,7 +29,7 @@ import nats  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from fleetledger.client import FleetClient  # noqa: E402
+from fleetbus.client import FleetClient  # noqa: E402
 from fleetledger.servers import EmbeddedServers, free_port  # noqa: E402
 from ledger.authority import Authority  # noqa: E402
 from ledger.events import EvidenceRegistered, make_event  # noqa: E402

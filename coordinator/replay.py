@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NotFoundError
 
-from coordinator.bus import connect
+from fleetbus.bus import connect
 from ledger.errors import FleetError, InvalidInput
 from ledger.events import Event, parse_events
 from ledger.mission import MissionState

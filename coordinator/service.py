@@ -34,7 +34,9 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 from pydantic import ValidationError
 
-from coordinator.bus import (
+from coordinator.settings import CoordinatorSettings
+from coordinator.views import project
+from fleetbus.bus import (
     ContinuousPull,
     cancel_requested,
     connect,
@@ -42,9 +44,7 @@ from coordinator.bus import (
     ensure_streams,
     publish_checked,
 )
-from coordinator.health import HealthServer
-from coordinator.settings import CoordinatorSettings
-from coordinator.views import project
+from fleetbus.http import HttpServer, first_error
 from ledger.clock import Clock, SystemClock
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation, Unreachable
 from ledger.events import (
@@ -129,11 +129,6 @@ from telemetry.conventions import (
 log = logging.getLogger("fleetledger.coordinator")
 
 
-def error_body(exc: FleetError) -> ErrorBody:
-    rule = exc.rule.value if isinstance(exc, RuleViolation) else None
-    return ErrorBody(code=str(exc.code), message=exc.message, rule=rule)
-
-
 class Coordinator:
     """One coordinator process (one active per mission partition)."""
 
@@ -167,7 +162,7 @@ class Coordinator:
         self._pull: ContinuousPull | None = None
         self._reservations: ReservationClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._health: HealthServer | None = None
+        self._health: HttpServer | None = None
         self._ready_seq = 0
         # Events this coordinator published, by their bytes: its own events need no re-parsing
         # when they come back through the stream (anything else in the stream is parsed).
@@ -180,7 +175,7 @@ class Coordinator:
 
     @property
     def http_port(self) -> int:
-        return self._health.port if self._health else 0
+        return self._health.http_port or 0 if self._health else 0
 
     async def start(self) -> None:
         s = self.settings
@@ -202,8 +197,8 @@ class Coordinator:
         ):
             await self._nc.subscribe(subject, queue=self.queue_group, cb=handler)
         self._tasks.append(asyncio.create_task(self._sweep_forever()))
-        self._health = HealthServer(s.http_host, s.http_port, live=self._live, ready=self._ready)
-        await self._health.start()
+        self._health = HttpServer(live=self._live, ready=self._ready)
+        await self._health.listen_tcp(s.http_port, s.http_host)
         log.info("coordinator ready", extra={"applied_seq": self.applied_seq})
 
     async def stop(self, timeout: float = 5.0) -> None:
@@ -376,7 +371,7 @@ class Coordinator:
             "seq": seq,
             "subject": msg.subject,
             "event_id": str(event.event_id) if event else None,
-            "error": error_body(exc).model_dump(),
+            "error": ErrorBody.of(exc).model_dump(),
             "data": msg.data.decode("utf-8", errors="replace")[:8192],
         }
         log.warning("dead-lettered seq %s: %s", seq, exc.message)
@@ -536,7 +531,7 @@ class Coordinator:
             err = InvalidInput(
                 f"malformed authorize request: {exc.errors(include_url=False)[0]['msg']}"
             )
-            await msg.respond(AuthorizeReply(error=error_body(err)).model_dump_json().encode())
+            await msg.respond(AuthorizeReply(error=ErrorBody.of(err)).model_dump_json().encode())
             return
         replied = False
         # A requester that names the receipt subject as its reply subject is answered by the
@@ -557,7 +552,7 @@ class Coordinator:
                 await self.authorize(req, respond, nonce=nonce)
             except FleetError as exc:
                 if not replied:
-                    await respond(AuthorizeReply(error=error_body(exc)))
+                    await respond(AuthorizeReply(error=ErrorBody.of(exc)))
             return
         action = req.request
         with self.telemetry.tracer.start_as_current_span(
@@ -581,7 +576,7 @@ class Coordinator:
                 span.set_status(Status(StatusCode.ERROR, exc.message))
                 span.set_attribute(FLEET_ERROR_CODE, str(exc.code))
                 if not replied:
-                    await respond(AuthorizeReply(error=error_body(exc)))
+                    await respond(AuthorizeReply(error=ErrorBody.of(exc)))
                 return
             if reply.decision is not None:
                 d = reply.decision
@@ -778,10 +773,10 @@ class Coordinator:
             async with self._locks[req.mission_id]:
                 reply = await self.manage(req)
         except ValidationError as exc:
-            err = InvalidInput(f"malformed request: {_first_error(exc)}")
-            reply = ManageReply(ok=False, error=error_body(err))
+            err = InvalidInput(f"malformed request: {first_error(exc)}")
+            reply = ManageReply(ok=False, error=ErrorBody.of(err))
         except FleetError as exc:
-            reply = ManageReply(ok=False, error=error_body(exc))
+            reply = ManageReply(ok=False, error=ErrorBody.of(exc))
         if reply.error is not None and self.telemetry.enabled:
             span.set_status(Status(StatusCode.ERROR, reply.error.message))
             span.set_attribute(FLEET_ERROR_CODE, reply.error.code)
@@ -843,7 +838,7 @@ class Coordinator:
             else:  # pragma: no cover - ManageOp is a closed Literal
                 raise InvalidInput(f"unknown operation {op!r}")
         except ValidationError as exc:
-            raise InvalidInput(f"{op}: {_first_error(exc)}") from None
+            raise InvalidInput(f"{op}: {first_error(exc)}") from None
         event = self._event(payload, req.mission_id, at=now, agent_id=req.actor)
         events = [*extra, event]
         check = state
@@ -925,14 +920,14 @@ class Coordinator:
         except ValidationError as exc:
             await msg.respond(
                 json.dumps(
-                    {"error": error_body(InvalidInput(_first_error(exc))).model_dump()}
+                    {"error": ErrorBody.of(InvalidInput(first_error(exc))).model_dump()}
                 ).encode()
             )
             return
         state = self.states.get(req.mission_id)
         if state is None or state.mission is None:
             err = InvalidInput(f"mission {req.mission_id} does not exist", code=ErrorCode.NOT_FOUND)
-            await msg.respond(json.dumps({"error": error_body(err).model_dump()}).encode())
+            await msg.respond(json.dumps({"error": ErrorBody.of(err).model_dump()}).encode())
             return
         await msg.respond(
             json.dumps(project(state, req.role, applied_seq=self.applied_seq)).encode()
@@ -1090,12 +1085,6 @@ OWN_CACHE_LIMIT = 10_000  # own events awaiting their return through the stream
 
 def _safe(token: str) -> bool:
     return token.replace("-", "").replace("_", "").isalnum()
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    return f"{loc}: {err['msg']}" if loc else str(err["msg"])
 
 
 __all__ = ["Coordinator", "Rule"]

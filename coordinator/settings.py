@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fleetbus.settings import FleetBaseSettings
 
 
-class CoordinatorSettings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="FLEET_", env_nested_delimiter="__", extra="ignore"
-    )
+class CoordinatorSettings(FleetBaseSettings):
+    """Everything a coordinator reads from FLEET_* (or a running fleet's fleet.env)."""
 
     nats_url: str = "nats://127.0.0.1:4222"
     redis_url: str = "redis://127.0.0.1:6379/0"

@@ -24,6 +24,7 @@ from fleetledger.servers import EmbeddedServers, write_env_file
 from fleetledger.settings import ENV_FILE_NAME, FleetSettings, default_state_dir
 from ledger.errors import FleetError, InvalidInput, Unreachable
 from ledger.money import format_amount, parse_amount
+from ledger.protocol import ErrorBody
 
 app = typer.Typer(
     name="fleetledger",
@@ -50,7 +51,7 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 def _fail(exc: FleetError, as_json: bool = False) -> NoReturn:
     if as_json:
-        print(json.dumps({"error": exc.to_dict()}))
+        print(json.dumps({"error": ErrorBody.of(exc).model_dump(exclude_none=True)}))
     err.print(f"[red]error[/] [{exc.code}] {exc.message}")
     raise typer.Exit(exc.exit_code)
 
@@ -197,7 +198,7 @@ def _run(coro_fn: Any, as_json: bool = False) -> Any:
 
 
 async def _manage(op: Any, mission: str, args: dict[str, Any], actor: str = "cli") -> Any:
-    from fleetledger.client import FleetClient
+    from fleetbus.client import FleetClient
 
     async with await FleetClient.connect(_nats_url()) as client:
         return await client.manage(op, mission, args, actor=actor)
@@ -445,7 +446,7 @@ def action_request(
     as_json: JsonOpt = False,
 ) -> None:
     """Ask the coordinator to authorise an action; print the receipt (exit 3 if denied)."""
-    from fleetledger.client import FleetClient
+    from fleetbus.client import FleetClient
     from fleetledger.render import decision_table
     from ledger.kernel import ActionRequest
 
@@ -503,7 +504,7 @@ def view(
     as_json: JsonOpt = False,
 ) -> None:
     """The team view of a mission: budget per level, grants, open risks, receipts."""
-    from fleetledger.client import FleetClient
+    from fleetbus.client import FleetClient
     from fleetledger.render import team_view
 
     async def call() -> dict[str, Any]:

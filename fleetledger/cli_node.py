@@ -21,6 +21,7 @@ from rich.table import Table
 
 from fleetledger.runtime import run_loop, tune_gc
 from ledger.errors import FleetError, InvalidInput
+from ledger.protocol import ErrorBody
 from node_agent.autoledger import AutoLedger
 from node_agent.checks import Check, CommandCheck, EvidenceCheck, FileCheck
 from node_agent.claims import ClaimsCache
@@ -44,7 +45,7 @@ AGENTS = ("claude-code", "codex", "gemini")
 
 def _fail(exc: FleetError, as_json: bool = False) -> NoReturn:
     if as_json:
-        print(json.dumps({"error": exc.to_dict()}))
+        print(json.dumps({"error": ErrorBody.of(exc).model_dump(exclude_none=True)}))
     err.print(f"[red]error[/] [{exc.code}] {exc.message}")
     raise typer.Exit(exc.exit_code)
 

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
 from ledger.events import parse_events
-from ledger.protocol import STREAM, SUBJECT_PREFIX
+from ledger.protocol import STREAM, SUBJECT_PREFIX, ErrorBody
 
 SLACK = timedelta(seconds=30)  # an event's id is minted a little before it reaches the stream
 READ_TIMEOUT_S = 2.0
@@ -38,7 +38,7 @@ def event_time(event_id: str) -> datetime:
 
 async def find_trace(nats_url: str, event_id: str, *, jaeger_url: str) -> dict[str, Any]:
     """Look the event up in the stream; return its ids, kind, trace id, span id and Jaeger link."""
-    from coordinator.bus import connect
+    from fleetbus.bus import connect
 
     start = event_time(event_id) - SLACK
     nc = await connect(nats_url, name="fleetledger-trace")
@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
             )
         except FleetError as exc:
             if as_json:
-                print(json.dumps({"error": exc.to_dict()}))
+                print(json.dumps({"error": ErrorBody.of(exc).model_dump(exclude_none=True)}))
             err.print(f"[red]error[/] [{exc.code}] {exc.message}")
             raise typer.Exit(exc.exit_code) from None
         if as_json:

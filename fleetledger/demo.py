@@ -22,7 +22,7 @@ from rich.table import Table
 
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
-from fleetledger.client import FleetClient
+from fleetbus.client import FleetClient
 from fleetledger.render import team_view, verdict
 from fleetledger.servers import EmbeddedServers
 from ledger.authority import Authority

@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-from fleetledger.client import FleetClient
+from fleetbus.client import FleetClient
 from fleetledger.servers import EmbeddedServers
 from ledger.authority import Authority
 from ledger.events import make_event

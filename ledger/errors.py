@@ -74,9 +74,6 @@ class FleetError(Exception):
         if code is not None:
             self.code = code
 
-    def to_dict(self) -> dict[str, str]:
-        return {"code": str(self.code), "message": self.message}
-
 
 class InvalidInput(FleetError, ValueError):
     """Input that is malformed or out of range; nothing was applied."""
@@ -95,9 +92,6 @@ class RuleViolation(FleetError):
         super().__init__(f"{RULE_TITLES[rule]}: {message}")
         self.rule = rule
         self.reason = message
-
-    def to_dict(self) -> dict[str, str]:
-        return {**super().to_dict(), "rule": str(self.rule)}
 
 
 class Unreachable(FleetError, ConnectionError):

@@ -12,7 +12,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger.errors import ErrorCode, InvalidInput
+from ledger.errors import (
+    BinaryMissing,
+    ComponentTimeout,
+    ErrorCode,
+    FleetError,
+    InvalidInput,
+    Rule,
+    RuleViolation,
+    Unreachable,
+)
 from ledger.events import ID_PATTERN, DecisionRecorded, Event, TraceContext
 from ledger.kernel import ActionRequest, Decision
 
@@ -127,9 +136,41 @@ def risk_key(mission_id: str, risk_id: str) -> str:
 
 
 class ErrorBody(BaseModel):
+    """An error as it travels in a reply: the one codec, encode (`of`) beside decode (`error`)."""
+
     code: str
     message: str
     rule: str | None = None
+    reason: str | None = None  # a rule violation's reason, without the rule's title
+
+    @classmethod
+    def of(cls, exc: FleetError) -> ErrorBody:
+        if isinstance(exc, RuleViolation):
+            return cls(code=str(exc.code), message=exc.message, rule=exc.rule.value,
+                       reason=exc.reason)  # fmt: skip
+        return cls(code=str(exc.code), message=exc.message)
+
+    def error(self) -> FleetError:
+        """The exception the sender raised, rebuilt: same class, code, rule and message."""
+        if self.rule is not None and self.rule in Rule._value2member_map_:
+            reason = self.reason if self.reason is not None else self.message
+            return RuleViolation(Rule(self.rule), reason)
+        known = self.code in ErrorCode._value2member_map_
+        code = ErrorCode(self.code) if known else ErrorCode.INTERNAL
+        return _ERROR_CLASSES.get(code, FleetError)(self.message, code=code)
+
+
+# what each code decodes to (anything else: the FleetError root, exit 1)
+_ERROR_CLASSES: dict[ErrorCode, type[FleetError]] = {
+    ErrorCode.UNREACHABLE: Unreachable,
+    ErrorCode.TIMEOUT: ComponentTimeout,
+    ErrorCode.BINARY_MISSING: BinaryMissing,
+    ErrorCode.INVALID_INPUT: InvalidInput,
+    ErrorCode.UNKNOWN_KIND: InvalidInput,
+    ErrorCode.INVALID_AMOUNT: InvalidInput,
+    ErrorCode.DUPLICATE: InvalidInput,
+    ErrorCode.NOT_FOUND: InvalidInput,
+}
 
 
 class AuthorizeRequest(BaseModel):

@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 
-from fleetledger.client import raise_error
 from ledger.errors import ComponentTimeout, FleetError, Unreachable
 from ledger.protocol import ErrorBody
 
@@ -74,6 +73,6 @@ def _decode(reply: httpx.Response, ok: tuple[int, ...] = (200,)) -> dict[str, An
     if reply.status_code not in ok or (isinstance(data, dict) and "error" in data):
         error = data.get("error") if isinstance(data, dict) else None
         if isinstance(error, dict):
-            raise_error(ErrorBody.model_validate(error))
+            raise ErrorBody.model_validate(error).error()
         raise FleetError(f"the node agent answered HTTP {reply.status_code}")
     return dict(data)

@@ -21,7 +21,8 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from opentelemetry import context as otel_context
 from pydantic import ValidationError
 
-from fleetledger.client import FleetClient
+from fleetbus.client import FleetClient
+from fleetbus.http import HttpServer, Route
 from ledger.authority import member
 from ledger.errors import (
     ComponentTimeout,
@@ -37,7 +38,6 @@ from ledger.items import Actor, ItemStatus
 from ledger.kernel import ActionRequest
 from ledger.money import parse_amount
 from ledger.protocol import SUBJECT_PREFIX
-from node_agent.api import ApiServer, Route
 from node_agent.auditor import context
 from node_agent.autoledger import AutoLedger, TurnResult
 from node_agent.checks import CHECK
@@ -142,7 +142,7 @@ class NodeAgent:
             cache_failures=settings.cache_failures,
         )
         self.claims = ClaimsCache(self.store)
-        self.api = ApiServer(self._routes(), live=self._live, ready=self._ready)
+        self.api = HttpServer(routes=self._routes(), live=self._live, ready=self._ready)
         self.outbox: OutboxPublisher | None = None
         self.fleet_follower: Any = None  # the ordered consumer of resource.modified
         self.folded = 0  # other nodes' modifications folded into the execution state

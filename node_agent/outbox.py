@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 
 from opentelemetry.trace import SpanKind
 
-from coordinator.bus import cancel_requested, connect, publish_checked
-from fleetledger.client import FleetClient
+from fleetbus.bus import cancel_requested, connect, publish_checked
+from fleetbus.client import FleetClient
 from ledger.errors import FleetError
 from ledger.events import TraceContext
 from node_agent.store import Store

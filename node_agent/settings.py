@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from fleetledger.settings import ENV_FILE_NAME, default_state_dir
+from fleetbus.settings import FleetBaseSettings, default_state_dir
 
 # Claude Code and Codex call their shell tool "Bash"; Gemini CLI calls it run_shell_command.
 SHELL_TOOLS = r"^(Bash|shell|exec_command|run_shell_command)$"
@@ -99,17 +97,8 @@ DEFAULT_CACHEABLE: tuple[CacheRule, ...] = (
 )
 
 
-def _env_file() -> Path:
-    base = os.environ.get("FLEET_STATE_DIR")
-    return (Path(base) if base else default_state_dir()) / ENV_FILE_NAME
-
-
-class NodeSettings(BaseSettings):
+class NodeSettings(FleetBaseSettings):
     """Everything a node agent (daemon, hooks, `todo`) reads from FLEET_* or fleet.env."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="FLEET_", env_nested_delimiter="__", extra="ignore"
-    )
 
     state_dir: Path = Field(default_factory=default_state_dir)
     node_id: str = "node-local"
@@ -149,9 +138,3 @@ class NodeSettings(BaseSettings):
     @property
     def socket_path(self) -> Path:
         return self.socket or self.state_dir / "node-agent.sock"
-
-    @classmethod
-    def load(cls, **overrides: object) -> NodeSettings:
-        """Environment first, then the fleet.env that `fleetledger up` wrote."""
-        env_file = _env_file()
-        return cls(_env_file=env_file if env_file.is_file() else None, **overrides)  # type: ignore[arg-type]

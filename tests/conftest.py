@@ -9,7 +9,7 @@ import pytest
 
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
-from fleetledger.client import FleetClient
+from fleetbus.client import FleetClient
 from fleetledger.servers import EmbeddedServers
 
 

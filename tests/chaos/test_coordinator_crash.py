@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.replay import replay_mission
-from fleetledger.client import FleetClient
+from fleetbus.client import FleetClient
 from fleetledger.servers import EmbeddedServers
 from ledger.authority import Authority
 from ledger.errors import FleetError

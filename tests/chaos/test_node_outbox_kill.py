@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.service import Coordinator
-from fleetledger.client import FleetClient
+from fleetbus.client import FleetClient
 from ledger.errors import FleetError
 from ledger.ids import new_id
 from ledger.protocol import STREAM, mission_filter

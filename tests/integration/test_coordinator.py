@@ -13,7 +13,7 @@ import pytest
 
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
-from fleetledger.client import FleetClient
+from fleetbus.client import FleetClient
 from fleetledger.servers import EmbeddedServers
 from ledger.authority import Authority
 from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation, Unreachable
@@ -691,7 +691,7 @@ async def test_a_bad_event_inside_a_bundle_is_dead_lettered_alone(
 async def test_a_ledger_stream_from_before_receipts_were_republished_gains_the_rule() -> None:
     from nats.js import api
 
-    from coordinator.bus import ensure_streams
+    from fleetbus.bus import ensure_streams
     from ledger.protocol import RECEIPT_REPUBLISH_DEST, RECEIPT_REPUBLISH_SOURCE
 
     with EmbeddedServers() as own:

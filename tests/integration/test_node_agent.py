@@ -18,8 +18,8 @@ import typer
 from typer.testing import CliRunner
 
 from coordinator.service import Coordinator
+from fleetbus.client import FleetClient
 from fleetledger.cli_node import register
-from fleetledger.client import FleetClient
 from ledger.authority import Authority
 from ledger.ids import new_id
 from ledger.protocol import STREAM, mission_filter

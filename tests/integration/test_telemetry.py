@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
+from fleetbus.client import FleetClient
 from fleetledger.cli_trace import find_trace
-from fleetledger.client import FleetClient
 from fleetledger.servers import EmbeddedServers
 from ledger.authority import Authority
 from ledger.events import EvidenceRegistered, make_event
@@ -131,7 +131,7 @@ async def mission_with_grant(client: FleetClient, *, evidence_for: list[str]) ->
 NODE_SCRIPT = """
 import asyncio, json, sys
 from datetime import UTC, datetime
-from fleetledger.client import FleetClient
+from fleetbus.client import FleetClient
 from ledger.events import EvidenceRegistered, make_event
 from ledger.kernel import ActionRequest
 from telemetry import current_trace_context, process_telemetry

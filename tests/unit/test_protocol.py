@@ -142,3 +142,51 @@ def test_node_observations_cannot_carry_decision_state_in_a_bundle() -> None:
         check_message("fleet.ledger.m1.item.captured", [treated, item])
     with pytest.raises(InvalidInput, match=r"names kind item\.captured"):
         check_message("fleet.ledger.m1.item.captured", [item, treated])
+
+
+# --- the one error codec (ErrorBody.of / ErrorBody.error) -------------------------------------
+
+
+def test_a_rule_violation_survives_the_wire_with_its_rule_and_reason() -> None:
+    from ledger.errors import Rule, RuleViolation
+    from ledger.protocol import ErrorBody
+
+    sent = RuleViolation(Rule.RISK_NON_ERASURE, "risk k1: covenant: amend")  # reason has ': '
+    body = ErrorBody.model_validate_json(ErrorBody.of(sent).model_dump_json())
+    got = body.error()
+    assert isinstance(got, RuleViolation)
+    assert got.rule is Rule.RISK_NON_ERASURE
+    assert got.reason == "risk k1: covenant: amend"
+    assert got.message == sent.message
+
+
+def test_each_error_class_decodes_to_itself_with_its_exit_code() -> None:
+    from ledger.errors import (
+        BinaryMissing,
+        ComponentTimeout,
+        ErrorCode,
+        FleetError,
+        InvalidInput,
+        Unreachable,
+    )
+    from ledger.protocol import ErrorBody
+
+    for sent in (
+        InvalidInput("bad id"),
+        InvalidInput("no such mission", code=ErrorCode.NOT_FOUND),
+        Unreachable("no NATS"),
+        ComponentTimeout("slow"),
+        BinaryMissing("no redis-server"),
+        FleetError("boom"),
+    ):
+        got = ErrorBody.of(sent).error()
+        assert type(got) is type(sent)
+        assert (got.code, got.message, got.exit_code) == (sent.code, sent.message, sent.exit_code)
+
+
+def test_an_unknown_code_decodes_to_the_root_error() -> None:
+    from ledger.errors import ErrorCode, FleetError
+    from ledger.protocol import ErrorBody
+
+    got = ErrorBody(code="FL-FROM-THE-FUTURE", message="new").error()
+    assert type(got) is FleetError and got.code is ErrorCode.INTERNAL

@@ -17,14 +17,9 @@ import nats
 from nats.aio.client import Client
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from coordinator.bus import connect, publish_checked
+from fleetbus.bus import connect, publish_checked
 from ledger.errors import (
     ComponentTimeout,
-    ErrorCode,
-    FleetError,
-    InvalidInput,
-    Rule,
-    RuleViolation,
     Unreachable,
 )
 from ledger.events import Event, last_event
@@ -73,24 +68,6 @@ NO_COORDINATOR = (
     "no coordinator answers on NATS; is `fleetledger up` or `fleetledger coordinator run` "
     "running? (refused: fail closed)"
 )
-
-
-def raise_error(body: ErrorBody) -> None:
-    """Turn an error carried in a reply back into the exception the server raised."""
-    if body.rule is not None:
-        raise RuleViolation(Rule(body.rule), body.message.split(": ", 1)[-1])
-    code = ErrorCode(body.code) if body.code in ErrorCode._value2member_map_ else ErrorCode.INTERNAL
-    if code in (ErrorCode.UNREACHABLE, ErrorCode.TIMEOUT):
-        raise Unreachable(body.message, code=code)
-    if code in (
-        ErrorCode.INVALID_INPUT,
-        ErrorCode.UNKNOWN_KIND,
-        ErrorCode.INVALID_AMOUNT,
-        ErrorCode.DUPLICATE,
-        ErrorCode.NOT_FOUND,
-    ):
-        raise InvalidInput(body.message, code=code)
-    raise FleetError(body.message, code=code)
 
 
 class FleetClient:
@@ -174,7 +151,7 @@ class FleetClient:
                     span.set_status(Status(StatusCode.ERROR, reply.error.message))
                     span.set_attribute(FLEET_ERROR_CODE, reply.error.code)
         if reply.error is not None:
-            raise_error(reply.error)
+            raise reply.error.error()
         if reply.seq:
             self.last_seq = max(self.last_seq, reply.seq)
         return reply
@@ -193,7 +170,7 @@ class FleetClient:
             )
             reply = await self._authorize_call(body, None)
         if reply.error is not None:
-            raise_error(reply.error)
+            raise reply.error.error()
         if reply.decision_seq:
             self.last_seq = max(self.last_seq, reply.decision_seq)
         return reply
@@ -274,7 +251,7 @@ class FleetClient:
         body = ViewRequest.model_validate({"mission_id": mission_id, "role": role})
         data = json.loads(await self._request(VIEW_SUBJECT, body.model_dump_json().encode()))
         if "error" in data:
-            raise_error(ErrorBody.model_validate(data["error"]))
+            raise ErrorBody.model_validate(data["error"]).error()
         return dict(data)
 
     async def publish(self, event: Event) -> int:

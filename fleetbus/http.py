@@ -1,7 +1,11 @@
-"""The node agent's local API: JSON over HTTP/1.1 on a Unix socket (0600) or loopback TCP.
+"""The one small HTTP server: probes for Kubernetes and the node agent's local API.
 
-Two GET probes (`/healthz`, `/readyz`) and `POST /v1/<op>` with a JSON object body. A tiny
-asyncio responder: the routes are few, requests small, and both listeners share it.
+JSON over HTTP/1.1 on loopback TCP, any TCP address (a coordinator's probes) or a Unix socket
+(0600). Two GET probes (`/healthz` alive, `/readyz` can serve) and, where routes are given,
+`POST /v1/<op>` with a JSON object body. A tiny asyncio responder: the routes are few, requests
+small, and a web framework would cost more start-up time than it saves. Every request gets a
+JSON answer: a route's ``FleetError`` is 422 with its error body, a pydantic ``ValidationError``
+is 400 bad input naming the field, and anything unexpected is 500, never an empty reply.
 """
 
 from __future__ import annotations
@@ -9,13 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from ledger.errors import FleetError, InvalidInput
+from ledger.protocol import ErrorBody
 
 MAX_BODY = 1 << 20  # 1 MiB: hook payloads are small; larger is refused unread
 
@@ -23,9 +31,14 @@ Route = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 Probe = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
 
 
-class ApiServer:
-    def __init__(self, routes: dict[str, Route], *, live: Probe, ready: Probe) -> None:
-        self.routes, self.live, self.ready = routes, live, ready
+log = logging.getLogger("fleetledger.http")
+
+
+class HttpServer:
+    def __init__(
+        self, *, live: Probe, ready: Probe, routes: dict[str, Route] | None = None
+    ) -> None:
+        self.routes, self.live, self.ready = routes or {}, live, ready
         self._servers: list[asyncio.Server] = []
         self.http_port: int | None = None
         self.socket_path: Path | None = None
@@ -45,8 +58,9 @@ class ApiServer:
         self.socket_path = path
         self._servers.append(server)
 
-    async def listen_tcp(self, port: int) -> None:
-        server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+    async def listen_tcp(self, port: int, host: str = "127.0.0.1") -> None:
+        """Listen on ``host:port`` (0: a free port, then in ``http_port``)."""
+        server = await asyncio.start_server(self._serve, host, port)
         self.http_port = int(server.sockets[0].getsockname()[1])
         self._servers.append(server)
 
@@ -101,6 +115,11 @@ class ApiServer:
             return 200, await route(body)
         except FleetError as exc:
             return 422, _err(exc)
+        except ValidationError as exc:
+            return 400, _err(InvalidInput(f"{path.removeprefix('/v1/')}: {first_error(exc)}"))
+        except Exception as exc:  # a bug must still answer, or the client says "unreachable"
+            log.exception("route %s failed", path)
+            return 500, _err(FleetError(f"internal error in {path}: {type(exc).__name__}"))
 
     async def stop(self) -> None:
         for server in self._servers:
@@ -110,8 +129,15 @@ class ApiServer:
             self.socket_path.unlink(missing_ok=True)
 
 
+def first_error(exc: ValidationError) -> str:
+    """The first problem pydantic found, as ``field.path: message``."""
+    err = exc.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"{loc}: {err['msg']}" if loc else str(err["msg"])
+
+
 def _err(exc: FleetError) -> dict[str, Any]:
-    return {"error": exc.to_dict()}
+    return {"error": ErrorBody.of(exc).model_dump(exclude_none=True)}
 
 
 async def _answers(path: Path) -> bool:
