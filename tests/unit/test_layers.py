@@ -1,4 +1,4 @@
-"""SPEC S3's inward rule is checked by import-linter (`make lint`): kept today, broken by one bad import."""
+"""SPEC S3's inward rule, checked by import-linter (`make lint`): kept now, broken by one import."""
 
 from __future__ import annotations
 
