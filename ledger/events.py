@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -27,6 +27,7 @@ from ledger.authority import Authority
 from ledger.clock import ensure_utc
 from ledger.errors import ErrorCode, InvalidInput, Rule
 from ledger.ids import new_id
+from ledger.items import ItemStatus, JudgedStatus
 from ledger.money import MAX_MICROS
 
 MAX_EVENT_BYTES = 64 * 1024
@@ -313,7 +314,7 @@ class ItemCaptured(_Payload):
 class ItemStatusChanged(_Payload):
     kind: Literal["item.status_changed"] = "item.status_changed"
     item_id: Ident
-    status: str
+    status: ItemStatus
     actor_kind: Literal["human", "coordinator", "check"]
     actor: Text
 
@@ -321,7 +322,7 @@ class ItemStatusChanged(_Payload):
 class JudgeVerdict(_Payload):
     kind: Literal["judge.verdict"] = "judge.verdict"
     item_id: Ident
-    judged_status: str
+    judged_status: JudgedStatus
     suggestion: str = ""
     model: str
     ledger_version: int = Field(ge=0)
@@ -430,18 +431,10 @@ Payload = Annotated[
     Field(discriminator="kind"),
 ]
 
-KINDS: tuple[str, ...] = tuple(
-    t.model_fields["kind"].default
-    for t in (
-        MissionCreated, GrantRequested, GrantIssued, GrantRejected, GrantRevoked,
-        EvidenceRegistered, EvidenceSuperseded, RiskOpened, RiskTreated, ApprovalGranted,
-        BudgetReserved, BudgetCommitted, BudgetSettled, BudgetReleased, BudgetExpired,
-        BudgetOverrun, BudgetOverrunTreated, ActionRequested, DecisionRecorded, EffectObserved,
-        ItemCaptured, ItemStatusChanged, JudgeVerdict, ReminderEmitted, TurnEnded,
-        ResourceObserved, ResourceModified, CommandRecorded, CommandReused,
-        CommandBlockedStale, ClaimRecorded, TurnReceipt,
-    )
-)  # fmt: skip
+# Every payload class of the union, in its order: the fold's handler registry must cover them all.
+PAYLOAD_TYPES: tuple[type[BaseModel], ...] = get_args(get_args(Payload)[0])
+
+KINDS: tuple[str, ...] = tuple(t.model_fields["kind"].default for t in PAYLOAD_TYPES)
 
 
 class TraceContext(BaseModel):

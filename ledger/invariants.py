@@ -37,6 +37,13 @@ class EvidenceFact:
         return None
 
 
+class RiskStatus(StrEnum):
+    """A risk is open until its owner (or an authorised role) treats it; never reopened."""
+
+    OPEN = "open"
+    TREATED = "treated"
+
+
 @dataclass(frozen=True)
 class RiskFact:
     risk_id: str
@@ -45,6 +52,10 @@ class RiskFact:
     summary: str
     grant_id: str | None
     open: bool
+
+    @property
+    def status(self) -> RiskStatus:
+        return RiskStatus.OPEN if self.open else RiskStatus.TREATED
 
 
 class ActionStatus(StrEnum):

@@ -25,6 +25,15 @@ class ItemStatus(StrEnum):
 
 TERMINAL = frozenset({ItemStatus.DONE, ItemStatus.CANCELLED})
 
+
+class JudgedStatus(StrEnum):
+    """What the judge may say of an item (advisory only): a subset of the stored statuses."""
+
+    OPEN = ItemStatus.OPEN.value
+    DONE = ItemStatus.DONE.value
+    BLOCKED = ItemStatus.BLOCKED.value
+
+
 ActorKind = Literal["human", "coordinator", "check", "model"]
 
 
@@ -66,7 +75,7 @@ def transition(item: Item, to: ItemStatus, actor: Actor) -> Item:
 def record_judgement(item: Item, judged_status: str, model: str) -> Item:
     """Record what a model thinks; the stored status is untouched by construction."""
     claim = None
-    if judged_status == ItemStatus.DONE.value:
+    if judged_status == JudgedStatus.DONE:
         claim = f"done (claimed by {model}, not independently verified)"
     return replace(item, judged_status=judged_status, model_claim=claim or item.model_claim)
 

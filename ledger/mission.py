@@ -9,10 +9,14 @@ same state; ``snapshot()`` is the comparable form of it.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from ledger.authority import UNBOUNDED, Authority, intersect
 from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation
@@ -26,6 +30,10 @@ from ledger.events import (
     BudgetReleased,
     BudgetReserved,
     BudgetSettled,
+    ClaimRecorded,
+    CommandBlockedStale,
+    CommandRecorded,
+    CommandReused,
     DecisionRecorded,
     EffectObserved,
     Event,
@@ -36,10 +44,19 @@ from ledger.events import (
     GrantRequested,
     GrantRevoked,
     GrantSpec,
+    ItemCaptured,
+    ItemStatusChanged,
+    JudgeVerdict,
     LevelBudget,
     MissionCreated,
+    ReminderEmitted,
+    ResourceModified,
+    ResourceObserved,
     RiskOpened,
     RiskTreated,
+    TreatmentStatus,
+    TurnEnded,
+    TurnReceipt,
 )
 from ledger.invariants import (
     ActionStatus,
@@ -91,13 +108,29 @@ class Usage:
     settled: int = 0
 
 
+class ReservationState(StrEnum):
+    """A reservation is held, maybe committed, then resolved exactly once (SPEC S7.1)."""
+
+    HELD = "held"
+    COMMITTED = "committed"
+    SETTLED = "settled"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    OVERRUN = "overrun"
+
+    @property
+    def resolved(self) -> bool:
+        """Settled, released, expired or overrun: it moves no more."""
+        return self not in (ReservationState.HELD, ReservationState.COMMITTED)
+
+
 @dataclass
 class Reservation:
     reservation_id: str
     scopes: tuple[str, ...]  # leaf grant first, mission last
     amount: int
     lease_until: datetime
-    state: str = "held"  # held | committed | settled | released | expired | overrun
+    state: ReservationState = ReservationState.HELD
     actual: int | None = None
 
 
@@ -113,7 +146,7 @@ class ActionRecord:
     reservation_id: str | None = None
     needs_review: bool = False  # cited evidence was superseded before its effect was recorded
     decision_cut: int | None = None
-    rule: str | None = None
+    rule: Rule | None = None
 
 
 @dataclass
@@ -129,7 +162,7 @@ class MissionState:
     evidence: dict[str, EvidenceFact] = field(default_factory=dict)
     risks: dict[str, RiskFact] = field(default_factory=dict)
     risk_known_at: dict[str, datetime] = field(default_factory=dict)  # valid time, not recorded
-    treatments: dict[str, tuple[str, str, datetime]] = field(default_factory=dict)
+    treatments: dict[str, tuple[TreatmentStatus, str, datetime]] = field(default_factory=dict)
     approvals: dict[str, ApprovalFact] = field(default_factory=dict)
     usage: dict[str, Usage] = field(default_factory=dict)
     reservations: dict[str, Reservation] = field(default_factory=dict)
@@ -217,11 +250,16 @@ class MissionState:
                 f"event {event.event_id} is for mission {event.mission_id}, not {self.mission_id}"
             )
         p = event.payload
-        if not isinstance(p, MissionCreated) and self.mission is None and _needs_mission(p):
-            raise RuleViolation(Rule.MISSION_VALIDITY, f"mission {self.mission_id} does not exist")
-        handler = _HANDLERS.get(type(p))
-        if handler is not None:
-            handler(self, event)  # validates fully, then mutates
+        step = _FOLDS.get(type(p))
+        if step is None:
+            raise InvalidInput(
+                f"event {event.event_id}: no fold step for payload {type(p).__name__} "
+                f"(kind {event.kind!r}); nothing was applied",
+                code=ErrorCode.UNKNOWN_KIND,
+            )
+        if step.needs_mission:
+            _mission(self)
+        step.apply(self, event, p)  # validates fully, then mutates
         self.version += 1
 
 
@@ -250,17 +288,53 @@ def fold(
     return out
 
 
-def _needs_mission(payload: object) -> bool:
-    """Decision-state events need their mission; a node's observations are records regardless."""
-    return type(payload) in _HANDLERS and not isinstance(payload, GrantRequested)
+# --- the registry: one fold step per payload type -------------------------------------------
+
+_P = TypeVar("_P", bound=BaseModel)
+_Step = Callable[[MissionState, Event, _P], None]
 
 
-# --- handlers: check everything first, then mutate ------------------------------------------
+@dataclass(frozen=True)
+class _FoldStep:
+    # The payload is typed where the step is registered (``_folds``); the table maps each type
+    # to a step for exactly that type, so the lookup in ``apply`` hands it the right payload.
+    apply: Callable[[MissionState, Event, Any], None]
+    needs_mission: bool
 
 
-def _mission_created(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, MissionCreated)
+_REGISTRY: dict[type[BaseModel], _FoldStep] = {}
+_FOLDS: Mapping[type[BaseModel], _FoldStep] = MappingProxyType(_REGISTRY)
+
+
+def _folds(*types: type[_P], needs_mission: bool = True) -> Callable[[_Step[_P]], _Step[_P]]:
+    """Register the fold step for ``types``. Decision state needs its mission to exist first."""
+
+    def register(step: _Step[_P]) -> _Step[_P]:
+        taken = [t.__name__ for t in types if t in _REGISTRY]
+        if taken:
+            raise TypeError(f"payload {', '.join(taken)} already has a fold step")
+        _REGISTRY.update(dict.fromkeys(types, _FoldStep(step, needs_mission)))
+        return step
+
+    return register
+
+
+def folded_payloads() -> frozenset[type[BaseModel]]:
+    """The payload types ``MissionState.apply`` has a step for (every kind of ``Payload``)."""
+    return frozenset(_FOLDS)
+
+
+def _mission(s: MissionState) -> Mission:
+    if s.mission is None:
+        raise RuleViolation(Rule.MISSION_VALIDITY, f"mission {s.mission_id} does not exist")
+    return s.mission
+
+
+# --- steps: check everything first, then mutate ---------------------------------------------
+
+
+@_folds(MissionCreated, needs_mission=False)
+def _mission_created(s: MissionState, e: Event, p: MissionCreated) -> None:
     if s.mission is not None:
         raise InvalidInput(f"mission {s.mission_id} already exists", code=ErrorCode.DUPLICATE)
     check_purpose_binding(
@@ -336,39 +410,34 @@ def admit_grant(s: MissionState, spec: GrantSpec, now: datetime) -> None:
     )
 
 
-def _grant_requested(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, GrantRequested)
+@_folds(GrantRequested, needs_mission=False)
+def _grant_requested(s: MissionState, e: Event, p: GrantRequested) -> None:
     s.requested_grants[p.grant.grant_id] = p.grant
 
 
-def _grant_issued(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, GrantIssued)
+@_folds(GrantIssued)
+def _grant_issued(s: MissionState, e: Event, p: GrantIssued) -> None:
     admit_grant(s, p.grant, e.effective_at)
     s.grants[p.grant.grant_id] = Grant(spec=p.grant, issued_at=e.effective_at)
     s.requested_grants.pop(p.grant.grant_id, None)
 
 
-def _grant_rejected(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, GrantRejected)
+@_folds(GrantRejected)
+def _grant_rejected(s: MissionState, e: Event, p: GrantRejected) -> None:
     s.rejected_grants[p.grant_id] = f"{p.rule}: {p.reason}"
     s.requested_grants.pop(p.grant_id, None)
 
 
-def _grant_revoked(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, GrantRevoked)
+@_folds(GrantRevoked)
+def _grant_revoked(s: MissionState, e: Event, p: GrantRevoked) -> None:
     grant = s.grants.get(p.grant_id)
     if grant is None:
         raise InvalidInput(f"grant {p.grant_id} is not issued", code=ErrorCode.NOT_FOUND)
     grant.revoked = True
 
 
-def _evidence_registered(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, EvidenceRegistered)
+@_folds(EvidenceRegistered)
+def _evidence_registered(s: MissionState, e: Event, p: EvidenceRegistered) -> None:
     if p.evidence_id in s.evidence:
         raise InvalidInput(
             f"evidence {p.evidence_id} is already registered", code=ErrorCode.DUPLICATE
@@ -381,9 +450,8 @@ def _evidence_registered(s: MissionState, e: Event) -> None:
     )  # fmt: skip
 
 
-def _evidence_superseded(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, EvidenceSuperseded)
+@_folds(EvidenceSuperseded)
+def _evidence_superseded(s: MissionState, e: Event, p: EvidenceSuperseded) -> None:
     old = s.evidence.get(p.evidence_id)
     if old is None:
         raise InvalidInput(f"evidence {p.evidence_id} is not registered", code=ErrorCode.NOT_FOUND)
@@ -407,9 +475,8 @@ def _evidence_superseded(s: MissionState, e: Event) -> None:
             rec.needs_review = True
 
 
-def _risk_opened(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, RiskOpened)
+@_folds(RiskOpened)
+def _risk_opened(s: MissionState, e: Event, p: RiskOpened) -> None:
     if p.risk_id in s.risks:
         raise InvalidInput(f"risk {p.risk_id} is already open or treated", code=ErrorCode.DUPLICATE)
     if p.grant_id is not None and p.grant_id not in s.grants:
@@ -418,33 +485,30 @@ def _risk_opened(s: MissionState, e: Event) -> None:
     s.risk_known_at[p.risk_id] = e.effective_at
 
 
-def _risk_treated(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, RiskTreated)
+@_folds(RiskTreated)
+def _risk_treated(s: MissionState, e: Event, p: RiskTreated) -> None:
     risk = s.risks.get(p.risk_id)
     if risk is None:
         raise InvalidInput(
             f"risk {p.risk_id} is not open in mission {s.mission_id}", code=ErrorCode.NOT_FOUND
         )
-    assert s.mission is not None
-    check_risk_treatment(risk, by=p.by, role=p.role, risk_roles=s.mission.risk_roles)
+    check_risk_treatment(risk, by=p.by, role=p.role, risk_roles=_mission(s).risk_roles)
     s.risks[p.risk_id] = RiskFact(
         risk.risk_id, risk.blocks, risk.owner, risk.summary, risk.grant_id, open=False
     )
-    s.treatments[p.risk_id] = (p.status.value, p.by, e.effective_at)
+    s.treatments[p.risk_id] = (p.status, p.by, e.effective_at)
 
 
-def _approval_granted(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, ApprovalGranted)
-    assert s.mission is not None
+@_folds(ApprovalGranted)
+def _approval_granted(s: MissionState, e: Event, p: ApprovalGranted) -> None:
+    mission = _mission(s)
     if p.approval_id in s.approvals:
         raise InvalidInput(f"approval {p.approval_id} already exists", code=ErrorCode.DUPLICATE)
-    if s.mission.approver_roles and p.role not in s.mission.approver_roles:
+    if mission.approver_roles and p.role not in mission.approver_roles:
         raise RuleViolation(
             Rule.APPROVAL_REQUIRED,
             f"role {p.role!r} may not approve in mission {s.mission_id}; "
-            f"allowed: {sorted(s.mission.approver_roles)}",
+            f"allowed: {sorted(mission.approver_roles)}",
         )
     if p.grant_id is not None and p.grant_id not in s.grants:
         raise InvalidInput(
@@ -462,13 +526,12 @@ def _approval_granted(s: MissionState, e: Event) -> None:
 # --- budget ---------------------------------------------------------------------------------
 
 
-def _budget_reserved(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, BudgetReserved)
+@_folds(BudgetReserved)
+def _budget_reserved(s: MissionState, e: Event, p: BudgetReserved) -> None:
     existing = s.reservations.get(p.reservation_id)
     scopes = s.scopes(p.grant_id)
     if existing is not None:
-        if existing.state not in ("held", "committed"):
+        if existing.state.resolved:
             raise RuleViolation(
                 Rule.BUDGET_CONSERVATION,
                 f"reservation {p.reservation_id} is already {existing.state}; "
@@ -494,11 +557,11 @@ def _reservation(s: MissionState, reservation_id: str) -> Reservation:
     return res
 
 
-def _resolved_once(res: Reservation, wanted: str) -> bool:
+def _resolved_once(res: Reservation, wanted: ReservationState) -> bool:
     """True when ``res`` is already ``wanted`` (an idempotent retry); raise if resolved."""
-    if res.state == wanted:
+    if res.state is wanted:
         return True
-    if res.state not in ("held", "committed"):
+    if res.state.resolved:
         raise RuleViolation(
             Rule.BUDGET_CONSERVATION,
             f"reservation {res.reservation_id} is already {res.state}; it resolves at most once",
@@ -506,9 +569,9 @@ def _resolved_once(res: Reservation, wanted: str) -> bool:
     return False
 
 
-def _resolved_again(res: Reservation, wanted: str, actual: int) -> bool:
+def _resolved_again(res: Reservation, wanted: ReservationState, actual: int) -> bool:
     """Like ``_resolved_once`` for resolutions that carry an amount: a retry must repeat it."""
-    if res.state == wanted and res.actual != actual:
+    if res.state is wanted and res.actual != actual:
         raise RuleViolation(
             Rule.BUDGET_CONSERVATION,
             f"reservation {res.reservation_id} is already {wanted} for {res.actual} micro-units, "
@@ -517,18 +580,17 @@ def _resolved_again(res: Reservation, wanted: str, actual: int) -> bool:
     return _resolved_once(res, wanted)
 
 
-def _budget_committed(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, BudgetCommitted)
+@_folds(BudgetCommitted)
+def _budget_committed(s: MissionState, e: Event, p: BudgetCommitted) -> None:
     res = _reservation(s, p.reservation_id)
-    if _resolved_once(res, "committed"):
+    if _resolved_once(res, ReservationState.COMMITTED):
         return
     if e.effective_at >= res.lease_until:
         raise RuleViolation(
             Rule.BUDGET_CONSERVATION,
             f"reservation {res.reservation_id}'s lease ended; it cannot be committed",
         )
-    res.state = "committed"
+    res.state = ReservationState.COMMITTED
     for sc in res.scopes:
         use = s.usage[sc]
         use.reserved -= res.amount
@@ -538,17 +600,16 @@ def _budget_committed(s: MissionState, e: Event) -> None:
 def _take_back(s: MissionState, res: Reservation) -> None:
     for sc in res.scopes:
         use = s.usage[sc]
-        if res.state == "held":
+        if res.state is ReservationState.HELD:
             use.reserved -= res.amount
         else:
             use.committed -= res.amount
 
 
-def _budget_settled(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, BudgetSettled)
+@_folds(BudgetSettled)
+def _budget_settled(s: MissionState, e: Event, p: BudgetSettled) -> None:
     res = _reservation(s, p.reservation_id)
-    if _resolved_again(res, "settled", p.actual):
+    if _resolved_again(res, ReservationState.SETTLED, p.actual):
         return
     if p.actual > res.amount:
         raise InvalidInput(
@@ -559,14 +620,13 @@ def _budget_settled(s: MissionState, e: Event) -> None:
     _take_back(s, res)
     for sc in res.scopes:
         s.usage[sc].settled += p.actual
-    res.state, res.actual = "settled", p.actual
+    res.state, res.actual = ReservationState.SETTLED, p.actual
 
 
-def _budget_overrun(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, BudgetOverrun)
+@_folds(BudgetOverrun)
+def _budget_overrun(s: MissionState, e: Event, p: BudgetOverrun) -> None:
     res = _reservation(s, p.reservation_id)
-    if _resolved_again(res, "overrun", p.actual):
+    if _resolved_again(res, ReservationState.OVERRUN, p.actual):
         return
     if p.actual <= res.amount:
         raise InvalidInput(
@@ -575,18 +635,17 @@ def _budget_overrun(s: MissionState, e: Event) -> None:
     _take_back(s, res)
     for sc in res.scopes:
         s.usage[sc].settled += p.actual  # honest: what was really spent
-    res.state, res.actual = "overrun", p.actual
+    res.state, res.actual = ReservationState.OVERRUN, p.actual
     s.blocked_scopes[res.scopes[0]] = res.reservation_id
 
 
-def _budget_overrun_treated(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, BudgetOverrunTreated)
-    assert s.mission is not None
+@_folds(BudgetOverrunTreated)
+def _budget_overrun_treated(s: MissionState, e: Event, p: BudgetOverrunTreated) -> None:
+    mission = _mission(s)
     if p.scope not in s.blocked_scopes:
         raise InvalidInput(f"scope {p.scope} has no untreated overrun", code=ErrorCode.NOT_FOUND)
-    owner = s.mission.owner if p.scope == MISSION_SCOPE else s.grants[p.scope].spec.owner
-    if p.by not in (owner, s.mission.owner):
+    owner = mission.owner if p.scope == MISSION_SCOPE else s.grants[p.scope].spec.owner
+    if p.by not in (owner, mission.owner):
         raise RuleViolation(
             Rule.BUDGET_CONSERVATION,
             f"{p.by} may not treat the overrun on {p.scope}; its owner {owner} may",
@@ -594,23 +653,21 @@ def _budget_overrun_treated(s: MissionState, e: Event) -> None:
     del s.blocked_scopes[p.scope]
 
 
-def _budget_released(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, BudgetReleased)
+@_folds(BudgetReleased)
+def _budget_released(s: MissionState, e: Event, p: BudgetReleased) -> None:
     res = _reservation(s, p.reservation_id)
-    if _resolved_once(res, "released"):
+    if _resolved_once(res, ReservationState.RELEASED):
         return
     _take_back(s, res)
-    res.state = "released"
+    res.state = ReservationState.RELEASED
 
 
-def _budget_expired(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, BudgetExpired)
+@_folds(BudgetExpired)
+def _budget_expired(s: MissionState, e: Event, p: BudgetExpired) -> None:
     res = _reservation(s, p.reservation_id)
-    if _resolved_once(res, "expired"):
+    if _resolved_once(res, ReservationState.EXPIRED):
         return
-    if res.state != "held":
+    if res.state is not ReservationState.HELD:
         raise RuleViolation(
             Rule.BUDGET_CONSERVATION,
             f"reservation {res.reservation_id} is committed; its lease no longer expires it",
@@ -621,15 +678,14 @@ def _budget_expired(s: MissionState, e: Event) -> None:
             f"reservation {res.reservation_id}'s lease runs until {res.lease_until.isoformat()}",
         )
     _take_back(s, res)
-    res.state = "expired"
+    res.state = ReservationState.EXPIRED
 
 
 # --- actions --------------------------------------------------------------------------------
 
 
-def _action_requested(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, ActionRequested)
+@_folds(ActionRequested)
+def _action_requested(s: MissionState, e: Event, p: ActionRequested) -> None:
     if p.action_id in s.actions:
         raise InvalidInput(f"action {p.action_id} was already requested", code=ErrorCode.DUPLICATE)
     s.actions[p.action_id] = ActionRecord(
@@ -638,9 +694,8 @@ def _action_requested(s: MissionState, e: Event) -> None:
     )  # fmt: skip
 
 
-def _decision_recorded(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, DecisionRecorded)
+@_folds(DecisionRecorded)
+def _decision_recorded(s: MissionState, e: Event, p: DecisionRecorded) -> None:
     rec = s.actions.get(p.action_id)
     if rec is None:
         raise InvalidInput(f"decision for unknown action {p.action_id}", code=ErrorCode.NOT_FOUND)
@@ -650,7 +705,7 @@ def _decision_recorded(s: MissionState, e: Event) -> None:
             code=ErrorCode.DUPLICATE,
         )
     rec.status = ActionStatus.ACCEPTED if p.allowed else ActionStatus.REJECTED
-    rec.decision_cut, rec.rule = p.cut, (p.rule.value if p.rule else None)
+    rec.decision_cut, rec.rule = p.cut, p.rule
     rec.reservation_id = p.reservation_id
     if p.allowed:
         s.idempotency[rec.idempotency_key] = rec.action_id
@@ -658,9 +713,8 @@ def _decision_recorded(s: MissionState, e: Event) -> None:
     s.decisions.append(p)
 
 
-def _effect_observed(s: MissionState, e: Event) -> None:
-    p = e.payload
-    assert isinstance(p, EffectObserved)
+@_folds(EffectObserved)
+def _effect_observed(s: MissionState, e: Event, p: EffectObserved) -> None:
     rec = s.actions.get(p.action_id)
     if rec is None:
         raise InvalidInput(f"effect for unknown action {p.action_id}", code=ErrorCode.NOT_FOUND)
@@ -670,25 +724,12 @@ def _effect_observed(s: MissionState, e: Event) -> None:
     rec.needs_review = False
 
 
-_HANDLERS: dict[type, Any] = {
-    MissionCreated: _mission_created,
-    GrantRequested: _grant_requested,
-    GrantIssued: _grant_issued,
-    GrantRejected: _grant_rejected,
-    GrantRevoked: _grant_revoked,
-    EvidenceRegistered: _evidence_registered,
-    EvidenceSuperseded: _evidence_superseded,
-    RiskOpened: _risk_opened,
-    RiskTreated: _risk_treated,
-    ApprovalGranted: _approval_granted,
-    BudgetReserved: _budget_reserved,
-    BudgetCommitted: _budget_committed,
-    BudgetSettled: _budget_settled,
-    BudgetOverrun: _budget_overrun,
-    BudgetOverrunTreated: _budget_overrun_treated,
-    BudgetReleased: _budget_released,
-    BudgetExpired: _budget_expired,
-    ActionRequested: _action_requested,
-    DecisionRecorded: _decision_recorded,
-    EffectObserved: _effect_observed,
-}
+# A node's observations are records: the fold counts them (the version moves) and keeps nothing.
+@_folds(
+    ItemCaptured, ItemStatusChanged, JudgeVerdict, ReminderEmitted, TurnEnded, ResourceObserved,
+    ResourceModified, CommandRecorded, CommandReused, CommandBlockedStale, ClaimRecorded,
+    TurnReceipt,
+    needs_mission=False,
+)  # fmt: skip
+def _node_record(s: MissionState, e: Event, p: BaseModel) -> None:
+    return None

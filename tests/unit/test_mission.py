@@ -14,6 +14,7 @@ from ledger import (
     ErrorCode,
     InvalidInput,
     MissionState,
+    ReservationState,
     Rule,
     RuleViolation,
     Sensitivity,
@@ -797,7 +798,7 @@ def test_settle_returns_the_unused_amount(committed: bool) -> None:
     led.settle("r1", 60)
     for scope in ("c", "p", MISSION_SCOPE):
         assert usage(led, scope) == (0, 0, 60)
-    assert led.state.reservations["r1"].state == "settled"
+    assert led.state.reservations["r1"].state is ReservationState.SETTLED
 
 
 def test_settle_retried_with_the_same_actual_is_idempotent() -> None:
@@ -908,7 +909,7 @@ def test_expiry_after_the_lease_returns_a_held_reservation() -> None:
     led.expire("r1")
     led.expire("r1")  # idempotent
     assert usage(led, "c") == (0, 0, 0)
-    assert led.state.reservations["r1"].state == "expired"
+    assert led.state.reservations["r1"].state is ReservationState.EXPIRED
 
 
 def test_expiry_before_the_lease_is_rejected() -> None:

@@ -25,6 +25,7 @@ from ledger import (
     Authority,
     FleetError,
     GrantSpec,
+    ReservationState,
     Rule,
     RuleViolation,
     Sensitivity,
@@ -392,7 +393,7 @@ class Conservation(RuleBasedStateMachine):
             return
         was = res.state
         accepted = self.apply(BudgetOverrun(reservation_id=rid, actual=res.amount + extra)) is None
-        if accepted and was != "overrun":
+        if accepted and was is not ReservationState.OVERRUN:
             for scope in res.scopes:
                 self.excess[scope] = self.excess.get(scope, 0) + extra
 
@@ -408,14 +409,18 @@ class Conservation(RuleBasedStateMachine):
     def retry_last_resolution(self, rid: str) -> None:
         """Re-sending a reservation's last event changes nothing."""
         res = self.led.state.reservations.get(rid)
-        if res is None or res.state == "held":
+        if res is None or res.state is ReservationState.HELD:
             return
         payload: Any = {
-            "committed": lambda: BudgetCommitted(reservation_id=rid),
-            "settled": lambda: BudgetSettled(reservation_id=rid, actual=res.actual or 0),
-            "overrun": lambda: BudgetOverrun(reservation_id=rid, actual=res.actual or 0),
-            "released": lambda: BudgetReleased(reservation_id=rid),
-            "expired": lambda: BudgetExpired(reservation_id=rid),
+            ReservationState.COMMITTED: lambda: BudgetCommitted(reservation_id=rid),
+            ReservationState.SETTLED: lambda: BudgetSettled(
+                reservation_id=rid, actual=res.actual or 0
+            ),
+            ReservationState.OVERRUN: lambda: BudgetOverrun(
+                reservation_id=rid, actual=res.actual or 0
+            ),
+            ReservationState.RELEASED: lambda: BudgetReleased(reservation_id=rid),
+            ReservationState.EXPIRED: lambda: BudgetExpired(reservation_id=rid),
         }[res.state]()
         before = self.led.state.snapshot()
         self.led.apply(payload)
@@ -448,7 +453,12 @@ class Conservation(RuleBasedStateMachine):
         state = self.led.state
         expected: dict[str, list[int]] = {}
         for res in state.reservations.values():
-            slot = {"held": 0, "committed": 1, "settled": 2, "overrun": 2}.get(res.state)
+            slot = {
+                ReservationState.HELD: 0,
+                ReservationState.COMMITTED: 1,
+                ReservationState.SETTLED: 2,
+                ReservationState.OVERRUN: 2,
+            }.get(res.state)
             if slot is None:
                 continue
             amount = res.actual if slot == 2 else res.amount
