@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import sys
 from datetime import UTC, datetime, timedelta
@@ -15,14 +16,17 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from fleetbus.http import first_error
 from fleetledger import __version__
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger.servers import EmbeddedServers, write_env_file
 from fleetledger.settings import ENV_FILE_NAME, FleetSettings, default_state_dir
 from ledger.errors import FleetError, InvalidInput, Unreachable
+from ledger.events import ACTION_PATTERN, ID_PATTERN
 from ledger.money import format_amount, parse_amount
 from ledger.protocol import ErrorBody
 
@@ -174,9 +178,35 @@ for sub, name in (
 ):
     app.add_typer(sub, name=name)
 
+
+def _ident(value: str | None) -> str | None:
+    """An id as the ledger takes it, checked before anything connects or is written."""
+    if value is not None and re.fullmatch(ID_PATTERN, value) is None:
+        raise typer.BadParameter(
+            f"invalid input: {value!r} is not an id (1-128 letters, digits, '_' or '-', "
+            "starting with a letter or digit)"
+        )
+    return value
+
+
 MissionOpt = Annotated[
-    str, typer.Option("--mission", "-m", envvar="FLEET_MISSION", help="Mission id.")
+    str,
+    typer.Option("--mission", "-m", envvar="FLEET_MISSION", help="Mission id.", callback=_ident),
 ]
+
+
+def _action_names(value: str | None) -> str | None:
+    """One action name, or a comma-separated list of them, checked before anything connects."""
+    for name in _csv(value):
+        if re.fullmatch(ACTION_PATTERN, name) is None:
+            raise typer.BadParameter(
+                f"invalid input: {name!r} is not an action name (lower-case letters, digits and "
+                "'_.:-', e.g. credit.issue)"
+            )
+    return value
+
+
+IdArg = Annotated[str, typer.Argument(callback=_ident)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 
 
@@ -195,6 +225,8 @@ def _run(coro_fn: Any, as_json: bool = False) -> Any:
         return run_loop(coro_fn())
     except FleetError as exc:
         _fail(exc, as_json)
+    except ValidationError as exc:  # an id or field the wire models refuse: bad input, exit 2
+        _fail(InvalidInput(f"invalid input: {first_error(exc)}"), as_json)
 
 
 async def _manage(op: Any, mission: str, args: dict[str, Any], actor: str = "cli") -> Any:
@@ -240,7 +272,7 @@ def _done(reply: Any, what: str, as_json: bool) -> None:
 
 @mission_app.command("create")
 def mission_create(
-    mission_id: Annotated[str, typer.Argument(help="Mission id.")],
+    mission_id: IdArg,
     purpose: Annotated[str, typer.Option(help="What the mission is for.")],
     ceiling: Annotated[str, typer.Option(help="Budget ceiling in currency units, e.g. 0.80.")],
     owner: Annotated[str, typer.Option(help="Who owns the mission.")],
@@ -268,16 +300,22 @@ def mission_create(
 
 @grant_app.command("issue")
 def grant_issue(
-    grant_id: Annotated[str, typer.Argument(help="Grant id.")],
+    grant_id: IdArg,
     mission: MissionOpt,
     agent: Annotated[str, typer.Option(help="The agent the grant is issued to.")],
     purpose: Annotated[str, typer.Option(help="What the grant is for.")],
-    actions: Annotated[str, typer.Option(help="Comma-separated permitted actions.")],
+    actions: Annotated[
+        str, typer.Option(help="Comma-separated permitted actions.", callback=_action_names)
+    ],
     budget: Annotated[str, typer.Option(help="Budget in currency units, e.g. 0.20.")],
     owner: Annotated[str | None, typer.Option(help="Grant owner (default: the issuer).")] = None,
     parent: Annotated[str | None, typer.Option(help="Parent grant (delegation).")] = None,
-    evidence_required: Annotated[str | None, typer.Option(help="Actions needing evidence.")] = None,
-    approval_required: Annotated[str | None, typer.Option(help="Actions needing approval.")] = None,
+    evidence_required: Annotated[
+        str | None, typer.Option(help="Actions needing evidence.", callback=_action_names)
+    ] = None,
+    approval_required: Annotated[
+        str | None, typer.Option(help="Actions needing approval.", callback=_action_names)
+    ] = None,
     may_delegate: Annotated[
         bool, typer.Option("--may-delegate", help="May issue child grants.")
     ] = False,
@@ -290,12 +328,15 @@ def grant_issue(
     """Issue a grant; a child must be no wider than its parent on any dimension."""
     from ledger.authority import Authority
 
-    authority = Authority.of(
-        _csv(actions),
-        evidence_required_for=_csv(evidence_required),
-        approval_required_for=_csv(approval_required),
-        may_delegate=may_delegate,
-    )
+    try:
+        authority = Authority.of(
+            _csv(actions),
+            evidence_required_for=_csv(evidence_required),
+            approval_required_for=_csv(approval_required),
+            may_delegate=may_delegate,
+        )
+    except ValidationError as exc:
+        _fail(InvalidInput(f"invalid input: {first_error(exc)}"), as_json)
     args = {
         "grant_id": grant_id,
         "parent_id": parent,
@@ -312,7 +353,7 @@ def grant_issue(
 
 @grant_app.command("revoke")
 def grant_revoke(
-    grant_id: Annotated[str, typer.Argument()],
+    grant_id: IdArg,
     mission: MissionOpt,
     by: Annotated[str, typer.Option()] = "cli",
     reason: Annotated[str, typer.Option()] = "revoked by operator",
@@ -330,7 +371,7 @@ def grant_revoke(
 
 @evidence_app.command("register")
 def evidence_register(
-    evidence_id: Annotated[str, typer.Argument()],
+    evidence_id: IdArg,
     mission: MissionOpt,
     source: Annotated[str, typer.Option(help="Where the evidence comes from.")],
     claim: Annotated[str, typer.Option(help="What it shows.")],
@@ -351,7 +392,7 @@ def evidence_register(
 
 @evidence_app.command("supersede")
 def evidence_supersede(
-    evidence_id: Annotated[str, typer.Argument()],
+    evidence_id: IdArg,
     mission: MissionOpt,
     by_id: Annotated[str, typer.Option("--by", help="The evidence that replaces it.")],
     as_json: JsonOpt = False,
@@ -366,9 +407,11 @@ def evidence_supersede(
 
 @risk_app.command("open")
 def risk_open(
-    risk_id: Annotated[str, typer.Argument()],
+    risk_id: IdArg,
     mission: MissionOpt,
-    blocks: Annotated[str, typer.Option(help="Comma-separated actions it blocks.")],
+    blocks: Annotated[
+        str, typer.Option(help="Comma-separated actions it blocks.", callback=_action_names)
+    ],
     owner: Annotated[str, typer.Option(help="Who must treat it.")],
     summary: Annotated[str, typer.Option(help="What the risk is.")],
     grant: Annotated[
@@ -391,7 +434,7 @@ def risk_open(
 
 @risk_app.command("treat")
 def risk_treat(
-    risk_id: Annotated[str, typer.Argument()],
+    risk_id: IdArg,
     mission: MissionOpt,
     status: Annotated[str, typer.Option(help="ACCEPTED, MITIGATED or TRANSFERRED.")],
     by: Annotated[str, typer.Option(help="Who treats it (its owner or an authorised role).")],
@@ -406,9 +449,9 @@ def risk_treat(
 
 @app.command()
 def approve(
-    approval_id: Annotated[str, typer.Argument()],
+    approval_id: IdArg,
     mission: MissionOpt,
-    action: Annotated[str, typer.Option(help="The action approved.")],
+    action: Annotated[str, typer.Option(help="The action approved.", callback=_action_names)],
     approver: Annotated[str, typer.Option(help="Who approves.")],
     role: Annotated[str, typer.Option(help="The approver's role.")],
     grant: Annotated[str | None, typer.Option(help="Limit to this grant and descendants.")] = None,
@@ -435,10 +478,10 @@ def approve(
 
 @action_app.command("request")
 def action_request(
-    action_id: Annotated[str, typer.Argument()],
+    action_id: IdArg,
     mission: MissionOpt,
-    grant: Annotated[str, typer.Option(help="The grant to act under.")],
-    action: Annotated[str, typer.Option(help="The action.")],
+    grant: Annotated[str, typer.Option(help="The grant to act under.", callback=_ident)],
+    action: Annotated[str, typer.Option(help="The action.", callback=_action_names)],
     cost: Annotated[str, typer.Option(help="Expected cost in currency units.")] = "0",
     evidence: Annotated[str | None, typer.Option(help="Comma-separated evidence ids.")] = None,
     idempotency_key: Annotated[str | None, typer.Option(help="Default: the action id.")] = None,
@@ -450,16 +493,17 @@ def action_request(
     from fleetledger.render import decision_table
     from ledger.kernel import ActionRequest
 
-    req = ActionRequest(
-        action_id=action_id,
-        grant_id=grant,
-        action=action,
-        cost=_amount(cost, "--cost"),
-        idempotency_key=idempotency_key or action_id,
-        evidence_ids=frozenset(_csv(evidence)),
-    )
+    amount = _amount(cost, "--cost")
 
     async def call() -> Any:
+        req = ActionRequest(  # built here: a ValidationError is bad input (exit 2), see _run
+            action_id=action_id,
+            grant_id=grant,
+            action=action,
+            cost=amount,
+            idempotency_key=idempotency_key or action_id,
+            evidence_ids=frozenset(_csv(evidence)),
+        )
         async with await FleetClient.connect(_nats_url(), agent_id=agent) as client:
             return await client.authorize(mission, req)
 
@@ -476,7 +520,7 @@ def action_request(
 
 @effect_app.command("record")
 def effect_record(
-    action_id: Annotated[str, typer.Argument()],
+    action_id: IdArg,
     mission: MissionOpt,
     outcome: Annotated[
         str, typer.Option(help="verified_success, verified_failure, unknown or compensated.")
@@ -497,7 +541,7 @@ def effect_record(
 
 @app.command()
 def view(
-    mission_id: Annotated[str, typer.Argument()],
+    mission_id: IdArg,
     as_: Annotated[
         str, typer.Option("--as", help="operator, policy, business, incident or auditor.")
     ] = "operator",
@@ -521,7 +565,7 @@ def view(
 
 @app.command()
 def replay(
-    mission_id: Annotated[str, typer.Argument()],
+    mission_id: IdArg,
     cut: Annotated[int | None, typer.Option(help="Stop at this stream sequence.")] = None,
     audit: Annotated[
         bool, typer.Option("--audit", help="Review every decision: reasonable at its cut, or not.")

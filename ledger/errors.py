@@ -23,6 +23,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_KIND = "FL-UNKNOWN-KIND"
     INVALID_AMOUNT = "FL-AMOUNT"
     DUPLICATE = "FL-DUPLICATE"
+    CONFLICT = "FL-CONFLICT"  # a retry of a recorded id with other terms
     NOT_FOUND = "FL-NOT-FOUND"
     RULE_VIOLATION = "FL-RULE"
     UNREACHABLE = "FL-UNREACHABLE"

@@ -169,6 +169,7 @@ _ERROR_CLASSES: dict[ErrorCode, type[FleetError]] = {
     ErrorCode.UNKNOWN_KIND: InvalidInput,
     ErrorCode.INVALID_AMOUNT: InvalidInput,
     ErrorCode.DUPLICATE: InvalidInput,
+    ErrorCode.CONFLICT: InvalidInput,
     ErrorCode.NOT_FOUND: InvalidInput,
 }
 

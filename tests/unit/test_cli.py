@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,25 @@ def test_a_decision_receipt_shows_where_the_stream_stored_it() -> None:
     assert "receipt stored at (stream seq)" in text and "42" in text
     console.print(decision_table(decision))
     assert console.export_text().count("receipt stored at") == 0  # only when it was stored
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["action", "request", "a1", "--mission", "m 1", "--grant", "g1", "--action", "x.y"],
+        ["action", "request", "a1", "--mission", "m1", "--grant", "g1", "--action", "no spaces!"],
+        ["risk", "open", "k1", "--mission", "m1", "--blocks", "x.y,Bad", "--owner", "o",
+         "--summary", "s"],
+        ["mission", "create", "m\n", "--purpose", "p", "--ceiling", "1", "--owner", "o"],
+        ["action", "request", "a/1", "--mission", "m1", "--grant", "g1", "--action", "x.y"],
+        ["grant", "issue", "g1", "--mission", "m1", "--agent", "a", "--purpose", "p",
+         "--actions", "bad action!", "--budget", "0.10"],
+    ],
+)  # fmt: skip
+def test_an_invalid_id_or_action_is_bad_input_exit_2_not_a_traceback(args: list[str]) -> None:
+    result = runner.invoke(app, [*args, "--json"])
+    assert isinstance(result.exception, SystemExit), result.exception  # no traceback
+    assert result.exit_code == 2, result.output
+    said = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.stderr).split())  # unwrap rich's box
+    assert "invalid input" in said
+    assert "is not an id" in said or "is not an action name" in said
