@@ -123,3 +123,17 @@ def test_up_writes_fleet_env_and_ctrl_c_stops_everything(tmp_path: Path) -> None
         assert not env_file.exists()
         with pytest.raises(redis.ConnectionError):
             redis.Redis.from_url(settings["FLEET_REDIS_URL"], socket_connect_timeout=1).ping()
+
+
+def test_embedded_jetstream_fsyncs_every_write_before_acknowledging_it(
+    servers: EmbeddedServers,
+) -> None:
+    """Issue 15 item 3: JetStream's default sync interval can lose acknowledged writes on
+    power failure; the embedded fleet runs with ``sync_interval: always``, as nats-server says."""
+    import json
+    import urllib.request
+
+    url = f"http://127.0.0.1:{servers.nats_monitor_port}/varz"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        config = json.load(resp)["jetstream"]["config"]
+    assert config["sync_always"] is True

@@ -209,3 +209,17 @@ imagePullSecrets:
     - name: judge-tmp
       mountPath: /tmp
 {{- end }}
+
+{{/*
+The bundled nats-server's configuration: JetStream on /data, fsync per write by default
+(sync_interval: always), the server named after its pod.
+*/}}
+{{- define "fleetledger.natsConfig" -}}
+port: 4222
+http_port: 8222
+server_name: $POD_NAME
+jetstream {
+  store_dir: /data
+  sync_interval: {{ .Values.nats.syncInterval }}
+}
+{{- end }}
