@@ -46,6 +46,8 @@ class Rule(StrEnum):
     GRANT_AUTHORITY = "grant_authority"
     GRANT_VALIDITY = "grant_validity"
     MISSION_VALIDITY = "mission_validity"
+    PRODUCER_IDENTITY = "producer_identity"  # signed by a known, unrevoked principal
+    PRODUCER_PERMISSION = "producer_permission"  # that principal may emit that kind there
 
 
 RULE_TITLES: dict[Rule, str] = {
@@ -60,6 +62,8 @@ RULE_TITLES: dict[Rule, str] = {
     Rule.GRANT_AUTHORITY: "grant authority",
     Rule.GRANT_VALIDITY: "grant validity",
     Rule.MISSION_VALIDITY: "mission validity",
+    Rule.PRODUCER_IDENTITY: "producer identity",
+    Rule.PRODUCER_PERMISSION: "producer permission",
 }
 
 

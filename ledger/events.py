@@ -463,7 +463,8 @@ class Event(BaseModel):
     recorded_at: UtcDatetime
     effective_at: UtcDatetime
     trace: TraceContext | None = None
-    signature: str | None = None
+    signer: str | None = None  # the producer's public key (an nkey, U...), see ledger.identity
+    signature: str | None = None  # Ed25519 over ledger.identity.canonical(event)
     payload: Payload
 
     @model_validator(mode="before")

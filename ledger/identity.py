@@ -1,0 +1,205 @@
+"""Who produced an event: principals, Ed25519 signatures over one canonical encoding, and
+which kinds each role may emit for which missions (SPEC S12).
+
+Keys are NATS nkeys (user seeds ``SU...``, public keys ``U...``), so the key that signs a
+principal's events is the key NATS authenticates it with. Pure: no key is generated or read
+here (randomness and files live at the edge); every check raises a ``RuleViolation`` naming
+``producer_identity`` or ``producer_permission``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from enum import Enum, StrEnum
+from typing import Any
+from uuid import UUID
+
+import nacl.exceptions
+import nacl.signing
+from pydantic import BaseModel, ConfigDict, Field
+
+from ledger.errors import InvalidInput, Rule, RuleViolation
+from ledger.events import ID_PATTERN, Event
+from ledger.protocol import NODE_KIND_PREFIXES
+
+_USER_SEED = (18 << 3, 20 << 3)  # nkeys: 'S' seed prefix, then 'U' user type
+_PREFIX_USER = 20 << 3
+
+
+class Role(StrEnum):
+    """What a principal is; it decides which kinds it may produce."""
+
+    NODE = "node"  # a node agent: observations of its own machine
+    COORDINATOR = "coordinator"  # decision state: grants, reservations, receipts, risks
+    HUMAN = "human"  # a person using the CLI: requests, never events of its own
+    SERVICE = "service"  # an orchestrator (Branch clients): requests only
+
+
+class Principal(BaseModel):
+    """A named key holder. ``missions``: where it may act ("*": every mission)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=ID_PATTERN)
+    role: Role
+    public_key: str = Field(pattern=r"^U[A-Z2-7]{55}$")
+    missions: frozenset[str] = frozenset({"*"})
+    revoked: bool = False
+
+    def acts_in(self, mission_id: str) -> bool:
+        return "*" in self.missions or mission_id in self.missions
+
+
+def _crc16(data: bytes) -> int:
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def _decode(text: str, what: str) -> bytes:
+    """An nkey's raw bytes (prefix + key), its CRC checked."""
+    try:
+        raw = base64.b32decode(text + "=" * (-len(text) % 8))
+    except (binascii.Error, ValueError):
+        raise InvalidInput(f"{what} is not an nkey (base32)") from None
+    body, crc = raw[:-2], int.from_bytes(raw[-2:], "little")
+    if len(raw) < 3 or _crc16(body) != crc:
+        raise InvalidInput(f"{what} is not an nkey (checksum)")
+    return body
+
+
+def _encode(body: bytes) -> str:
+    return base64.b32encode(body + _crc16(body).to_bytes(2, "little")).decode().rstrip("=")
+
+
+def _signing_key(seed: str) -> nacl.signing.SigningKey:
+    body = _decode(seed, "seed")
+    if len(body) != 34 or (body[0] & 0xF8, ((body[0] & 0x07) << 5) | (body[1] >> 3)) != (
+        _USER_SEED[0],
+        _USER_SEED[1],
+    ):
+        raise InvalidInput("seed is not an nkey user seed (SU...)")
+    return nacl.signing.SigningKey(body[2:])
+
+
+def seed_from_bytes(raw: bytes) -> str:
+    """The nkey user seed (``SU...``) for 32 random bytes the caller drew."""
+    if len(raw) != 32:
+        raise InvalidInput("an Ed25519 seed is 32 bytes")
+    b1 = _USER_SEED[0] | (_USER_SEED[1] >> 5)
+    b2 = (_USER_SEED[1] & 0x1F) << 3
+    return _encode(bytes([b1, b2]) + raw)
+
+
+def public_key(seed: str) -> str:
+    """The public nkey (``U...``) of a user seed."""
+    return _encode(bytes([_PREFIX_USER]) + bytes(_signing_key(seed).verify_key))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, frozenset | set):
+        return sorted(value)  # sets have no order on the wire: sort them, once, here
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, Enum):
+        return value.value
+    raise TypeError(f"cannot sign a {type(value).__name__}")
+
+
+def canonical(event: Event) -> bytes:
+    """The bytes a signature covers: every field but the signature, keys sorted, sets sorted,
+    no whitespace; the same for an event and its copy parsed back from the stream."""
+    body = event.model_dump(mode="python", exclude={"signature"}, exclude_none=True)
+    return json.dumps(
+        body, default=_jsonable, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode()
+
+
+def sign(event: Event, seed: str) -> Event:
+    """``event`` signed by the holder of ``seed`` (its public key goes in ``signer``)."""
+    key = _signing_key(seed)
+    signer = _encode(bytes([_PREFIX_USER]) + bytes(key.verify_key))
+    unsigned = event.model_copy(update={"signer": signer, "signature": None})
+    sig = key.sign(canonical(unsigned)).signature
+    return unsigned.model_copy(update={"signature": base64.urlsafe_b64encode(sig).decode()})
+
+
+def verify(event: Event, principals: Mapping[str, Principal]) -> Principal:
+    """The principal that signed ``event``, once its signature checks; else ``RuleViolation``
+    (producer_identity) saying what is wrong. ``principals`` is keyed by public key."""
+    if event.signer is None or event.signature is None:
+        raise RuleViolation(Rule.PRODUCER_IDENTITY, f"event {event.event_id} is not signed")
+    who = principals.get(event.signer)
+    if who is None:
+        raise RuleViolation(
+            Rule.PRODUCER_IDENTITY, f"event {event.event_id} is signed by an unknown key"
+        )
+    if who.revoked:
+        raise RuleViolation(
+            Rule.PRODUCER_IDENTITY,
+            f"event {event.event_id} is signed by {who.name}, whose key is revoked",
+        )
+    try:
+        key = nacl.signing.VerifyKey(_decode(event.signer, "signer")[1:])
+        key.verify(canonical(event), base64.urlsafe_b64decode(event.signature))
+    except (InvalidInput, binascii.Error, ValueError, nacl.exceptions.BadSignatureError):
+        raise RuleViolation(
+            Rule.PRODUCER_IDENTITY,
+            f"event {event.event_id}: the signature of {who.name} does not match its content",
+        ) from None
+    return who
+
+
+def check_producer(who: Principal, event: Event) -> None:
+    """May ``who`` emit ``event``? Nodes: observations of their own node; coordinators:
+    decision state; humans and services: nothing directly (they send requests)."""
+    if not who.acts_in(event.mission_id):
+        raise RuleViolation(
+            Rule.PRODUCER_PERMISSION,
+            f"{who.role} {who.name} may not act in mission {event.mission_id}",
+        )
+    observation = event.kind.startswith(NODE_KIND_PREFIXES)
+    if who.role is Role.NODE:
+        if not observation:
+            raise RuleViolation(
+                Rule.PRODUCER_PERMISSION,
+                f"node {who.name} may emit observations only, not {event.kind}",
+            )
+        if event.node_id != who.name:
+            raise RuleViolation(
+                Rule.PRODUCER_PERMISSION,
+                f"node {who.name} signed an event that claims node {event.node_id}",
+            )
+    elif who.role is Role.COORDINATOR:
+        if observation:
+            raise RuleViolation(
+                Rule.PRODUCER_PERMISSION,
+                f"coordinator {who.name} may not emit the node observation {event.kind}",
+            )
+    else:
+        raise RuleViolation(
+            Rule.PRODUCER_PERMISSION,
+            f"{who.role} {who.name} sends requests; it may not append {event.kind} itself",
+        )
+
+
+__all__ = [
+    "Principal",
+    "Role",
+    "canonical",
+    "check_producer",
+    "public_key",
+    "seed_from_bytes",
+    "sign",
+    "verify",
+]

@@ -1,0 +1,158 @@
+"""Signed events (SPEC S12): canonical bytes, Ed25519 over nkeys, who may emit what."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger.errors import InvalidInput, Rule, RuleViolation
+from ledger.events import ActionRequested, Event, ItemCaptured, RiskTreated, make_event, parse_event
+from ledger.identity import (
+    Principal,
+    Role,
+    canonical,
+    check_producer,
+    public_key,
+    seed_from_bytes,
+    sign,
+    verify,
+)
+from tests.unit.builders import T0
+
+NODE_SEED = seed_from_bytes(bytes(range(32)))
+CO_SEED = seed_from_bytes(bytes(range(1, 33)))
+NODE = Principal(name="node-1", role=Role.NODE, public_key=public_key(NODE_SEED))
+CO = Principal(name="coordinator", role=Role.COORDINATOR, public_key=public_key(CO_SEED))
+DIRECTORY = {p.public_key: p for p in (NODE, CO)}
+
+
+def observation(**kw: object) -> Event:
+    payload = ItemCaptured(item_id="t1", session_id="s1", text="write hello.txt", order=0)
+    return make_event(payload, mission_id="m1", at=T0, node_id="node-1", **kw)  # type: ignore[arg-type]
+
+
+def treatment() -> Event:
+    payload = RiskTreated(risk_id="k1", status="ACCEPTED", by="owner")  # type: ignore[arg-type]
+    return make_event(payload, mission_id="m1", at=T0, node_id="node-1")
+
+
+def test_a_signed_event_verifies_after_a_round_trip_through_json() -> None:
+    signed = sign(observation(), NODE_SEED)
+    back = parse_event(signed.to_json())
+    assert verify(back, DIRECTORY) == NODE
+    check_producer(NODE, back)
+
+
+def test_sets_sign_the_same_whatever_their_iteration_order() -> None:
+    """frozensets iterate by hash, which differs between processes: canonical bytes sort them."""
+    code = (
+        "from ledger.events import ActionRequested, make_event;"
+        "from ledger.identity import canonical;"
+        "from tests.unit.builders import T0;import sys, uuid;"
+        "e = make_event(ActionRequested(action_id='a1', action='x.y',"
+        " evidence_ids=frozenset(f'ev-{i}' for i in range(40))), mission_id='m1', at=T0,"
+        " idempotency_key='k')"
+        ".model_copy(update={'event_id': uuid.UUID(int=7)});"
+        "sys.stdout.write(canonical(e).decode())"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout  # fmt: skip
+        for seed in (1, 2, 3)
+    }
+    assert len(outs) == 1
+
+
+def test_an_unsigned_event_is_refused_naming_producer_identity() -> None:
+    with pytest.raises(RuleViolation) as exc:
+        verify(observation(), DIRECTORY)
+    assert exc.value.rule is Rule.PRODUCER_IDENTITY and "not signed" in exc.value.reason
+
+
+def test_a_key_nobody_registered_is_refused() -> None:
+    stranger = seed_from_bytes(os.urandom(32))
+    with pytest.raises(RuleViolation) as exc:
+        verify(sign(observation(), stranger), DIRECTORY)
+    assert exc.value.rule is Rule.PRODUCER_IDENTITY and "unknown key" in exc.value.reason
+
+
+def test_a_revoked_key_is_refused() -> None:
+    revoked = {NODE.public_key: NODE.model_copy(update={"revoked": True})}
+    with pytest.raises(RuleViolation) as exc:
+        verify(sign(observation(), NODE_SEED), revoked)
+    assert "revoked" in exc.value.reason
+
+
+def test_a_forged_copy_with_a_borrowed_signature_is_refused() -> None:
+    """An attacker copies a node's signature onto a risk treatment of its own making."""
+    real = sign(observation(), NODE_SEED)
+    forged = treatment().model_copy(update={"signer": real.signer, "signature": real.signature})
+    with pytest.raises(RuleViolation) as exc:
+        verify(forged, DIRECTORY)
+    assert "does not match" in exc.value.reason
+
+
+@settings(max_examples=50, deadline=None)
+@given(text=st.text(min_size=1, max_size=40).filter(lambda t: t != "write hello.txt"))
+def test_any_change_of_a_signed_payload_breaks_its_signature(text: str) -> None:
+    signed = sign(observation(), NODE_SEED)
+    payload = signed.payload.model_copy(update={"text": text})
+    with pytest.raises(RuleViolation):
+        verify(signed.model_copy(update={"payload": payload}), DIRECTORY)
+
+
+def test_a_node_may_not_emit_decision_state() -> None:
+    event = sign(treatment(), NODE_SEED)
+    who = verify(event, DIRECTORY)
+    with pytest.raises(RuleViolation) as exc:
+        check_producer(who, event)
+    assert exc.value.rule is Rule.PRODUCER_PERMISSION
+    assert "observations only, not risk.treated" in exc.value.reason
+
+
+def test_a_node_may_not_speak_for_another_node() -> None:
+    event = sign(observation().model_copy(update={"node_id": "node-2"}), NODE_SEED)
+    with pytest.raises(RuleViolation) as exc:
+        check_producer(verify(event, DIRECTORY), event)
+    assert "claims node node-2" in exc.value.reason
+
+
+def test_a_coordinator_emits_decision_state_but_no_observation() -> None:
+    check_producer(CO, sign(treatment(), CO_SEED))
+    with pytest.raises(RuleViolation):
+        check_producer(CO, sign(observation(), CO_SEED))
+
+
+def test_people_and_services_send_requests_and_append_nothing() -> None:
+    for role in (Role.HUMAN, Role.SERVICE):
+        who = Principal(name="lead", role=role, public_key=NODE.public_key)
+        with pytest.raises(RuleViolation) as exc:
+            check_producer(who, observation())
+        assert "sends requests" in exc.value.reason
+
+
+def test_a_principal_bound_to_missions_acts_only_there() -> None:
+    bound = NODE.model_copy(update={"missions": frozenset({"m2"})})
+    with pytest.raises(RuleViolation) as exc:
+        check_producer(bound, observation())
+    assert "may not act in mission m1" in exc.value.reason
+
+
+def test_seeds_and_keys_are_checked_nkeys() -> None:
+    with pytest.raises(InvalidInput):
+        public_key("SUnot-a-seed")
+    with pytest.raises(InvalidInput):
+        public_key(NODE.public_key)  # a public key is no seed
+    unused = ActionRequested(action_id="a1", action="x.y")
+    assert unused.kind == "action.requested"
+    assert canonical(observation()) != canonical(treatment())
