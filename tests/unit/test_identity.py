@@ -67,7 +67,7 @@ def test_sets_sign_the_same_whatever_their_iteration_order() -> None:
             text=True,
             check=True,
             env={**os.environ, "PYTHONHASHSEED": str(seed)},
-        ).stdout  # fmt: skip
+        ).stdout
         for seed in (1, 2, 3)
     }
     assert len(outs) == 1
