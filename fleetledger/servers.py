@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import json
 import os
 import shutil
 import signal
@@ -26,9 +25,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
+from fleetbus.identity import KeyStore
+from fleetbus.permissions import authorization, write_server_config
 from ledger.errors import BinaryMissing, ComponentTimeout, FleetError
+from ledger.identity import Principal
 
 STARTUP_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
@@ -111,15 +113,23 @@ def _tcp_open(port: int) -> bool:
     return False
 
 
-def nats_config(*, port: int, monitor: int, store: Path) -> str:
+def nats_config(
+    *, port: int, monitor: int, store: Path, principals: list[Principal] | None = None
+) -> dict[str, Any]:
     """The embedded nats-server's configuration: loopback only, JetStream on a file store that
     fsyncs every write before its PubAck (``sync_interval: always``). JetStream's default
     interval can lose acknowledged writes on power failure (Jepsen, NATS 2.12.1, Dec 2025); a
-    ledger that answers from acknowledged writes cannot afford that on one server."""
-    return (
-        f'host: 127.0.0.1\nport: {port}\nhttp: "127.0.0.1:{monitor}"\n'
-        f"jetstream {{\n  store_dir: {json.dumps(str(store))}\n  sync_interval: always\n}}\n"
-    )
+    ledger that answers from acknowledged writes cannot afford that on one server. With
+    ``principals``, only their nkeys may connect, each with its role's permissions."""
+    config: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": port,
+        "http": f"127.0.0.1:{monitor}",
+        "jetstream": {"store_dir": str(store), "sync_interval": "always"},
+    }
+    if principals is not None:
+        config["authorization"] = authorization(principals)
+    return config
 
 
 def _nats_healthy(monitor_port: int) -> bool:
@@ -224,8 +234,16 @@ class EmbeddedServers:
     """
 
     def __init__(
-        self, state_dir: Path | None = None, *, nats: bool = True, redis: bool = True
+        self,
+        state_dir: Path | None = None,
+        *,
+        nats: bool = True,
+        redis: bool = True,
+        keys: KeyStore | None = None,
     ) -> None:
+        """``keys``: run nats-server with one nkey user per principal of that store and the
+        least-privilege permissions of its role (``fleetbus.permissions``); none: open."""
+        self.keys = keys
         self._owns_dir = state_dir is None
         self.state_dir = (
             Path(tempfile.mkdtemp(prefix="fleetledger-")) if state_dir is None else state_dir
@@ -283,8 +301,11 @@ class EmbeddedServers:
         port, monitor = free_port(), free_port()
         store = self.state_dir / "jetstream"
         store.mkdir(exist_ok=True)
-        conf = self.state_dir / "nats-server.conf"
-        conf.write_text(nats_config(port=port, monitor=monitor, store=store))
+        conf = self.state_dir / "nats-server.json"
+        principals = self.keys.principals() if self.keys is not None else None
+        write_server_config(
+            conf, nats_config(port=port, monitor=monitor, store=store, principals=principals)
+        )
         self.nats_monitor_port = monitor
         argv = [str(binary), "-c", str(conf)]
         return ManagedServer(

@@ -1,0 +1,124 @@
+"""The key store: principals' public directory and the seeds this machine holds.
+
+A state directory's ``identity/`` holds ``principals.json`` (every principal's name, role,
+missions and public nkey: safe to share) and one ``<name>.seed`` per principal whose secret this
+machine keeps (0600, in a 0700 directory). Signing and verifying are pure (``ledger.identity``);
+this module only draws keys and reads and writes those files, each write atomic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from pathlib import Path
+
+from pydantic import TypeAdapter, ValidationError
+
+from ledger.errors import ErrorCode, FleetError, InvalidInput
+from ledger.identity import Principal, Role, public_key, seed_from_bytes
+
+DIRECTORY_FILE = "principals.json"
+_PRINCIPALS = TypeAdapter(list[Principal])
+
+
+class KeyStore:
+    """The ``identity/`` directory of one fleet (a state dir, or a mounted Secret)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def directory_path(self) -> Path:
+        return self.root / DIRECTORY_FILE
+
+    def principals(self) -> list[Principal]:
+        """Every principal, revoked ones included (they verify nothing)."""
+        try:
+            raw = self.directory_path.read_bytes()
+        except FileNotFoundError:
+            return []
+        try:
+            return _PRINCIPALS.validate_json(raw)
+        except ValidationError as exc:
+            raise InvalidInput(
+                f"{self.directory_path} is not a principal directory: {exc}"
+            ) from None
+
+    def directory(self) -> dict[str, Principal]:
+        """Principals keyed by public key, as ``ledger.identity.verify`` takes them."""
+        return {p.public_key: p for p in self.principals()}
+
+    def get(self, name: str) -> Principal:
+        for p in self.principals():
+            if p.name == name:
+                return p
+        raise InvalidInput(
+            f"no principal {name!r} in {self.directory_path}", code=ErrorCode.NOT_FOUND
+        )
+
+    def create(
+        self, name: str, role: Role, missions: frozenset[str] = frozenset({"*"})
+    ) -> Principal:
+        """A new principal with a fresh key; its seed is written 0600 beside the directory."""
+        known = self.principals()
+        if any(p.name == name for p in known):
+            raise InvalidInput(f"principal {name!r} already exists", code=ErrorCode.DUPLICATE)
+        seed = seed_from_bytes(secrets.token_bytes(32))
+        principal = Principal(name=name, role=role, public_key=public_key(seed), missions=missions)
+        self._write(self.root / f"{name}.seed", seed.encode(), mode=0o600)
+        self._save([*known, principal])
+        return principal
+
+    def revoke(self, name: str) -> Principal:
+        """Mark a principal revoked (its events and requests are refused from now on) and
+        delete its seed if this machine holds it."""
+        known = self.principals()
+        if not any(p.name == name for p in known):
+            raise InvalidInput(f"no principal {name!r} to revoke", code=ErrorCode.NOT_FOUND)
+        updated = [p.model_copy(update={"revoked": True}) if p.name == name else p for p in known]
+        self._save(updated)
+        with contextlib.suppress(FileNotFoundError):
+            (self.root / f"{name}.seed").unlink()
+        return next(p for p in updated if p.name == name)
+
+    def seed(self, name: str) -> str:
+        """The secret of ``name`` if this machine holds it; refuses a seed others can read."""
+        path = self.root / f"{name}.seed"
+        try:
+            mode = path.stat().st_mode & 0o777
+        except FileNotFoundError:
+            raise FleetError(
+                f"no seed for principal {name!r} in {self.root}; create it with "
+                f"`fleetledger identity create {name} --role ...`",
+                code=ErrorCode.NOT_FOUND,
+            ) from None
+        if mode & 0o077:
+            raise InvalidInput(f"{path} is readable by others (mode {mode:o}); chmod 600 it")
+        return path.read_text().strip()
+
+    def _save(self, principals: list[Principal]) -> None:
+        self._write(self.directory_path, _PRINCIPALS.dump_json(principals, indent=2), mode=0o644)
+
+    def _write(self, path: Path, data: bytes, *, mode: int) -> None:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+def directory_json(principals: list[Principal]) -> str:
+    """The public directory as JSON (what a Helm Secret or ConfigMap carries)."""
+    return json.dumps(_PRINCIPALS.dump_python(principals, mode="json"), indent=2)
+
+
+__all__ = ["DIRECTORY_FILE", "KeyStore", "directory_json"]
