@@ -152,7 +152,8 @@ def counts(otlp: str) -> dict[str, int]:
 async def main(quick: bool) -> dict[str, object]:
     rounds, per_worker = (2, 150) if quick else (4, 1000)
     receiver = subprocess.Popen(
-        [sys.executable, "-m", "telemetry.receiver", "--count-only"],
+        [sys.executable, "-m", "tests.fixtures.otlp_receiver", "--count-only"],
+        cwd=Path(__file__).resolve().parent.parent,  # the test fixture, not a shipped module
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -31,7 +31,7 @@ from opentelemetry.trace import (
 )
 
 from telemetry.otlp_encode import FastOTLPSpanExporter, encode_spans
-from telemetry.receiver import OTLPReceiver, Received
+from tests.fixtures.otlp_receiver import OTLPReceiver, Received
 
 RESOURCE = Resource({"service.name": "fleet-coordinator", "service.instance.id": "c-1"})
 REMOTE = SpanContext(
