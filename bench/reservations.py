@@ -58,7 +58,7 @@ async def raw_pairs(url: str, pairs: int, concurrency: int) -> float:
 async def our_pairs(url: str, pairs: int, concurrency: int) -> float:
     mid = f"bench-{uuid.uuid4().hex[:8]}"
     per = pairs // concurrency
-    async with ReservationClient.from_url(url, max_connections=concurrency) as client:
+    async with ReservationClient.from_url(url) as client:
         await client.create_mission(mid, 10**12)
 
         async def worker(w: int) -> None:
@@ -77,7 +77,7 @@ async def our_pairs(url: str, pairs: int, concurrency: int) -> float:
 async def batched_pairs(url: str, pairs: int, concurrency: int, batch: int) -> float:
     mid = f"bench-{uuid.uuid4().hex[:8]}"
     per = pairs // concurrency // batch
-    async with ReservationClient.from_url(url, max_connections=concurrency) as client:
+    async with ReservationClient.from_url(url) as client:
         await client.create_mission(mid, 10**12)
 
         async def worker(w: int) -> None:
@@ -114,7 +114,7 @@ async def naive_overspend(url: str, attempts: int, concurrency: int, ceiling: in
 async def our_overspend(url: str, attempts: int, concurrency: int, ceiling: int) -> int:
     mid = f"bench-{uuid.uuid4().hex[:8]}"
     sem = asyncio.Semaphore(concurrency)
-    async with ReservationClient.from_url(url, max_connections=concurrency) as client:
+    async with ReservationClient.from_url(url) as client:
         await client.create_mission(mid, ceiling)
 
         async def attempt(i: int) -> None:

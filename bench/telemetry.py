@@ -37,7 +37,7 @@ from fleetledger.servers import EmbeddedServers, free_port  # noqa: E402
 from ledger.authority import Authority  # noqa: E402
 from ledger.kernel import ActionRequest  # noqa: E402
 from telemetry import Telemetry  # noqa: E402
-from telemetry.otlp_encode import FastOTLPSpanExporter  # noqa: E402
+from telemetry.otlp_export import OTLPHttpSpanExporter  # noqa: E402
 
 err = Console(stderr=True)
 WORKERS = 8
@@ -88,7 +88,7 @@ def client_telemetry(otlp: str) -> Telemetry:
     tp = TracerProvider(resource=Resource.create({"service.name": "bench-client"}))
     tp.add_span_processor(
         BatchSpanProcessor(
-            FastOTLPSpanExporter(endpoint=f"{otlp}/v1/traces"),
+            OTLPHttpSpanExporter(f"{otlp}/v1/traces"),
             max_queue_size=65_536,
             max_export_batch_size=2_048,
         )
@@ -152,7 +152,8 @@ def counts(otlp: str) -> dict[str, int]:
 async def main(quick: bool) -> dict[str, object]:
     rounds, per_worker = (2, 150) if quick else (4, 1000)
     receiver = subprocess.Popen(
-        [sys.executable, "-m", "telemetry.receiver", "--count-only"],
+        [sys.executable, "-m", "tests.fixtures.otlp_receiver", "--count-only"],
+        cwd=Path(__file__).resolve().parent.parent,  # the test fixture, not a shipped module
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -1,23 +1,30 @@
-"""One pipelined Redis connection for the reservation scripts (the authorise hot path).
+"""The one Redis connection of reservations: pipelined RESP over TCP, TLS or a Unix socket.
 
 redis-py's asyncio client spends most of a script call in Python around the wire (a pool, a
 lock, a timeout wrapper per call): ~175 µs of CPU on a 2-core machine where the round trip
-itself takes ~50. This connection writes each command at once and matches replies to callers
-in order (Redis answers one connection's commands in order), parsing with hiredis' C reader.
+itself takes ~50. This connection writes each command (or batch of commands) at once and
+matches replies to callers in order (Redis answers one connection's commands in order),
+parsing with hiredis' C reader. Every reservation call, single or batched, script or read,
+goes through it.
 
-It only runs commands; what a reply means stays in ``ReservationClient``. A timeout or a lost
-connection fails every call in flight (their replies can no longer be matched) and the next
-call reconnects. Each script is idempotent by reservation id, so a caller may retry.
+It only runs commands; what a reply means, and whether to retry, stays in
+``ReservationClient``. A timeout or a lost connection fails every call in flight (their late
+replies could otherwise answer the wrong caller) and the next call reconnects.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
-from redis.asyncio import ConnectionPool
+
+__all__ = ["RedisAddress", "RespConnection", "RespConnectionError", "RespError"]
 
 
 class RespError(Exception):
@@ -28,7 +35,72 @@ class RespConnectionError(ConnectionError):
     """The connection could not be made, or was lost with calls in flight."""
 
 
-def _encode(args: tuple[Any, ...]) -> bytes:
+_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+_TRUE = {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class RedisAddress:
+    """Where and how to connect, read from a ``redis://``, ``rediss://`` or ``unix://`` URL."""
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    path: str | None = None
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    tls: ssl.SSLContext | None = None
+
+    @classmethod
+    def from_url(cls, url: str, *, ssl_context: ssl.SSLContext | None = None) -> RedisAddress:
+        """Read ``url`` as redis-py reads it: the database from the path or ``?db=``,
+        credentials from the URL or ``?username=``/``?password=``; for ``rediss://`` a
+        verifying TLS context, shaped by ``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``,
+        ``ssl_keyfile`` and ``ssl_check_hostname`` (or replaced by ``ssl_context``)."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"a Redis URL starts with redis://, rediss:// or unix://: {url!r}")
+        query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
+        username = unquote(parts.username) if parts.username else query.get("username")
+        password = unquote(parts.password) if parts.password is not None else None
+        password = query.get("password", password)
+        db_text = query.get("db")
+        if parts.scheme == "unix":
+            if not parts.path:
+                raise ValueError(f"a unix:// Redis URL names a socket path: {url!r}")
+            return cls(
+                path=parts.path, db=int(db_text or 0), username=username or None,
+                password=password,
+            )  # fmt: skip
+        if db_text is None:
+            db_text = parts.path.lstrip("/") or "0"
+        context = None
+        if parts.scheme == "rediss":
+            context = ssl_context or _tls_context(query)
+        return cls(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 6379,
+            db=int(db_text),
+            username=username or None,
+            password=password,
+            tls=context,
+        )
+
+
+def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=query.get("ssl_ca_certs"))
+    reqs = _CERT_REQS.get(query.get("ssl_cert_reqs", "required").lower())
+    if reqs is None:
+        raise ValueError("ssl_cert_reqs is one of none, optional, required")
+    check = query.get("ssl_check_hostname", "true" if reqs != ssl.CERT_NONE else "false")
+    context.check_hostname = check.lower() in _TRUE
+    context.verify_mode = reqs
+    if "ssl_certfile" in query:
+        context.load_cert_chain(query["ssl_certfile"], query.get("ssl_keyfile"))
+    return context
+
+
+def _encode(args: Sequence[Any]) -> bytes:
     out = [b"*%d\r\n" % len(args)]
     for arg in args:
         data = arg if isinstance(arg, bytes) else str(arg).encode()
@@ -58,11 +130,7 @@ class _Protocol(asyncio.Protocol):
                 self.fail(RespConnectionError("Redis sent a reply no call was waiting for"))
                 return
             future = self.waiting.popleft()
-            if future.done():
-                continue
-            if isinstance(reply, RespError):
-                future.set_exception(reply)
-            else:
+            if not future.done():  # a cancelled caller's reply is read and dropped
                 future.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -86,28 +154,23 @@ class _Protocol(asyncio.Protocol):
 
 
 class RespConnection:
-    """A lazily (re)connected, pipelined connection to one Redis (TCP or Unix socket).
+    """A lazily (re)connected, pipelined connection to one Redis.
 
-    ``call`` raises ``RespError`` for an error reply, ``RespConnectionError`` when Redis cannot
-    be reached, refuses the credentials, or the connection drops, and ``TimeoutError`` after
-    ``timeout_s``. Build it with ``from_url`` (the same URL reading as redis-py's) or from the
-    parts.
+    ``call`` runs one command and raises ``RespError`` for an error reply; ``call_many`` writes
+    a batch at once (a MULTI/EXEC pair in it stays one transaction, since nothing else can be
+    written in between) and returns error replies in place. Both raise ``RespConnectionError``
+    when Redis cannot be reached, refuses the credentials or the database, or the connection
+    drops, and ``TimeoutError`` after ``timeout_s``; either way the connection is reset.
     """
 
     def __init__(
         self,
+        address: RedisAddress | None = None,
         *,
-        host: str = "127.0.0.1",
-        port: int = 6379,
-        path: str | None = None,
-        db: int = 0,
-        username: str | None = None,
-        password: str | None = None,
         connect_timeout_s: float = 2.0,
         timeout_s: float = 5.0,
     ) -> None:
-        self._host, self._port, self._path = host, port, path
-        self._db, self._username, self._password = db, username, password
+        self.address = address or RedisAddress()
         self._connect_timeout_s = connect_timeout_s
         self._timeout_s = timeout_s
         self._protocol: _Protocol | None = None
@@ -115,21 +178,17 @@ class RespConnection:
         self._connecting_loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def from_url(cls, url: str, **kw: Any) -> RespConnection:
-        """``redis://`` and ``unix://`` URLs, read as redis-py reads them (path or ``?db=``,
-        credentials in the URL or the query); ``rediss://`` (TLS) is not spoken here."""
-        if not url.startswith(("redis://", "unix://")):
-            raise ValueError(f"the pipelined connection speaks redis:// and unix://, not {url!r}")
-        parts = ConnectionPool.from_url(url).connection_kwargs
-        return cls(
-            host=str(parts.get("host") or "127.0.0.1"),
-            port=int(parts.get("port") or 6379),
-            path=parts.get("path"),
-            db=int(parts.get("db") or 0),
-            username=parts.get("username"),
-            password=parts.get("password"),
-            **kw,
-        )
+    def from_url(
+        cls, url: str, *, ssl_context: ssl.SSLContext | None = None, **kw: Any
+    ) -> RespConnection:
+        """A connection to ``url`` (see ``RedisAddress.from_url``)."""
+        return cls(RedisAddress.from_url(url, ssl_context=ssl_context), **kw)
+
+    @property
+    def where(self) -> str:
+        """The address for messages: never the credentials."""
+        a = self.address
+        return a.path if a.path else f"{a.host}:{a.port}/{a.db}{' (TLS)' if a.tls else ''}"
 
     async def _connected(self) -> _Protocol:
         loop = asyncio.get_running_loop()
@@ -151,50 +210,83 @@ class RespConnection:
 
     async def _connect(self) -> _Protocol:
         loop = asyncio.get_running_loop()
+        a = self.address
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                if self._path:
-                    _, protocol = await loop.create_unix_connection(_Protocol, self._path)
+                if a.path:
+                    _, protocol = await loop.create_unix_connection(_Protocol, a.path)
                 else:
-                    _, protocol = await loop.create_connection(_Protocol, self._host, self._port)
+                    _, protocol = await loop.create_connection(
+                        _Protocol, a.host, a.port, ssl=a.tls,
+                        server_hostname=a.host if a.tls is not None else None,
+                    )  # fmt: skip
+        except ssl.SSLError as exc:  # a certificate we do not trust: reachable, not as configured
+            raise RespConnectionError(f"TLS with Redis failed ({exc.reason or exc})") from exc
         except (OSError, TimeoutError) as exc:
             raise RespConnectionError(f"cannot connect to Redis ({type(exc).__name__})") from exc
         setup: list[tuple[Any, ...]] = []
-        if self._password is not None:
-            setup.append(
-                ("AUTH", self._username, self._password)
-                if self._username
-                else ("AUTH", self._password)
-            )
-        if self._db:
-            setup.append(("SELECT", self._db))
+        if a.password is not None:
+            setup.append(("AUTH", a.username, a.password) if a.username else ("AUTH", a.password))
+        if a.db:
+            setup.append(("SELECT", a.db))
         try:
-            for command in setup:
-                await self._send(protocol, command, self._connect_timeout_s)
-        except RespError as exc:  # wrong password, unknown db: not reachable as configured
-            protocol.fail(RespConnectionError(str(exc)))
-            raise RespConnectionError(f"Redis refused the connection set-up: {exc}") from None
+            replies = await self._send(protocol, setup, self._connect_timeout_s) if setup else []
         except BaseException:
             protocol.fail(RespConnectionError("connection set-up did not finish"))
             raise
+        for reply in replies:
+            if isinstance(reply, RespError):  # wrong password, unknown db: not as configured
+                protocol.fail(RespConnectionError(str(reply)))
+                raise RespConnectionError(f"Redis refused the connection set-up: {reply}")
         return protocol
 
-    async def _send(self, protocol: _Protocol, args: tuple[Any, ...], timeout_s: float) -> Any:
+    async def _send(
+        self, protocol: _Protocol, commands: Sequence[Sequence[Any]], timeout_s: float
+    ) -> list[Any]:
         assert protocol.transport is not None
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        protocol.waiting.append(future)
-        protocol.transport.write(_encode(args))
+        loop = protocol.loop
+        futures = [loop.create_future() for _ in commands]
+        protocol.waiting.extend(futures)
+        protocol.transport.write(
+            _encode(commands[0]) if len(commands) == 1 else b"".join(map(_encode, commands))
+        )
         try:
             async with asyncio.timeout(timeout_s):
-                return await future
+                return [await f for f in futures]
         except TimeoutError:
-            # the late reply would be matched to the next caller: drop the connection
+            # the late replies would be matched to the next callers: drop the connection
             protocol.fail(RespConnectionError("a Redis call timed out; connection reset"))
             raise
+        except BaseException:
+            for f in futures:  # mark the rest retrieved, or drop them (their replies skip)
+                if not f.done():
+                    f.cancel()
+                elif not f.cancelled():
+                    f.exception()
+            raise
+
+    async def call_many(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Run ``commands`` in one write; their replies in order, error replies as
+        ``RespError`` values."""
+        protocol = self._protocol
+        if (
+            protocol is None
+            or protocol.lost is not None
+            or (protocol.loop is not asyncio.get_running_loop())
+        ):
+            protocol = await self._connected()
+        return await self._send(protocol, commands, self._timeout_s)
 
     async def call(self, *args: Any) -> Any:
-        protocol = await self._connected()
-        return await self._send(protocol, args, self._timeout_s)
+        """Run one command; an error reply raises ``RespError``."""
+        (reply,) = await self.call_many((args,))
+        if isinstance(reply, RespError):
+            raise reply
+        return reply
+
+    async def ping(self) -> bool:
+        """True if Redis answers (for readiness probes)."""
+        return bool(await self.call("PING") == "PONG")
 
     async def close(self) -> None:
         protocol, self._protocol = self._protocol, None
@@ -204,6 +296,3 @@ class RespConnection:
             protocol.fail(RespConnectionError("connection closed"))
         else:
             protocol.abandon()
-
-
-__all__ = ["RespConnection", "RespConnectionError", "RespError"]

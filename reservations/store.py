@@ -1,25 +1,23 @@
 """The async reservation client: one Lua script per transition, run on Redis with EVALSHA.
 
 Redis holds the fast counters; the JetStream ledger is the record, so every successful call
-returns a typed result whose ``ledger_payload()`` the coordinator appends. Every call is
-idempotent by reservation id (redis-py's ``Retry`` may therefore resend any of them), and a
-Redis that cannot be reached raises ``Unreachable``: nothing is admitted (fail closed).
+returns a typed result whose ``ledger_payload()`` the coordinator appends. Every command goes
+over one pipelined ``RespConnection`` (TCP, TLS or Unix socket), with one retry policy and one
+error mapping: every call is idempotent by reservation id, so a call whose connection dropped
+or timed out is sent again (bounded, with backoff), and a Redis that still cannot be reached
+raises ``Unreachable``: nothing is admitted (fail closed). An error reply is a ``FleetError``
+naming the script; a script's refusal is the ``RuleViolation`` naming the rule.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import ssl
 from collections.abc import Sequence
 from importlib.resources import files
 from types import TracebackType
 from typing import Any, Protocol, Self
-
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation, Unreachable
 from ledger.money import check_micros, format_amount
@@ -45,15 +43,34 @@ _SCRIPTS = (
     "create_mission", "create_grant", "reserve", "commit", "settle", "release", "sweep",
     "treat_overrun",
 )  # fmt: skip
+_BACKOFF_S, _BACKOFF_CAP_S = 0.02, 0.5
 
 
 class ReservationStore(Protocol):
-    """What the coordinator and branches need; ``ReservationClient`` is the Redis one."""
+    """Every call the coordinator and ``Branch`` make; ``ReservationClient`` is the Redis one.
+
+    Tests may inject another (an in-memory fake) wherever a store is taken.
+    """
+
+    async def create_mission(self, mission_id: str, ceiling: int) -> bool: ...
+
+    async def create_grant(
+        self, mission_id: str, grant_id: str, budget: int, parent_id: str | None = None
+    ) -> bool: ...
+
+    async def treat_overrun(
+        self, mission_id: str, scope: str, *, by: str
+    ) -> OverrunTreatedResult: ...
 
     async def reserve(
         self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
         lease_s: float,
     ) -> ReserveResult: ...  # fmt: skip
+
+    async def reserve_committed(
+        self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
+        lease_s: float,
+    ) -> tuple[ReserveResult, CommitResult]: ...  # fmt: skip
 
     async def commit(self, mission_id: str, reservation_id: str) -> CommitResult: ...
 
@@ -62,6 +79,25 @@ class ReservationStore(Protocol):
     async def release(self, mission_id: str, reservation_id: str) -> ReleaseResult: ...
 
     async def sweep(self, mission_id: str) -> SweepResult: ...
+
+    async def reservation(
+        self, mission_id: str, reservation_id: str
+    ) -> tuple[ReserveResult, CommitResult | None, str] | None: ...
+
+    async def committed_ids(self, mission_id: str) -> list[str]: ...
+
+    async def ping(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class _Script:
+    """A Lua script and its SHA1, for EVALSHA (EVAL once if Redis lost it)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = files("reservations").joinpath("scripts", f"{name}.lua").read_text()
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
 
 def _label(scope: str) -> str:
@@ -104,23 +140,18 @@ def _denial(mission_id: str, what: str, amount: int, reply: list[Any]) -> RuleVi
     return None
 
 
+def _noscript(reply: Any) -> bool:
+    return isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT")
+
+
 class ReservationClient:
     """Async Redis client for mission-wide budget reservations (SPEC S7)."""
 
-    def __init__(
-        self, redis: Redis, *, where: str = "redis", resp: RespConnection | None = None
-    ) -> None:
-        """``resp``: a pipelined connection for the scripts of single calls (the hot path);
-        without one, they go through ``redis`` like everything else."""
-        self._redis = redis
-        self._resp = resp
-        self._where = where
-        self._scripts: dict[str, AsyncScript] = {
-            name: redis.register_script(
-                files("reservations").joinpath("scripts", f"{name}.lua").read_text()
-            )
-            for name in _SCRIPTS
-        }
+    def __init__(self, connection: RespConnection, *, retries: int = 1) -> None:
+        """``retries``: how many times a call whose connection failed is sent again."""
+        self._conn = connection
+        self._retries = retries
+        self._scripts = {name: _Script(name) for name in _SCRIPTS}
 
     @classmethod
     def from_url(
@@ -129,37 +160,34 @@ class ReservationClient:
         *,
         connect_timeout_s: float = 2.0,
         timeout_s: float = 5.0,
-        retries: int = 2,
-        max_connections: int = 64,
+        retries: int = 1,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> Self:
-        """A client on ``url`` (redis:// or rediss://) with short timeouts and a bounded retry."""
-        # A bounded pool that waits for a free connection instead of failing under bursts.
-        pool = BlockingConnectionPool.from_url(
-            url,
-            decode_responses=True,
-            socket_connect_timeout=connect_timeout_s,
-            socket_timeout=timeout_s,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), retries),
-            max_connections=max_connections,
-            timeout=timeout_s,
+        """A client on ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``; user and
+        password and the database in the URL) with short timeouts and a bounded retry."""
+        conn = RespConnection.from_url(
+            url, ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s
         )
-        redis = Redis.from_pool(pool)
-        host = url.split("@")[-1].split("://")[-1]  # never echo credentials
-        resp = (
-            RespConnection.from_url(url, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s)
-            if url.startswith(("redis://", "unix://"))
-            else None  # rediss:// (TLS) stays on redis-py
-        )
-        return cls(redis, where=host, resp=resp)
+        return cls(conn, retries=retries)
 
     @property
-    def redis(self) -> Redis:
-        return self._redis
+    def connection(self) -> RespConnection:
+        """The one connection every call goes over (``call``/``call_many`` for tools)."""
+        return self._conn
+
+    @property
+    def redis(self) -> RespConnection:
+        """The connection, under its former name: ``await client.redis.ping()`` still works.
+        Prefer ``ping()``."""
+        return self._conn
+
+    async def ping(self) -> bool:
+        """True if Redis answers; raises ``Unreachable`` if it cannot be reached."""
+        (reply,) = await self._reads((("PING",),))
+        return bool(reply == "PONG")
 
     async def close(self) -> None:
-        if self._resp is not None:
-            await self._resp.close()
-        await self._redis.aclose()
+        await self._conn.close()
 
     async def __aenter__(self) -> Self:
         return self
@@ -172,48 +200,67 @@ class ReservationClient:
     ) -> None:
         await self.close()
 
-    # --- plumbing --------------------------------------------------------------------------
+    # --- plumbing: the one retry policy and error mapping ------------------------------------
 
     def _unreachable(self, exc: Exception) -> Unreachable:
         return Unreachable(
-            f"Redis at {self._where} is unreachable ({type(exc).__name__}: {exc}); "
+            f"Redis at {self._conn.where} is unreachable ({type(exc).__name__}: {exc}); "
             "nothing was admitted (fail closed)"
         )
 
+    async def _reads(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Read commands; an error reply raises ``FleetError``."""
+        replies = await self._commands(commands)
+        for reply in replies:
+            if isinstance(reply, RespError):
+                raise FleetError(f"reading reservations from Redis failed: {reply}")
+        return replies
+
+    async def _commands(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Send ``commands`` again after a lost connection or a timeout (the connection was
+        reset, so no late reply can answer them), with backoff; then ``Unreachable``. Safe
+        because every command we send is idempotent by reservation id, or a read."""
+        attempt = 0
+        while True:
+            try:
+                return await self._conn.call_many(commands)
+            except (RespConnectionError, TimeoutError, OSError) as exc:
+                if attempt >= self._retries:
+                    raise self._unreachable(exc) from exc
+                await asyncio.sleep(min(_BACKOFF_CAP_S, _BACKOFF_S * 2**attempt))
+                attempt += 1
+
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
-        if self._resp is not None:
-            return await self._run_pipelined(name, keys, args)
-        try:
-            reply = await self._scripts[name](keys=keys, args=args)
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise self._unreachable(exc) from exc
-        except RedisError as exc:
-            raise FleetError(f"reservation script {name} failed: {exc}") from exc
+        """One script call (``_pipeline`` of one, without its loops: the hot path)."""
+        script = self._scripts[name]
+        (reply,) = await self._commands((("EVALSHA", script.sha, len(keys), *keys, *args),))
+        if isinstance(reply, RespError):
+            if not _noscript(reply):
+                raise FleetError(f"reservation script {name} failed: {reply}")
+            (reply,) = await self._pipeline(name, [(keys, args)])
         return list(reply)
 
-    async def _run_pipelined(
-        self, name: str, keys: Sequence[str], args: Sequence[Any]
+    async def _pipeline(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
     ) -> list[Any]:
-        """``_run`` on the pipelined connection: EVALSHA (EVAL once if Redis lost the script),
-        one retry on a dropped connection (every script is idempotent by reservation id)."""
-        assert self._resp is not None
+        """Many calls of one script in one write: EVALSHA, and where Redis lost the script
+        (NOSCRIPT) EVAL for those calls; an error reply raises ``FleetError``."""
         script = self._scripts[name]
-        for attempt in (1, 2):
-            try:
-                try:
-                    reply = await self._resp.call("EVALSHA", script.sha, len(keys), *keys, *args)
-                except RespError as exc:
-                    if not str(exc).startswith("NOSCRIPT"):
-                        raise
-                    reply = await self._resp.call("EVAL", script.script, len(keys), *keys, *args)
-            except (RespConnectionError, TimeoutError) as exc:
-                if attempt == 2:
-                    raise self._unreachable(exc) from exc
-                continue
-            except RespError as exc:
-                raise FleetError(f"reservation script {name} failed: {exc}") from exc
-            return list(reply)
-        raise AssertionError("unreachable")  # pragma: no cover
+        replies = await self._commands(
+            [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+        )
+        lost = [i for i, r in enumerate(replies) if _noscript(r)]
+        if lost:
+            again = await self._commands(
+                [("EVAL", script.source, len(calls[i][0]), *calls[i][0], *calls[i][1])
+                 for i in lost]
+            )  # fmt: skip
+            for i, reply in zip(lost, again, strict=True):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, RespError):
+                raise FleetError(f"reservation script {name} failed: {reply}")
+        return replies
 
     # --- scopes ----------------------------------------------------------------------------
 
@@ -297,10 +344,7 @@ class ReservationClient:
         )
         fields = ("amount", "scopes", "lease_until", "state", "at", "seq", "committed_at",
                   "committed_seq")  # fmt: skip
-        try:
-            raw = await self._redis.hmget(key, fields)
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise self._unreachable(exc) from exc
+        (raw,) = await self._reads([("HMGET", key, *fields)])
         if raw[0] is None:
             return None
         r = ["0" if v is None else _s(v) for v in raw]
@@ -323,29 +367,19 @@ class ReservationClient:
         reconciliation, not for the hot path)."""
         match = k.reservation_key(k.check_id(mission_id, what="mission id"), "*")
         out: list[str] = []
-        batch: list[str] = []
-
-        async def check() -> None:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for key in batch:
-                    pipe.hget(key, "state")
-                states = await pipe.execute()
-            out.extend(
-                _s(key).rsplit(":res:", 1)[1]
-                for key, state in zip(batch, states, strict=True)
-                if state is not None and _s(state) == "committed"
-            )
-            batch.clear()
-
-        try:
-            async for key in self._redis.scan_iter(match=match, count=500):
-                batch.append(key)
-                if len(batch) >= 500:
-                    await check()
-            if batch:
-                await check()
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise self._unreachable(exc) from exc
+        cursor = "0"
+        while True:
+            (page,) = await self._reads([("SCAN", cursor, "MATCH", match, "COUNT", 500)])
+            cursor, found = page
+            if found:
+                states = await self._reads([("HGET", key, "state") for key in found])
+                out.extend(
+                    key.rsplit(":res:", 1)[1]
+                    for key, state in zip(found, states, strict=True)
+                    if state == "committed"
+                )
+            if cursor == "0":
+                break
         return sorted(out)
 
     async def level(self, mission_id: str, scope: str) -> Level:
@@ -354,16 +388,13 @@ class ReservationClient:
 
     async def _read_levels(self, mission_id: str, scopes: Sequence[str]) -> list[Level]:
         k.check_id(mission_id, what="mission id")
-        try:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                for scope in scopes:
-                    pipe.hmget(
-                        k.scope_key(mission_id, scope),
-                        ["ceiling", "reserved", "committed", "settled", "blocked"],
-                    )
-                rows: list[list[str | None]] = await pipe.execute()
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise self._unreachable(exc) from exc
+        fields = ("ceiling", "reserved", "committed", "settled", "blocked")
+        # one MULTI/EXEC: every level as of one instant
+        replies = await self._reads(
+            [("MULTI",), *(("HMGET", k.scope_key(mission_id, s), *fields) for s in scopes),
+             ("EXEC",)]
+        )  # fmt: skip
+        rows: list[list[str | None]] = replies[-1]
         out = []
         for scope, row in zip(scopes, rows, strict=True):
             ceiling, reserved, committed, settled, blocked = row
@@ -479,19 +510,6 @@ class ReservationClient:
             self._reserve_result(mission_id, tchain, rid, amt, list(reply))
             for (rid, amt), reply in zip(requests, replies, strict=True)
         ]
-
-    async def _pipeline(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
-        script = self._scripts[name]
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for keys, args in calls:
-                    await script(keys=keys, args=args, client=pipe)
-                replies: list[Any] = await pipe.execute()
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise self._unreachable(exc) from exc
-        except RedisError as exc:
-            raise FleetError(f"reservation script {name} failed: {exc}") from exc
-        return replies
 
     def _ids(self, mission_id: str, reservation_id: str) -> tuple[list[str], list[Any]]:
         k.check_id(mission_id, what="mission id")

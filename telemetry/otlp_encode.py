@@ -1,4 +1,4 @@
-"""Owns the hand-written OTLP/protobuf encoding of SDK spans and the exporter that sends it.
+"""Owns the hand-written OTLP/protobuf encoding of SDK spans (``otlp_export`` sends it).
 
 The official encoder builds a protobuf message object per span, event, link and attribute, which
 costs ~100 µs a span. ``encode_spans`` writes the wire bytes of an
@@ -31,30 +31,17 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.span import SpanContext, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 from opentelemetry.util.types import Attributes
 
-try:
-    from opentelemetry.exporter.otlp.proto.http._common import (
-        RequestPayloadTooLargeError,
-        _is_request_too_large,
-    )
-except ImportError:  # a later exporter moved them: FastOTLPSpanExporter uses the parent's export
-    _PARENT_HELPERS = False
-else:
-    _PARENT_HELPERS = True
-
-__all__ = ["FastOTLPSpanExporter", "encode_spans"]
+__all__ = ["encode_spans"]
 
 _logger = logging.getLogger(__name__)
 
@@ -397,61 +384,3 @@ def encode_spans(spans: Sequence[ReadableSpan]) -> bytes:
         parts.append(resource_schema)
         out.append(_delimited(b"\x0a", b"".join(parts)))
     return b"".join(out)
-
-
-_PARENT_STATE: Final = ("_shutdown", "_metrics", "_client", "_max_request_size")
-
-
-class FastOTLPSpanExporter(OTLPSpanExporter):
-    """``OTLPSpanExporter`` that serialises with ``encode_spans``; the rest (endpoint, headers,
-    compression, retries, exporter metrics) is the parent's, configured the same way."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # Decided once: a later exporter without the internals we drive uses its own export.
-        self._fast_export = (
-            _PARENT_HELPERS
-            and all(hasattr(self, name) for name in _PARENT_STATE)
-            and callable(getattr(self._client, "export", None))
-            and callable(getattr(self._metrics, "export_operation", None))
-        )
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        """The parent's ``export`` (1.45) with ``encode_spans`` as the serialiser."""
-        if not self._fast_export:
-            return super().export(spans)
-        if self._shutdown:
-            _logger.warning("Exporter already shutdown, ignoring batch")
-            return SpanExportResult.FAILURE
-
-        with self._metrics.export_operation(len(spans)) as result:
-            try:
-                serialized_data = encode_spans(spans)
-            except Exception as error:
-                _logger.error("Failed to encode span batch: %s", error)
-                result.error = error
-                return SpanExportResult.FAILURE
-
-            if _is_request_too_large(serialized_data, self._max_request_size):
-                _logger.warning(
-                    "Dropping span batch: serialized size %d bytes exceeds max_request_size "
-                    "%d bytes.",
-                    len(serialized_data),
-                    self._max_request_size,
-                )
-                result.error = RequestPayloadTooLargeError(
-                    f"Serialized span request size {len(serialized_data)} bytes exceeds "
-                    f"max_request_size {self._max_request_size} bytes."
-                )
-                return SpanExportResult.FAILURE
-
-            export_result = self._client.export(serialized_data)
-            if not export_result.success:
-                result.error = export_result.error
-                result.error_attrs = (
-                    {HTTP_RESPONSE_STATUS_CODE: export_result.status_code}
-                    if export_result.status_code is not None
-                    else None
-                )
-                return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS

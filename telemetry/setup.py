@@ -2,8 +2,9 @@
 
 Tracing is on when an OTLP endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT`` or
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) and ``OTEL_TRACES_EXPORTER`` is not ``none``; metrics
-likewise (``OTEL_METRICS_EXPORTER``). Exporters are built without arguments, so every other
-``OTEL_EXPORTER_OTLP_*`` setting (headers, protocol, timeout, TLS) applies as documented
+likewise (``OTEL_METRICS_EXPORTER``). The OTLP/HTTP span exporter is ours
+(``telemetry.otlp_export``) and reads the standard ``OTEL_EXPORTER_OTLP_*`` settings (headers,
+compression, timeout, TLS); the others are built without arguments and read them as documented
 upstream. With nothing configured, ``Telemetry.enabled`` is False and callers skip all span work.
 """
 
@@ -96,11 +97,11 @@ def _span_exporter(env: Mapping[str, str]) -> SpanExporter:
             ) from None
         exporter: SpanExporter = GrpcSpanExporter()
         return exporter
-    from telemetry.otlp_encode import FastOTLPSpanExporter
+    from telemetry.otlp_export import OTLPHttpSpanExporter
 
-    # The official OTLP/HTTP exporter (transport, headers, compression, retries, all from
-    # OTEL_*), serialising with our encoder: same bytes, ~6x less CPU per span.
-    return FastOTLPSpanExporter()
+    # Our OTLP/HTTP exporter (endpoint, headers, compression, timeout, TLS from OTEL_*): the
+    # official encoder's bytes at ~6x less CPU per span.
+    return OTLPHttpSpanExporter.from_env(env)
 
 
 def _meter_provider(resource: Resource, env: Mapping[str, str]) -> MeterProvider:

@@ -81,7 +81,7 @@ class ReservationMachine(RuleBasedStateMachine):
         return self.loop.run_until_complete(coro)
 
     def redis_now(self) -> datetime:
-        sec, usec = self.run(self.client.redis.time())
+        sec, usec = map(int, self.run(self.client.connection.call("TIME")))
         return from_ms(sec * 1000 + usec // 1000)
 
     def feed(self, payload: Any, at: datetime) -> None:
@@ -230,7 +230,9 @@ class ReservationMachine(RuleBasedStateMachine):
     @invariant()
     def every_reservation_is_in_the_same_state_in_both(self) -> None:
         for rid, res in self.model.reservations.items():
-            state = self.run(self.client.redis.hget(f"fl:{{{self.mid}}}:res:{rid}", "state"))
+            state = self.run(
+                self.client.connection.call("HGET", f"fl:{{{self.mid}}}:res:{rid}", "state")
+            )
             assert state == res.state, rid
 
     def teardown(self) -> None:

