@@ -18,9 +18,9 @@ import os
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ledger.errors import FleetError, InvalidInput
 from ledger.protocol import ErrorBody
@@ -29,6 +29,18 @@ MAX_BODY = 1 << 20  # 1 MiB: hook payloads are small; larger is refused unread
 
 Route = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 Probe = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
+Req = TypeVar("Req", bound=BaseModel)
+
+
+def typed(request: type[Req], handler: Callable[[Req], Awaitable[BaseModel]]) -> Route:
+    """A route over pydantic models: the body validated into ``request`` (a mismatch is a
+    ``ValidationError``, answered 400 naming the field), the reply model dumped as JSON."""
+
+    async def route(body: dict[str, Any]) -> dict[str, Any]:
+        reply = await handler(request.model_validate(body))
+        return reply.model_dump(mode="json")
+
+    return route
 
 
 log = logging.getLogger("fleetledger.http")

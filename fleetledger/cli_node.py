@@ -1,8 +1,10 @@
 """The node agent's commands: `node-agent run|state|claims`, `todo ...`, `hook AGENT EVENT`,
 `hooks install`.
 
-`todo` works on the node's SQLite ledger directly (WAL lets it share the file with a running
-daemon, whose outbox then publishes the events), so it works with the daemon down too.
+`todo` asks the running node agent over its local API (``FLEET_SOCKET``, which `fleetledger
+up` writes to fleet.env, else the socket in ``FLEET_STATE_DIR``): the daemon owns its SQLite
+file, so the CLI shows what the hooks see and never creates a second, empty ledger beside it.
+`node-agent state|claims` still read the file (read-only inspection; to move to the API too).
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ from rich.table import Table
 from fleetledger.runtime import run_loop, tune_gc
 from ledger.errors import FleetError, InvalidInput
 from ledger.protocol import ErrorBody
-from node_agent.autoledger import AutoLedger
 from node_agent.checks import Check, CommandCheck, EvidenceCheck, FileCheck
 from node_agent.claims import ClaimsCache
-from node_agent.daemon import item_dict, serve, set_status
+from node_agent.client import NodeClient
+from node_agent.daemon import serve
 from node_agent.execution import ExecutionState
 from node_agent.hooks import SETTINGS_FILES, Agent, install, run
 from node_agent.settings import NodeSettings
 from node_agent.store import Store, safe_id
+from node_agent.wire import ItemReply, Items
 
 out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
@@ -95,10 +98,16 @@ def node_run(
         err.print("node agent stopped")
 
 
-def _ledger() -> AutoLedger:
-    settings = NodeSettings.load()
-    store = Store(settings.db_path, node_id=settings.node_id, default_mission=settings.mission)
-    return AutoLedger(store, check_timeout_s=settings.check_timeout_s)
+def _ask(op: str, as_json: bool = False, **body: Any) -> dict[str, Any]:
+    """One call to the running node agent; its error, or its absence, ends the command."""
+    try:
+        settings = NodeSettings.load()
+        with NodeClient(settings.socket_path, timeout=settings.check_timeout_s + 5) as client:
+            return client.call(op, **body)
+    except FleetError as exc:
+        _fail(exc, as_json)
+    except ValueError as exc:
+        _fail(InvalidInput(str(exc)), as_json)
 
 
 def _session(agent: str | None, session: str | None) -> str | None:
@@ -115,19 +124,16 @@ def todo_list(
     as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
 ) -> None:
     """Show items: stored status (authoritative) and judged status / claims (advisory)."""
-    ledger = _ledger()
-    chosen = _session(agent, session)
-    sessions = [chosen] if chosen else [s.session_id for s in ledger.store.sessions()]
-    items = [item_dict(i) for s in sessions for i in ledger.store.items(s)]
+    reply = _ask("todo.list", as_json, session_id=_session(agent, session))
     if as_json:
-        print(json.dumps({"items": items}))
+        print(json.dumps(reply))
         return
     table = Table(title="to-do (node-local ledger)", title_justify="left")
     for column in ("session", "id", "item", "stored status", "by", "model claim", "check"):
         table.add_column(column)
-    for i in items:
-        cells = (i["session_id"], i["short_id"], i["text"], i["stored_status"], i["stored_by"],
-                 i["model_claim"], i["check"])  # fmt: skip
+    for i in Items.model_validate(reply).items:
+        cells = (i.session_id, i.short_id, i.text, i.stored_status.value, i.stored_by,
+                 i.model_claim, i.check)  # fmt: skip
         table.add_row(*(escape(c or "") for c in cells))
     out.print(table)
 
@@ -154,34 +160,30 @@ def todo_add(
             check = FileCheck(path=str(Path(check_file).resolve()), sha256=sha256)
         elif check_evidence:
             check = EvidenceCheck(evidence_id=check_evidence)
-        ledger = _ledger()
-        stored = ledger.add(_session(agent, session) or "cli", text, check=check, agent=agent)
-    except FleetError as exc:
-        _fail(exc, as_json)
     except ValueError as exc:
         _fail(InvalidInput(str(exc)), as_json)
+    reply = _ask(
+        "todo.add", as_json, session_id=_session(agent, session) or "cli", text=text,
+        check=check.model_dump(mode="json") if check else None, agent=agent,
+    )  # fmt: skip
     if as_json:
-        print(json.dumps({"item": item_dict(stored)}))
-    else:
-        out.print(f"added [bold]{stored.short_id}[/] ({stored.item_id}): {stored.item.text}")
+        print(json.dumps(reply))
+        return
+    item = ItemReply.model_validate(reply).item
+    out.print(f"added [bold]{item.short_id}[/] ({item.item_id}): {item.text}")
 
 
 def _set(
     item: str, status: str, by: str | None, agent: str | None, session: str | None, as_json: bool
 ) -> None:
-    ledger = _ledger()
-    try:
-        stored = asyncio.run(
-            set_status(ledger, item, status, by=by, session_id=_session(agent, session))
-        )
-    except FleetError as exc:
-        _fail(exc, as_json)
+    reply = _ask(
+        "todo.set", as_json, item=item, status=status, by=by, session_id=_session(agent, session)
+    )
     if as_json:
-        print(json.dumps({"item": item_dict(stored)}))
-    else:
-        out.print(
-            f"{stored.short_id} {stored.item.stored_status.value} (by {stored.item.stored_by})"
-        )
+        print(json.dumps(reply))
+        return
+    stored = ItemReply.model_validate(reply).item
+    out.print(f"{stored.short_id} {stored.stored_status.value} (by {stored.stored_by})")
 
 
 ByOpt = Annotated[str | None, typer.Option("--by", help="The human who decides (an identity).")]
@@ -229,8 +231,7 @@ def todo_cancel(
 @todo_app.command("evidence")
 def todo_evidence(evidence_id: str) -> None:
     """Record locally that evidence is registered (for items with an evidence check)."""
-    settings = NodeSettings.load()
-    Store(settings.db_path).register_evidence(evidence_id, settings.mission)
+    _ask("evidence.register", evidence_id=evidence_id)
     out.print(f"evidence {evidence_id} recorded on this node")
 
 

@@ -3,6 +3,10 @@
 The imperative shell around the pure parts (``capture``, ``auditor``) and the store. Every
 status change goes through ``ledger.items.transition`` (the status firewall): a human, the
 coordinator, or a check this node ran and saw pass; never a model.
+
+Capture and watch are synchronous store work (the daemon runs them on the store's thread);
+``verify`` and ``turn_end`` wait on checks and the judge, so they hand each store call to that
+thread themselves and never block the event loop on SQLite.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from ledger.events import ReminderEmitted, TurnEnded
 from ledger.items import Actor, ItemStatus
 from node_agent.auditor import Audit, audit, context, reminder
 from node_agent.capture import match_item, parse_prompt
-from node_agent.checks import Check, run_check
+from node_agent.checks import Check, EvidenceCheck, run_check
 from node_agent.judge import JudgeGate
 from node_agent.store import Session, Store, StoredItem, safe_id
 
@@ -140,20 +144,25 @@ class AutoLedger:
 
     async def verify(self, stored: StoredItem) -> bool:
         """Run the item's check here; a pass moves it to done as the check's own actor."""
-        if stored.check is None:
+        check, run = stored.check, self.store.run
+        if check is None:
             return False
+        known = False
+        if isinstance(check, EvidenceCheck):
+            known = await run(self.store.evidence_known, check.evidence_id)
         result = await run_check(
-            stored.check, evidence_known=self.store.evidence_known, timeout=self.check_timeout_s
+            check, evidence_known=lambda _: known, timeout=self.check_timeout_s
         )
         if result.passed:
-            self.store.set_status(
+            await run(
+                self.store.set_status,
                 stored.item_id,
                 ItemStatus.DONE,
-                Actor("check", stored.check.describe(), check_passed=True),
+                Actor("check", check.describe(), check_passed=True),
                 detail=result.detail,
             )
         else:
-            self.store.record_check_detail(stored.item_id, result.detail)
+            await run(self.store.record_check_detail, stored.item_id, result.detail)
         return result.passed
 
     # --- judge and remind -------------------------------------------------------------------
@@ -163,19 +172,19 @@ class AutoLedger:
 
     async def turn_end(self, session_id: str, *, stop_hook_active: bool = False) -> TurnResult:
         """Judge at turn end: checks, the deterministic auditor, then (maybe) advice; remind."""
-        started = time.perf_counter()
-        session = self.store.session(safe_id(session_id))
+        started, run = time.perf_counter(), self.store.run
+        session = await run(self.store.session, safe_id(session_id))
         if session is None:  # nothing captured for this session: nothing to say
             return TurnResult(
                 safe_id(session_id), False, None, None, [], 0, "skipped: no ledger", 0.0
             )
         checks, verified = 0, []
-        for stored in audit(self.store.items(session.session_id)).actionable:
+        for stored in audit(await run(self.store.items, session.session_id)).actionable:
             if stored.check is not None:
                 checks += 1
                 if await self.verify(stored):
                     verified.append(stored.item_id)
-        result = audit(self.store.items(session.session_id))
+        result = audit(await run(self.store.items, session.session_id))
         calls, source, suggestion = 0, "skipped: nothing open", None
         if not result.clear:
             if self.gate is None:
@@ -186,12 +195,30 @@ class AutoLedger:
                 if outcome.verdict is not None and outcome.verdict.suggestion:
                     v = outcome.verdict
                     suggestion = f"[{v.short_id}] {v.suggestion}"
-                result = audit(self.store.items(session.session_id))  # claims may have changed
+                # claims may have changed
+                result = audit(await run(self.store.items, session.session_id))
         text = reminder(result, suggestion=suggestion)
-        block, message = False, None
-        session = self.store.session(session.session_id)
+        _ = stop_hook_active  # the cap bounds every stop loop, whether or not Claude says so
+        block, message = await run(self._end_turn, session.session_id, result, text is not None)
+        return TurnResult(
+            session.session_id,
+            block,
+            text if block else None,
+            message,
+            [s.item_id for s in result.actionable],
+            calls,
+            source,
+            (time.perf_counter() - started) * 1000,
+            checks,
+            verified,
+        )
+
+    def _end_turn(self, session_id: str, result: Audit, remind: bool) -> tuple[bool, str | None]:
+        """Count the turn and, unless the block cap is reached, block with the reminder."""
+        session = self.store.session(session_id)
         assert session is not None
-        if text is not None:
+        block, message = False, None
+        if remind:
             if session.consecutive_blocks >= self.stop_block_cap:
                 message = (
                     f"fleetledger: {len(result.actionable)} item(s) still open after "
@@ -216,16 +243,4 @@ class AutoLedger:
                         open_items=tuple(s.item_id for s in result.actionable),
                     ),
                 )
-        _ = stop_hook_active  # the cap bounds every stop loop, whether or not Claude says so
-        return TurnResult(
-            session.session_id,
-            block,
-            text if block else None,
-            message,
-            [s.item_id for s in result.actionable],
-            calls,
-            source,
-            (time.perf_counter() - started) * 1000,
-            checks,
-            verified,
-        )
+        return block, message

@@ -25,9 +25,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from ledger.errors import FleetError, Unreachable
 from node_agent.client import NodeClient
 from node_agent.settings import NodeSettings, consequential
+from node_agent.wire import Decision, DecisionKind
 
 Agent = Literal["claude-code", "codex", "gemini"]
 MAX_STDIN = 1 << 20
@@ -153,13 +156,16 @@ def handle(
                 if response is not None:
                     extra["response"] = response
             reply = client.call("tool", phase=op, tool=tool, input=tool_input, **who, **extra)
-            if op == "pre" and reply.get("decision") == "deny":
-                if reply.get("kind") in ("stale", "cached"):
+            if op == "pre":
+                decision = Decision.model_validate(reply)
+                if decision.allowed:
+                    return HookAnswer()
+                if decision.kind in (DecisionKind.STALE, DecisionKind.CACHED):
                     # Claude Code has no "substitute the result" answer for PreToolUse: a deny
                     # whose reason (shown to Claude) carries the recorded result is the way
-                    return _deny(agent, event, f"fleetledger: {reply.get('reason')}")
+                    return _deny(agent, event, f"fleetledger: {decision.reason}")
                 return _deny(
-                    agent, event, f"fleetledger denied {reply.get('action')}: {reply.get('reason')}"
+                    agent, event, f"fleetledger denied {decision.action}: {decision.reason}"
                 )
             return HookAnswer()
         reply = client.call(
@@ -172,6 +178,9 @@ def handle(
         return HookAnswer()
     except FleetError as exc:
         return _unreachable(agent, event, op, exc, settings, tool, tool_input)
+    except ValidationError:  # a node agent speaking another protocol version: fail closed
+        wrong = FleetError("its answer does not fit this hook's protocol version")
+        return _unreachable(agent, event, op, wrong, settings, tool, tool_input)
 
 
 def _unreachable(

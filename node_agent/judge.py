@@ -24,7 +24,7 @@ import httpx
 
 from ledger.errors import ComponentTimeout, InvalidInput, Unreachable
 from ledger.events import JudgeVerdict
-from node_agent.store import CachedVerdict, Store, StoredItem
+from node_agent.store import CachedVerdict, Session, Store, StoredItem
 
 BREAKER_KEY = "judge.cooldown_until"
 JUDGED_STATUSES = frozenset({"open", "done", "blocked"})
@@ -198,10 +198,11 @@ class JudgeGate:
             return JudgeOutcome(None, 0, "skipped: nothing open")
         lock = self._locks.setdefault(session_id, asyncio.Lock())
         async with lock:  # serialised per run, so the caps hold under concurrency
-            session = self.store.session(session_id)
+            run = self.store.run
+            session = await run(self.store.session, session_id)
             if session is None:
                 return JudgeOutcome(None, 0, "skipped: unknown session")
-            cached = self.store.cached_verdict(session_id, session.version)
+            cached = await run(self.store.cached_verdict, session_id, session.version)
             if cached is not None and time.time() - cached.created_at < self.verdict_ttl_s:
                 short = next((s.short_id for s in items if s.item_id == cached.item_id), None)
                 if short is not None:
@@ -209,9 +210,10 @@ class JudgeGate:
                         cached.item_id, short, cached.judged_status, cached.suggestion, cached.model
                     )
                     return JudgeOutcome(hit, 0, "cache")
-            if self.cooldown_remaining() > 0:
+            if await run(self.cooldown_remaining) > 0:
                 return JudgeOutcome(None, 0, "skipped: judge cooling down after a failure")
-            admitted = self.store.admit_call(
+            admitted = await run(
+                self.store.admit_call,
                 session_id,
                 max_calls=self.calls_per_run,
                 tokens=self.max_tokens,
@@ -219,37 +221,41 @@ class JudgeGate:
             )
             if not admitted:
                 return JudgeOutcome(None, 0, "skipped: run's judge caps reached")
-            prompt = build_prompt(items, self.store.recent_tools(session_id))
+            prompt = build_prompt(items, await run(self.store.recent_tools, session_id))
             self.calls_made += 1
             try:
                 text = await self.judge.generate(
                     prompt, max_tokens=self.max_tokens, timeout=self.timeout_s
                 )
             except (Unreachable, ComponentTimeout, OSError) as exc:
-                self._trip()  # no automatic retry: the breaker opens on the first failure
+                await run(self._trip)  # no automatic retry: the breaker opens on the first failure
                 return JudgeOutcome(None, 1, f"skipped: judge failed ({exc})")
             verdict = parse_verdict(text, items, self.judge.model)
             if verdict is None:
                 return JudgeOutcome(None, 1, "skipped: judge output discarded (wrong shape)")
-            self.store.cache_verdict(
-                session_id,
-                session.version,
-                CachedVerdict(
-                    verdict.item_id, verdict.judged_status, verdict.suggestion, verdict.model,
-                    time.time(),
-                ),
-            )  # fmt: skip
-            self.store.record_claim(verdict.item_id, verdict.judged_status, verdict.model)
-            with self.store.tx() as db:
-                self.store.emit(
-                    db,
-                    session,
-                    JudgeVerdict(
-                        item_id=verdict.item_id,
-                        judged_status=verdict.judged_status,
-                        suggestion=verdict.suggestion,
-                        model=verdict.model,
-                        ledger_version=session.version,
-                    ),
-                )
+            await run(self._keep, session, verdict)
             return JudgeOutcome(verdict, 1, "model")
+
+    def _keep(self, session: Session, verdict: Verdict) -> None:
+        """Cache the verdict for this ledger version, record it as a claim, publish it."""
+        self.store.cache_verdict(
+            session.session_id,
+            session.version,
+            CachedVerdict(
+                verdict.item_id, verdict.judged_status, verdict.suggestion, verdict.model,
+                time.time(),
+            ),
+        )  # fmt: skip
+        self.store.record_claim(verdict.item_id, verdict.judged_status, verdict.model)
+        with self.store.tx() as db:
+            self.store.emit(
+                db,
+                session,
+                JudgeVerdict(
+                    item_id=verdict.item_id,
+                    judged_status=verdict.judged_status,
+                    suggestion=verdict.suggestion,
+                    model=verdict.model,
+                    ledger_version=session.version,
+                ),
+            )

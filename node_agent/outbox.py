@@ -3,8 +3,9 @@
 Rows were written in the same transaction as the state change they describe (``store.py``).
 Each is published with ``Nats-Msg-Id`` = event id, so a row republished after a crash between
 PubAck and marking is dropped by the stream's duplicate window; a row is marked only on PubAck.
-While NATS (or the stream) is away the publisher backs off (capped exponential) and retries;
-nothing is dropped.
+While NATS (or the stream) is away the publisher retries under one policy (``RETRY``: capped
+exponential backoff, no limit) for connecting and publishing alike; nothing is dropped. Each
+send is one path whether tracing is on or off: its PRODUCER span is a no-op when it is off.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-from opentelemetry.trace import SpanKind
+import stamina
 
 from fleetbus.bus import cancel_requested, connect, publish_checked
 from fleetbus.client import FleetClient
 from ledger.errors import FleetError
 from ledger.events import TraceContext
-from node_agent.store import Store
+from node_agent.store import OutboxRow, Store
 from telemetry import context_from, inject_headers, messaging_attributes
 from telemetry.conventions import (
     EVENT_SUBJECT_TEMPLATE,
@@ -31,14 +33,19 @@ from telemetry.conventions import (
     LEDGER_MISSION_ID,
     OP_SEND,
 )
+from telemetry.spans import producer_span
 
 log = logging.getLogger("fleetledger.node.outbox")
 
-BACKOFF_START_S = 0.05
-BACKOFF_MAX_S = 2.0
-POLL_S = 0.5  # rows written by another process (`fleetledger todo`) are found by polling
+# The one retry policy: no attempt or time limit (the outbox never gives up on a row).
+RETRY: dict[str, Any] = {
+    "attempts": None, "timeout": None, "wait_initial": 0.05, "wait_max": 2.0,
+    "wait_jitter": 0.05,
+}  # fmt: skip
+POLL_S = 0.5  # rows written by another process are found by polling
 
 Connected = Callable[[FleetClient], Awaitable[None]]
+T = TypeVar("T")
 
 
 class OutboxPublisher:
@@ -64,94 +71,80 @@ class OutboxPublisher:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="outbox")
 
+    def _retry_on(self, exc: Exception) -> bool:
+        """Retry a fleet error (NATS or the stream away) unless we are being stopped."""
+        if not isinstance(exc, FleetError) or cancel_requested():
+            return False
+        self.last_error = exc.message
+        log.info("outbox: %s; retrying", exc.message)
+        return True
+
+    async def _retrying(self, step: Callable[[], Awaitable[T]]) -> T:
+        try:
+            async for attempt in stamina.retry_context(on=self._retry_on, **RETRY):
+                with attempt:
+                    result = await step()
+            self.last_error = None
+            return result
+        except FleetError:
+            if cancel_requested():  # a cancel that resurfaced as a timeout (3.11)
+                raise asyncio.CancelledError from None
+            raise
+
     async def _connect(self) -> FleetClient:
-        delay = BACKOFF_START_S
-        while True:
-            try:
-                nc = await connect(self.nats_url, name=f"fleetledger-node-{self.node_id}")
-                client = FleetClient(nc, node_id=self.node_id, agent_id="node-agent")
-                self.last_error = None
-                if self.on_connect is not None:
-                    await self.on_connect(client)
-                return client
-            except FleetError as exc:
-                if cancel_requested():
-                    raise asyncio.CancelledError from None
-                self.last_error = exc.message
-                log.info("outbox: NATS away (%s); retrying in %.2fs", exc.message, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, BACKOFF_MAX_S)
+        nc = await connect(self.nats_url, name=f"fleetledger-node-{self.node_id}")
+        client = FleetClient(nc, node_id=self.node_id, agent_id="node-agent")
+        if self.on_connect is not None:
+            await self.on_connect(client)
+        return client
 
     async def _run(self) -> None:
-        self.client = await self._connect()
-        delay = BACKOFF_START_S
+        self.client = await self._retrying(self._connect)
         while True:
             if cancel_requested():  # a cancel swallowed by a wait_for below us (3.11)
                 raise asyncio.CancelledError
-            rows = self.store.pending()
-            if not rows:
-                self._wake.clear()
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(POLL_S):
-                        await self._wake.wait()
+            if await self._retrying(self._drain):
                 continue
-            try:
-                for row in rows:
-                    seq = await self._publish(row.subject, row.data, row.event_id)
-                    self.store.mark_published(row.seq, seq)
-                    self.published += 1
-                delay, self.last_error = BACKOFF_START_S, None
-            except FleetError as exc:
-                if cancel_requested():
-                    raise asyncio.CancelledError from None
-                self.last_error = exc.message
-                log.info("outbox: publish failed (%s); retrying in %.2fs", exc.message, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, BACKOFF_MAX_S)
+            self._wake.clear()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(POLL_S):
+                    await self._wake.wait()
 
-    async def _publish(self, subject: str, data: bytes, event_id: str) -> int:
-        assert self.client is not None
-        tel = self.client.telemetry
-        if not tel.enabled:
-            seq = await publish_checked(self.client.js, subject, data, msg_id=event_id)
-        else:
-            seq = await self._publish_traced(subject, data, event_id)
-        # authorize requests ask for a cut no older than what this node published
-        self.client.last_seq = max(self.client.last_seq, seq)
-        return seq
+    async def _drain(self) -> int:
+        """Publish the pending rows in order, marking each once acknowledged (a retry reads
+        them again: it resumes after the last acknowledged row). How many were published."""
+        rows = await self.store.run(self.store.pending)
+        for row in rows:
+            seq = await self._publish(row)
+            await self.store.run(self.store.mark_published, row.seq, seq)
+            self.published += 1
+        return len(rows)
 
-    async def _publish_traced(self, subject: str, data: bytes, event_id: str) -> int:
+    async def _publish(self, row: OutboxRow) -> int:
         """Publish under a PRODUCER span continuing the trace recorded in the row's envelope
         (rows are signed-ready bytes: the envelope is read, never rewritten)."""
         assert self.client is not None
-        try:
-            doc = json.loads(data)
-            trace = TraceContext.model_validate(doc["trace"]) if doc.get("trace") else None
-        except ValueError:
-            doc, trace = {}, None
+        tel = self.client.telemetry
+        doc, trace = _envelope(row.data) if tel.enabled else ({}, None)
         attrs = messaging_attributes(
-            subject,
-            operation=OP_SEND,
-            body=data,
-            message_id=event_id,
+            row.subject, operation=OP_SEND, body=row.data, message_id=row.event_id,
             template=EVENT_SUBJECT_TEMPLATE,
-        )
-        attrs[LEDGER_EVENT_ID] = event_id
+        )  # fmt: skip
+        attrs[LEDGER_EVENT_ID] = row.event_id
         if isinstance(doc.get("kind"), str):
             attrs[LEDGER_KIND] = doc["kind"]
         if isinstance(doc.get("mission_id"), str):
             attrs[LEDGER_MISSION_ID] = doc["mission_id"]
-        with self.client.telemetry.tracer.start_as_current_span(
-            f"send fleet.ledger.{attrs.get(LEDGER_KIND, 'event')}",
-            context=context_from(trace),
-            kind=SpanKind.PRODUCER,
-            attributes=attrs,
-        ) as span:
+        name = f"send fleet.ledger.{attrs.get(LEDGER_KIND, 'event')}"
+        with producer_span(tel, name, attrs, context=context_from(trace)) as span:
             seq = await publish_checked(
-                self.client.js, subject, data, msg_id=event_id, headers=inject_headers()
-            )
+                self.client.js, row.subject, row.data, msg_id=row.event_id,
+                headers=inject_headers() if tel.enabled else None,
+            )  # fmt: skip
             span.set_attribute(FLEET_STREAM_SEQ, seq)
+        # authorize requests ask for a cut no older than what this node published
+        self.client.last_seq = max(self.client.last_seq, seq)
         return seq
 
     async def stop(self) -> None:
@@ -162,3 +155,13 @@ class OutboxPublisher:
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.close()
+
+
+def _envelope(data: bytes) -> tuple[dict[str, Any], TraceContext | None]:
+    """The row's event kind, mission and trace context, read from its JSON."""
+    try:
+        doc = json.loads(data)
+        trace = TraceContext.model_validate(doc["trace"]) if doc.get("trace") else None
+    except ValueError:
+        return {}, None
+    return (doc if isinstance(doc, dict) else {}), trace

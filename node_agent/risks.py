@@ -12,14 +12,15 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from ledger.authority import member
+from ledger.errors import RuleViolation
+from ledger.invariants import RiskFact, check_risks
 from ledger.protocol import RISK_BUCKET
 
 
@@ -34,13 +35,25 @@ class KnownRisk:
     open: bool
     learned_at: float  # time.monotonic() when this node learned it
 
+    def fact(self) -> RiskFact:
+        return RiskFact(
+            risk_id=self.risk_id, blocks=self.blocks, owner=self.owner, summary=self.summary,
+            grant_id=self.grant_id, open=self.open,
+        )  # fmt: skip
+
+
+Learned = Callable[[KnownRisk], Awaitable[None]]
+
 
 class RiskWatcher:
     """Watch one mission's (or every mission's, with ``mission_id=None``) risks."""
 
-    def __init__(self, nc: Client, mission_id: str | None = None) -> None:
+    def __init__(
+        self, nc: Client, mission_id: str | None = None, *, on_change: Learned | None = None
+    ) -> None:
         self._nc = nc
         self.mission_id = mission_id
+        self.on_change = on_change
         self.risks: dict[tuple[str, str], KnownRisk] = {}
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
@@ -72,6 +85,8 @@ class RiskWatcher:
                     open=data["status"] == "open",
                     learned_at=time.monotonic(),
                 )
+                if self.on_change is not None:
+                    await self.on_change(risk)
                 self.risks[(risk.mission_id, risk.risk_id)] = risk
                 self.initialised.set()
                 async with self._changed:
@@ -87,7 +102,9 @@ class RiskWatcher:
     def blocking(self, mission_id: str, action: str, chain: Sequence[str] = ()) -> KnownRisk | None:
         """The open risk that blocks ``action`` for a grant chain (leaf first), if any."""
         for risk in self.open_risks(mission_id):
-            if (risk.grant_id is None or risk.grant_id in chain) and member(action, risk.blocks):
+            try:
+                check_risks(action, chain, (risk.fact(),))
+            except RuleViolation:
                 return risk
         return None
 

@@ -4,24 +4,31 @@ Every state change and the ledger events describing it are written in one transa
 event is never lost nor invented by a crash between the two (SPEC S5, S6.1). The publisher in
 ``outbox.py`` reads the outbox table; nothing here touches the network.
 
-Several processes may open the same file (the daemon, `fleetledger todo`); SQLite's WAL and a
-busy timeout serialise their writes.
+The daemon runs every store call on one thread of its own (``Store.run``), off the event loop
+and in the order the calls were made, so a row written before ``outbox.wake()`` is committed
+before the publisher reads the outbox. SQLite's WAL and a busy timeout serialise the writes of
+other processes that open the file (the chaos tests read it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
+import functools
 import json
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from ledger.clock import Clock, SystemClock
 from ledger.errors import ErrorCode, InvalidInput
 from ledger.events import Event, ItemCaptured, ItemStatusChanged, make_event
+from ledger.invariants import RiskFact
 from ledger.items import Actor, Item, ItemStatus, record_judgement, transition
 from ledger.protocol import subject_of
 from node_agent.checks import CHECK, Check
@@ -60,6 +67,11 @@ CREATE TABLE IF NOT EXISTS risks (
     mission_id TEXT NOT NULL, risk_id TEXT NOT NULL, blocks TEXT NOT NULL, owner TEXT NOT NULL,
     summary TEXT NOT NULL, grant_id TEXT, open INTEGER NOT NULL,
     PRIMARY KEY (mission_id, risk_id)
+);
+-- grants of the missions this node serves, as the fleet issued them: the chain a risk scopes
+CREATE TABLE IF NOT EXISTS grants (
+    mission_id TEXT NOT NULL, grant_id TEXT NOT NULL, parent_id TEXT,
+    PRIMARY KEY (mission_id, grant_id)
 );
 CREATE TABLE IF NOT EXISTS outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL UNIQUE,
@@ -105,6 +117,11 @@ CREATE TABLE IF NOT EXISTS receipts (
     avoided INTEGER NOT NULL, at REAL NOT NULL
 );
 """
+
+MAX_CHAIN = 64  # a grant chain deeper than this is cut (a cycle cannot loop forever)
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 _SAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
@@ -182,8 +199,16 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA busy_timeout=10000")
         self.db.executescript(SCHEMA)
+        # one thread: calls run one at a time, in submission order (the outbox relies on it)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="node-store")
+
+    async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn`` (a function over this store) on the store's thread, off the event loop."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._thread, call)
 
     def close(self) -> None:
+        self._thread.shutdown(wait=True)
         self.db.close()
 
     @contextlib.contextmanager
@@ -321,12 +346,24 @@ class Store:
         return [self._row_item(r) for r in rows]
 
     def find_item(self, ref: str, session_id: str | None = None) -> StoredItem:
-        """An item by full id, or by short id (``t3``) within a session."""
+        """An item by full id, or by short id (``t3``) within a session; without a session, a
+        short id that only one session has."""
         row = self.db.execute("SELECT * FROM items WHERE item_id = ?", (ref,)).fetchone()
         if row is None and session_id is not None:
             row = self.db.execute(
                 "SELECT * FROM items WHERE session_id = ? AND short_id = ?", (session_id, ref)
             ).fetchone()
+        elif row is None:
+            rows = self.db.execute(
+                "SELECT * FROM items WHERE short_id = ? ORDER BY session_id LIMIT 6", (ref,)
+            ).fetchall()
+            if len(rows) > 1:
+                sessions = ", ".join(r["session_id"] for r in rows[:5])
+                raise InvalidInput(
+                    f"to-do item {ref!r} exists in several sessions ({sessions}); "
+                    "name one with --session (or --agent)"
+                )
+            row = rows[0] if rows else None
         if row is None:
             raise InvalidInput(f"no to-do item {ref!r}", code=ErrorCode.NOT_FOUND)
         return self._row_item(row)
@@ -505,23 +542,43 @@ class Store:
         row = self.db.execute("SELECT 1 FROM evidence WHERE evidence_id = ?", (evidence_id,))
         return row.fetchone() is not None
 
-    def save_risk(
-        self, mission_id: str, risk_id: str, *, blocks: list[str], owner: str, summary: str,
-        grant_id: str | None, open: bool,
-    ) -> None:  # fmt: skip
+    def save_risk(self, mission_id: str, risk: RiskFact) -> None:
         self.db.execute(
             "INSERT OR REPLACE INTO risks VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (mission_id, risk_id, json.dumps(sorted(blocks)), owner, summary, grant_id, int(open)),
-        )
+            (mission_id, risk.risk_id, json.dumps(sorted(risk.blocks)), risk.owner,
+             risk.summary, risk.grant_id, int(risk.open)),
+        )  # fmt: skip
 
-    def open_risks(self, mission_id: str) -> list[dict[str, Any]]:
+    def risks(self, mission_id: str) -> list[RiskFact]:
+        """Every risk of the mission this node has learned, open or treated."""
         rows = self.db.execute(
-            "SELECT * FROM risks WHERE mission_id = ? AND open = 1 ORDER BY risk_id", (mission_id,)
+            "SELECT * FROM risks WHERE mission_id = ? ORDER BY risk_id", (mission_id,)
         ).fetchall()
         return [
-            {
-                "risk_id": r["risk_id"], "blocks": json.loads(r["blocks"]), "owner": r["owner"],
-                "summary": r["summary"], "grant_id": r["grant_id"],
-            }
+            RiskFact(
+                risk_id=r["risk_id"], blocks=frozenset(json.loads(r["blocks"])), owner=r["owner"],
+                summary=r["summary"], grant_id=r["grant_id"], open=bool(r["open"]),
+            )
             for r in rows
         ]  # fmt: skip
+
+    def open_risks(self, mission_id: str) -> list[RiskFact]:
+        return [r for r in self.risks(mission_id) if r.open]
+
+    def save_grant(self, mission_id: str, grant_id: str, parent_id: str | None) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO grants VALUES (?, ?, ?)", (mission_id, grant_id, parent_id)
+        )
+
+    def grant_chain(self, mission_id: str, grant_id: str) -> tuple[str, ...]:
+        """The grant ids from ``grant_id`` up to its root, as far as this node knows them."""
+        chain = [grant_id]
+        while len(chain) <= MAX_CHAIN:
+            row = self.db.execute(
+                "SELECT parent_id FROM grants WHERE mission_id = ? AND grant_id = ?",
+                (mission_id, chain[-1]),
+            ).fetchone()
+            if row is None or row[0] is None or row[0] in chain:
+                break
+            chain.append(str(row[0]))
+        return tuple(chain)

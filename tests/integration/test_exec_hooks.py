@@ -152,7 +152,7 @@ async def test_a_change_on_another_node_blocks_a_stale_premise_here(
     for n in nodes:
         await n.start()
     try:
-        await wait_until(lambda: all(n.fleet_follower is not None for n in nodes))
+        await wait_until(lambda: all(n.follower.resources is not None for n in nodes))
         b_file = copies["b"] / "schema.sql"
         await hook(b, "PostToolUse", tool("bee", "Read", copies["b"], file_path=str(b_file)))
         await api(
@@ -166,20 +166,20 @@ async def test_a_change_on_another_node_blocks_a_stale_premise_here(
         await api(
             a, "resource.modify", session_id="ant", resource_id="svc:payments", version="rev-8"
         )
-        await wait_until(lambda: b.folded >= 2)
+        await wait_until(lambda: b.follower.folded >= 2)
 
         reason = denial(await hook(b, "PreToolUse", tool("bee", "Edit", copies["b"],
                                                          file_path=str(b_file))))  # fmt: skip
         assert "repo:shop/schema.sql" in reason and "node-a" in reason
         check = await api(b, "resource.check", session_id="bee", resource_id="svc:payments")
         assert check["decision"] == "deny"
-        assert (check["observed"], check["current"]) == ("rev-7", "rev-8")
+        assert (check["stale"]["observed"], check["stale"]["current"]) == ("rev-7", "rev-8")
         await api(
             b, "resource.observe", session_id="bee", resource_id="svc:payments", version="rev-8"
         )
         ok = await api(b, "resource.check", session_id="bee", resource_id="svc:payments")
         assert ok["decision"] == "allow"
-        assert a.folded == 0  # a node never folds its own events back
+        assert a.follower.folded == 0  # a node never folds its own events back
     finally:
         for n in nodes:
             await n.stop()

@@ -15,12 +15,14 @@ from typing import Any
 
 import pytest
 import typer
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from coordinator.service import Coordinator
 from fleetbus.client import FleetClient
 from fleetledger.cli_node import register
+from fleetledger.servers import write_env_file
 from ledger.authority import Authority
+from ledger.errors import InvalidInput
 from ledger.ids import new_id
 from ledger.protocol import STREAM, mission_filter
 from node_agent.checks import FileCheck, sha256_file
@@ -202,22 +204,72 @@ def _cli() -> typer.Typer:
     return app
 
 
-def test_todo_done_needs_a_human_or_a_passing_check(
+async def cli(app: typer.Typer, *args: str) -> Result:
+    """Run a CLI command off the event loop, so the node agent it talks to can answer."""
+    return await asyncio.to_thread(CliRunner().invoke, app, list(args))
+
+
+async def test_todo_done_needs_a_human_or_a_passing_check(
+    node: NodeAgent, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_STATE_DIR", str(state_dir))
+    app = _cli()
+    added = await cli(app, "todo", "add", "ship the release", "--agent", "ann", "--json")
+    assert added.exit_code == 0, added.output
+    refused = await cli(app, "todo", "done", "t1", "--agent", "ann")
+    assert refused.exit_code == 3
+    done = await cli(app, "todo", "done", "t1", "--agent", "ann", "--by", "ann", "--json")
+    assert done.exit_code == 0 and json.loads(done.stdout)["item"]["stored_by"] == "human:ann"
+    checked = await cli(app, "todo", "add", "tests pass", "--agent", "ann", "--check-cmd", "false")
+    assert checked.exit_code == 0
+    assert (await cli(app, "todo", "done", "t2", "--agent", "ann")).exit_code == 3
+
+
+async def test_todo_list_shows_the_hooks_items_of_the_node_agent_named_in_fleet_env(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `fleetledger up`'s layout: fleet.env in the state dir, node-1's own state below it
+    node_dir = state_dir / "node-1"
+    agent = await start(NodeSettings(state_dir=node_dir, node_id="node-1"))
+    try:
+        write_env_file(
+            state_dir / "fleet.env",
+            {"FLEET_STATE_DIR": str(state_dir), "FLEET_SOCKET": str(agent.settings.socket_path)},
+        )
+        for line in (state_dir / "fleet.env").read_text().splitlines():  # export $(cat ...)
+            key, _, value = line.partition("=")
+            monkeypatch.setenv(key, value)
+        await hook(agent, "UserPromptSubmit", {"session_id": "s1", "prompt": "- ship the docs"})
+        app = _cli()
+        listed = await cli(app, "todo", "list", "--json")
+        assert listed.exit_code == 0, listed.output
+        assert [i["text"] for i in json.loads(listed.stdout)["items"]] == ["ship the docs"]
+        done = await cli(app, "todo", "done", "t1", "--by", "lead", "--json")
+        assert done.exit_code == 0, done.output
+        assert json.loads(done.stdout)["item"]["stored_by"] == "human:lead"
+        assert not (state_dir / "node-agent.sqlite3").exists()  # no second, empty ledger
+    finally:
+        await agent.stop()
+
+
+async def test_todo_without_a_running_node_agent_says_so(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FLEET_STATE_DIR", str(state_dir))
-    runner, app = CliRunner(), _cli()
-    added = runner.invoke(app, ["todo", "add", "ship the release", "--agent", "ann", "--json"])
-    assert added.exit_code == 0, added.output
-    refused = runner.invoke(app, ["todo", "done", "t1", "--agent", "ann"])
-    assert refused.exit_code == 3
-    done = runner.invoke(app, ["todo", "done", "t1", "--agent", "ann", "--by", "ann", "--json"])
-    assert done.exit_code == 0 and json.loads(done.stdout)["item"]["stored_by"] == "human:ann"
-    checked = runner.invoke(
-        app, ["todo", "add", "tests pass", "--agent", "ann", "--check-cmd", "false"]
-    )
-    assert checked.exit_code == 0
-    assert runner.invoke(app, ["todo", "done", "t2", "--agent", "ann"]).exit_code == 3
+    listed = await cli(_cli(), "todo", "list")
+    assert listed.exit_code == 4 and "node-agent run" in listed.output
+    assert not (state_dir / "node-agent.sqlite3").exists()
+
+
+async def test_an_invalid_check_is_refused_as_bad_input_naming_the_field(node: NodeAgent) -> None:
+    def call() -> dict[str, Any]:
+        with NodeClient(node.settings.socket_path) as client:
+            bad = {"type": "command", "argv": []}  # a command check needs a command
+            return client.call("todo.add", session_id="s1", text="run it", check=bad)
+
+    with pytest.raises(InvalidInput, match=r"todo\.add: check\.command\.argv"):
+        await asyncio.to_thread(call)
+    assert node.store.items("s1") == []
 
 
 def test_hooks_install_merges_without_clobbering(state_dir: Path) -> None:
@@ -257,7 +309,7 @@ async def test_the_outbox_publishes_every_event_once_to_jetstream(
         await agent.stop()
 
 
-async def release_mission(fleet: FleetClient) -> str:
+async def release_mission(fleet: FleetClient, *, may_delegate: bool = False) -> str:
     """A mission with grant g-rel permitting git.push (budget 0.10) for agent claude."""
     mission = f"m-{new_id().hex[-12:]}"
     expires = "2099-01-01T00:00:00+00:00"
@@ -274,7 +326,9 @@ async def release_mission(fleet: FleetClient) -> str:
             "holder": "claude",
             "purpose": "release",
             "owner": "ann",
-            "authority": Authority.of(["git.push"]).model_dump(mode="json"),
+            "authority": Authority.of(["git.push"], may_delegate=may_delegate).model_dump(
+                mode="json"
+            ),
             "budget": 100_000,
         },
     )
@@ -290,7 +344,7 @@ async def test_consequential_action_is_authorised_by_the_coordinator_and_blocked
     )
     agent = await start(settings)
     try:
-        await wait_until(lambda: "*" in agent.watchers)
+        await wait_until(lambda: agent.follower.watcher is not None)
         push = {
             "session_id": "s1",
             "tool_name": "Bash",
@@ -308,7 +362,7 @@ async def test_consequential_action_is_authorised_by_the_coordinator_and_blocked
                 "summary": "tag signing key leaked",
             },
         )
-        await wait_until(lambda: agent._local_risk(mission, "git.push", "g-rel") is not None)
+        await wait_until(lambda: agent.gate.local_risk(mission, "git.push", "g-rel") is not None)
         denied = json.loads((await hook(agent, "PreToolUse", push)).stdout)["hookSpecificOutput"]
         assert "risk non-erasure" in denied["permissionDecisionReason"]
         await wait_until(lambda: bool(agent.store.open_risks(mission)))
@@ -352,3 +406,44 @@ async def test_one_tool_call_is_one_idempotency_key_and_its_post_hook_records_th
         assert "todo.close" in denied["permissionDecisionReason"]
     finally:
         await agent.stop()
+
+
+async def test_a_risk_on_a_parent_grant_blocks_the_childs_action_on_the_node_even_offline(
+    coordinator: Coordinator, nats_url: str, state_dir: Path, fleet: FleetClient
+) -> None:
+    mission = await release_mission(fleet, may_delegate=True)
+    await fleet.manage(
+        "grant.issue",
+        mission,
+        {
+            "grant_id": "g-child", "parent_id": "g-rel", "holder": "helper", "purpose": "release",
+            "owner": "ann", "authority": Authority.of(["git.push"]).model_dump(mode="json"),
+            "budget": 50_000,
+        },
+    )  # fmt: skip
+    online = NodeSettings(
+        state_dir=state_dir, nats_url=nats_url, mission=mission, grant_id="g-child"
+    )
+    agent = await start(online)
+    push = {"session_id": "s1", "tool_name": "Bash", "tool_input": {"command": "git push"}}
+    try:
+        await wait_until(
+            lambda: agent.store.grant_chain(mission, "g-child") == ("g-child", "g-rel")
+        )
+        await fleet.manage(
+            "risk.open",
+            mission,
+            {"risk_id": "r-parent", "blocks": ["git.push"], "owner": "sec",
+             "summary": "release branch frozen", "grant_id": "g-rel"},
+        )  # fmt: skip
+        await wait_until(lambda: bool(agent.store.open_risks(mission)))
+    finally:
+        await agent.stop()
+    # NATS gone: the node alone refuses it, from the risk and grant chain it keeps
+    offline = await start(online.model_copy(update={"nats_url": None}))
+    try:
+        denied = json.loads((await hook(offline, "PreToolUse", push)).stdout)
+        reason = denied["hookSpecificOutput"]["permissionDecisionReason"]
+        assert "risk non-erasure" in reason and "r-parent" in reason, reason
+    finally:
+        await offline.stop()

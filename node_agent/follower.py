@@ -1,0 +1,113 @@
+"""The node's view of the fleet, kept in its store: other nodes' resource changes, the grants
+of the missions it serves, and their risks.
+
+Each source is followed from where this node left off (the last stream sequence is kept in the
+store's meta), on its own ordered consumer, so its messages are folded in stream order. What
+is folded survives a restart: with NATS away the node still blocks a stale premise, and still
+refuses an action an open risk blocks — across the whole grant chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from fleetbus.client import FleetClient
+from ledger.events import Event, GrantIssued, parse_events
+from ledger.protocol import SUBJECT_PREFIX
+from node_agent.execution import ExecutionState
+from node_agent.risks import KnownRisk, RiskWatcher
+from node_agent.store import Store
+
+log = logging.getLogger("fleetledger.node.follower")
+
+SUBSCRIBE_TIMEOUT_S = 5.0
+
+
+class FleetFollower:
+    def __init__(
+        self, store: Store, execution: ExecutionState, *, follow_resources: bool = True
+    ) -> None:
+        self.store, self.execution = store, execution
+        self.follow_resources = follow_resources
+        self.folded = 0  # other nodes' modifications folded into the execution state
+        self.resources: Any = None  # the ordered consumer of resource.modified
+        self.grants: Any = None  # the ordered consumer of grant.issued
+        self.watcher: RiskWatcher | None = None
+
+    async def attach(self, client: FleetClient) -> None:
+        """(Re)start following on a fresh connection."""
+        await self.stop()
+        if self.follow_resources:
+            self.resources = await self._follow(
+                client, "resource.modified", "fleet_resource_seq", self._fold_resource
+            )
+        self.grants = await self._follow(client, "grant.issued", "fleet_grant_seq", self._grant)
+        watcher = RiskWatcher(client.nc, None, on_change=self._learned)  # every mission here
+        try:
+            async with asyncio.timeout(SUBSCRIBE_TIMEOUT_S):
+                await watcher.start()
+            self.watcher = watcher
+        except Exception as exc:  # no risk bucket yet: local risks stay as stored
+            log.info("risk watch not started: %s", exc)
+            await watcher.stop()
+
+    async def stop(self) -> None:
+        for sub in (self.resources, self.grants):
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        self.resources = self.grants = None
+        if self.watcher is not None:
+            await self.watcher.stop()
+            self.watcher = None
+
+    async def _follow(
+        self, client: FleetClient, kind: str, seq_key: str, fold: Callable[[Event], bool]
+    ) -> Any:
+        last = int(await self.store.run(self.store.meta, seq_key) or 0)
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE if last else DeliverPolicy.ALL,
+            opt_start_seq=last + 1 if last else None,
+        )
+
+        def apply(msg: Msg) -> None:  # on the store's thread
+            for event in parse_events(msg.data):
+                if fold(event) and kind == "resource.modified":
+                    self.folded += 1
+            self.store.set_meta(seq_key, str(msg.metadata.sequence.stream))
+
+        async def on_message(msg: Msg) -> None:
+            try:
+                await self.store.run(apply, msg)
+            except Exception as exc:  # a malformed event is the coordinator's to dead-letter
+                log.info("%s follower skipped a message: %s", kind, exc)
+
+        try:
+            async with asyncio.timeout(SUBSCRIBE_TIMEOUT_S):
+                return await client.js.subscribe(
+                    f"{SUBJECT_PREFIX}.*.{kind}", cb=on_message, ordered_consumer=True,
+                    config=config,
+                )  # fmt: skip
+        except Exception as exc:  # no stream yet: what is stored still holds
+            log.info("%s follower not started: %s", kind, exc)
+            return None
+
+    def _fold_resource(self, event: Event) -> bool:
+        return self.execution.fold(event)
+
+    def _grant(self, event: Event) -> bool:
+        if not isinstance(event.payload, GrantIssued):
+            return False
+        grant = event.payload.grant
+        self.store.save_grant(event.mission_id, grant.grant_id, grant.parent_id)
+        return True
+
+    async def _learned(self, risk: KnownRisk) -> None:
+        await self.store.run(self.store.save_risk, risk.mission_id, risk.fact())

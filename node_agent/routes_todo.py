@@ -1,0 +1,101 @@
+"""The to-do ledger over the local API: `todo.list|add|set`, an agent's `claim`, and
+`evidence.register` (the status firewall applies: a human, or a check that passed here)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fleetbus.http import Route, typed
+from ledger.errors import InvalidInput, Rule, RuleViolation
+from ledger.items import Actor, ItemStatus
+from node_agent.autoledger import AutoLedger
+from node_agent.settings import NodeSettings
+from node_agent.store import StoredItem, safe_id
+from node_agent.wire import (
+    Done,
+    Evidence,
+    ItemClaim,
+    ItemReply,
+    Items,
+    ItemView,
+    TodoAdd,
+    TodoList,
+    TodoSet,
+)
+
+
+class TodoRoutes:
+    def __init__(
+        self, settings: NodeSettings, ledger: AutoLedger, wake: Callable[[], None]
+    ) -> None:
+        self.settings, self.ledger, self.wake = settings, ledger, wake
+        self.store = ledger.store
+
+    def routes(self) -> dict[str, Route]:
+        return {
+            "todo.list": typed(TodoList, self.list),
+            "todo.add": typed(TodoAdd, self.add),
+            "todo.set": typed(TodoSet, self.set),
+            "claim": typed(ItemClaim, self.claim),
+            "evidence.register": typed(Evidence, self.evidence),
+        }
+
+    async def list(self, req: TodoList) -> Items:
+        return await self.store.run(self._list, req.session_id)
+
+    def _list(self, session_id: str | None) -> Items:
+        sessions = (
+            [safe_id(session_id)] if session_id else [s.session_id for s in self.store.sessions()]
+        )
+        return Items(items=[ItemView.of(i) for s in sessions for i in self.store.items(s)])
+
+    async def add(self, req: TodoAdd) -> ItemReply:
+        stored = await self.store.run(
+            self.ledger.add, req.session_id, req.text, check=req.check, agent=req.agent,
+            mission=req.mission,
+        )  # fmt: skip
+        self.wake()
+        return ItemReply(item=ItemView.of(stored))
+
+    async def set(self, req: TodoSet) -> ItemReply:
+        stored = await set_status(
+            self.ledger, req.item, req.status, by=req.by, session_id=req.session_id
+        )
+        self.wake()
+        return ItemReply(item=ItemView.of(stored))
+
+    async def claim(self, req: ItemClaim) -> ItemReply:
+        """An agent says an item is done: kept as its claim, the stored status unchanged."""
+        stored = await self.store.run(
+            self.ledger.claim, req.item, req.status, by=req.by, session_id=req.session_id
+        )
+        return ItemReply(item=ItemView.of(stored))
+
+    async def evidence(self, req: Evidence) -> Done:
+        mission = req.mission or self.settings.mission
+        await self.store.run(self.store.register_evidence, req.evidence_id, mission)
+        return Done()
+
+
+async def set_status(
+    ledger: AutoLedger, item_ref: str, to: ItemStatus, *, by: str | None, session_id: str | None
+) -> StoredItem:
+    """`todo done|block|cancel`: a human names themselves, or `done` runs the item's check."""
+    store = ledger.store
+    stored = await store.run(store.find_item, item_ref, session_id)
+    if by:
+        return await store.run(store.set_status, stored.item_id, to, Actor("human", by))
+    if to is ItemStatus.DONE and stored.check is not None:
+        if await ledger.verify(stored):
+            return await store.run(store.find_item, stored.item_id)
+        detail = (await store.run(store.find_item, stored.item_id)).check_detail
+        raise RuleViolation(
+            Rule.NO_MODEL_TRANSITION,
+            f"{stored.short_id} stays open: its check did not pass ({detail})",
+        )
+    if to is ItemStatus.DONE:
+        raise RuleViolation(
+            Rule.NO_MODEL_TRANSITION,
+            f"{stored.short_id} has no completion check; `done` needs --by HUMAN",
+        )
+    raise InvalidInput(f"setting {to.value} needs --by NAME (who decided it)")
