@@ -42,6 +42,13 @@ class HookLog:
         argv = [sys.executable, str(RECORDER), str(self.path), event]
         return " ".join(shlex.quote(a) for a in argv)
 
+    def answer(self, event: str, *, exit: int = 0, stdout: str = "", stderr: str = "") -> None:
+        """Make the recorder answer ``event`` this way (it still records the call)."""
+        answers = Path(f"{self.path}.answers.json")
+        scripted = json.loads(answers.read_text()) if answers.exists() else {}
+        scripted[event] = {"exit": exit, "stdout": stdout, "stderr": stderr}
+        answers.write_text(json.dumps(scripted))
+
     def entries(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []

@@ -1,7 +1,8 @@
 """A tiny command hook: append the event name and the JSON it got on stdin to a log file.
 
-Usage: ``python recorder.py LOG EVENT``. It prints nothing and exits 0, so every CLI treats
-it as an allowing no-op; only what the CLI sent is observed.
+Usage: ``python recorder.py LOG EVENT``. By default it prints nothing and exits 0, so every CLI
+treats it as an allowing no-op. A test can script an answer per event in ``LOG.answers.json``
+(``{"EVENT": {"exit": 2, "stdout": "...", "stderr": "..."}}``) to see how the CLI obeys it.
 """
 
 import json
@@ -16,3 +17,11 @@ if __name__ == "__main__":
         payload = {"_unparsed": raw}
     with open(log, "a", encoding="utf-8") as out:
         out.write(json.dumps({"event": event, "payload": payload}) + "\n")
+    try:
+        with open(log + ".answers.json", encoding="utf-8") as scripted:
+            answer = json.load(scripted).get(event, {})
+    except FileNotFoundError:
+        answer = {}
+    sys.stdout.write(answer.get("stdout", ""))
+    sys.stderr.write(answer.get("stderr", ""))
+    sys.exit(answer.get("exit", 0))

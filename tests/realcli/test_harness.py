@@ -118,3 +118,23 @@ def _scrub(value: Any, agent: Agent) -> Any:
             text = f"{text[:300]}...[{len(text) - 600} chars cut]...{text[-300:]}"
         return text
     return value
+
+
+PRE_TOOL_EVENT = {"claude-code": "PreToolUse", "codex": "PreToolUse", "gemini": "BeforeTool"}
+
+
+def test_cli_obeys_a_pre_tool_hook_that_exits_2(
+    agent: Agent, server: ScriptedServer, hook_log: HookLog
+) -> None:
+    """Exit 2 with a reason on stderr is the one block all three CLIs share."""
+    agent.install_hooks(hook_log.command)
+    hook_log.answer(PRE_TOOL_EVENT[agent.name], exit=2, stderr="blocked by the test hook")
+    server.extend(agent.shell("echo should-not-run > blocked.txt"), Text("Understood."))
+
+    done = agent.run(server, "Create blocked.txt.")
+
+    assert done.returncode == 0, done.describe()
+    assert not (agent.project / "blocked.txt").exists()
+    assert PRE_TOOL_EVENT[agent.name] in hook_log.events()
+    # the reason reached the model with the tool's result
+    assert "blocked by the test hook" in json.dumps(server.main_requests[1].body)
