@@ -23,13 +23,35 @@ from tests.realcli.agents import AGENTS, Agent
 RECORDER = Path(__file__).with_name("recorder.py")
 
 
+_installed: dict[str, Path] = {}
+_install_error: list[str] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Install the CLIs before the first test starts, outside any per-test timeout.
+
+    A first run on a clean machine spends minutes in npm; that must not count against the
+    test that happens to ask for the CLIs first.
+    """
+    if _installed or not any(item.get_closest_marker("realcli") for item in session.items):
+        return
+    try:
+        _installed.update(install.ensure_all())
+    except install.NpmMissing as missing:
+        _install_error.append(str(missing))
+
+
 @pytest.fixture(scope="session")
 def agent_clis() -> dict[str, Path]:
     """Executables of the pinned CLIs, installed from npm on first use."""
-    try:
-        return install.ensure_all()
-    except install.NpmMissing as missing:
-        pytest.fail(str(missing), pytrace=False)
+    if _install_error:
+        pytest.fail(_install_error[0], pytrace=False)
+    if not _installed:  # collected without the hook having run (e.g. a plugin reordered)
+        try:
+            _installed.update(install.ensure_all())
+        except install.NpmMissing as missing:
+            pytest.fail(str(missing), pytrace=False)
+    return dict(_installed)
 
 
 @dataclass
