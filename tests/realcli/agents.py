@@ -201,7 +201,7 @@ class Codex(Agent):
         # and the tmp project trusted: Codex loads a project's .codex/ layer only then.
         self.codex_home.mkdir(parents=True, exist_ok=True)
         (self.codex_home / "config.toml").write_text(
-            f'model = "gpt-5-codex"\n'
+            f'model = "gpt-5.5"\n'
             f'model_provider = "offline"\n'
             f"[model_providers.offline]\n"
             f'name = "offline"\n'

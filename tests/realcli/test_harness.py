@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.model_servers import ScriptedServer, Text
-from tests.realcli.agents import Agent
+from tests.fixtures.model_servers import ResponsesServer, ScriptedServer, Text, apply_patch
+from tests.realcli.agents import Agent, Codex
 from tests.realcli.conftest import HookLog
 
 pytestmark = pytest.mark.realcli
@@ -138,3 +138,25 @@ def test_cli_obeys_a_pre_tool_hook_that_exits_2(
     assert PRE_TOOL_EVENT[agent.name] in hook_log.events()
     # the reason reached the model with the tool's result
     assert "blocked by the test hook" in json.dumps(server.main_requests[1].body)
+
+
+def test_codex_edits_by_apply_patch_and_hooks_see_the_patch(
+    agent_clis: dict[str, Path], tmp_path: Path, hook_log: HookLog
+) -> None:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "project").mkdir()
+    codex = Codex(agent_clis["codex"], tmp_path / "home", tmp_path / "project")
+    codex.install_hooks(hook_log.command)
+    patch = "*** Begin Patch\n*** Add File: notes.txt\n+patched in\n*** End Patch\n"
+    with ResponsesServer([apply_patch(patch), Text("Patched.")]) as server:
+        done = codex.run(server, "Add notes.txt.")
+
+    assert done.returncode == 0, done.describe()
+    assert (codex.project / "notes.txt").read_text() == "patched in\n"
+    pre = [e["payload"] for e in hook_log.entries() if e["event"] == "PreToolUse"]
+    assert pre, f"no PreToolUse for apply_patch; got {hook_log.events()}"
+    assert "notes.txt" in json.dumps(pre[0]["tool_input"])
+    sample = PAYLOADS / "codex" / "PreToolUse.apply_patch.json"
+    if os.environ.get("FLEET_REALCLI_UPDATE_PAYLOADS") == "1":
+        sample.write_text(json.dumps(_scrub(pre[0], codex), indent=2) + "\n")
+    assert _shape(pre[0]) == _shape(json.loads(sample.read_text()))
