@@ -35,6 +35,10 @@ class FleetBaseSettings(BaseSettings):
         env_prefix="FLEET_", env_nested_delimiter="__", extra="ignore"
     )
 
+    # who this process is (SPEC S12): a principal of the key store in ``identity_dir``
+    principal: str | None = None
+    identity_dir: Path | None = None
+
     @classmethod
     def load(cls, **overrides: Any) -> Self:
         """Environment first, then the fleet.env that `fleetledger up` wrote; then overrides."""

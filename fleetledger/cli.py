@@ -40,11 +40,13 @@ app = typer.Typer(
 
 
 def _register_subcommands() -> None:
+    from fleetledger.cli_identity import register as register_identity
     from fleetledger.cli_node import register
     from fleetledger.cli_trace import register as register_trace
 
     register(app)
     register_trace(app)
+    register_identity(app)
 
 
 _register_subcommands()
