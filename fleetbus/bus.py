@@ -1,4 +1,7 @@
-"""The coordinator's JetStream adapter: stream set-up, a continuous pull consumer, publishing.
+"""The JetStream adapter: stream set-up, a continuous pull consumer, publishing, and ``Bus``.
+
+``Bus`` is the protocol the coordinator takes (publish-and-ack, KV put, serve requests, read and
+consume the ledger stream); ``JetStreamBus`` is the NATS one, and tests bring in-memory ones.
 
 nats-py offers `fetch` only, which either polls (latency) or waits for a whole batch; the
 continuous pull here keeps pull requests outstanding like nats.go's `Consume`, so messages are
@@ -11,7 +14,9 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol, Self
 
 import nats
 from nats.aio.client import Client
@@ -254,3 +259,156 @@ async def publish_checked(
     except nats.js.errors.APIError as exc:  # refused outright (size, limits): nothing stored
         raise InvalidInput(f"JetStream refused {subject}: {exc.description or exc}") from None
     return int(ack.seq)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMessage:
+    """One message of the ledger stream as a consumer sees it."""
+
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str] | None = None
+    pending: int = 0  # messages of the stream not yet delivered to this consumer
+
+
+class Request(Protocol):
+    """An inbound request (nats-py's ``Msg`` is one): its body, headers, and a way to answer."""
+
+    subject: str
+    reply: str
+    data: bytes
+    headers: dict[str, str] | None
+
+    async def respond(self, data: bytes) -> None: ...
+
+
+RequestHandler = Callable[[Request], Awaitable[None]]
+StreamHandler = Callable[[StreamMessage], Awaitable[None]]
+
+
+class Bus(Protocol):
+    """What the coordinator needs from NATS and JetStream."""
+
+    @property
+    def connected(self) -> bool: ...
+
+    async def publish(
+        self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
+    ) -> int:
+        """Store one message (de-duplicated by ``msg_id``) and return its stream sequence once
+        acknowledged; fail closed (``ComponentTimeout``, ``Unreachable``, ``InvalidInput``)."""
+        ...
+
+    async def put_risk(self, key: str, value: bytes) -> None:
+        """Put one value into the risk board (a KV bucket node agents watch)."""
+        ...
+
+    async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> None:
+        """Answer requests on ``subject`` (one member of the queue group gets each)."""
+        ...
+
+    async def last_seq(self) -> int:
+        """The ledger stream's last sequence now."""
+        ...
+
+    def history(self, upto: int) -> AsyncIterator[StreamMessage]:
+        """The ledger stream in order, from its first message to sequence ``upto``."""
+        ...
+
+    async def message(self, seq: int) -> StreamMessage | None:
+        """One message of the ledger stream by sequence (None if it was removed)."""
+        ...
+
+    async def consume(self, handler: StreamHandler) -> None:
+        """Deliver the ledger stream, in order, to ``handler`` through the durable consumer;
+        a message is acknowledged only after ``handler`` returned."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+STREAM_SUBJECTS = f"{SUBJECT_PREFIX}.>"
+
+
+class JetStreamBus:
+    """``Bus`` over nats-py: the ledger stream, its durable consumer and the risk bucket."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, kv: KeyValue) -> None:
+        self.nc, self.js, self.kv = nc, js, kv
+        self.pull: ContinuousPull | None = None
+
+    @classmethod
+    async def connect(
+        cls, url: str, *, name: str, replicas: int = 1, duplicate_window_s: float = 120.0
+    ) -> Self:
+        """Connect, and create or update the streams and the risk bucket."""
+        nc = await connect(url, name=name)
+        js = nc.jetstream()
+        await ensure_streams(js, replicas=replicas, duplicate_window_s=duplicate_window_s)
+        return cls(nc, js, await ensure_risk_bucket(js, replicas=replicas))
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.nc.is_connected)
+
+    async def publish(
+        self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
+    ) -> int:
+        return await publish_checked(self.js, subject, data, msg_id=msg_id, headers=headers)
+
+    async def put_risk(self, key: str, value: bytes) -> None:
+        await self.kv.put(key, value)
+
+    async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> None:
+        await self.nc.subscribe(subject, queue=queue, cb=handler)
+
+    async def last_seq(self) -> int:
+        info = await self.js.stream_info(STREAM)
+        return int(info.state.last_seq)
+
+    async def history(self, upto: int) -> AsyncIterator[StreamMessage]:
+        info = await self.js.stream_info(STREAM)
+        if upto <= 0 or not info.state.messages:
+            return
+        sub = await self.js.subscribe(STREAM_SUBJECTS, ordered_consumer=True)
+        try:
+            while True:
+                msg = await sub.next_msg(timeout=10)
+                seq = int(msg.metadata.sequence.stream)
+                yield StreamMessage(seq, msg.subject, msg.data, msg.headers)
+                if seq >= upto:
+                    return
+        finally:
+            await sub.unsubscribe()
+
+    async def message(self, seq: int) -> StreamMessage | None:
+        try:
+            raw = await self.js.get_msg(STREAM, seq)
+        except NotFoundError:
+            return None
+        return StreamMessage(seq, raw.subject or "", raw.data or b"", raw.headers)
+
+    async def consume(self, handler: StreamHandler) -> None:
+        async def deliver(msg: Msg) -> None:
+            meta = msg.metadata
+            await handler(
+                StreamMessage(
+                    int(meta.sequence.stream),
+                    msg.subject,
+                    msg.data,
+                    msg.headers,
+                    int(meta.num_pending or 0),
+                )
+            )
+
+        self.pull = ContinuousPull(self.nc, self.js, deliver)
+        await self.pull.start()
+
+    async def close(self) -> None:
+        """Stop consuming (acknowledging what was applied), drain, close."""
+        if self.pull is not None:
+            await self.pull.stop()
+        await self.nc.drain()
+        if not self.nc.is_closed:
+            await self.nc.close()

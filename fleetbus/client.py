@@ -15,7 +15,7 @@ from typing import Any, Self
 
 import nats
 from nats.aio.client import Client
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Span
 
 from fleetbus.bus import connect, publish_checked
 from ledger.errors import (
@@ -42,18 +42,19 @@ from ledger.protocol import (
 )
 from telemetry import (
     Telemetry,
-    current_trace_context,
     event_attributes,
-    inject_headers,
+    headers_of,
     messaging_attributes,
     process_telemetry,
+    producer_span_lazy,
+    set_error,
+    trace_context_of,
 )
 from telemetry.conventions import (
     EVENT_SUBJECT_TEMPLATE,
     FLEET_COST_MICROS,
     FLEET_DECISION_ALLOWED,
     FLEET_DECISION_RULE,
-    FLEET_ERROR_CODE,
     FLEET_MANAGE_OP,
     FLEET_STREAM_SEQ,
     GEN_AI_TOOL_CALL_ID,
@@ -132,24 +133,20 @@ class FleetClient:
             op=op, mission_id=mission_id, actor=actor, node_id=self.node_id, args=args
         )
         data = body.model_dump_json().encode()
-        if not self.telemetry.enabled:
-            reply = ManageReply.model_validate_json(await self._request(MANAGE_SUBJECT, data))
-        else:
-            with self.telemetry.tracer.start_as_current_span(
-                f"send {MANAGE_SUBJECT}",
-                kind=SpanKind.PRODUCER,
-                attributes={
-                    **messaging_attributes(MANAGE_SUBJECT, operation=OP_SEND, body=data),
-                    FLEET_MANAGE_OP: op,
-                    LEDGER_MISSION_ID: mission_id,
-                    LEDGER_AGENT_ID: actor,
-                },
-            ) as span:
-                raw = await self._request(MANAGE_SUBJECT, data, inject_headers())
-                reply = ManageReply.model_validate_json(raw)
-                if reply.error is not None:
-                    span.set_status(Status(StatusCode.ERROR, reply.error.message))
-                    span.set_attribute(FLEET_ERROR_CODE, reply.error.code)
+        with producer_span_lazy(
+            self.telemetry,
+            f"send {MANAGE_SUBJECT}",
+            lambda: {
+                **messaging_attributes(MANAGE_SUBJECT, operation=OP_SEND, body=data),
+                FLEET_MANAGE_OP: op,
+                LEDGER_MISSION_ID: mission_id,
+                LEDGER_AGENT_ID: actor,
+            },
+        ) as span:
+            raw = await self._request(MANAGE_SUBJECT, data, headers_of(span))
+            reply = ManageReply.model_validate_json(raw)
+            if reply.error is not None:
+                set_error(span, reply.error.message, reply.error.code)
         if reply.error is not None:
             raise reply.error.error()
         if reply.seq:
@@ -158,28 +155,10 @@ class FleetClient:
 
     async def authorize(self, mission_id: str, request: ActionRequest) -> AuthorizeReply:
         """Ask for a decision at a cut no older than everything this client published."""
-        if self.telemetry.enabled:
-            reply = await self._authorize_traced(mission_id, request)
-        else:
-            body = AuthorizeRequest(
-                mission_id=mission_id,
-                after_seq=self.last_seq,
-                node_id=self.node_id,
-                agent_id=self.agent_id,
-                request=request,
-            )
-            reply = await self._authorize_call(body, None)
-        if reply.error is not None:
-            raise reply.error.error()
-        if reply.decision_seq:
-            self.last_seq = max(self.last_seq, reply.decision_seq)
-        return reply
-
-    async def _authorize_traced(self, mission_id: str, request: ActionRequest) -> AuthorizeReply:
-        with self.telemetry.tracer.start_as_current_span(
+        with producer_span_lazy(
+            self.telemetry,
             f"send {AUTHORIZE_SUBJECT}",
-            kind=SpanKind.PRODUCER,
-            attributes={
+            lambda: {
                 **messaging_attributes(AUTHORIZE_SUBJECT, operation=OP_SEND),
                 LEDGER_MISSION_ID: mission_id,
                 LEDGER_AGENT_ID: self.agent_id,
@@ -195,23 +174,16 @@ class FleetClient:
                 node_id=self.node_id,
                 agent_id=self.agent_id,
                 request=request,
-                trace=current_trace_context(),  # the action.requested event continues it
+                trace=trace_context_of(span),  # the action.requested event continues it
             )
-            reply = await self._authorize_call(body, inject_headers())
-            if reply.decision is not None:
-                if reply.decision.rule is None:
-                    span.set_attribute(FLEET_DECISION_ALLOWED, reply.decision.allowed)
-                else:
-                    span.set_attributes(
-                        {
-                            FLEET_DECISION_ALLOWED: reply.decision.allowed,
-                            FLEET_DECISION_RULE: reply.decision.rule.value,
-                        }
-                    )
-            if reply.error is not None:
-                span.set_status(Status(StatusCode.ERROR, reply.error.message))
-                span.set_attribute(FLEET_ERROR_CODE, reply.error.code)
-            return reply
+            reply = await self._authorize_call(body, headers_of(span))
+            if span.is_recording():
+                _record_reply(span, reply)
+        if reply.error is not None:
+            raise reply.error.error()
+        if reply.decision_seq:
+            self.last_seq = max(self.last_seq, reply.decision_seq)
+        return reply
 
     async def _authorize_call(
         self, body: AuthorizeRequest, headers: dict[str, str] | None
@@ -260,33 +232,39 @@ class FleetClient:
         With tracing on, the PRODUCER span's context goes into the NATS headers and, unless the
         event already carries one (or is signed), into the envelope's ``trace``."""
         subject = subject_of(event)
-        if not self.telemetry.enabled:
-            seq = await publish_checked(
-                self.js, subject, event.to_json(), msg_id=str(event.event_id)
-            )
-        else:
-            with self.telemetry.tracer.start_as_current_span(
-                f"send fleet.ledger.{event.kind}",
-                kind=SpanKind.PRODUCER,
-                attributes={
-                    **event_attributes(event),
-                    **messaging_attributes(
-                        subject,
-                        operation=OP_SEND,
-                        message_id=str(event.event_id),
-                        template=EVENT_SUBJECT_TEMPLATE,
-                    ),
-                },
-            ) as span:
-                if event.trace is None and event.signature is None:  # never alter signed bytes
-                    event = event.model_copy(update={"trace": current_trace_context()})
-                seq = await publish_checked(
-                    self.js,
+        with producer_span_lazy(
+            self.telemetry,
+            f"send fleet.ledger.{event.kind}",
+            lambda: {
+                **event_attributes(event),
+                **messaging_attributes(
                     subject,
-                    event.to_json(),
-                    msg_id=str(event.event_id),
-                    headers=inject_headers(),
-                )
-                span.set_attribute(FLEET_STREAM_SEQ, seq)
+                    operation=OP_SEND,
+                    message_id=str(event.event_id),
+                    template=EVENT_SUBJECT_TEMPLATE,
+                ),
+            },
+        ) as span:
+            tc = trace_context_of(span)
+            if tc is not None and event.trace is None and event.signature is None:
+                event = event.model_copy(update={"trace": tc})  # never alter signed bytes
+            seq = await publish_checked(
+                self.js,
+                subject,
+                event.to_json(),
+                msg_id=str(event.event_id),
+                headers=headers_of(span),
+            )
+            span.set_attribute(FLEET_STREAM_SEQ, seq)
         self.last_seq = max(self.last_seq, seq)
         return seq
+
+
+def _record_reply(span: Span, reply: AuthorizeReply) -> None:
+    """The decision (or the error) on the authorize span."""
+    if reply.decision is not None:
+        span.set_attribute(FLEET_DECISION_ALLOWED, reply.decision.allowed)
+        if reply.decision.rule is not None:
+            span.set_attribute(FLEET_DECISION_RULE, reply.decision.rule.value)
+    if reply.error is not None:
+        set_error(span, reply.error.message, reply.error.code)

@@ -656,7 +656,7 @@ async def _serve_coordinator(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    coordinator = Coordinator(settings)
+    coordinator = await Coordinator.from_settings(settings)
     await coordinator.start()
     tune_gc()
     try:

@@ -294,7 +294,7 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
         settings = CoordinatorSettings(
             nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0
         )
-        coordinator = Coordinator(settings)
+        coordinator = await Coordinator.from_settings(settings)
         with err.status("starting the coordinator…"):
             await coordinator.start()
         fleet = await FleetClient.connect(servers.nats_url)

@@ -37,7 +37,7 @@ async def coordinator(servers: EmbeddedServers) -> AsyncIterator[Coordinator]:
     settings = CoordinatorSettings(
         nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0, sweep_interval_s=0.2
     )
-    running = Coordinator(settings)
+    running = await Coordinator.from_settings(settings)
     await running.start()
     yield running
     await running.stop()

@@ -13,6 +13,7 @@ import pytest
 
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
+from fleetbus.bus import JetStreamBus
 from fleetbus.client import FleetClient
 from fleetledger.servers import EmbeddedServers
 from ledger.authority import Authority
@@ -421,7 +422,7 @@ async def test_unreachable_nats_is_refused_fail_closed() -> None:
 async def test_redis_down_refuses_authorize_records_nothing_and_a_retry_decides() -> None:
     with EmbeddedServers() as own:
         settings = CoordinatorSettings(nats_url=own.nats_url, redis_url=own.redis_url, http_port=0)
-        co = Coordinator(settings)
+        co = await Coordinator.from_settings(settings)
         await co.start()
         try:
             async with await FleetClient.connect(own.nats_url) as client:
@@ -461,7 +462,7 @@ async def test_money_redis_took_during_a_failed_authorize_returns_unless_retried
             lease_s=0.5,
             sweep_interval_s=0.1,
         )
-        co = Coordinator(settings)
+        co = await Coordinator.from_settings(settings)
         await co.start()
         try:
             async with (
@@ -498,7 +499,7 @@ async def test_health_and_readiness_endpoints_answer(coordinator: Coordinator) -
     writer.write(b"GET /readyz HTTP/1.0\r\n\r\n")
     data = await reader.read()
     writer.close()
-    assert data.split(b"\r\n", 1)[0].split(b" ", 2)[1] == b"200"  # the one server: HTTP/1.1
+    assert data.startswith(b"HTTP/1.1 200")  # the one HTTP server (fleetbus.http)
     assert b'"redis": true' in data
 
 
@@ -573,16 +574,21 @@ async def test_an_actual_against_a_settled_reservation_is_refused_not_dropped(
 
 async def test_a_gap_in_delivery_is_filled_from_the_stream_in_order() -> None:
     with EmbeddedServers() as own:
+        bus = await JetStreamBus.connect(own.nats_url, name="gap-test")
         co = Coordinator(
-            CoordinatorSettings(nats_url=own.nats_url, redis_url=own.redis_url, http_port=0)
+            bus,
+            ReservationClient.from_url(own.redis_url),
+            settings=CoordinatorSettings(
+                nats_url=own.nats_url, redis_url=own.redis_url, http_port=0
+            ),
         )
         await co.start()
         try:
             async with await FleetClient.connect(own.nats_url) as client:
                 mid = mission_id()
                 await make_mission(client, mid)
-                assert co._pull is not None
-                await co._pull.stop()  # deliveries stop: what follows is "lost in flight"
+                assert bus.pull is not None
+                await bus.pull.stop()  # deliveries stop: what follows is "lost in flight"
                 now = datetime.now(UTC)
                 seqs = [
                     await client.publish(
@@ -595,7 +601,7 @@ async def test_a_gap_in_delivery_is_filled_from_the_stream_in_order() -> None:
                     for i in range(3)
                 ]
                 assert co.applied_seq < seqs[0]
-                await co._fill_gap(seqs[-1] + 1)
+                await co.ingest.fill_gap(seqs[-1] + 1)
                 assert co.applied_seq == seqs[-1]
                 assert sorted(co.states[mid].evidence) == ["ev0", "ev1", "ev2"]
         finally:
@@ -857,7 +863,7 @@ async def test_a_restarted_coordinator_returns_money_redis_holds_for_no_recorded
             lease_s=0.3,
             sweep_interval_s=0.1,
         )
-        first = Coordinator(settings)
+        first = await Coordinator.from_settings(settings)
         await first.start()
         async with await FleetClient.connect(own.nats_url) as client:
             mid = mission_id()
@@ -867,7 +873,7 @@ async def test_a_restarted_coordinator_returns_money_redis_holds_for_no_recorded
             async with ReservationClient.from_url(own.redis_url) as store:
                 # a coordinator died after Redis committed and before the stream stored it
                 await store.reserve_committed(mid, ["g"], "r-a1", 100_000, 30)
-                second = Coordinator(settings)
+                second = await Coordinator.from_settings(settings)
                 await second.start()
                 try:
                     deadline = time.monotonic() + 10

@@ -87,7 +87,7 @@ async def traced(
         nats_url=own_servers.nats_url, redis_url=own_servers.redis_url, http_port=0
     )
     tel = telemetry_to(receiver, "test-coordinator")
-    running = Coordinator(settings, telemetry=tel)
+    running = await Coordinator.from_settings(settings, telemetry=tel)
     await running.start()
     yield running
     await running.stop()

@@ -1,0 +1,274 @@
+"""Authorize: the hot path. Decide an action at the sender's cut, reserve, record, answer.
+
+Wait until the sender's cut is applied, ``decide`` (pure, S4.2), reserve and commit the cost in
+Redis in one script, append the action, its reservation and the decision receipt as one
+message, answer. The mission's lock is held until our receipt is folded, so every decision
+sees the one before it. A retried request is answered from the receipt already recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+from pydantic import ValidationError
+
+from coordinator.budget import Budget
+from coordinator.journal import Journal
+from coordinator.reconcile import Undecided, authorize_reservation_id
+from fleetbus.bus import Request
+from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
+from ledger.events import MAX_EVENT_BYTES, Event
+from ledger.kernel import Decision, decide
+from ledger.mission import MISSION_SCOPE
+from ledger.protocol import (
+    AUTHORIZE_SUBJECT,
+    AuthorizeReply,
+    AuthorizeRequest,
+    ErrorBody,
+    decision_of,
+    receipt_nonce,
+    receipt_stream_subject,
+    reply_from_receipt,
+)
+from reservations import CommitResult, ReserveResult
+from telemetry import Telemetry, consumer_span, messaging_attributes, reservation_span, set_error
+from telemetry.conventions import (
+    FLEET_COST_MICROS,
+    FLEET_DECISION_ALLOWED,
+    FLEET_DECISION_CUT,
+    FLEET_DECISION_RULE,
+    FLEET_RESERVATION_OUTCOME,
+    GEN_AI_TOOL_CALL_ID,
+    GEN_AI_TOOL_NAME,
+    LEDGER_AGENT_ID,
+    LEDGER_GRANT_ID,
+    LEDGER_MISSION_ID,
+    OP_PROCESS,
+)
+
+log = logging.getLogger("fleetledger.coordinator.authorize")
+
+APPEND_ATTEMPTS = 3  # publishes of one decision's events before the request fails
+# room a decision's message needs besides the action: reservation records and the receipt
+DECISION_RECORD_SLACK = 8 * 1024
+
+Respond = Callable[[AuthorizeReply], Awaitable[None]]
+
+
+class Authorizer:
+    def __init__(
+        self,
+        journal: Journal,
+        budget: Budget,
+        undecided: Undecided,
+        telemetry: Telemetry,
+        *,
+        lease_s: float,
+    ) -> None:
+        self.journal, self.budget, self.undecided = journal, budget, undecided
+        self.telemetry = telemetry
+        self.lease_s = lease_s
+
+    async def on_request(self, msg: Request) -> None:
+        """An authorize request over NATS. A requester that names the receipt subject as its
+        reply subject is answered by the stream itself: the stored receipt is republished
+        there once it is durable, so a reply built from a stored receipt is not sent again."""
+        try:
+            req = AuthorizeRequest.model_validate_json(msg.data)
+        except ValidationError as exc:
+            err = InvalidInput(
+                f"malformed authorize request: {exc.errors(include_url=False)[0]['msg']}"
+            )
+            await msg.respond(AuthorizeReply(error=ErrorBody.of(err)).model_dump_json().encode())
+            return
+        replied = False
+        nonce = receipt_nonce(msg.reply, req.mission_id, req.request.action_id)
+
+        async def respond(reply: AuthorizeReply) -> None:
+            nonlocal replied
+            replied = True
+            if nonce is not None and reply.decision_seq is not None:
+                return
+            await msg.respond(reply.model_dump_json(exclude_none=True).encode())
+
+        with consumer_span(
+            self.telemetry,
+            f"process {AUTHORIZE_SUBJECT}",
+            headers=msg.headers,
+            trace_context=req.trace,
+            attributes=lambda: {
+                **messaging_attributes(msg.subject, operation=OP_PROCESS, body=msg.data),
+                LEDGER_MISSION_ID: req.mission_id,
+                LEDGER_AGENT_ID: req.agent_id,
+                LEDGER_GRANT_ID: req.request.grant_id,
+                GEN_AI_TOOL_NAME: req.request.action,
+                GEN_AI_TOOL_CALL_ID: req.request.action_id,
+                FLEET_COST_MICROS: req.request.cost,
+            },
+        ) as span:
+            try:
+                reply = await self.authorize(req, respond, nonce=nonce)
+            except FleetError as exc:
+                set_error(span, exc.message, str(exc.code))
+                if not replied:
+                    await respond(AuthorizeReply(error=ErrorBody.of(exc)))
+                return
+            d = reply.decision
+            if d is not None and span.is_recording():
+                span.set_attributes({FLEET_DECISION_ALLOWED: d.allowed, FLEET_DECISION_CUT: d.cut})
+                if d.rule is not None:
+                    span.set_attribute(FLEET_DECISION_RULE, d.rule.value)
+
+    async def authorize(
+        self, req: AuthorizeRequest, respond: Respond | None = None, *, nonce: str | None = None
+    ) -> AuthorizeReply:
+        """Decide, reserve, record; ``respond`` is called once the receipt is durable (PubAck),
+        before this coordinator has folded it, so the caller does not wait for the fold."""
+        journal = self.journal
+        await journal.wait_applied(req.after_seq)
+        async with journal.lock(req.mission_id):
+            reply = await self._decide(req, nonce)
+            if respond is not None:
+                await respond(reply)
+            # Hold the mission's lock until our own receipt is folded: the next decision sees it.
+            if reply.decision_seq is not None:
+                await journal.wait_applied(reply.decision_seq)
+        if reply.error is not None:  # recorded as undecidable (a store was unreachable)
+            raise Unreachable(reply.error.message)
+        return reply
+
+    async def _decide(self, req: AuthorizeRequest, nonce: str | None) -> AuthorizeReply:
+        journal = self.journal
+        mid, action = req.mission_id, req.request
+        state = journal.state(mid)
+        existing = state.actions.get(action.action_id)
+        if existing is not None:  # a retried request: answer with the receipt already recorded
+            for prior in reversed(state.decisions):
+                if prior.action_id == action.action_id:
+                    return AuthorizeReply(
+                        decision=decision_of(prior, action.grant_id, action.cost),
+                        reservation_id=prior.reservation_id,
+                    )
+            # Requested but undecided: a coordinator died mid-append. Decide it now.
+        now = journal.clock.now()
+        decision = decide(state, action, now).model_copy(update={"cut_seq": journal.applied_seq})
+        if state.mission is None:  # nothing to record it in: answer, append nothing
+            return AuthorizeReply(decision=decision)
+        requested = journal.event(
+            action.payload(),
+            mid,
+            at=now,
+            grant_id=action.grant_id,
+            agent_id=req.agent_id,
+            idempotency_key=action.idempotency_key,
+            trace=req.trace,
+        )
+        if len(requested.to_json()) + DECISION_RECORD_SLACK > MAX_EVENT_BYTES:
+            raise InvalidInput(
+                f"action {action.action_id} is too large to record with its decision (a message "
+                f"holds {MAX_EVENT_BYTES} bytes); shorten its fields"
+            )
+        events: list[Event] = [requested] if existing is None else []
+        parent = requested.event_id if existing is None else None
+        rid = authorize_reservation_id(action.action_id)
+        reservation_id: str | None = None
+        if decision.allowed and action.cost > 0:
+            chain = [s for s in state.scopes(action.grant_id) if s != MISSION_SCOPE]
+            decision, reserved = await self._reserve(req, decision, chain, rid)
+            if reserved:
+                reservation_id = rid
+                for result in reserved:
+                    events.append(
+                        journal.event(
+                            result.ledger_payload(),
+                            mid,
+                            at=result.at,
+                            grant_id=action.grant_id,
+                            causal_parent=parent,
+                        )
+                    )
+        self.undecided.discard(mid, rid)
+        self._count(decision)
+        receipt = journal.event(
+            decision.receipt(reservation_id),
+            mid,
+            at=now,
+            grant_id=action.grant_id,
+            causal_parent=parent,
+        )
+        events.append(receipt)
+        seq = await self._record(
+            mid, events, receipt_stream_subject(mid, action.action_id, nonce), reservation_id
+        )
+        # The same reply a requester builds from the republished receipt.
+        return reply_from_receipt(receipt, seq, action)
+
+    async def _reserve(
+        self, req: AuthorizeRequest, decision: Decision, chain: list[str], rid: str
+    ) -> tuple[Decision, tuple[ReserveResult, CommitResult] | None]:
+        """Reserve and commit in one script (an authorised action is about to run, so no lease
+        may return money being spent); a refusal becomes the decision's denial."""
+        action = req.request
+        metrics = self.telemetry.metrics
+        try:
+            with reservation_span(self.telemetry, "reserve_commit", rid):
+                reserved = await self.budget.reserve_committed(
+                    req.mission_id, chain, rid, action.cost, self.lease_s
+                )
+        except RuleViolation as exc:
+            metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: "denied"})
+            denied = decision.model_copy(
+                update={"allowed": False, "rule": exc.rule, "reason": str(exc)}
+            )
+            return denied, None
+        except Unreachable as exc:
+            # Ambiguous: Redis may have run the script before the connection failed, and what
+            # it committed has no lease. Decide and record nothing: a retry of this action
+            # finds what Redis holds (the script is idempotent); unretried, the sweeper returns
+            # it and records that once Redis answers again.
+            metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: "unreachable"})
+            until = self.journal.clock.now() + timedelta(seconds=self.lease_s)
+            self.undecided.add(req.mission_id, rid, action.action_id, until)
+            raise Unreachable(
+                f"budget store unreachable: nothing was decided or recorded (fail closed): "
+                f"{exc.message}. Retry the same action id; if Redis held its money, an "
+                f"unretried action's reservation is returned after {self.lease_s:g}s"
+            ) from None
+        metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: "held"})
+        return decision, reserved
+
+    async def _record(
+        self, mission_id: str, events: list[Event], subject: str, reservation_id: str | None
+    ) -> int:
+        """Append the decision's message. A failed publish is ambiguous (the server may have
+        stored it): never give the money back then; retry with the same message id (JetStream
+        de-duplicates it); if it still fails, the committed reservation holds until the same
+        request is retried. Stored under the requester's nonce: the stream republishes it."""
+        attempts = APPEND_ATTEMPTS
+        while True:
+            try:
+                return await self.journal.append(events, subject)
+            except InvalidInput:
+                # JetStream refused the message outright (not ambiguous): nothing is stored,
+                # so give back what Redis committed for it before failing the request
+                if reservation_id is not None:
+                    with contextlib.suppress(FleetError):
+                        await self.budget.release(mission_id, reservation_id)
+                raise
+            except FleetError:
+                attempts -= 1
+                if attempts == 0:
+                    raise
+
+    def _count(self, decision: Decision) -> None:
+        metrics = self.telemetry.metrics
+        metrics.decisions.add(1, {FLEET_DECISION_ALLOWED: decision.allowed})
+        if not decision.allowed:
+            rule = decision.rule.value if decision.rule is not None else "unreachable"
+            metrics.denials.add(1, {FLEET_DECISION_RULE: rule})
+
+
+__all__ = ["APPEND_ATTEMPTS", "Authorizer"]

@@ -1,0 +1,205 @@
+"""Ingest: fold the ledger stream into the journal's states, in order, exactly once in effect.
+
+A redelivered or duplicate sequence is skipped; a jump in sequences is filled from the stream
+first (the fold never skips one); what fails validation is dead-lettered with its reason and
+changes nothing; risk events are written to the risk board. On start the whole stream is
+folded before serving (replay is deterministic).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+
+from opentelemetry.trace import Span, Status, StatusCode
+
+from coordinator.journal import Journal
+from coordinator.riskboard import RiskBoard
+from fleetbus.bus import Bus, StreamMessage
+from ledger.errors import FleetError
+from ledger.events import Event, RiskOpened, RiskTreated, parse_events
+from ledger.mission import MissionState
+from ledger.protocol import ErrorBody, check_message, deadletter_subject
+from telemetry import (
+    EventTraces,
+    Telemetry,
+    consumer_span,
+    event_attributes,
+    messaging_attributes,
+)
+from telemetry.conventions import (
+    EVENT_SUBJECT_TEMPLATE,
+    FLEET_ERROR_CODE,
+    FLEET_STREAM_SEQ,
+    MESSAGING_CONSUMER_GROUP_NAME,
+    OP_PROCESS,
+)
+from telemetry.spans import NOOP_SPAN
+
+log = logging.getLogger("fleetledger.coordinator.ingest")
+
+CONSUMER_NAME = "coordinator"
+DEAD_LETTER_DATA_LIMIT = 8192  # bytes of a rejected message kept in its dead letter
+Applied = list[tuple[Event | None, FleetError | None]]
+
+
+class Ingest:
+    def __init__(
+        self,
+        bus: Bus,
+        journal: Journal,
+        board: RiskBoard,
+        telemetry: Telemetry,
+        traces: EventTraces,
+    ) -> None:
+        self.bus, self.journal, self.board = bus, journal, board
+        self.telemetry, self.traces = telemetry, traces
+        self.consumer_lag = 0  # messages of the stream not yet delivered to this coordinator
+        self.dead_letters = 0
+        self.rebuild_seconds = 0.0
+        self.ready_seq = 0  # the stream's last sequence at start: caught up once applied
+
+    async def rebuild(self) -> None:
+        """Fold the whole stream into memory before serving."""
+        started = time.perf_counter()
+        last = await self.bus.last_seq()
+        journal = self.journal
+        async for msg in self.bus.history(last):
+            self._apply(msg)
+            journal.applied_seq = msg.seq
+        journal.applied_seq = max(journal.applied_seq, last)
+        self.ready_seq = last
+        await self.board.put_all(journal.states.values())
+        self.rebuild_seconds = time.perf_counter() - started
+
+    async def on_message(self, msg: StreamMessage) -> None:
+        """One delivery of the durable consumer."""
+        self.consumer_lag = msg.pending
+        seq = msg.seq
+        if seq <= self.journal.applied_seq:
+            return  # redelivery, or already folded during rebuild: no second effect
+        if seq > self.journal.applied_seq + 1:
+            await self.fill_gap(seq)
+        # An event produced elsewhere: its span here continues the producer's trace (NATS
+        # headers) and links to its origin, its causal parent, its reservation. Our own
+        # events were recorded when appended.
+        with consumer_span(
+            self.telemetry,
+            "process fleet.ledger",
+            headers=msg.headers,
+            attributes=lambda: {
+                **messaging_attributes(
+                    msg.subject,
+                    operation=OP_PROCESS,
+                    body=msg.data,
+                    template=EVENT_SUBJECT_TEMPLATE,
+                ),
+                FLEET_STREAM_SEQ: seq,
+                MESSAGING_CONSUMER_GROUP_NAME: CONSUMER_NAME,
+            },
+            when=not self.journal.is_own(msg.data),
+        ) as span:
+            await self._ingest(msg, span)
+
+    async def fill_gap(self, upto: int) -> None:
+        """The consumer reads the whole stream, so sequences are contiguous: a jump means
+        messages were lost in flight. Fetch and apply them first."""
+        for missing in range(self.journal.applied_seq + 1, upto):
+            msg = await self.bus.message(missing)
+            if msg is None:
+                self.journal.applied_seq = missing  # removed from the stream: nothing to apply
+                continue
+            log.warning("ingest: applying seq %s, skipped in delivery", missing)
+            await self._ingest(msg, NOOP_SPAN)
+
+    async def _ingest(self, msg: StreamMessage, span: Span) -> None:
+        applied = self._apply(msg)
+        self.journal.applied_seq = msg.seq
+        if span.is_recording():
+            self._annotate(span, applied)
+        for event, problem in applied:
+            if problem is not None:
+                await self._dead_letter(msg, event, problem)
+            elif event is not None and event.kind in ("risk.opened", "risk.treated"):
+                payload = event.payload
+                assert isinstance(payload, RiskOpened | RiskTreated)
+                await self.board.put(self.journal.states[event.mission_id], payload.risk_id)
+        self.journal.progressed()
+
+    def _apply(self, msg: StreamMessage) -> Applied:
+        """Apply one stream message (an event or a bundle), each event in order; return each
+        event with the problem that kept it out of the fold, if any. A message whose subject
+        does not say what it carries is rejected whole (``check_message``)."""
+        own = self.journal.take_own(msg.data)
+        try:
+            if own is not None:
+                events = own
+            else:
+                events = parse_events(msg.data)
+                check_message(msg.subject, events)
+        except FleetError as exc:
+            return [(None, exc)]
+        states = self.journal.states
+        record = own is None and self.telemetry.enabled  # links to events produced elsewhere
+        out: Applied = []
+        for event in events:
+            state = states.get(event.mission_id)
+            if state is None:
+                state = MissionState(event.mission_id)
+            try:
+                state.apply(event)
+            except FleetError as exc:
+                out.append((event, exc))
+                continue
+            states[event.mission_id] = state
+            if record:
+                self.traces.record(event)
+            out.append((event, None))
+        return out
+
+    def _annotate(self, span: Span, applied: Applied) -> None:
+        last = applied[-1][0]
+        if last is not None:
+            span.update_name(f"process fleet.ledger.{last.kind}")
+            span.set_attributes(event_attributes(last))
+        for event, _ in applied:
+            if event is not None:
+                for link in self.traces.links_for(event, origin=True):
+                    span.add_link(link.context, link.attributes)
+        problems = [p for _, p in applied if p is not None]
+        if problems:
+            span.set_status(Status(StatusCode.ERROR, problems[0].message))
+            span.set_attribute(FLEET_ERROR_CODE, str(problems[0].code))
+
+    async def _dead_letter(self, msg: StreamMessage, event: Event | None, exc: FleetError) -> None:
+        self.dead_letters += 1
+        mission = (
+            event.mission_id
+            if event
+            else msg.subject.split(".")[2]
+            if msg.subject.count(".") >= 3
+            else None
+        )
+        body = {
+            "seq": msg.seq,
+            "subject": msg.subject,
+            "event_id": str(event.event_id) if event else None,
+            "error": ErrorBody.of(exc).model_dump(),
+            "data": msg.data.decode("utf-8", errors="replace")[:DEAD_LETTER_DATA_LIMIT],
+        }
+        log.warning("dead-lettered seq %s: %s", msg.seq, exc.message)
+        with contextlib.suppress(FleetError):
+            await self.bus.publish(
+                deadletter_subject(mission if mission and _safe(mission) else None),
+                json.dumps(body).encode(),
+                msg_id=f"dl-{msg.seq}-{event.event_id if event else ''}",
+            )
+
+
+def _safe(token: str) -> bool:
+    return token.replace("-", "").replace("_", "").isalnum()
+
+
+__all__ = ["CONSUMER_NAME", "Ingest"]

@@ -1,0 +1,195 @@
+"""The journal: the applied mission states, and appending events to the ledger stream.
+
+- Applied state: one ``MissionState`` per mission and the stream sequence applied so far
+  (``wait_applied`` returns once the fold reaches a sequence); ingest advances it.
+- Append: events go out as **one** stream message (a bundle when several: stored together or
+  not at all, then applied in order), acknowledged before ``append`` returns. The message is
+  remembered by its bytes, so our own events are not parsed again when they come back.
+- With tracing on, each event is recorded as a span event on the span doing the work (or one
+  PRODUCER span); its context goes into every envelope and the NATS headers, and its links join
+  the events these depend on (causal parent, reserve, the facts at a decision's cut).
+- Per-mission locks keep each mission's changes serial, so each sees the one before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import Span
+
+from fleetbus.bus import Bus
+from ledger.clock import Clock
+from ledger.errors import Unreachable
+from ledger.events import Event, bundle_json, make_event
+from ledger.mission import MissionState
+from ledger.protocol import subject_of
+from telemetry import (
+    EventTraces,
+    Telemetry,
+    envelope_of,
+    event_attributes,
+    headers_of,
+    messaging_attributes,
+    sending_span,
+)
+from telemetry.conventions import (
+    EVENT_SUBJECT_TEMPLATE,
+    FLEET_STREAM_SEQ,
+    LEDGER_EVENT_ID,
+    OP_SEND,
+)
+
+log = logging.getLogger("fleetledger.coordinator.journal")
+
+OWN_CACHE_LIMIT = 10_000  # own events awaiting their return through the stream
+
+
+class Journal:
+    """The applied states and the one way events are appended."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        clock: Clock,
+        telemetry: Telemetry,
+        traces: EventTraces,
+        *,
+        node_id: str,
+        cut_timeout_s: float,
+    ) -> None:
+        self.bus, self.clock, self.telemetry, self.traces = bus, clock, telemetry, traces
+        self.node_id = node_id
+        self.cut_timeout_s = cut_timeout_s
+        self.states: dict[str, MissionState] = {}
+        self.applied_seq = 0
+        self._progress = asyncio.Event()
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # Messages this coordinator published, by their bytes -> their events.
+        self._own: dict[bytes, tuple[Event, ...]] = {}
+
+    # --- applied state ---------------------------------------------------------------------
+
+    def state(self, mission_id: str) -> MissionState:
+        """The mission's applied state (an empty one if nothing of it was applied)."""
+        return self.states.get(mission_id) or MissionState(mission_id)
+
+    def lock(self, mission_id: str) -> asyncio.Lock:
+        return self._locks[mission_id]
+
+    def is_own(self, data: bytes) -> bool:
+        return data in self._own
+
+    def take_own(self, data: bytes) -> tuple[Event, ...] | None:
+        """The events of a message this coordinator appended (once), else None."""
+        return self._own.pop(data, None)
+
+    def progressed(self) -> None:
+        """Wake everyone waiting in ``wait_applied`` (ingest calls it after each message)."""
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    async def wait_applied(self, seq: int, timeout: float | None = None) -> None:
+        """Return once the stream is applied up to ``seq``; else fail closed."""
+        if self.applied_seq >= seq:
+            return
+        deadline = time.monotonic() + (self.cut_timeout_s if timeout is None else timeout)
+        while self.applied_seq < seq:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Unreachable(
+                    f"the coordinator has applied the stream up to {self.applied_seq}, not yet "
+                    f"{seq}; refusing to decide on an older cut"
+                )
+            progress = self._progress
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await progress.wait()
+
+    # --- append ----------------------------------------------------------------------------
+
+    def event(
+        self, payload: Any, mission_id: str, *, at: datetime | None = None, **kw: Any
+    ) -> Event:
+        """A new event of this coordinator (``at``: default now)."""
+        return make_event(
+            payload, mission_id=mission_id, at=at or self.clock.now(), node_id=self.node_id, **kw
+        )
+
+    async def append(self, events: list[Event], subject: str | None = None) -> int:
+        """Publish ``events`` as one stream message and wait for its PubAck; return its
+        sequence. Its id is the last event's, so a retried append is de-duplicated."""
+        last = events[-1]
+        subject = subject or subject_of(last)
+        with sending_span(
+            self.telemetry,
+            lambda: f"send fleet.ledger.{last.kind}",
+            lambda: messaging_attributes(
+                subject,
+                operation=OP_SEND,
+                message_id=str(last.event_id),
+                template=EVENT_SUBJECT_TEMPLATE,
+            ),
+        ) as span:
+            if span.is_recording():
+                events = self._traced(span, events)
+            body = bundle_json(events)
+            if len(self._own) < OWN_CACHE_LIMIT:
+                self._own[body] = tuple(events)
+            try:
+                seq = await self.bus.publish(
+                    subject, body, msg_id=str(last.event_id), headers=headers_of(span)
+                )
+            except BaseException:
+                self._own.pop(body, None)
+                raise
+            if span.is_recording():
+                span.set_attributes(
+                    {**self._new_attributes(span, events[-1]), FLEET_STREAM_SEQ: seq}
+                )
+        return seq
+
+    async def commit(self, events: list[Event]) -> int:
+        """``append``, then wait until this coordinator has applied it."""
+        seq = await self.append(events)
+        await self.wait_applied(seq)
+        return seq
+
+    def _traced(self, span: Span, events: list[Event]) -> list[Event]:
+        """The events carrying ``span``'s context, each recorded on it with its links."""
+        sc = span.get_span_context()
+        tc = envelope_of(sc)
+        linked: set[tuple[str, str]] = set()
+        traced: list[Event] = []
+        for e in events:
+            if e.trace != tc:
+                e = e.model_copy(update={"trace": tc})
+            for link in self.traces.links_for(e):
+                key = (str((link.attributes or {}).get(LEDGER_EVENT_ID)), str(link.context.span_id))
+                if link.context.span_id != sc.span_id and key not in linked:
+                    linked.add(key)
+                    span.add_link(link.context, link.attributes)
+            self.traces.record(e, sc)  # before the next event: a decision links to its reserve
+            span.add_event(f"fleet.ledger.{e.kind}", event_attributes(e))
+            traced.append(e)
+        return traced
+
+    @staticmethod
+    def _new_attributes(span: Span, last: Event) -> dict[str, Any]:
+        """The span names the message's last event (a decision: its receipt); a handling span
+        already carries the mission, agent and grant of the request."""
+        attrs = event_attributes(last)
+        present = span.attributes if isinstance(span, ReadableSpan) else None
+        if present:
+            attrs = {k: v for k, v in attrs.items() if present.get(k) != v}
+        return attrs
+
+
+__all__ = ["OWN_CACHE_LIMIT", "Journal"]

@@ -1,0 +1,252 @@
+"""Management: each change of a mission (create, grants, evidence, risks, approvals, effects)
+by one handler per operation, keyed in ``HANDLERS`` by op and the payload type it records.
+
+A change is validated in full (the fold accepts every event it appends) before anything is
+appended; a refusal changes nothing in the ledger. Budget scopes are created in Redis first
+(atomic, idempotent), so a recorded grant always has its scope.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from coordinator.budget import Budget
+from coordinator.journal import Journal
+from fleetbus.bus import Request
+from fleetbus.http import first_error
+from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation
+from ledger.events import (
+    ApprovalGranted,
+    BudgetOverrunTreated,
+    EffectObserved,
+    Event,
+    EvidenceRegistered,
+    EvidenceSuperseded,
+    GrantIssued,
+    GrantRejected,
+    GrantRevoked,
+    GrantSpec,
+    MissionCreated,
+    Outcome,
+    RiskOpened,
+    RiskTreated,
+)
+from ledger.mission import MissionState, admit_grant, evolve
+from ledger.protocol import MANAGE_SUBJECT, ErrorBody, ManageOp, ManageReply, ManageRequest
+from telemetry import Telemetry, consumer_span, messaging_attributes, reservation_span, set_error
+from telemetry.conventions import (
+    FLEET_MANAGE_OP,
+    FLEET_RESERVATION_OUTCOME,
+    LEDGER_AGENT_ID,
+    LEDGER_MISSION_ID,
+    OP_PROCESS,
+)
+
+log = logging.getLogger("fleetledger.coordinator.manage")
+
+
+@dataclass
+class Change:
+    """What a handler makes of a request: the payload of the event it becomes, events to
+    append before it (e.g. budget records), and the reply's ``result``."""
+
+    payload: BaseModel
+    before: list[Event] = field(default_factory=list)
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Context:
+    """One request being handled: the mission's applied state at the time, and now."""
+
+    req: ManageRequest
+    state: MissionState
+    now: datetime
+
+
+Handler = Callable[["Manager", Context, Any], Awaitable[Change]]
+
+
+@dataclass(frozen=True)
+class Operation:
+    """How an op's ``args`` become its payload, and what handling it does beyond recording."""
+
+    payload: type[BaseModel]
+    handle: Handler
+    prepare: Callable[[Context], dict[str, Any]] | None = None  # args with defaults filled in
+
+
+async def _record(_: Manager, __: Context, payload: BaseModel) -> Change:
+    """Only the event itself: the fold checks it."""
+    return Change(payload)
+
+
+async def _create_mission(mgr: Manager, ctx: Context, payload: MissionCreated) -> Change:
+    evolve(ctx.state, mgr.journal.event(payload, ctx.req.mission_id, at=ctx.now))  # check first
+    await mgr.budget.create_mission(ctx.req.mission_id, payload.ceiling)
+    return Change(payload)
+
+
+async def _issue_grant(mgr: Manager, ctx: Context, spec: GrantSpec) -> Change:
+    mid = ctx.req.mission_id
+    try:
+        admit_grant(ctx.state, spec, ctx.now)
+    except RuleViolation as exc:  # a refused grant is on the record, with its rule
+        rejected = GrantRejected(grant_id=spec.grant_id, rule=exc.rule, reason=exc.reason)
+        await mgr.journal.commit(
+            [mgr.journal.event(rejected, mid, at=ctx.now, agent_id=ctx.req.actor)]
+        )
+        raise
+    await mgr.budget.create_grant(mid, spec.grant_id, spec.budget, parent_id=spec.parent_id)
+    return Change(GrantIssued(grant=spec))
+
+
+def _grant_expiry(ctx: Context) -> dict[str, Any]:
+    """A grant's expiry defaults to its parent's (or the mission's): never wider by default."""
+    args, state = ctx.req.args, ctx.state
+    expires: Any = args.get("expires_at")
+    if not expires:
+        parent = state.grants.get(str(args["parent_id"])) if args.get("parent_id") else None
+        if parent is not None and parent.spec.expires_at is not None:
+            expires = parent.spec.expires_at
+        elif state.mission is not None and state.mission.expires_at is not None:
+            expires = state.mission.expires_at
+        else:
+            expires = None
+    return {**args, "expires_at": expires}
+
+
+def _approval_version(ctx: Context) -> dict[str, Any]:
+    """An approval is of the mission's version now, unless it names one."""
+    return {"evaluated_version": ctx.state.version, **ctx.req.args}
+
+
+async def _treat_overrun(mgr: Manager, ctx: Context, payload: BudgetOverrunTreated) -> Change:
+    evolve(ctx.state, mgr.journal.event(payload, ctx.req.mission_id, at=ctx.now))  # check first
+    await mgr.budget.treat_overrun(ctx.req.mission_id, payload.scope, by=payload.by)
+    return Change(payload)
+
+
+async def _record_effect(mgr: Manager, ctx: Context, payload: EffectObserved) -> Change:
+    """An action's effect; its reservation is settled (actual cost), released (verified
+    failure without cost) or, for an unknown outcome, held committed until reconciled."""
+    state, journal = ctx.state, mgr.journal
+    record = state.actions.get(payload.action_id)
+    if record is None:
+        raise InvalidInput(
+            f"action {payload.action_id} was never requested in mission {state.mission_id}",
+            code=ErrorCode.NOT_FOUND,
+        )
+    # Check the outcome transition before touching Redis: nothing half-applied.
+    evolve(state, journal.event(payload, state.mission_id, at=ctx.now))
+    rid = record.reservation_id
+    res = state.reservations.get(rid) if rid else None
+    if res is None or rid is None:
+        return Change(payload, result={"reservation_id": rid})
+    if res.state not in ("held", "committed"):
+        if payload.actual is not None:
+            raise RuleViolation(
+                Rule.BUDGET_CONSERVATION,
+                f"reservation {rid} of action {payload.action_id} is already {res.state}; "
+                "an actual cost cannot be recorded against it (treat it as an overrun)",
+            )
+        return Change(payload, result={"reservation_id": rid})
+    budget, tel, mid = mgr.budget, mgr.telemetry, state.mission_id
+    moved: Any
+    if payload.outcome is Outcome.UNKNOWN:
+        outcome = "committed"  # hold until reconciled
+        with reservation_span(tel, "commit", rid):
+            moved = await budget.commit(mid, rid)
+    elif payload.outcome is Outcome.VERIFIED_FAILURE and payload.actual is None:
+        outcome = "released"
+        with reservation_span(tel, "release", rid):
+            moved = await budget.release(mid, rid)
+    else:
+        outcome = "settled"
+        actual = payload.actual if payload.actual is not None else res.amount
+        with reservation_span(tel, "settle", rid):
+            moved = await budget.settle(mid, rid, actual)
+    tel.metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: outcome})
+    budget_event = journal.event(moved.ledger_payload(), mid, at=moved.at, grant_id=record.grant_id)
+    return Change(payload, before=[budget_event], result={"reservation_id": rid})
+
+
+HANDLERS: dict[ManageOp, Operation] = {
+    "mission.create": Operation(MissionCreated, _create_mission),
+    "grant.issue": Operation(GrantSpec, _issue_grant, prepare=_grant_expiry),
+    "grant.revoke": Operation(GrantRevoked, _record),
+    "evidence.register": Operation(EvidenceRegistered, _record),
+    "evidence.supersede": Operation(EvidenceSuperseded, _record),
+    "risk.open": Operation(RiskOpened, _record),
+    "risk.treat": Operation(RiskTreated, _record),
+    "approve": Operation(ApprovalGranted, _record, prepare=_approval_version),
+    "overrun.treat": Operation(BudgetOverrunTreated, _treat_overrun),
+    "effect.record": Operation(EffectObserved, _record_effect),
+}
+
+
+class Manager:
+    def __init__(self, journal: Journal, budget: Budget, telemetry: Telemetry) -> None:
+        self.journal, self.budget, self.telemetry = journal, budget, telemetry
+
+    async def on_request(self, msg: Request) -> None:
+        """A management request over NATS; every failure is an error reply."""
+        with consumer_span(
+            self.telemetry,
+            f"process {MANAGE_SUBJECT}",
+            headers=msg.headers,
+            attributes=lambda: messaging_attributes(
+                msg.subject, operation=OP_PROCESS, body=msg.data
+            ),
+        ) as span:
+            try:
+                req = ManageRequest.model_validate_json(msg.data)
+                if span.is_recording():
+                    span.set_attributes(
+                        {
+                            FLEET_MANAGE_OP: req.op,
+                            LEDGER_MISSION_ID: req.mission_id,
+                            LEDGER_AGENT_ID: req.actor,
+                        }
+                    )
+                reply = await self.manage(req)
+            except ValidationError as exc:
+                err = InvalidInput(f"malformed request: {first_error(exc)}")
+                reply = ManageReply(ok=False, error=ErrorBody.of(err))
+            except FleetError as exc:
+                reply = ManageReply(ok=False, error=ErrorBody.of(exc))
+            if reply.error is not None:
+                set_error(span, reply.error.message, reply.error.code)
+            await msg.respond(reply.model_dump_json(exclude_none=True).encode())
+
+    async def manage(self, req: ManageRequest) -> ManageReply:
+        """Apply one change under the mission's lock; raise the ``FleetError`` refusing it."""
+        async with self.journal.lock(req.mission_id):
+            return await self._manage(req)
+
+    async def _manage(self, req: ManageRequest) -> ManageReply:
+        journal = self.journal
+        ctx = Context(req, journal.state(req.mission_id), journal.clock.now())
+        op = HANDLERS[req.op]
+        args = req.args if op.prepare is None else op.prepare(ctx)
+        try:
+            payload = op.payload.model_validate(args)
+        except ValidationError as exc:
+            raise InvalidInput(f"{req.op}: {first_error(exc)}") from None
+        change = await op.handle(self, ctx, payload)
+        event = journal.event(change.payload, req.mission_id, at=ctx.now, agent_id=req.actor)
+        events = [*change.before, event]
+        check = ctx.state
+        for e in events:  # validate the whole change before anything is appended
+            check = evolve(check, e)
+        seq = await journal.commit(events)
+        return ManageReply(ok=True, event_id=str(event.event_id), seq=seq, result=change.result)
+
+
+__all__ = ["HANDLERS", "Change", "Manager", "Operation"]

@@ -1,0 +1,40 @@
+"""Queries: view requests over NATS answered with a projection of the applied state."""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import ValidationError
+
+from coordinator.journal import Journal
+from coordinator.views import project
+from fleetbus.bus import Request
+from fleetbus.http import first_error
+from ledger.errors import ErrorCode, FleetError, InvalidInput
+from ledger.protocol import ErrorBody, ViewRequest
+
+
+class Queries:
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    async def on_request(self, msg: Request) -> None:
+        try:
+            req = ViewRequest.model_validate_json(msg.data)
+        except ValidationError as exc:
+            await msg.respond(_error(InvalidInput(first_error(exc))))
+            return
+        state = self.journal.states.get(req.mission_id)
+        if state is None or state.mission is None:
+            err = InvalidInput(f"mission {req.mission_id} does not exist", code=ErrorCode.NOT_FOUND)
+            await msg.respond(_error(err))
+            return
+        view = project(state, req.role, applied_seq=self.journal.applied_seq)
+        await msg.respond(json.dumps(view).encode())
+
+
+def _error(exc: FleetError) -> bytes:
+    return json.dumps({"error": ErrorBody.of(exc).model_dump()}).encode()
+
+
+__all__ = ["Queries"]

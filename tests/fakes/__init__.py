@@ -1,0 +1,1 @@
+"""In-memory transports for unit tests: each implements a service's Protocol (no servers)."""

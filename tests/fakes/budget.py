@@ -1,0 +1,178 @@
+"""An in-memory ``coordinator.budget.Budget``: levels, reservations and leases in dicts.
+
+Checks every level of a chain before the first write (as the Lua script does); ``down`` makes
+every call fail as an unreachable Redis, ``lose_replies`` runs the call, then fails (the
+ambiguous case: money moved, the answer lost).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from ledger.clock import Clock
+from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation, Unreachable
+from reservations import (
+    MISSION_SCOPE,
+    CommitResult,
+    ExpiredReservation,
+    OverrunTreatedResult,
+    ReleaseResult,
+    ReserveResult,
+    SettleResult,
+    SweepResult,
+)
+
+
+@dataclass
+class Held:
+    reserve: ReserveResult
+    commit: CommitResult | None
+    state: str  # held, committed, settled, released, expired
+
+
+class FakeBudget:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.ceilings: dict[tuple[str, str], int] = {}
+        self.used: dict[tuple[str, str], int] = {}
+        self.reservations: dict[tuple[str, str], Held] = {}
+        self.down = False
+        self.lose_replies = False
+        self.calls: list[str] = []
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if self.down:
+            raise Unreachable("fake Redis is down")
+
+    def _answer(self) -> None:
+        if self.lose_replies:
+            raise Unreachable("fake Redis: connection lost before the reply")
+
+    async def create_mission(self, mission_id: str, ceiling: int) -> bool:
+        self._call("create_mission")
+        key = (mission_id, MISSION_SCOPE)
+        if key in self.ceilings:
+            if self.ceilings[key] != ceiling:
+                raise InvalidInput("mission exists", code=ErrorCode.DUPLICATE)
+            return False
+        self.ceilings[key], self.used[key] = ceiling, 0
+        return True
+
+    async def create_grant(
+        self, mission_id: str, grant_id: str, budget: int, parent_id: str | None = None
+    ) -> bool:
+        self._call("create_grant")
+        key = (mission_id, grant_id)
+        created = key not in self.ceilings
+        self.ceilings.setdefault(key, budget)
+        self.used.setdefault(key, 0)
+        return created
+
+    async def treat_overrun(self, mission_id: str, scope: str, *, by: str) -> OverrunTreatedResult:
+        self._call("treat_overrun")
+        return OverrunTreatedResult(mission_id, scope, "", by)
+
+    def hold(
+        self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
+        lease_s: float,
+    ) -> ReserveResult:  # fmt: skip
+        """A held reservation (as a branch makes one), for sweeper tests."""
+        self._check(mission_id, chain, amount)
+        now = self.clock.now()
+        res = ReserveResult(
+            mission_id, reservation_id, tuple(chain), amount,
+            now + timedelta(seconds=lease_s), now,
+        )  # fmt: skip
+        self._move(mission_id, res.scopes, amount)
+        self.reservations[(mission_id, reservation_id)] = Held(res, None, "held")
+        return res
+
+    def _check(self, mission_id: str, chain: Sequence[str], amount: int) -> None:
+        for scope in (*chain, MISSION_SCOPE):
+            key = (mission_id, scope)
+            if key not in self.ceilings:
+                raise RuleViolation(Rule.BUDGET_CONSERVATION, f"{scope} has no budget")
+            if self.used[key] + amount > self.ceilings[key]:
+                raise RuleViolation(
+                    Rule.BUDGET_CONSERVATION,
+                    f"reservation of {amount} exceeds the remaining of {scope}",
+                )
+
+    def _move(self, mission_id: str, scopes: Sequence[str], amount: int) -> None:
+        for scope in scopes:
+            self.used[(mission_id, scope)] += amount
+
+    async def reserve_committed(
+        self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
+        lease_s: float,
+    ) -> tuple[ReserveResult, CommitResult]:  # fmt: skip
+        self._call("reserve_committed")
+        known = self.reservations.get((mission_id, reservation_id))
+        if known is not None and known.commit is not None:
+            self._answer()
+            return known.reserve, known.commit
+        res = self.hold(mission_id, chain, reservation_id, amount, lease_s)
+        commit = CommitResult(mission_id, reservation_id, self.clock.now())
+        self.reservations[(mission_id, reservation_id)] = Held(res, commit, "committed")
+        self._answer()
+        return res, commit
+
+    def _resolve(self, mission_id: str, reservation_id: str, state: str) -> Held:
+        held = self.reservations[(mission_id, reservation_id)]
+        if held.state not in ("held", "committed"):
+            raise InvalidInput(f"reservation {reservation_id} is already {held.state}")
+        held.state = state
+        return held
+
+    async def commit(self, mission_id: str, reservation_id: str) -> CommitResult:
+        self._call("commit")
+        held = self._resolve(mission_id, reservation_id, "committed")
+        held.commit = CommitResult(mission_id, reservation_id, self.clock.now())
+        return held.commit
+
+    async def settle(self, mission_id: str, reservation_id: str, actual: int) -> SettleResult:
+        self._call("settle")
+        held = self._resolve(mission_id, reservation_id, "settled")
+        self._move(mission_id, held.reserve.scopes, actual - held.reserve.amount)
+        return SettleResult(
+            mission_id, reservation_id, actual, actual > held.reserve.amount, self.clock.now()
+        )
+
+    async def release(self, mission_id: str, reservation_id: str) -> ReleaseResult:
+        self._call("release")
+        held = self._resolve(mission_id, reservation_id, "released")
+        self._move(mission_id, held.reserve.scopes, -held.reserve.amount)
+        return ReleaseResult(mission_id, reservation_id, self.clock.now())
+
+    async def sweep(self, mission_id: str) -> SweepResult:
+        self._call("sweep")
+        now = self.clock.now()
+        expired = []
+        for (mid, rid), held in self.reservations.items():
+            if mid == mission_id and held.state == "held" and held.reserve.lease_until <= now:
+                held.state = "expired"
+                self._move(mid, held.reserve.scopes, -held.reserve.amount)
+                r = held.reserve
+                expired.append(ExpiredReservation(mid, rid, r.amount, r.chain, now))
+        return SweepResult(mission_id, now, tuple(expired))
+
+    async def reservation(
+        self, mission_id: str, reservation_id: str
+    ) -> tuple[ReserveResult, CommitResult | None, str] | None:
+        self._call("reservation")
+        held = self.reservations.get((mission_id, reservation_id))
+        return None if held is None else (held.reserve, held.commit, held.state)
+
+    async def committed_ids(self, mission_id: str) -> list[str]:
+        self._call("committed_ids")
+        return [
+            rid
+            for (mid, rid), held in self.reservations.items()
+            if mid == mission_id and held.state == "committed"
+        ]
+
+    async def close(self) -> None:
+        return None

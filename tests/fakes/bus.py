@@ -1,0 +1,90 @@
+"""An in-memory ``Bus``: a stream with de-duplication, a consumer delivering in order, a KV."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fleetbus.bus import RequestHandler, StreamHandler, StreamMessage
+from ledger.errors import FleetError
+
+
+@dataclass
+class FakeRequest:
+    """An inbound request whose answers are collected."""
+
+    subject: str
+    data: bytes
+    reply: str = ""
+    headers: dict[str, str] | None = None
+    answers: list[bytes] = field(default_factory=list)
+
+    async def respond(self, data: bytes) -> None:
+        self.answers.append(data)
+
+
+class FakeBus:
+    def __init__(self) -> None:
+        self.messages: list[StreamMessage] = []
+        self.risks: dict[str, bytes] = {}
+        self.handlers: dict[str, RequestHandler] = {}
+        self.fail_next: list[FleetError] = []  # raised by the next publishes, in order
+        self._ids: dict[str, int] = {}
+        self._queue: asyncio.Queue[StreamMessage] = asyncio.Queue()
+        self._consumer: asyncio.Task[None] | None = None
+        self.connected = True
+
+    async def publish(
+        self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
+    ) -> int:
+        if self.fail_next:
+            raise self.fail_next.pop(0)
+        if msg_id in self._ids:  # de-duplicated, as JetStream does within its window
+            return self._ids[msg_id]
+        msg = StreamMessage(len(self.messages) + 1, subject, data, headers)
+        self.messages.append(msg)
+        self._ids[msg_id] = msg.seq
+        self._queue.put_nowait(msg)
+        return msg.seq
+
+    async def put_risk(self, key: str, value: bytes) -> None:
+        self.risks[key] = value
+
+    async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> None:
+        self.handlers[subject] = handler
+
+    async def request(self, subject: str, data: bytes, reply: str = "") -> FakeRequest:
+        """Send a request to the served handler; return it with its answers."""
+        req = FakeRequest(subject, data, reply)
+        await self.handlers[subject](req)
+        return req
+
+    async def last_seq(self) -> int:
+        return len(self.messages)
+
+    async def history(self, upto: int) -> AsyncIterator[StreamMessage]:
+        for msg in self.messages[:upto]:
+            yield msg
+
+    async def message(self, seq: int) -> StreamMessage | None:
+        return self.messages[seq - 1] if 0 < seq <= len(self.messages) else None
+
+    async def consume(self, handler: StreamHandler) -> None:
+        self._queue = asyncio.Queue()
+        for msg in self.messages:
+            self._queue.put_nowait(msg)
+
+        async def deliver() -> None:
+            while True:
+                await handler(await self._queue.get())
+
+        self._consumer = asyncio.create_task(deliver())
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._consumer
+        self.connected = False
