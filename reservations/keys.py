@@ -27,7 +27,7 @@ _ID = re.compile(ID_PATTERN)
 
 def check_id(value: str, *, what: str) -> str:
     """Ids go into keys; keep them to the ledger's id alphabet (no commas, braces, colons)."""
-    if not isinstance(value, str) or not _ID.match(value):
+    if not isinstance(value, str) or not _ID.fullmatch(value):  # `$` alone admits "m\n"
         raise InvalidInput(f"{what} {value!r} is not a valid id (letters, digits, '_' and '-')")
     return value
 
