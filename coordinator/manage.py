@@ -149,7 +149,7 @@ async def _record_effect(mgr: Manager, ctx: Context, payload: EffectObserved) ->
     res = state.reservations.get(rid) if rid else None
     if res is None or rid is None:
         return Change(payload, result={"reservation_id": rid})
-    if res.state not in ("held", "committed"):
+    if res.state.resolved:
         if payload.actual is not None:
             raise RuleViolation(
                 Rule.BUDGET_CONSERVATION,

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from coordinator.budget import Budget
 from coordinator.journal import Journal
 from fleetbus.bus import cancel_requested
+from ledger.mission import ReservationState
 from ledger.errors import FleetError, Unreachable
 from ledger.events import MAX_BUNDLE_EVENTS, Event
 from telemetry import Telemetry
@@ -116,7 +117,7 @@ class Reconciler:
             if state.mission is None:
                 continue
             if not every_mission and not any(
-                r.state == "held" for r in state.reservations.values()
+                r.state is ReservationState.HELD for r in state.reservations.values()
             ):
                 continue
             async with journal.lock(mission_id):
@@ -124,7 +125,7 @@ class Reconciler:
                 events = []
                 for e in result.expired:
                     known = state.reservations.get(e.reservation_id)
-                    if known is None or known.state != "held":
+                    if known is None or known.state is not ReservationState.HELD:
                         log.info("lease returned unrecorded reservation %s", e.reservation_id)
                         continue
                     grant_id = e.chain[0] if e.chain else None
@@ -159,7 +160,7 @@ class Reconciler:
                         self.undecided.discard(mission_id, rid)
                         continue
                     reserved, committed, held = found
-                    if held not in ("held", "committed"):
+                    if ReservationState(held).resolved:
                         self.undecided.discard(mission_id, rid)
                         continue
                     released = await self.budget.release(mission_id, rid)

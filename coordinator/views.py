@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ledger.invariants import RiskStatus
 from ledger.mission import MISSION_SCOPE, MissionState
 from ledger.money import format_amount
 
@@ -87,7 +88,7 @@ def operator_view(
         "grants": grants,
         "rejected_grants": dict(state.rejected_grants),
         "risks": risks,
-        "open_blockers": [r for r in risks if r["status"] == "open"],
+        "open_blockers": [r for r in risks if r["status"] == RiskStatus.OPEN],
         "actions": actions,
         "decisions": decisions,
     }

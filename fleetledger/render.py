@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
+from ledger.invariants import RiskStatus
 from ledger.kernel import Decision
 from ledger.money import format_amount
 
@@ -68,7 +69,7 @@ def team_view(view: dict[str, Any]) -> list[Table]:
         for col in ("risk", "blocks", "scope", "owner", "status", "summary"):
             risks.add_column(col)
         for r in view["risks"]:
-            status = "[red]open[/]" if r["status"] == "open" else "treated"
+            status = "[red]open[/]" if r["status"] == RiskStatus.OPEN else "treated"
             risks.add_row(
                 r["risk_id"], ", ".join(r["blocks"]), r["scope"], r["owner"], status, r["summary"]
             )

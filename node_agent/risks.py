@@ -20,7 +20,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from ledger.errors import RuleViolation
-from ledger.invariants import RiskFact, check_risks
+from ledger.invariants import RiskFact, RiskStatus, check_risks
 from ledger.protocol import RISK_BUCKET
 
 
@@ -82,7 +82,7 @@ class RiskWatcher:
                     owner=data["owner"],
                     summary=data["summary"],
                     grant_id=data.get("grant_id"),
-                    open=data["status"] == "open",
+                    open=data["status"] == RiskStatus.OPEN,
                     learned_at=time.monotonic(),
                 )
                 if self.on_change is not None:
