@@ -19,9 +19,9 @@ from datetime import datetime, timedelta
 from coordinator.budget import Budget
 from coordinator.journal import Journal
 from fleetbus.bus import cancel_requested
-from ledger.mission import ReservationState
 from ledger.errors import FleetError, Unreachable
 from ledger.events import MAX_BUNDLE_EVENTS, Event
+from ledger.mission import ReservationState
 from telemetry import Telemetry
 from telemetry.conventions import FLEET_RESERVATION_OUTCOME
 
