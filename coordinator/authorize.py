@@ -17,10 +17,11 @@ from pydantic import ValidationError
 
 from coordinator.budget import Budget
 from coordinator.journal import Journal
-from coordinator.reconcile import Undecided, authorize_reservation_id
+from coordinator.reconcile import Undecided, authorize_reservation_id, return_unrecorded
 from fleetbus.bus import Request
 from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
 from ledger.events import MAX_EVENT_BYTES, Event
+from ledger.idempotency import check_same_terms
 from ledger.kernel import Decision, decide
 from ledger.mission import MISSION_SCOPE
 from ledger.protocol import (
@@ -145,11 +146,16 @@ class Authorizer:
         mid, action = req.mission_id, req.request
         state = journal.state(mid)
         existing = state.actions.get(action.action_id)
-        if existing is not None:  # a retried request: answer with the receipt already recorded
+        if existing is not None:
+            # A retried request: one answer per id. Other terms are a conflict naming the
+            # recorded ones; the same terms are answered with the receipt already recorded.
+            check_same_terms(existing, action)
             for prior in reversed(state.decisions):
                 if prior.action_id == action.action_id:
                     return AuthorizeReply(
-                        decision=decision_of(prior, action.grant_id, action.cost),
+                        decision=decision_of(
+                            prior, existing.grant_id or action.grant_id, existing.cost
+                        ),
                         reservation_id=prior.reservation_id,
                     )
             # Requested but undecided: a coordinator died mid-append. Decide it now.
@@ -190,7 +196,14 @@ class Authorizer:
                             causal_parent=parent,
                         )
                     )
-        self.undecided.discard(mid, rid)
+        if reservation_id is None and (mid, rid) in self.undecided:
+            # An earlier attempt failed ambiguously and this one does not spend: whatever Redis
+            # took then is returned now, and recorded with this decision (one message).
+            with contextlib.suppress(Unreachable):  # still unknown: the reconciler retries
+                events.extend(await return_unrecorded(journal, self.budget, mid, rid))
+                self.undecided.discard(mid, rid)
+        else:
+            self.undecided.discard(mid, rid)
         self._count(decision)
         receipt = journal.event(
             decision.receipt(reservation_id),

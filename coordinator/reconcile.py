@@ -35,6 +35,26 @@ def authorize_reservation_id(action_id: str) -> str:
     return f"{AUTHORIZE_RESERVATION_PREFIX}{action_id}"
 
 
+async def return_unrecorded(
+    journal: Journal, budget: Budget, mission_id: str, reservation_id: str
+) -> list[Event]:
+    """Give back what Redis holds for a reservation the ledger does not record, and the events
+    that record what Redis did (reserve, commit, release): none if it holds nothing. Raises
+    ``Unreachable`` while Redis cannot say (the caller keeps it undecided)."""
+    found = await budget.reservation(mission_id, reservation_id)
+    if found is None:  # the script never ran
+        return []
+    reserved, committed, held = found
+    if ReservationState(held).resolved:
+        return []
+    released = await budget.release(mission_id, reservation_id)
+    return [
+        journal.event(r.ledger_payload(), mission_id, at=r.at, grant_id=reserved.grant_id)
+        for r in (reserved, committed, released)
+        if r is not None
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class Pending:
     action_id: str
@@ -151,38 +171,24 @@ class Reconciler:
         for mission_id, rid, action_id in self.undecided.due(journal.clock.now()):
             async with journal.lock(mission_id):
                 state = journal.states.get(mission_id)
-                if state is None or action_id in state.actions:  # decided by a retry
+                if state is None or rid in state.reservations:  # a retry recorded it
                     self.undecided.discard(mission_id, rid)
                     continue
                 try:
-                    found = await self.budget.reservation(mission_id, rid)
-                    if found is None:  # the script never ran
-                        self.undecided.discard(mission_id, rid)
-                        continue
-                    reserved, committed, held = found
-                    if ReservationState(held).resolved:
-                        self.undecided.discard(mission_id, rid)
-                        continue
-                    released = await self.budget.release(mission_id, rid)
+                    events = await return_unrecorded(journal, self.budget, mission_id, rid)
                 except Unreachable:
                     continue  # still down: try again next round
-                events: list[Event] = [
-                    journal.event(
-                        r.ledger_payload(), mission_id, at=r.at, grant_id=reserved.grant_id
+                if events:
+                    await journal.commit(events)
+                    returned += 1
+                    log.warning(
+                        "returned reservation %s of mission %s: Redis held it for action %s, "
+                        "whose authorize failed and was not retried",
+                        rid,
+                        mission_id,
+                        action_id,
                     )
-                    for r in (reserved, committed, released)
-                    if r is not None
-                ]
-                await journal.commit(events)
                 self.undecided.discard(mission_id, rid)
-                returned += 1
-                log.warning(
-                    "returned reservation %s of mission %s: Redis held it for action %s, whose "
-                    "authorize failed and was not retried",
-                    rid,
-                    mission_id,
-                    action_id,
-                )
         return returned
 
     async def sweep_forever(self) -> None:
