@@ -259,7 +259,8 @@ class MissionState:
             )
         if step.needs_mission:
             _mission(self)
-        step.apply(self, event, p)  # validates fully, then mutates
+        if step.apply(self, event, p) is UNCHANGED:  # validates fully, then mutates
+            return
         self.version += 1
 
 
@@ -291,14 +292,22 @@ def fold(
 # --- the registry: one fold step per payload type -------------------------------------------
 
 _P = TypeVar("_P", bound=BaseModel)
-_Step = Callable[[MissionState, Event, _P], None]
+
+
+class _Unchanged:
+    """What a step returns for an event that repeats what the state already holds (an
+    idempotent retry): it is accepted, and the version (what receipts cite) does not move."""
+
+
+UNCHANGED = _Unchanged()
+_Step = Callable[[MissionState, Event, _P], _Unchanged | None]
 
 
 @dataclass(frozen=True)
 class _FoldStep:
     # The payload is typed where the step is registered (``_folds``); the table maps each type
     # to a step for exactly that type, so the lookup in ``apply`` hands it the right payload.
-    apply: Callable[[MissionState, Event, Any], None]
+    apply: Callable[[MissionState, Event, Any], _Unchanged | None]
     needs_mission: bool
 
 
@@ -527,7 +536,7 @@ def _approval_granted(s: MissionState, e: Event, p: ApprovalGranted) -> None:
 
 
 @_folds(BudgetReserved)
-def _budget_reserved(s: MissionState, e: Event, p: BudgetReserved) -> None:
+def _budget_reserved(s: MissionState, e: Event, p: BudgetReserved) -> _Unchanged | None:
     existing = s.reservations.get(p.reservation_id)
     scopes = s.scopes(p.grant_id)
     if existing is not None:
@@ -538,7 +547,7 @@ def _budget_reserved(s: MissionState, e: Event, p: BudgetReserved) -> None:
                 "an id reserves at most once",
             )
         if existing.amount == p.amount and existing.scopes == scopes:
-            return  # the same reservation again: idempotent
+            return UNCHANGED  # the same reservation again: idempotent
         raise InvalidInput(
             f"reservation {p.reservation_id} exists with other terms", code=ErrorCode.DUPLICATE
         )
@@ -548,6 +557,7 @@ def _budget_reserved(s: MissionState, e: Event, p: BudgetReserved) -> None:
     )
     for sc in scopes:
         s.usage.setdefault(sc, Usage()).reserved += p.amount
+    return None
 
 
 def _reservation(s: MissionState, reservation_id: str) -> Reservation:
@@ -581,10 +591,10 @@ def _resolved_again(res: Reservation, wanted: ReservationState, actual: int) -> 
 
 
 @_folds(BudgetCommitted)
-def _budget_committed(s: MissionState, e: Event, p: BudgetCommitted) -> None:
+def _budget_committed(s: MissionState, e: Event, p: BudgetCommitted) -> _Unchanged | None:
     res = _reservation(s, p.reservation_id)
     if _resolved_once(res, ReservationState.COMMITTED):
-        return
+        return UNCHANGED
     if e.effective_at >= res.lease_until:
         raise RuleViolation(
             Rule.BUDGET_CONSERVATION,
@@ -595,6 +605,7 @@ def _budget_committed(s: MissionState, e: Event, p: BudgetCommitted) -> None:
         use = s.usage[sc]
         use.reserved -= res.amount
         use.committed += res.amount
+    return None
 
 
 def _take_back(s: MissionState, res: Reservation) -> None:
@@ -607,10 +618,10 @@ def _take_back(s: MissionState, res: Reservation) -> None:
 
 
 @_folds(BudgetSettled)
-def _budget_settled(s: MissionState, e: Event, p: BudgetSettled) -> None:
+def _budget_settled(s: MissionState, e: Event, p: BudgetSettled) -> _Unchanged | None:
     res = _reservation(s, p.reservation_id)
     if _resolved_again(res, ReservationState.SETTLED, p.actual):
-        return
+        return UNCHANGED
     if p.actual > res.amount:
         raise InvalidInput(
             f"settle of {res.reservation_id} for {p.actual} exceeds its reservation of "
@@ -621,13 +632,14 @@ def _budget_settled(s: MissionState, e: Event, p: BudgetSettled) -> None:
     for sc in res.scopes:
         s.usage[sc].settled += p.actual
     res.state, res.actual = ReservationState.SETTLED, p.actual
+    return None
 
 
 @_folds(BudgetOverrun)
-def _budget_overrun(s: MissionState, e: Event, p: BudgetOverrun) -> None:
+def _budget_overrun(s: MissionState, e: Event, p: BudgetOverrun) -> _Unchanged | None:
     res = _reservation(s, p.reservation_id)
     if _resolved_again(res, ReservationState.OVERRUN, p.actual):
-        return
+        return UNCHANGED
     if p.actual <= res.amount:
         raise InvalidInput(
             f"overrun of {res.reservation_id} must exceed its reservation of {res.amount}"
@@ -637,6 +649,7 @@ def _budget_overrun(s: MissionState, e: Event, p: BudgetOverrun) -> None:
         s.usage[sc].settled += p.actual  # honest: what was really spent
     res.state, res.actual = ReservationState.OVERRUN, p.actual
     s.blocked_scopes[res.scopes[0]] = res.reservation_id
+    return None
 
 
 @_folds(BudgetOverrunTreated)
@@ -654,19 +667,20 @@ def _budget_overrun_treated(s: MissionState, e: Event, p: BudgetOverrunTreated) 
 
 
 @_folds(BudgetReleased)
-def _budget_released(s: MissionState, e: Event, p: BudgetReleased) -> None:
+def _budget_released(s: MissionState, e: Event, p: BudgetReleased) -> _Unchanged | None:
     res = _reservation(s, p.reservation_id)
     if _resolved_once(res, ReservationState.RELEASED):
-        return
+        return UNCHANGED
     _take_back(s, res)
     res.state = ReservationState.RELEASED
+    return None
 
 
 @_folds(BudgetExpired)
-def _budget_expired(s: MissionState, e: Event, p: BudgetExpired) -> None:
+def _budget_expired(s: MissionState, e: Event, p: BudgetExpired) -> _Unchanged | None:
     res = _reservation(s, p.reservation_id)
     if _resolved_once(res, ReservationState.EXPIRED):
-        return
+        return UNCHANGED
     if res.state is not ReservationState.HELD:
         raise RuleViolation(
             Rule.BUDGET_CONSERVATION,
@@ -682,6 +696,7 @@ def _budget_expired(s: MissionState, e: Event, p: BudgetExpired) -> None:
 
 
 # --- actions --------------------------------------------------------------------------------
+    return None
 
 
 @_folds(ActionRequested)

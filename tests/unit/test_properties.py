@@ -304,7 +304,10 @@ def test_replay_is_deterministic_at_every_split_point(led: Ledger) -> None:
     for k in range(len(events) + 1):
         prefix = fold(events[:k], mission_id=MID)
         assert fold(events[k:], state=prefix).snapshot() == whole
-        assert prefix.version == k
+        # the version counts the events that changed the state (idempotent retries do not)
+        assert (
+            prefix.version <= k and prefix.version <= fold(events[: k + 1], mission_id=MID).version
+        )
 
 
 # --- (3) conservation in the pure model ------------------------------------------------------
@@ -407,7 +410,8 @@ class Conservation(RuleBasedStateMachine):
 
     @rule(rid=consumes(held))
     def retry_last_resolution(self, rid: str) -> None:
-        """Re-sending a reservation's last event changes nothing."""
+        """Re-sending a reservation's last event changes nothing, not even the version that
+        receipts cite (issue 15 item 10)."""
         res = self.led.state.reservations.get(rid)
         if res is None or res.state is ReservationState.HELD:
             return
@@ -425,7 +429,6 @@ class Conservation(RuleBasedStateMachine):
         before = self.led.state.snapshot()
         self.led.apply(payload)
         after = self.led.state.snapshot()
-        assert after.pop("version") == before.pop("version") + 1
         assert after == before
 
     @precondition(lambda self: bool(self.led.state.blocked_scopes))
