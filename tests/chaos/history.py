@@ -277,6 +277,34 @@ def fold_record(mission: str, messages: list[Message], snapshot_at: Iterable[int
     )
 
 
+RETURNS = ("budget.expired", "budget.released", "budget.settled")
+
+
+def _out_of_order(messages: list[Message], seq: int, kind: str) -> str:
+    """Why a rejected reservation may have been rejected: money returned in Redis before it
+    was admitted (earlier ``effective_at``) but recorded after it (a later sequence)."""
+    if kind != "budget.reserved":
+        return ""
+    mine = [e for m in messages if m.seq == seq for e in (m.events or ()) if e.kind == kind]
+    if not mine:
+        return ""
+    at = mine[0].effective_at
+    later = [
+        f"{e.kind} {getattr(e.payload, 'reservation_id', '?')} (Redis at "
+        f"{e.effective_at.time()}, recorded at seq {m.seq})"
+        for m in messages
+        if m.seq > seq
+        for e in (m.events or ())
+        if e.kind in RETURNS and e.effective_at < at
+    ]
+    if not later:
+        return ""
+    return (
+        f" (Redis admitted it at {at.time()} with money returned before it but recorded "
+        f"after it: {', '.join(later[:3])})"
+    )
+
+
 def _answers(history: History, mission: str) -> list[Op]:
     return [op for op in history.of("authorize") if op.mission == mission]
 
@@ -294,7 +322,8 @@ def check(history: History, records: dict[str, MissionRecord]) -> list[Violation
         out += _check_risk_real_time(history, mission, folded)
         out += _check_replay(mission, rec, folded)
         for seq, kind, why in folded.rejected:
-            out.append(Violation("fold-rejects-nothing", mission, f"seq {seq} {kind}: {why}"))
+            hint = _out_of_order(rec.messages, seq, kind)
+            out.append(Violation("fold-rejects-nothing", mission, f"seq {seq} {kind}: {why}{hint}"))
         for dl in rec.deadletters:
             out.append(
                 Violation(
@@ -433,6 +462,19 @@ def _check_redis(
         for op in _answers(history, mission)
         if op.result in ("unknown", "error")
     }
+    if state.mission is None:
+        if redis.levels.get(MISSION_SCOPE, (0,))[0]:
+            out.append(
+                Violation(
+                    "redis-agrees",
+                    mission,
+                    f"Redis holds the mission scope {redis.levels[MISSION_SCOPE]} but the "
+                    "ledger never recorded mission.created (its create was answered with an "
+                    "error or not at all)",
+                    finding=2,
+                )
+            )
+        return out
     scopes = [MISSION_SCOPE, *sorted(state.grants)]
     for scope in scopes:
         lvl = state.level(scope)
@@ -593,7 +635,10 @@ def _check_replay(mission: str, rec: MissionRecord, folded: Folded) -> list[Viol
     if rec.replay_final is not None and rec.replay_final != folded.state.snapshot():
         out.append(Violation("replay", mission, "replay_mission() differs from the fold"))
     if rec.view is None:
-        out.append(Violation("replay", mission, "the live view did not answer after healing"))
+        if folded.state.mission is not None:
+            out.append(
+                Violation("replay", mission, "the live view does not know a mission replay knows")
+            )
         return out
     budget = rec.view.get("budget") or {}
     seen = {k: budget.get(k) for k in ("ceiling", "reserved", "committed", "settled")}

@@ -70,13 +70,16 @@ class Sent:
     request: ActionRequest
     allowed: bool | None = None  # None: never got an answer
     effect: str | None = None  # the outcome recorded for it, if acknowledged
+    pending: tuple[str, int | None] | None = None  # an effect sent without an answer: resend it
 
 
 @dataclass
 class World:
     """What the clients know, shared between them (their own notes, never the record)."""
 
-    missions: list[str]
+    missions: list[str] = field(default_factory=list)  # set up: the clients use the last few
+    attempted: list[str] = field(default_factory=list)  # every mission asked for (all checked)
+    live: int = 3
     grants: dict[str, list[str]] = field(default_factory=dict)  # mission -> issued grant ids
     sent: list[Sent] = field(default_factory=list)
     risks: dict[str, list[tuple[str, bool]]] = field(default_factory=dict)  # risk id, open?
@@ -133,7 +136,7 @@ class Client:
         fns, weights = [f for f, _ in ops], [w for _, w in ops]
         while not stop.is_set():
             fn = self.rng.choices(fns, weights=weights)[0]
-            mission = self.rng.choice(self.world.missions)
+            mission = self.rng.choice(self.world.missions[-self.world.live :])
             try:
                 await fn(mission)
             except Exception as exc:  # a client bug must not look like a clean run
@@ -246,7 +249,11 @@ class Client:
                 self.name, s.mission, "effect", {**args, **note, "attempt": attempt}
             )
             if await self._manage(op, "effect.record", s.mission, args):
-                s.effect = outcome
+                s.effect, s.pending = outcome, None
+            elif op.result == "unknown":
+                s.pending = (outcome, actual)  # an honest client resends these terms only
+            else:
+                s.pending = None
             if op.result != "unknown" or self.rng.random() < 0.2:
                 return op
             note = {**note, "identical_retry": True}
@@ -262,6 +269,9 @@ class Client:
         if not open_:
             return
         s = self.rng.choice(open_)
+        if s.pending is not None:
+            await self._record_effect(s, *s.pending, identical_retry=True)
+            return
         roll = self.rng.random()
         if roll < 0.6 or s.effect == "unknown":  # an unknown outcome is reconciled: success
             actual = self.rng.randint(0, s.request.cost) if s.request.cost else None
@@ -448,8 +458,10 @@ async def _until(what: str, fn: Any, timeout: float) -> Any:
 
 
 async def set_up(fleet: FleetClient, missions: list[str], world: World) -> None:
+    """Create each mission and its root grants (retried through faults), then hand it over."""
     expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
     for m in missions:
+        world.attempted.append(m)
 
         async def create(m: str = m) -> None:
             try:
@@ -487,6 +499,34 @@ async def set_up(fleet: FleetClient, missions: list[str], world: World) -> None:
             await _until(f"issue {gid}", issue, 30)
             if gid != BRANCH_GRANT:
                 world.grants[m].append(gid)
+        world.missions.append(m)
+
+
+async def rotate(
+    fleet: FleetClient,
+    seed: int,
+    world: World,
+    history: History,
+    every_s: float,
+    stop: asyncio.Event,
+) -> None:
+    """A fresh mission every ``every_s``: spent budgets would leave a long run only denials."""
+    n = len(world.attempted)
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(every_s):
+                await stop.wait()
+        if stop.is_set():
+            return
+        m = f"m{seed % 10_000}-{n}"
+        n += 1
+        op = history.invoke("rotator", m, "mission", {"ceiling": CEILING})
+        try:
+            await set_up(fleet, [m], world)
+        except AssertionError as exc:
+            history.error(op, "setup", str(exc))
+        else:
+            history.ok(op)
 
 
 async def redis_sampler(
@@ -622,6 +662,7 @@ async def run_chaos(
     *,
     clients: int = 5,
     missions: int = 3,
+    rotate_s: float = 40.0,
     log: Any = print,
 ) -> RunResult:
     """Start the cluster, drive it under faults for ``seconds``, heal, collect, check."""
@@ -633,7 +674,7 @@ async def run_chaos(
     history = History(seed)
     rng = random.Random(seed)
     names = [f"m{seed % 10_000}-{i}" for i in range(missions)]
-    world = World(names)
+    world = World(live=missions)
     cluster = Cluster(state_dir).start()
     workers: list[Client] = []
     try:
@@ -649,7 +690,9 @@ async def run_chaos(
         sampled: list[Violation] = []
         tasks = [asyncio.create_task(w.run(stop)) for w in workers]
         fault_task = asyncio.create_task(nemesis.run(stop))
-        sampler = asyncio.create_task(redis_sampler(cluster, names, stop, sampled))
+        sampler = asyncio.create_task(redis_sampler(cluster, world.attempted, stop, sampled))
+        rotator_fleet = await FleetClient.connect(cluster.nats_url, timeout=3)
+        rotator = asyncio.create_task(rotate(rotator_fleet, seed, world, history, rotate_s, stop))
         await asyncio.sleep(seconds)
         stop.set()
         await fault_task
@@ -662,7 +705,9 @@ async def run_chaos(
         await asyncio.to_thread(cluster.heal)
         samples = await sampler
         log(f"chaos: {len(history.ops)} ops, {len(nemesis.faults)} faults; healing")
-        records = await collect(cluster, names, history, lease_s=cluster.lease_s)
+        await rotator
+        await rotator_fleet.close()
+        records = await collect(cluster, world.attempted, history, lease_s=cluster.lease_s)
         violations = sampled + check(history, records)
         return RunResult(
             seed,
@@ -681,6 +726,16 @@ async def run_chaos(
         await asyncio.to_thread(cluster.stop)
 
 
+async def _view(fleet: FleetClient, mission: str) -> dict[str, Any] | None:
+    """The live view, or None for a mission the coordinator does not know."""
+    try:
+        return await fleet.view(mission)
+    except FleetError as exc:
+        if exc.code is ErrorCode.NOT_FOUND:
+            return None
+        raise
+
+
 async def collect(
     cluster: Cluster, missions: list[str], history: History, *, lease_s: float
 ) -> dict[str, MissionRecord]:
@@ -690,7 +745,7 @@ async def collect(
 
         async def serving() -> None:
             for m in missions:
-                await fleet.view(m)
+                await _view(fleet, m)
 
         await _until("the coordinator serves again", serving, 60)
         # the undecided money is returned lease_s after the coordinator (re)started; held
@@ -701,19 +756,19 @@ async def collect(
             nc = fleet.nc
             info = await nc.jetstream().stream_info(STREAM)
             for m in missions:
-                v = await fleet.view(m)
-                assert int(v["applied_seq"]) >= int(info.state.last_seq), "behind"
+                v = await _view(fleet, m)
+                assert v is None or int(v["applied_seq"]) >= int(info.state.last_seq), "behind"
 
         await _until("the coordinator catches up", caught_up, 30)
         records: dict[str, MissionRecord] = {}
         for m in missions:
             for _ in range(5):  # a sweep may append meanwhile: read until nothing moved
-                before = await fleet.view(m)
+                before = await _view(fleet, m)
                 messages = await read_stream(cluster.nats_url, m)
                 redis = await read_redis(cluster.redis_url, m)
-                view = await fleet.view(m)
+                view = await _view(fleet, m)
                 now = datetime.now(UTC)
-                if {**before, "applied_seq": 0} == {**view, "applied_seq": 0}:
+                if {**(before or {}), "applied_seq": 0} == {**(view or {}), "applied_seq": 0}:
                     break
             seqs = [msg.seq for msg in messages]
             cuts = sorted({seqs[len(seqs) * k // 6] for k in range(1, 6)}) if seqs else []
