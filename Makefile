@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench up clean
+.PHONY: demo test lint bench up chaos clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ bench: $(STAMP)
 
 up: $(STAMP)
 	$(BIN)/fleetledger up
+
+# The fault-injection checker, long: FLEET_CHAOS_SECONDS of operations (default 900) under
+# faults; FLEET_CHAOS_SEED replays a run (default: a fresh seed, printed first).
+chaos: $(STAMP)
+	FLEET_CHAOS_SECONDS=$${FLEET_CHAOS_SECONDS:-900} \
+	FLEET_CHAOS_SEED=$${FLEET_CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')} \
+	$(BIN)/python -m pytest -q -s -rxXf tests/chaos/test_checker.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
