@@ -9,6 +9,7 @@ appended; a refusal changes nothing in the ledger. Budget scopes are created in 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,6 +23,7 @@ from fleetbus.bus import Request
 from fleetbus.http import first_error
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation
 from ledger.events import (
+    MAX_EVENT_BYTES,
     ApprovalGranted,
     BudgetOverrunTreated,
     EffectObserved,
@@ -50,6 +52,9 @@ from telemetry.conventions import (
 
 log = logging.getLogger("fleetledger.coordinator.manage")
 
+# room a change's message needs besides its payload: the envelope and budget records
+RECORD_SLACK = 8 * 1024
+
 
 @dataclass
 class Change:
@@ -59,6 +64,7 @@ class Change:
     payload: BaseModel
     before: list[Event] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
+    recorded: uuid.UUID | None = None  # already on the record (an identical retry): append nothing
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,10 @@ async def _record_effect(mgr: Manager, ctx: Context, payload: EffectObserved) ->
             f"action {payload.action_id} was never requested in mission {state.mission_id}",
             code=ErrorCode.NOT_FOUND,
         )
+    if record.effect == payload and record.effect_event_id is not None:
+        # the same effect again (a retry whose answer was lost): harmless, nothing new
+        return Change(payload, result={"reservation_id": record.reservation_id},
+                      recorded=record.effect_event_id)  # fmt: skip
     # Check the outcome transition before touching Redis: nothing half-applied.
     evolve(state, journal.event(payload, state.mission_id, at=ctx.now))
     rid = record.reservation_id
@@ -239,7 +249,15 @@ class Manager:
             payload = op.payload.model_validate(args)
         except ValidationError as exc:
             raise InvalidInput(f"{req.op}: {first_error(exc)}") from None
+        size = len(payload.model_dump_json())
+        if size + RECORD_SLACK > MAX_EVENT_BYTES:  # before Redis or the stream hear of it
+            raise InvalidInput(
+                f"{req.op}: the change is {size} bytes; a ledger message holds {MAX_EVENT_BYTES} "
+                "with its records. Shorten its text fields; nothing was changed"
+            )
         change = await op.handle(self, ctx, payload)
+        if change.recorded is not None:
+            return ManageReply(ok=True, event_id=str(change.recorded), result=change.result)
         event = journal.event(change.payload, req.mission_id, at=ctx.now, agent_id=req.actor)
         events = [*change.before, event]
         check = ctx.state

@@ -9,6 +9,7 @@ same state; ``snapshot()`` is the comparable form of it.
 from __future__ import annotations
 
 import copy
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -147,6 +148,8 @@ class ActionRecord:
     needs_review: bool = False  # cited evidence was superseded before its effect was recorded
     decision_cut: int | None = None
     rule: Rule | None = None
+    effect: EffectObserved | None = None  # the last effect recorded (a retry repeats it)
+    effect_event_id: uuid.UUID | None = None
 
 
 @dataclass
@@ -694,8 +697,7 @@ def _budget_expired(s: MissionState, e: Event, p: BudgetExpired) -> _Unchanged |
     _take_back(s, res)
     res.state = ReservationState.EXPIRED
 
-
-# --- actions --------------------------------------------------------------------------------
+    # --- actions --------------------------------------------------------------------------------
     return None
 
 
@@ -737,6 +739,7 @@ def _effect_observed(s: MissionState, e: Event, p: EffectObserved) -> None:
     check_effect_transition(rec.action_id, rec.status, outcome)
     rec.status = outcome
     rec.needs_review = False
+    rec.effect, rec.effect_event_id = p, e.event_id
 
 
 # A node's observations are records: the fold counts them (the version moves) and keeps nothing.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.errors import ErrorCode, InvalidInput, Rule
+from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation
 from tests.unit.test_coordinator_decisions import MID, Fleet, fleet
 
 __all__ = ["fleet"]  # the fixture, shared with the decision tests
@@ -67,3 +67,66 @@ async def test_money_an_ambiguous_call_took_is_returned_when_its_retry_is_denied
     state = fleet.co.states[MID]
     assert state.level("mission").used == 0
     assert (MID, "r-a1") not in fleet.co.reconciler.undecided
+
+
+@pytest.mark.parametrize(
+    ("op", "args"),
+    [
+        ("mission.create", {"purpose": "p" * 70_000, "owner": "olga", "ceiling": 10}),
+        (
+            "grant.issue",
+            {"grant_id": "g2", "holder": "a", "purpose": "p" * 70_000, "owner": "olga",
+             "authority": {"actions": ["pay"]}, "budget": 10},
+        ),
+    ],
+)  # fmt: skip
+async def test_a_change_too_large_to_record_is_refused_before_redis_hears_of_it(
+    fleet: Fleet, op: str, args: dict[str, object]
+) -> None:
+    """Issue 15 item 2: a 70 KB purpose used to create the scope in Redis, then fail the append."""
+    calls, messages = list(fleet.budget.calls), len(fleet.bus.messages)
+    mid_args = {**args}
+    from ledger.protocol import ManageRequest
+
+    with pytest.raises(InvalidInput, match="nothing was changed"):
+        await fleet.co.manager.manage(
+            ManageRequest(op=op, mission_id="m-big", actor="olga", args=mid_args)  # type: ignore[arg-type]
+        )
+    assert fleet.budget.calls == calls  # Redis untouched
+    assert len(fleet.bus.messages) == messages
+
+
+async def test_an_effect_too_large_to_record_does_not_settle_in_redis(fleet: Fleet) -> None:
+    await fleet.authorize("a1", cost=100)
+    calls = list(fleet.budget.calls)
+    with pytest.raises(InvalidInput, match="nothing was changed"):
+        await fleet.manage(
+            "effect.record",
+            {
+                "action_id": "a1",
+                "outcome": "verified_success",
+                "actual": 50,
+                "detail": "x" * 70_000,
+            },
+        )
+    assert fleet.budget.calls == calls
+    assert fleet.co.states[MID].reservations["r-a1"].state == "committed"
+    # the honest record still goes through
+    ok = await fleet.manage(
+        "effect.record", {"action_id": "a1", "outcome": "verified_success", "actual": 50}
+    )
+    assert ok.ok and fleet.budget.used[(MID, "mission")] == 50
+
+
+async def test_an_identical_effect_retry_is_harmless(fleet: Fleet) -> None:
+    """Issue 15 item 7: the same effect again used to be refused by outcome honesty."""
+    await fleet.authorize("a1", cost=100)
+    effect = {"action_id": "a1", "outcome": "verified_success", "actual": 60}
+    first = await fleet.manage("effect.record", effect)
+    messages, calls = len(fleet.bus.messages), list(fleet.budget.calls)
+    again = await fleet.manage("effect.record", effect)
+    assert again.ok and again.event_id == first.event_id
+    assert len(fleet.bus.messages) == messages and fleet.budget.calls == calls
+    with pytest.raises(RuleViolation) as exc:  # other terms are still refused, by its rule
+        await fleet.manage("effect.record", {**effect, "outcome": "verified_failure"})
+    assert exc.value.rule is Rule.OUTCOME_HONESTY
