@@ -144,6 +144,7 @@ class Authorizer:
     async def _decide(self, req: AuthorizeRequest, nonce: str | None) -> AuthorizeReply:
         journal = self.journal
         mid, action = req.mission_id, req.request
+        await journal.settle(mid)
         state = journal.state(mid)
         existing = state.actions.get(action.action_id)
         if existing is not None:

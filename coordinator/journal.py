@@ -26,7 +26,7 @@ from opentelemetry.trace import Span
 
 from fleetbus.bus import Bus
 from ledger.clock import Clock
-from ledger.errors import Unreachable
+from ledger.errors import InvalidInput, Unreachable
 from ledger.events import Event, bundle_json, make_event
 from ledger.mission import MissionState
 from ledger.protocol import subject_of
@@ -73,6 +73,8 @@ class Journal:
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # Messages this coordinator published, by their bytes -> their events.
         self._own: dict[bytes, tuple[Event, ...]] = {}
+        # missions whose last append failed ambiguously (the server may have stored it)
+        self._unsure: set[str] = set()
 
     # --- applied state ---------------------------------------------------------------------
 
@@ -82,6 +84,14 @@ class Journal:
 
     def lock(self, mission_id: str) -> asyncio.Lock:
         return self._locks[mission_id]
+
+    async def settle(self, mission_id: str) -> None:
+        """Before deciding anything more for a mission whose last append failed ambiguously,
+        fold the stream up to its end: what that append stored is then in the state, so a
+        retry is answered from it instead of recorded a second time. Call under the lock."""
+        if mission_id in self._unsure:
+            await self.wait_applied(await self.bus.last_seq())
+            self._unsure.discard(mission_id)
 
     def is_own(self, data: bytes) -> bool:
         return data in self._own
@@ -147,8 +157,12 @@ class Journal:
                 seq = await self.bus.publish(
                     subject, body, msg_id=str(last.event_id), headers=headers_of(span)
                 )
+            except InvalidInput:  # refused outright: nothing was stored
+                self._own.pop(body, None)
+                raise
             except BaseException:
                 self._own.pop(body, None)
+                self._unsure.add(last.mission_id)
                 raise
             if span.is_recording():
                 span.set_attributes(

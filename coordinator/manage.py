@@ -242,6 +242,7 @@ class Manager:
 
     async def _manage(self, req: ManageRequest) -> ManageReply:
         journal = self.journal
+        await journal.settle(req.mission_id)
         ctx = Context(req, journal.state(req.mission_id), journal.clock.now())
         op = HANDLERS[req.op]
         args = req.args if op.prepare is None else op.prepare(ctx)

@@ -141,6 +141,7 @@ class Reconciler:
             ):
                 continue
             async with journal.lock(mission_id):
+                await journal.settle(mission_id)
                 result = await self.budget.sweep(mission_id)
                 events = []
                 for e in result.expired:
@@ -170,6 +171,7 @@ class Reconciler:
         returned = 0
         for mission_id, rid, action_id in self.undecided.due(journal.clock.now()):
             async with journal.lock(mission_id):
+                await journal.settle(mission_id)
                 state = journal.states.get(mission_id)
                 if state is None or rid in state.reservations:  # a retry recorded it
                     self.undecided.discard(mission_id, rid)

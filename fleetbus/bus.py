@@ -40,6 +40,8 @@ from ledger.protocol import (
 
 log = logging.getLogger("fleetledger.bus")
 
+DEFAULT_PENDING = 2 * 1024 * 1024  # nats-py's own default reconnect buffer
+
 
 def cancel_requested() -> bool:
     """True if the current task was asked to stop.
@@ -51,11 +53,21 @@ def cancel_requested() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-async def connect(url: str, *, name: str, connect_timeout: float = 2.0) -> Client:
+async def connect(
+    url: str,
+    *,
+    name: str,
+    connect_timeout: float = 2.0,
+    seed: str | None = None,
+    buffer_while_reconnecting: bool = True,
+) -> Client:
     """Connect, then let nats-py reconnect forever; unreachable at first -> ``Unreachable``.
 
     nats-py would retry the first connect forever too (with unlimited reconnects), so the
-    first connect is bounded by a deadline instead.
+    first connect is bounded by a deadline instead. ``seed``: authenticate as the principal
+    holding that nkey. ``buffer_while_reconnecting=False``: a publish while disconnected fails
+    at once instead of waiting in nats-py's buffer to land later, after its caller gave up on
+    it (the coordinator's appends must never arrive behind a retry that recorded anew).
     """
 
     async def quiet(exc: Exception) -> None:
@@ -71,6 +83,8 @@ async def connect(url: str, *, name: str, connect_timeout: float = 2.0) -> Clien
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
                 error_cb=quiet,
+                nkeys_seed_str=seed,
+                pending_size=DEFAULT_PENDING if buffer_while_reconnecting else 0,
             )
     except (OSError, TimeoutError, nats.errors.NoServersError) as exc:
         raise Unreachable(
@@ -254,7 +268,12 @@ async def publish_checked(
         )
     except nats.errors.TimeoutError:
         raise ComponentTimeout(f"JetStream did not acknowledge {subject} in {timeout}s") from None
-    except (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError, OSError) as exc:
+    except (
+        nats.errors.ConnectionClosedError,
+        nats.errors.NoRespondersError,
+        nats.errors.OutboundBufferLimitError,  # disconnected, and not buffering: not sent
+        OSError,
+    ) as exc:
         raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
     except nats.js.errors.APIError as exc:  # refused outright (size, limits): nothing stored
         raise InvalidInput(f"JetStream refused {subject}: {exc.description or exc}") from None
@@ -342,8 +361,9 @@ class JetStreamBus:
     async def connect(
         cls, url: str, *, name: str, replicas: int = 1, duplicate_window_s: float = 120.0
     ) -> Self:
-        """Connect, and create or update the streams and the risk bucket."""
-        nc = await connect(url, name=name)
+        """Connect (publishing nothing while disconnected), and create or update the streams
+        and the risk bucket."""
+        nc = await connect(url, name=name, buffer_while_reconnecting=False)
         js = nc.jetstream()
         await ensure_streams(js, replicas=replicas, duplicate_window_s=duplicate_window_s)
         return cls(nc, js, await ensure_risk_bucket(js, replicas=replicas))

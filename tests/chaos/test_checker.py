@@ -88,21 +88,11 @@ def test_every_answer_matches_the_recorded_receipt(run: RunResult) -> None:
     assert not found, _report(run, found)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 15 finding 1: a retry with the same id and other terms is answered "
-    "(with the new terms) instead of refused as a conflict",
-)
 def test_a_conflicting_retry_is_refused(run: RunResult) -> None:
     found = by_check(run.violations)["conflicting-retry-refused"]
     assert not found, _report(run, found)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 15 finding 7: an identical effect record retried is refused as an "
-    "outcome-honesty error instead of being a harmless retry",
-)
 def test_an_identical_effect_retry_is_harmless(run: RunResult) -> None:
     found = by_check(run.violations)["identical-retry-harmless"]
     assert not found, _report(run, found)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import redis.asyncio
 from nats.errors import TimeoutError as NatsTimeout
 
 from coordinator.replay import replay_mission
@@ -607,8 +608,9 @@ async def read_deadletters(nats_url: str, mission: str) -> list[dict[str, Any]]:
 
 
 async def read_redis(redis_url: str, mission: str) -> RedisMission:
-    async with ReservationClient.from_url(redis_url) as store:
-        r = store.redis
+    # redis-py as a plain reading tool (the product's one path speaks only what it needs)
+    r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    async with r:
         now_s, now_us = await r.time()
         levels: dict[str, tuple[int, int, int, int]] = {}
         scope_keys = [rk.mission_key(mission)]

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fleetbus.bus import RequestHandler, StreamHandler, StreamMessage
-from ledger.errors import FleetError
+from ledger.errors import ComponentTimeout, FleetError
 
 
 @dataclass
@@ -31,6 +31,7 @@ class FakeBus:
         self.risks: dict[str, bytes] = {}
         self.handlers: dict[str, RequestHandler] = {}
         self.fail_next: list[FleetError] = []  # raised by the next publishes, in order
+        self.lose_acks = 0  # the next publishes are stored, then their PubAck is lost
         self._ids: dict[str, int] = {}
         self._queue: asyncio.Queue[StreamMessage] = asyncio.Queue()
         self._consumer: asyncio.Task[None] | None = None
@@ -42,11 +43,17 @@ class FakeBus:
         if self.fail_next:
             raise self.fail_next.pop(0)
         if msg_id in self._ids:  # de-duplicated, as JetStream does within its window
+            if self.lose_acks:
+                self.lose_acks -= 1
+                raise ComponentTimeout(f"JetStream did not acknowledge {subject} (ack lost)")
             return self._ids[msg_id]
         msg = StreamMessage(len(self.messages) + 1, subject, data, headers)
         self.messages.append(msg)
         self._ids[msg_id] = msg.seq
         self._queue.put_nowait(msg)
+        if self.lose_acks:
+            self.lose_acks -= 1
+            raise ComponentTimeout(f"JetStream did not acknowledge {subject} (ack lost)")
         return msg.seq
 
     async def put_risk(self, key: str, value: bytes) -> None:

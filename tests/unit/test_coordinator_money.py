@@ -130,3 +130,17 @@ async def test_an_identical_effect_retry_is_harmless(fleet: Fleet) -> None:
     with pytest.raises(RuleViolation) as exc:  # other terms are still refused, by its rule
         await fleet.manage("effect.record", {**effect, "outcome": "verified_failure"})
     assert exc.value.rule is Rule.OUTCOME_HONESTY
+
+
+async def test_a_retry_after_a_lost_ack_is_answered_from_what_was_stored(fleet: Fleet) -> None:
+    """Issue 15 item 9: an append whose PubAck was lost may be stored; the retry must find
+    it, not record a second decision that the fold then rejects."""
+    fleet.bus.lose_acks = 3  # every attempt of the first request stores, and loses its ack
+    with pytest.raises(Exception, match="did not acknowledge"):
+        await fleet.authorize("a1", cost=100)
+    again = await fleet.authorize("a1", cost=100)
+    assert again.decision is not None and again.decision.allowed
+    receipts = [k for kinds in fleet.kinds() for k in kinds if k == "decision.recorded"]
+    assert len(receipts) == 1  # one decision on the record
+    assert fleet.co.dead_letters == 0
+    assert fleet.budget.used[(MID, "mission")] == 100
