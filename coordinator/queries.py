@@ -1,4 +1,5 @@
-"""Queries: view requests over NATS answered with a projection of the applied state."""
+"""Queries: view requests over NATS answered with a projection of the applied state, once
+it includes everything the stream held when the request came (a linearizable read)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ class Queries:
             req = ViewRequest.model_validate_json(msg.data)
         except ValidationError as exc:
             await msg.respond(_error(InvalidInput(first_error(exc))))
+            return
+        try:  # read what was stored before the request, not just what is folded (a requester
+            # holding a receipt republished by the stream must see it in the view)
+            await self.journal.wait_applied(await self.journal.bus.last_seq())
+        except FleetError as exc:
+            await msg.respond(_error(exc))
             return
         state = self.journal.states.get(req.mission_id)
         if state is None or state.mission is None:

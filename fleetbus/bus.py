@@ -384,7 +384,10 @@ class JetStreamBus:
         await self.nc.subscribe(subject, queue=queue, cb=handler)
 
     async def last_seq(self) -> int:
-        info = await self.js.stream_info(STREAM)
+        try:
+            info = await self.js.stream_info(STREAM)
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
         return int(info.state.last_seq)
 
     async def history(self, upto: int) -> AsyncIterator[StreamMessage]:

@@ -342,3 +342,28 @@ async def test_start_up_reconciliation_returns_money_the_ledger_never_recorded(
     finally:
         await second.stop()
         fleet.co = second  # the fixture stops it again: harmless
+
+
+async def test_a_view_includes_everything_stored_before_it_was_asked(fleet: Fleet) -> None:
+    """Issue 15 item 4: a requester holding a receipt the stream republished could read a view
+    that had not folded it yet (committed 0.59 of 0.60 after a restart)."""
+    import asyncio
+
+    from ledger.events import EvidenceRegistered, make_event
+    from ledger.protocol import VIEW_SUBJECT, subject_of
+
+    real = fleet.bus._queue.put_nowait
+
+    def later(msg: Any) -> None:  # stored at once, delivered to the coordinator a moment later
+        asyncio.get_running_loop().call_later(0.05, real, msg)
+
+    fleet.bus._queue.put_nowait = later  # type: ignore[method-assign]
+    event = make_event(
+        EvidenceRegistered(evidence_id="ev-9", source="billing", claim="billed twice"),
+        mission_id=MID, at=fleet.clock.now(), node_id="coordinator",
+    )  # fmt: skip
+    await fleet.bus.publish(subject_of(event), event.to_json(), msg_id=str(event.event_id))
+    stored = await fleet.bus.last_seq()
+    answer = await fleet.bus.request(VIEW_SUBJECT, b'{"mission_id": "m1", "role": "auditor"}')
+    view = json.loads(answer.answers[0])
+    assert view["applied_seq"] == stored and view["version"] == 3

@@ -144,3 +144,22 @@ async def test_a_retry_after_a_lost_ack_is_answered_from_what_was_stored(fleet: 
     assert len(receipts) == 1  # one decision on the record
     assert fleet.co.dead_letters == 0
     assert fleet.budget.used[(MID, "mission")] == 100
+
+
+async def test_with_redis_down_a_costed_action_is_refused_and_a_free_one_is_decided_on_the_ledger(
+    fleet: Fleet,
+) -> None:
+    """Issue 15 item 6, decided: an action that costs nothing holds no money, so budget
+    conservation cannot be broken without Redis; it is decided by the ledger's other rules
+    (grant, evidence, risks, approvals) and recorded. Anything with a cost is refused."""
+    fleet.budget.down = True
+    with pytest.raises(Exception, match="budget store unreachable"):
+        await fleet.authorize("a1", cost=1)
+    free = await fleet.authorize("a2", cost=0)
+    assert free.decision is not None and free.decision.allowed
+    assert "reserve_committed" not in fleet.budget.calls[-1:]
+    await fleet.manage(
+        "risk.open", {"risk_id": "k1", "blocks": ["pay"], "owner": "olga", "summary": "s"}
+    )
+    blocked = await fleet.authorize("a3", cost=0)  # the other rules still hold without Redis
+    assert blocked.decision is not None and blocked.decision.rule is Rule.RISK_NON_ERASURE
