@@ -9,11 +9,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NotFoundError
 
 from fleetbus.bus import connect
-from ledger.errors import FleetError, InvalidInput
+from ledger.errors import FleetError, InvalidInput, Unreachable
 from ledger.events import Event, parse_events
 from ledger.mission import MissionState
 from ledger.protocol import STREAM, check_message, mission_filter
@@ -29,11 +30,14 @@ class ReplayResult:
     seconds: float
 
 
-async def replay_mission(nats_url: str, mission_id: str, *, cut: int | None = None) -> ReplayResult:
-    """Fold the mission's events with stream sequence ≤ ``cut`` (default: all)."""
+async def replay_mission(
+    nats_url: str, mission_id: str, *, cut: int | None = None, seed: str | None = None
+) -> ReplayResult:
+    """Fold the mission's events with stream sequence ≤ ``cut`` (default: all); ``seed``: the
+    principal to read the stream as (None: an open NATS)."""
     if cut is not None and cut < 0:
         raise InvalidInput(f"--cut {cut} must be a stream sequence ≥ 0")
-    nc = await connect(nats_url, name="fleetledger-replay")
+    nc = await connect(nats_url, name="fleetledger-replay", seed=seed)
     started = time.perf_counter()
     state = MissionState(mission_id)
     events = rejected = last = 0
@@ -44,9 +48,15 @@ async def replay_mission(nats_url: str, mission_id: str, *, cut: int | None = No
             info = await js.stream_info(STREAM)
         except NotFoundError:
             raise InvalidInput("the ledger stream does not exist yet: nothing to replay") from None
+        except (NatsError, OSError) as exc:
+            raise Unreachable(
+                f"JetStream did not answer ({type(exc).__name__}): fail closed"
+            ) from None
         end = int(info.state.last_seq) if cut is None else min(cut, int(info.state.last_seq))
         if end > 0:
-            sub = await js.subscribe(mission_filter(mission_id), ordered_consumer=True)
+            sub = await js.subscribe(
+                mission_filter(mission_id), stream=STREAM, ordered_consumer=True
+            )
             try:
                 while True:
                     try:
@@ -75,6 +85,8 @@ async def replay_mission(nats_url: str, mission_id: str, *, cut: int | None = No
                         break
             finally:
                 await sub.unsubscribe()
+    except (NatsError, OSError) as exc:  # a read refused or unanswered: fail closed, say so
+        raise Unreachable(f"JetStream did not answer ({type(exc).__name__}): fail closed") from None
     finally:
         await nc.close()
     return ReplayResult(state, events, record, rejected, last, time.perf_counter() - started)

@@ -29,6 +29,7 @@ from coordinator.riskboard import RiskBoard
 from coordinator.settings import CoordinatorSettings
 from fleetbus.bus import Bus, JetStreamBus
 from fleetbus.http import HttpServer
+from fleetbus.identity import seed_of
 from ledger.clock import Clock, SystemClock
 from ledger.mission import MissionState
 from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT
@@ -102,11 +103,12 @@ class Coordinator:
             name=f"fleetledger-{s.node_id}",
             replicas=s.stream_replicas,
             duplicate_window_s=s.duplicate_window_s,
+            seed=seed_of(s.principal, s.identity_dir),
         )
         budget = ReservationClient.from_url(s.redis_url, timeout_s=s.redis_timeout_s)
 
         async def ping() -> bool:
-            return bool(await budget.redis.ping())
+            return bool(await budget.ping())
 
         return cls(bus, budget, settings=s, budget_ping=ping, **kw)
 

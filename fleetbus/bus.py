@@ -359,11 +359,17 @@ class JetStreamBus:
 
     @classmethod
     async def connect(
-        cls, url: str, *, name: str, replicas: int = 1, duplicate_window_s: float = 120.0
+        cls,
+        url: str,
+        *,
+        name: str,
+        replicas: int = 1,
+        duplicate_window_s: float = 120.0,
+        seed: str | None = None,
     ) -> Self:
         """Connect (publishing nothing while disconnected), and create or update the streams
         and the risk bucket."""
-        nc = await connect(url, name=name, buffer_while_reconnecting=False)
+        nc = await connect(url, name=name, buffer_while_reconnecting=False, seed=seed)
         js = nc.jetstream()
         await ensure_streams(js, replicas=replicas, duplicate_window_s=duplicate_window_s)
         return cls(nc, js, await ensure_risk_bucket(js, replicas=replicas))

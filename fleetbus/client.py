@@ -93,8 +93,9 @@ class FleetClient:
         self.last_seq = 0  # highest stream sequence this client has published or seen decided
 
     @classmethod
-    async def connect(cls, url: str, **kw: Any) -> Self:
-        return cls(await connect(url, name="fleetledger-client"), **kw)
+    async def connect(cls, url: str, *, seed: str | None = None, **kw: Any) -> Self:
+        """Connect as the principal holding ``seed`` (None: an open NATS)."""
+        return cls(await connect(url, name="fleetledger-client", seed=seed), **kw)
 
     async def close(self) -> None:
         await self.nc.close()

@@ -121,4 +121,22 @@ def directory_json(principals: list[Principal]) -> str:
     return json.dumps(_PRINCIPALS.dump_python(principals, mode="json"), indent=2)
 
 
-__all__ = ["DIRECTORY_FILE", "KeyStore", "directory_json"]
+def seed_of(principal: str | None, identity_dir: Path | None) -> str | None:
+    """The seed a process authenticates with: its principal's, from its key store; None when
+    it names no principal (an open NATS, as in tests)."""
+    if principal is None:
+        return None
+    if identity_dir is None:
+        raise InvalidInput(f"principal {principal!r} is named but FLEET_IDENTITY_DIR is not")
+    return KeyStore(identity_dir).seed(principal)
+
+
+def ensure_principals(store: KeyStore, wanted: dict[str, Role]) -> None:
+    """Create each wanted principal the store lacks (an embedded fleet's own, on every start)."""
+    have = {p.name for p in store.principals()}
+    for name, role in wanted.items():
+        if name not in have:
+            store.create(name, role)
+
+
+__all__ = ["DIRECTORY_FILE", "KeyStore", "directory_json", "ensure_principals", "seed_of"]

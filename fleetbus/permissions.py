@@ -6,8 +6,8 @@ Every principal connects with its own nkey (the key it signs with). What each ro
 - node: publish its observations only (``fleet.ledger.<mission>.<observation kind>``, never
   decision state), ask for decisions, views and effect records, read the risk bucket and the
   stream through its own consumers;
-- human and service: ask for decisions, management, views; read the stream (replay, trace);
-  append nothing.
+- human: ask for decisions, management, views; read the stream (replay, trace); append nothing;
+- service (an orchestrator of Branches): the same, and publish its branches' budget records.
 
 Nobody but a coordinator may subscribe to the request subjects (so nobody can answer in its
 place) or publish on a receipt subject; only the coordinator may touch its durable consumer.
@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ledger.identity import Principal, Role
+from ledger.identity import BRANCH_KINDS, Principal, Role
 from ledger.protocol import (
     AUTHORIZE_SUBJECT,
     CONSUMER,
@@ -33,6 +33,7 @@ from ledger.protocol import (
 
 _READ_STREAMS = [
     "$JS.API.INFO",
+    "$JS.API.STREAM.NAMES",
     "$JS.API.STREAM.INFO.>",
     "$JS.API.STREAM.MSG.GET.>",
     "$JS.API.DIRECT.GET.>",
@@ -63,6 +64,8 @@ def permissions(role: Role) -> dict[str, Any]:
     publish = [*_REQUESTS, *_READ_STREAMS]
     if role is Role.NODE:
         publish += [f"{SUBJECT_PREFIX}.*.{prefix}>" for prefix in NODE_KIND_PREFIXES]
+    elif role is Role.SERVICE:
+        publish += [f"{SUBJECT_PREFIX}.*.{kind}" for kind in sorted(BRANCH_KINDS)]
     return {
         "publish": {"allow": publish, "deny": _NOT_THE_COORDINATORS_CONSUMER},
         "subscribe": {"allow": _ANSWERS, "deny": [*_REQUESTS, f"{SUBJECT_PREFIX}.>"]},

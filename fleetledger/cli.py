@@ -23,7 +23,13 @@ from rich.table import Table
 from fleetbus.http import first_error
 from fleetledger import __version__
 from fleetledger.runtime import run_loop, tune_gc
-from fleetledger.servers import EmbeddedServers, write_env_file
+from fleetledger.servers import (
+    COORDINATOR_PRINCIPAL,
+    OPERATOR_PRINCIPAL,
+    EmbeddedServers,
+    fleet_keys,
+    write_env_file,
+)
 from fleetledger.settings import ENV_FILE_NAME, FleetSettings, default_state_dir
 from ledger.errors import FleetError, InvalidInput, Unreachable
 from ledger.events import ACTION_PATTERN, ID_PATTERN
@@ -108,21 +114,27 @@ def up(
     directory = state_dir or default_state_dir()
     env_file = directory / ENV_FILE_NAME
     try:
+        keys = fleet_keys(directory, [f"node-{i}" for i in range(1, nodes + 1)])
         with err.status("starting nats-server and redis-server…"):
-            servers = EmbeddedServers(directory).start()
+            servers = EmbeddedServers(directory, keys=keys).start()
     except FleetError as exc:
         _fail(exc)
     try:
         settings = CoordinatorSettings(
-            nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0
-        )
+            nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0,
+            principal=COORDINATOR_PRINCIPAL, identity_dir=keys.root,
+        )  # fmt: skip
         sockets: list[Path] = []
 
         async def ready(coordinator: Any) -> None:
-            sockets.extend(await _start_nodes(servers.nats_url, directory, nodes, node_agents))
+            sockets.extend(
+                await _start_nodes(servers.nats_url, directory, nodes, node_agents, keys.root)
+            )
             env = {
                 **servers.env(),
                 "FLEET_STATE_DIR": str(directory),
+                "FLEET_PRINCIPAL": OPERATOR_PRINCIPAL,
+                "FLEET_IDENTITY_DIR": str(keys.root),
                 "FLEET_NODES": str(nodes),
                 "FLEET_COORDINATOR_HTTP": f"http://127.0.0.1:{coordinator.http_port}",
                 "FLEET_SOCKET": str(sockets[0]),
@@ -221,6 +233,15 @@ def _nats_url() -> str:
     return settings.nats_url
 
 
+def _seed() -> str | None:
+    """This CLI user's principal (FLEET_PRINCIPAL, from the key store in FLEET_IDENTITY_DIR or
+    the state dir's identity/): the key NATS authenticates it with."""
+    from fleetbus.identity import seed_of
+
+    settings = FleetSettings.load()
+    return seed_of(settings.principal, settings.identity_dir or settings.state_dir / "identity")
+
+
 def _run(coro_fn: Any, as_json: bool = False) -> Any:
     """Run one async client call; map errors to exit codes and --json error bodies."""
     try:
@@ -234,7 +255,7 @@ def _run(coro_fn: Any, as_json: bool = False) -> Any:
 async def _manage(op: Any, mission: str, args: dict[str, Any], actor: str = "cli") -> Any:
     from fleetbus.client import FleetClient
 
-    async with await FleetClient.connect(_nats_url()) as client:
+    async with await FleetClient.connect(_nats_url(), seed=_seed()) as client:
         return await client.manage(op, mission, args, actor=actor)
 
 
@@ -506,7 +527,7 @@ def action_request(
             idempotency_key=idempotency_key or action_id,
             evidence_ids=frozenset(_csv(evidence)),
         )
-        async with await FleetClient.connect(_nats_url(), agent_id=agent) as client:
+        async with await FleetClient.connect(_nats_url(), seed=_seed(), agent_id=agent) as client:
             return await client.authorize(mission, req)
 
     reply = _run(call, as_json)
@@ -554,7 +575,7 @@ def view(
     from fleetledger.render import team_view
 
     async def call() -> dict[str, Any]:
-        async with await FleetClient.connect(_nats_url()) as client:
+        async with await FleetClient.connect(_nats_url(), seed=_seed()) as client:
             return await client.view(mission_id, as_)
 
     data = _run(call, as_json)
@@ -579,7 +600,7 @@ def replay(
     from coordinator.views import operator_view
     from fleetledger.render import team_view
 
-    result = _run(lambda: replay_mission(_nats_url(), mission_id, cut=cut), as_json)
+    result = _run(lambda: replay_mission(_nats_url(), mission_id, cut=cut, seed=_seed()), as_json)
     data = operator_view(result.state, applied_seq=result.last_seq)
     summary = {
         "mission_id": mission_id,
@@ -627,17 +648,18 @@ def coordinator_run() -> None:
 
 
 async def _start_nodes(
-    nats_url: str, directory: Path, count: int, started: list[Any]
+    nats_url: str, directory: Path, count: int, started: list[Any], identity_dir: Path
 ) -> list[Path]:
-    """One node agent per simulated node, each with its own state dir and socket."""
+    """One node agent per simulated node, each with its own state dir, socket and key."""
     from node_agent.daemon import NodeAgent
     from node_agent.settings import NodeSettings
 
     sockets = []
     for i in range(1, count + 1):
         settings = NodeSettings(
-            state_dir=directory / f"node-{i}", node_id=f"node-{i}", nats_url=nats_url
-        )
+            state_dir=directory / f"node-{i}", node_id=f"node-{i}", nats_url=nats_url,
+            principal=f"node-{i}", identity_dir=identity_dir,
+        )  # fmt: skip
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         agent = NodeAgent(settings)
         await agent.start()

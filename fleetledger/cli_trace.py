@@ -17,6 +17,7 @@ from nats.js import api
 from rich.console import Console
 from rich.table import Table
 
+from fleetbus.identity import seed_of
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
 from ledger.events import parse_events
 from ledger.protocol import STREAM, SUBJECT_PREFIX, ErrorBody
@@ -36,12 +37,14 @@ def event_time(event_id: str) -> datetime:
     return datetime.fromtimestamp((value.int >> 80) / 1000, tz=UTC)
 
 
-async def find_trace(nats_url: str, event_id: str, *, jaeger_url: str) -> dict[str, Any]:
+async def find_trace(
+    nats_url: str, event_id: str, *, jaeger_url: str, seed: str | None = None
+) -> dict[str, Any]:
     """Look the event up in the stream; return its ids, kind, trace id, span id and Jaeger link."""
     from fleetbus.bus import connect
 
     start = event_time(event_id) - SLACK
-    nc = await connect(nats_url, name="fleetledger-trace")
+    nc = await connect(nats_url, name="fleetledger-trace", seed=seed)
     try:
         js = nc.jetstream()
         sub = await js.subscribe(
@@ -115,7 +118,14 @@ def register(app: typer.Typer) -> None:
                     "or set FLEET_NATS_URL"
                 )
             found = asyncio.run(
-                find_trace(settings.nats_url, event_id, jaeger_url=settings.jaeger_url)
+                find_trace(
+                    settings.nats_url,
+                    event_id,
+                    jaeger_url=settings.jaeger_url,
+                    seed=seed_of(
+                        settings.principal, settings.identity_dir or settings.state_dir / "identity"
+                    ),
+                )
             )
         except FleetError as exc:
             if as_json:

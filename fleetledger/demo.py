@@ -11,10 +11,13 @@ branches race for 0.50 each of a mission with 0.80 left.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -24,12 +27,19 @@ from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from fleetbus.client import FleetClient
 from fleetledger.render import team_view, verdict
-from fleetledger.servers import EmbeddedServers
+from fleetledger.servers import (
+    COORDINATOR_PRINCIPAL,
+    OPERATOR_PRINCIPAL,
+    ORCHESTRATOR_PRINCIPAL,
+    EmbeddedServers,
+    fleet_keys,
+)
 from ledger.authority import Authority
 from ledger.errors import FleetError, RuleViolation
 from ledger.kernel import ActionRequest
 from ledger.money import format_amount, parse_amount
 from node_agent.risks import RiskWatcher
+from node_agent.scripted import DEMO_NODE
 from telemetry import current_trace_context, process_telemetry
 
 MISSION = "invoice-run"
@@ -288,17 +298,23 @@ async def coordinator_race(fleet: FleetClient) -> int:
 async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> dict[str, Any]:
     """Start the embedded fleet, run the scripted mission, print tables, return the figures."""
     figures: dict[str, Any] = {}
+    directory = Path(tempfile.mkdtemp(prefix="fleetledger-demo-"))
+    # the secure default: every process connects with its own key and its role's permissions
+    keys = fleet_keys(directory, [*NODES, DEMO_NODE])
     with err.status("starting nats-server and redis-server…"):
-        servers = EmbeddedServers().start()
+        servers = EmbeddedServers(directory, keys=keys).start()
     try:
         settings = CoordinatorSettings(
-            nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0
-        )
+            nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0,
+            principal=COORDINATOR_PRINCIPAL, identity_dir=keys.root,
+        )  # fmt: skip
         coordinator = await Coordinator.from_settings(settings)
         with err.status("starting the coordinator…"):
             await coordinator.start()
-        fleet = await FleetClient.connect(servers.nats_url)
-        node_conns = [await FleetClient.connect(servers.nats_url, node_id=n) for n in NODES]
+        fleet = await FleetClient.connect(servers.nats_url, seed=keys.seed(OPERATOR_PRINCIPAL))
+        node_conns = [
+            await FleetClient.connect(servers.nats_url, node_id=n, seed=keys.seed(n)) for n in NODES
+        ]
         watchers = [RiskWatcher(c.nc, MISSION) for c in node_conns]
         try:
             await asyncio.gather(*(w.start() for w in watchers))
@@ -327,16 +343,28 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
             )
             from node_agent import scripted
 
-            session = await scripted.run(out, nats_url=servers.nats_url, mission=MISSION)
+            session = await scripted.run(
+                out, nats_url=servers.nats_url, mission=MISSION, identity_dir=keys.root
+            )
             figures.update({f"session_{k}": v for k, v in session.items()})
             out.rule("Execution state and claims cache (no model calls)")
-            exec_figures = await scripted.run_exec(out, nats_url=servers.nats_url, mission=MISSION)
+            exec_figures = await scripted.run_exec(
+                out, nats_url=servers.nats_url, mission=MISSION, identity_dir=keys.root
+            )
             figures.update({f"exec_{k}": v for k, v in exec_figures.items()})
             figures["coordinator_race_admitted"] = await coordinator_race(fleet)
             if ray_branches:
                 from fleetledger.race import ray_race
 
-                figures.update(await ray_race(servers, fleet, err))
+                orchestrator = await FleetClient.connect(
+                    servers.nats_url,
+                    seed=keys.seed(ORCHESTRATOR_PRINCIPAL),
+                    agent_id="orchestrator",
+                )
+                try:
+                    figures.update(await ray_race(servers, orchestrator, err))
+                finally:
+                    await orchestrator.close()
             out.print(race_table(figures))
             for table in team_view(await fleet.view(MISSION)):
                 out.print(table)
@@ -349,6 +377,7 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
             process_telemetry().force_flush(5_000)
     finally:
         servers.stop()
+        shutil.rmtree(directory, ignore_errors=True)
     return figures
 
 

@@ -27,10 +27,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from fleetbus.identity import KeyStore
+from fleetbus.identity import KeyStore, ensure_principals
 from fleetbus.permissions import authorization, write_server_config
 from ledger.errors import BinaryMissing, ComponentTimeout, FleetError
-from ledger.identity import Principal
+from ledger.identity import Principal, Role
 
 STARTUP_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
@@ -358,6 +358,27 @@ class EmbeddedServers:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+COORDINATOR_PRINCIPAL = "coordinator"
+OPERATOR_PRINCIPAL = "operator"  # the person at the embedded fleet's terminal
+ORCHESTRATOR_PRINCIPAL = "orchestrator"  # the embedded fleet's Branch fan-out (a service)
+
+
+def fleet_keys(directory: Path, nodes: Sequence[str]) -> KeyStore:
+    """The embedded fleet's principals (created on first start, kept in <state>/identity/):
+    its coordinator, one per node agent, the operator whose CLI drives it, and the
+    orchestrator whose Branches record their reservations. NATS lets each
+    connect with its own key and its role's permissions only (``fleetbus.permissions``)."""
+    keys = KeyStore(directory / "identity")
+    wanted = {
+        COORDINATOR_PRINCIPAL: Role.COORDINATOR,
+        OPERATOR_PRINCIPAL: Role.HUMAN,
+        ORCHESTRATOR_PRINCIPAL: Role.SERVICE,
+    }
+    wanted.update(dict.fromkeys(nodes, Role.NODE))
+    ensure_principals(keys, wanted)
+    return keys
 
 
 def write_env_file(path: Path, env: dict[str, str]) -> None:

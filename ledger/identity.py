@@ -26,6 +26,11 @@ from ledger.errors import InvalidInput, Rule, RuleViolation
 from ledger.events import ID_PATTERN, Event
 from ledger.protocol import NODE_KIND_PREFIXES
 
+# what a Branch orchestrator records of its own reservations (SPEC S7.4)
+BRANCH_KINDS = frozenset(
+    {"budget.reserved", "budget.committed", "budget.settled", "budget.released", "budget.overrun"}
+)
+
 _USER_SEED = (18 << 3, 20 << 3)  # nkeys: 'S' seed prefix, then 'U' user type
 _PREFIX_USER = 20 << 3
 
@@ -36,7 +41,7 @@ class Role(StrEnum):
     NODE = "node"  # a node agent: observations of its own machine
     COORDINATOR = "coordinator"  # decision state: grants, reservations, receipts, risks
     HUMAN = "human"  # a person using the CLI: requests, never events of its own
-    SERVICE = "service"  # an orchestrator (Branch clients): requests only
+    SERVICE = "service"  # an orchestrator: requests, and the budget records of its branches
 
 
 class Principal(BaseModel):
@@ -162,7 +167,8 @@ def verify(event: Event, principals: Mapping[str, Principal]) -> Principal:
 
 def check_producer(who: Principal, event: Event) -> None:
     """May ``who`` emit ``event``? Nodes: observations of their own node; coordinators:
-    decision state; humans and services: nothing directly (they send requests)."""
+    decision state; services: their branches' budget records; humans: nothing directly
+    (they send requests)."""
     if not who.acts_in(event.mission_id):
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION,
@@ -186,6 +192,8 @@ def check_producer(who: Principal, event: Event) -> None:
                 Rule.PRODUCER_PERMISSION,
                 f"coordinator {who.name} may not emit the node observation {event.kind}",
             )
+    elif who.role is Role.SERVICE and event.kind in BRANCH_KINDS:
+        return  # an orchestrator records its own branches' reservations (Redis admitted them)
     else:
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION,
@@ -194,6 +202,7 @@ def check_producer(who: Principal, event: Event) -> None:
 
 
 __all__ = [
+    "BRANCH_KINDS",
     "Principal",
     "Role",
     "canonical",

@@ -15,6 +15,7 @@ from typing import Any
 
 from fleetbus.client import FleetClient
 from fleetbus.http import HttpServer, Route
+from fleetbus.identity import seed_of
 from ledger.errors import InvalidInput
 from node_agent.autoledger import AutoLedger
 from node_agent.claims import ClaimsCache
@@ -98,6 +99,10 @@ class NodeAgent:
                 self.settings.nats_url,
                 node_id=self.settings.node_id,
                 on_connect=self.follower.attach,
+                seed=seed_of(
+                    self.settings.principal,
+                    self.settings.identity_dir or self.settings.state_dir / "identity",
+                ),
             )
             self.outbox.start()
 

@@ -56,8 +56,11 @@ class OutboxPublisher:
         *,
         node_id: str,
         on_connect: Connected | None = None,
+        seed: str | None = None,
     ) -> None:
+        """``seed``: the node's principal, which NATS authenticates (None: an open NATS)."""
         self.store, self.nats_url, self.node_id = store, nats_url, node_id
+        self.seed = seed
         self.on_connect = on_connect
         self.client: FleetClient | None = None
         self.published = 0
@@ -92,7 +95,7 @@ class OutboxPublisher:
             raise
 
     async def _connect(self) -> FleetClient:
-        nc = await connect(self.nats_url, name=f"fleetledger-node-{self.node_id}")
+        nc = await connect(self.nats_url, name=f"fleetledger-node-{self.node_id}", seed=self.seed)
         client = FleetClient(nc, node_id=self.node_id, agent_id="node-agent")
         if self.on_connect is not None:
             await self.on_connect(client)

@@ -26,6 +26,7 @@ from node_agent.hooks import HookAnswer, handle
 from node_agent.settings import NodeSettings
 
 SESSION = "demo-session-1"
+DEMO_NODE = "node-demo"
 
 
 async def run(
@@ -34,13 +35,16 @@ async def run(
     *,
     mission: str = "demo-release",
     state_dir: Path | None = None,
+    identity_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Play one Claude Code session against a node agent; return the figures it showed."""
+    """Play one Claude Code session against a node agent; return the figures it showed.
+    ``identity_dir``: a key store holding the principal ``node-demo`` (a secured NATS)."""
     own_dir = state_dir is None
     directory = state_dir or Path(tempfile.mkdtemp(prefix="fl-demo-", dir="/tmp"))
     settings = NodeSettings(
-        state_dir=directory, node_id="node-demo", mission=mission, nats_url=nats_url
-    )
+        state_dir=directory, node_id=DEMO_NODE, mission=mission, nats_url=nats_url,
+        principal=DEMO_NODE if identity_dir else None, identity_dir=identity_dir,
+    )  # fmt: skip
     agent = NodeAgent(settings)
     await agent.start()
     work = directory / "work"
@@ -118,14 +122,16 @@ async def run_exec(
     mission: str = "demo-release",
     state_dir: Path | None = None,
     turns: int = 20,
+    identity_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Two agents on one node: a stale edit blocked, a command answered from the record, and a
     claims replay (1 novel question, ``turns - 1`` repeats); return the figures it showed."""
     own_dir = state_dir is None
     directory = state_dir or Path(tempfile.mkdtemp(prefix="fl-exec-", dir="/tmp"))
     settings = NodeSettings(
-        state_dir=directory, node_id="node-demo", mission=mission, nats_url=nats_url
-    )
+        state_dir=directory, node_id=DEMO_NODE, mission=mission, nats_url=nats_url,
+        principal=DEMO_NODE if identity_dir else None, identity_dir=identity_dir,
+    )  # fmt: skip
     agent = NodeAgent(settings)
     await agent.start()
     work = directory / "repo"

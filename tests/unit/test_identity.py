@@ -133,7 +133,7 @@ def test_a_coordinator_emits_decision_state_but_no_observation() -> None:
         check_producer(CO, sign(observation(), CO_SEED))
 
 
-def test_people_and_services_send_requests_and_append_nothing() -> None:
+def test_people_and_services_send_requests_and_append_no_decision_state() -> None:
     for role in (Role.HUMAN, Role.SERVICE):
         who = Principal(name="lead", role=role, public_key=NODE.public_key)
         with pytest.raises(RuleViolation) as exc:
@@ -156,3 +156,12 @@ def test_seeds_and_keys_are_checked_nkeys() -> None:
     unused = ActionRequested(action_id="a1", action="x.y")
     assert unused.kind == "action.requested"
     assert canonical(observation()) != canonical(treatment())
+
+
+def test_an_orchestrator_records_its_branches_budget_and_nothing_else() -> None:
+    from ledger.events import BudgetReleased
+
+    svc = Principal(name="orchestrator", role=Role.SERVICE, public_key=NODE.public_key)
+    check_producer(svc, make_event(BudgetReleased(reservation_id="br-1"), mission_id="m1", at=T0))
+    with pytest.raises(RuleViolation):
+        check_producer(svc, treatment())
