@@ -195,10 +195,10 @@ async def propagation(
     return delays
 
 
-async def main(quick: bool) -> dict[str, object]:
+async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
     n_lat = 300 if quick else 3000
     n_ingest = 5000 if quick else 50000
-    with EmbeddedServers() as fleet:
+    with EmbeddedServers(fsync_every_write=fsync) as fleet:
         http_port = free_port()
         env = {
             **os.environ,
@@ -318,5 +318,12 @@ async def main(quick: bool) -> dict[str, object]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a short run (under a minute)")
+    parser.add_argument(
+        "--fsync",
+        choices=("always", "default"),
+        default="always",
+        help="JetStream sync_interval: always (the fleet's default) or nats-server's own",
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.quick))))
+    figures = asyncio.run(main(args.quick, fsync=args.fsync == "always"))
+    print(json.dumps({**figures, "jetstream_sync": args.fsync}))

@@ -114,7 +114,12 @@ def _tcp_open(port: int) -> bool:
 
 
 def nats_config(
-    *, port: int, monitor: int, store: Path, principals: list[Principal] | None = None
+    *,
+    port: int,
+    monitor: int,
+    store: Path,
+    principals: list[Principal] | None = None,
+    fsync_every_write: bool = True,
 ) -> dict[str, Any]:
     """The embedded nats-server's configuration: loopback only, JetStream on a file store that
     fsyncs every write before its PubAck (``sync_interval: always``). JetStream's default
@@ -125,8 +130,10 @@ def nats_config(
         "host": "127.0.0.1",
         "port": port,
         "http": f"127.0.0.1:{monitor}",
-        "jetstream": {"store_dir": str(store), "sync_interval": "always"},
+        "jetstream": {"store_dir": str(store)},
     }
+    if fsync_every_write:
+        config["jetstream"]["sync_interval"] = "always"
     if principals is not None:
         config["authorization"] = authorization(principals)
     return config
@@ -240,10 +247,13 @@ class EmbeddedServers:
         nats: bool = True,
         redis: bool = True,
         keys: KeyStore | None = None,
+        fsync_every_write: bool = True,
     ) -> None:
         """``keys``: run nats-server with one nkey user per principal of that store and the
-        least-privilege permissions of its role (``fleetbus.permissions``); none: open."""
+        least-privilege permissions of its role (``fleetbus.permissions``); none: open.
+        ``fsync_every_write=False``: JetStream's default sync interval (benchmarks compare)."""
         self.keys = keys
+        self.fsync_every_write = fsync_every_write
         self._owns_dir = state_dir is None
         self.state_dir = (
             Path(tempfile.mkdtemp(prefix="fleetledger-")) if state_dir is None else state_dir
@@ -304,7 +314,14 @@ class EmbeddedServers:
         conf = self.state_dir / "nats-server.json"
         principals = self.keys.principals() if self.keys is not None else None
         write_server_config(
-            conf, nats_config(port=port, monitor=monitor, store=store, principals=principals)
+            conf,
+            nats_config(
+                port=port,
+                monitor=monitor,
+                store=store,
+                principals=principals,
+                fsync_every_write=self.fsync_every_write,
+            ),
         )
         self.nats_monitor_port = monitor
         argv = [str(binary), "-c", str(conf)]
