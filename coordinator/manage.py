@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -39,6 +39,7 @@ from ledger.events import (
     RiskOpened,
     RiskTreated,
 )
+from ledger.identity import Principal, check_acting_as, verify_request
 from ledger.mission import MissionState, admit_grant, evolve
 from ledger.protocol import MANAGE_SUBJECT, ErrorBody, ManageOp, ManageReply, ManageRequest
 from telemetry import Telemetry, consumer_span, messaging_attributes, reservation_span, set_error
@@ -201,9 +202,20 @@ HANDLERS: dict[ManageOp, Operation] = {
 }
 
 
+Directory = Callable[[], Mapping[str, Principal]]  # principals by public key, read when asked
+
+
 class Manager:
-    def __init__(self, journal: Journal, budget: Budget, telemetry: Telemetry) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        budget: Budget,
+        telemetry: Telemetry,
+        *,
+        principals: Directory | None = None,
+    ) -> None:
         self.journal, self.budget, self.telemetry = journal, budget, telemetry
+        self.principals = principals
 
     async def on_request(self, msg: Request) -> None:
         """A management request over NATS; every failure is an error reply."""
@@ -224,6 +236,14 @@ class Manager:
                             LEDGER_MISSION_ID: req.mission_id,
                             LEDGER_AGENT_ID: req.actor,
                         }
+                    )
+                if self.principals is not None:  # who asks is who acts: never a free string
+                    who = verify_request(
+                        msg.headers, msg.subject, msg.data, self.principals(),
+                        self.journal.clock.now(),
+                    )  # fmt: skip
+                    req = req.model_copy(
+                        update={"actor": who.name, "args": check_acting_as(who, req.op, req.args)}
                     )
                 reply = await self.manage(req)
             except ValidationError as exc:
@@ -268,4 +288,4 @@ class Manager:
         return ManageReply(ok=True, event_id=str(event.event_id), seq=seq, result=change.result)
 
 
-__all__ = ["HANDLERS", "Change", "Manager", "Operation"]
+__all__ = ["HANDLERS", "Change", "Directory", "Manager", "Operation"]

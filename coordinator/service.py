@@ -22,14 +22,14 @@ from coordinator.authorize import Authorizer
 from coordinator.budget import Budget
 from coordinator.ingest import Ingest
 from coordinator.journal import Journal
-from coordinator.manage import Manager
+from coordinator.manage import Directory, Manager
 from coordinator.queries import Queries
 from coordinator.reconcile import Reconciler, Undecided
 from coordinator.riskboard import RiskBoard
 from coordinator.settings import CoordinatorSettings
 from fleetbus.bus import Bus, JetStreamBus
 from fleetbus.http import HttpServer
-from fleetbus.identity import seed_of
+from fleetbus.identity import KeyStore, seed_of
 from ledger.clock import Clock, SystemClock
 from ledger.mission import MissionState
 from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT
@@ -54,9 +54,12 @@ class Coordinator:
         telemetry: Telemetry | None = None,
         queue_group: str = "coordinators",
         budget_ping: Ping | None = None,
+        principals: Directory | None = None,
     ) -> None:
         """``telemetry``: default, built from the OTEL_* environment (off when none is set);
-        ``budget_ping``: the readiness check of the budget store (default: none, ready)."""
+        ``budget_ping``: the readiness check of the budget store (default: none, ready);
+        ``principals``: the fleet's principal directory; with it, management requests must be
+        signed by a principal, who is the actor (default: none, an open fleet)."""
         self.settings = s = settings or CoordinatorSettings()
         self.bus, self.budget = bus, budget
         self.clock: Clock = clock or SystemClock()
@@ -80,7 +83,7 @@ class Coordinator:
         self.authorizer = Authorizer(
             self.journal, budget, undecided, self.telemetry, lease_s=s.lease_s
         )
-        self.manager = Manager(self.journal, budget, self.telemetry)
+        self.manager = Manager(self.journal, budget, self.telemetry, principals=principals)
         self.queries = Queries(self.journal)
         self.reconciler = Reconciler(
             self.journal,
@@ -106,6 +109,8 @@ class Coordinator:
             seed=seed_of(s.principal, s.identity_dir),
         )
         budget = ReservationClient.from_url(s.redis_url, timeout_s=s.redis_timeout_s)
+        if s.identity_dir is not None and "principals" not in kw:
+            kw["principals"] = KeyStore(s.identity_dir).directory  # re-read: revocation holds
 
         async def ping() -> bool:
             return bool(await budget.ping())

@@ -11,6 +11,7 @@ import contextlib
 import json
 import secrets
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any, Self
 
 import nats
@@ -23,6 +24,7 @@ from ledger.errors import (
     Unreachable,
 )
 from ledger.events import Event, last_event
+from ledger.identity import sign_request
 from ledger.kernel import ActionRequest
 from ledger.protocol import (
     AUTHORIZE_SUBJECT,
@@ -80,6 +82,7 @@ class FleetClient:
         agent_id: str = "cli",
         node_id: str = "cli",
         telemetry: Telemetry | None = None,
+        seed: str | None = None,
     ):
         """``telemetry``: default, this process's (from the OTEL_* environment; off if unset).
 
@@ -91,11 +94,12 @@ class FleetClient:
         self.timeout = timeout
         self.agent_id, self.node_id = agent_id, node_id
         self.last_seq = 0  # highest stream sequence this client has published or seen decided
+        self.seed = seed  # the principal this client signs its management requests as
 
     @classmethod
     async def connect(cls, url: str, *, seed: str | None = None, **kw: Any) -> Self:
         """Connect as the principal holding ``seed`` (None: an open NATS)."""
-        return cls(await connect(url, name="fleetledger-client", seed=seed), **kw)
+        return cls(await connect(url, name="fleetledger-client", seed=seed), seed=seed, **kw)
 
     async def close(self) -> None:
         await self.nc.close()
@@ -144,7 +148,11 @@ class FleetClient:
                 LEDGER_AGENT_ID: actor,
             },
         ) as span:
-            raw = await self._request(MANAGE_SUBJECT, data, headers_of(span))
+            headers = headers_of(span)
+            if self.seed is not None:  # who asks: the coordinator takes no name on trust
+                signed = sign_request(self.seed, MANAGE_SUBJECT, data, datetime.now(UTC))
+                headers = {**(headers or {}), **signed}
+            raw = await self._request(MANAGE_SUBJECT, data, headers)
             reply = ManageReply.model_validate_json(raw)
             if reply.error is not None:
                 set_error(span, reply.error.message, reply.error.code)

@@ -233,6 +233,11 @@ def _nats_url() -> str:
     return settings.nats_url
 
 
+def _given(args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments the user gave (a person left out is the authenticated principal)."""
+    return {k: v for k, v in args.items() if v is not None}
+
+
 def _seed() -> str | None:
     """This CLI user's principal (FLEET_PRINCIPAL, from the key store in FLEET_IDENTITY_DIR or
     the state dir's identity/): the key NATS authenticates it with."""
@@ -378,17 +383,13 @@ def grant_issue(
 def grant_revoke(
     grant_id: IdArg,
     mission: MissionOpt,
-    by: Annotated[str, typer.Option()] = "cli",
+    by: Annotated[str | None, typer.Option(help="Default: you (FLEET_PRINCIPAL).")] = None,
     reason: Annotated[str, typer.Option()] = "revoked by operator",
     as_json: JsonOpt = False,
 ) -> None:
     """Revoke a grant (and with it every descendant)."""
-    reply = _run(
-        lambda: _manage(
-            "grant.revoke", mission, {"grant_id": grant_id, "by": by, "reason": reason}
-        ),
-        as_json,
-    )
+    args = _given({"grant_id": grant_id, "by": by, "reason": reason})
+    reply = _run(lambda: _manage("grant.revoke", mission, args, actor=by or "cli"), as_json)
     _done(reply, f"grant {grant_id} revoked", as_json)
 
 
@@ -460,14 +461,20 @@ def risk_treat(
     risk_id: IdArg,
     mission: MissionOpt,
     status: Annotated[str, typer.Option(help="ACCEPTED, MITIGATED or TRANSFERRED.")],
-    by: Annotated[str, typer.Option(help="Who treats it (its owner or an authorised role).")],
+    by: Annotated[
+        str | None,
+        typer.Option(
+            help="Who treats it (its owner or an authorised role); default: you, the "
+            "authenticated principal (FLEET_PRINCIPAL). Naming someone else is refused."
+        ),
+    ] = None,
     role: Annotated[str | None, typer.Option(help="The treater's role.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Treat a risk; only its owner or an authorised role may."""
-    args = {"risk_id": risk_id, "status": status.upper(), "by": by, "role": role}
-    reply = _run(lambda: _manage("risk.treat", mission, args, actor=by), as_json)
-    _done(reply, f"risk {risk_id} treated ({status.upper()}) by {by}", as_json)
+    args = _given({"risk_id": risk_id, "status": status.upper(), "by": by, "role": role})
+    reply = _run(lambda: _manage("risk.treat", mission, args, actor=by or "cli"), as_json)
+    _done(reply, f"risk {risk_id} treated ({status.upper()}) by {by or 'you'}", as_json)
 
 
 @app.command()
@@ -475,8 +482,11 @@ def approve(
     approval_id: IdArg,
     mission: MissionOpt,
     action: Annotated[str, typer.Option(help="The action approved.", callback=_action_names)],
-    approver: Annotated[str, typer.Option(help="Who approves.")],
     role: Annotated[str, typer.Option(help="The approver's role.")],
+    approver: Annotated[
+        str | None,
+        typer.Option(help="Who approves; default: you, the authenticated principal."),
+    ] = None,
     grant: Annotated[str | None, typer.Option(help="Limit to this grant and descendants.")] = None,
     max_cost: Annotated[str | None, typer.Option(help="Condition: cost at most this.")] = None,
     expires: Annotated[str | None, typer.Option(help="ISO 8601 expiry (default: in 1 h).")] = None,
@@ -495,8 +505,9 @@ def approve(
         "conditions": conditions,
         "expires_at": _when(expires, "--expires") or _default_expiry(1),
     }
-    reply = _run(lambda: _manage("approve", mission, args, actor=approver), as_json)
-    _done(reply, f"approval {approval_id} for {action} by {approver} ({role})", as_json)
+    args = _given(args)
+    reply = _run(lambda: _manage("approve", mission, args, actor=approver or "cli"), as_json)
+    _done(reply, f"approval {approval_id} for {action} by {approver or 'you'} ({role})", as_json)
 
 
 @action_app.command("request")

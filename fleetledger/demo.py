@@ -45,6 +45,7 @@ from telemetry import current_trace_context, process_telemetry
 MISSION = "invoice-run"
 RACE = "budget-race"
 NODES = ("node-a", "node-b", "node-c")
+PEOPLE = ("treasury", "helper-agent")  # besides the operator, who drives the rest
 
 
 class Steps:
@@ -85,8 +86,14 @@ async def _try(call: Callable[[], Awaitable[Any]]) -> tuple[bool, str, str]:
 
 
 async def scripted_mission(
-    fleet: FleetClient, watchers: list[RiskWatcher], steps: Steps
+    fleet: FleetClient,
+    watchers: list[RiskWatcher],
+    steps: Steps,
+    people: dict[str, FleetClient] | None = None,
 ) -> dict[str, Any]:
+    """The story; ``people``: a client per person who acts in it besides the operator
+    (default: the operator's own, on a fleet that takes names on trust)."""
+    people = people or dict.fromkeys(PEOPLE, fleet)
     figures: dict[str, Any] = {}
     expires = (datetime.now(UTC) + timedelta(days=1)).isoformat()
     await fleet.manage(
@@ -235,14 +242,14 @@ async def scripted_mission(
     expect_next = [False]
     await ask("helper-agent", "a-credit-2", "g-helper2", "credit-globex-oct", {"ev-inv-1042"})
     ok, rule, why = await _try(
-        lambda: fleet.manage(
+        lambda: people["helper-agent"].manage(  # signed by its own key: it is who it says
             "risk.treat",
             MISSION,
             {"risk_id": "risk-covenant", "status": "ACCEPTED", "by": "helper-agent"},
         )
     )
     steps.add("helper-agent", "treat the risk itself", ok, rule, why, expect=False)
-    await fleet.manage(
+    await people["treasury"].manage(
         "risk.treat", MISSION, {"risk_id": "risk-covenant", "status": "MITIGATED", "by": "treasury"}
     )
     await asyncio.gather(*(w.wait_for(MISSION, "risk-covenant", open=False) for w in watchers))
@@ -300,7 +307,7 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
     figures: dict[str, Any] = {}
     directory = Path(tempfile.mkdtemp(prefix="fleetledger-demo-"))
     # the secure default: every process connects with its own key and its role's permissions
-    keys = fleet_keys(directory, [*NODES, DEMO_NODE])
+    keys = fleet_keys(directory, [*NODES, DEMO_NODE], people=PEOPLE)
     with err.status("starting nats-server and redis-server…"):
         servers = EmbeddedServers(directory, keys=keys).start()
     try:
@@ -315,6 +322,11 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
         node_conns = [
             await FleetClient.connect(servers.nats_url, node_id=n, seed=keys.seed(n)) for n in NODES
         ]
+        # the people of the story, each signing with their own key
+        people = {
+            name: await FleetClient.connect(servers.nats_url, seed=keys.seed(name))
+            for name in PEOPLE
+        }
         watchers = [RiskWatcher(c.nc, MISSION) for c in node_conns]
         try:
             await asyncio.gather(*(w.start() for w in watchers))
@@ -333,7 +345,7 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
                 if tel.enabled
                 else nullcontext()
             ):
-                figures.update(await scripted_mission(fleet, watchers, steps))
+                figures.update(await scripted_mission(fleet, watchers, steps, people))
                 root = current_trace_context() if tel.enabled else None
             figures["trace_id"] = root.traceparent.split("-")[1] if root else None
             out.print(steps.table)
@@ -370,7 +382,7 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
                 out.print(table)
         finally:
             await asyncio.gather(*(w.stop() for w in watchers))
-            for c in node_conns:
+            for c in [*node_conns, *people.values()]:
                 await c.close()
             await fleet.close()
             await coordinator.stop()

@@ -382,7 +382,7 @@ OPERATOR_PRINCIPAL = "operator"  # the person at the embedded fleet's terminal
 ORCHESTRATOR_PRINCIPAL = "orchestrator"  # the embedded fleet's Branch fan-out (a service)
 
 
-def fleet_keys(directory: Path, nodes: Sequence[str]) -> KeyStore:
+def fleet_keys(directory: Path, nodes: Sequence[str], people: Sequence[str] = ()) -> KeyStore:
     """The embedded fleet's principals (created on first start, kept in <state>/identity/):
     its coordinator, one per node agent, the operator whose CLI drives it, and the
     orchestrator whose Branches record their reservations. NATS lets each
@@ -394,6 +394,7 @@ def fleet_keys(directory: Path, nodes: Sequence[str]) -> KeyStore:
         ORCHESTRATOR_PRINCIPAL: Role.SERVICE,
     }
     wanted.update(dict.fromkeys(nodes, Role.NODE))
+    wanted.update(dict.fromkeys(people, Role.HUMAN))
     ensure_principals(keys, wanted)
     return keys
 

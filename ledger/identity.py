@@ -13,7 +13,7 @@ import base64
 import binascii
 import json
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum, StrEnum
 from typing import Any
 from uuid import UUID
@@ -165,6 +165,94 @@ def verify(event: Event, principals: Mapping[str, Principal]) -> Principal:
     return who
 
 
+# --- requests: who is asking (management, decisions) ---------------------------------------
+
+SIGNER_HEADER = "Fleet-Signer"
+SIGNED_AT_HEADER = "Fleet-Signed-At"
+SIGNATURE_HEADER = "Fleet-Signature"
+REQUEST_SKEW = timedelta(minutes=5)  # a signed request older (or newer) than this is refused
+# the payload field of each management op that names the person acting (SPEC S12: it must be
+# the authenticated principal, never a free string)
+ACTING_AS: dict[str, str] = {
+    "risk.treat": "by", "approve": "approver", "overrun.treat": "by", "grant.revoke": "by",
+}  # fmt: skip
+
+
+def _request_bytes(subject: str, body: bytes, signed_at: str) -> bytes:
+    return f"{subject}\n{signed_at}\n".encode() + body
+
+
+def sign_request(seed: str, subject: str, body: bytes, at: datetime) -> dict[str, str]:
+    """The headers that prove who sent ``body`` on ``subject``, and when."""
+    key = _signing_key(seed)
+    signed_at = at.isoformat()
+    sig = key.sign(_request_bytes(subject, body, signed_at)).signature
+    return {
+        SIGNER_HEADER: _encode(bytes([_PREFIX_USER]) + bytes(key.verify_key)),
+        SIGNED_AT_HEADER: signed_at,
+        SIGNATURE_HEADER: base64.urlsafe_b64encode(sig).decode(),
+    }
+
+
+def verify_request(
+    headers: Mapping[str, str] | None,
+    subject: str,
+    body: bytes,
+    principals: Mapping[str, Principal],
+    now: datetime,
+) -> Principal:
+    """The principal that signed a request; ``RuleViolation`` (producer_identity) otherwise:
+    unsigned, unknown or revoked key, a signature that does not match, or a stale request."""
+    h = headers or {}
+    signer, signed_at, signature = (h.get(k) for k in (SIGNER_HEADER, SIGNED_AT_HEADER,
+                                                       SIGNATURE_HEADER))  # fmt: skip
+    if not (signer and signed_at and signature):
+        raise RuleViolation(
+            Rule.PRODUCER_IDENTITY,
+            "the request is not signed: connect as a principal (FLEET_PRINCIPAL, "
+            "`fleetledger identity create`)",
+        )
+    who = principals.get(signer)
+    if who is None or who.revoked:
+        state = "revoked" if who is not None else "unknown"
+        raise RuleViolation(Rule.PRODUCER_IDENTITY, f"the request is signed by a {state} key")
+    try:
+        at = datetime.fromisoformat(signed_at)
+        key = nacl.signing.VerifyKey(_decode(signer, "signer")[1:])
+        key.verify(_request_bytes(subject, body, signed_at), base64.urlsafe_b64decode(signature))
+    except (InvalidInput, binascii.Error, ValueError, nacl.exceptions.BadSignatureError):
+        raise RuleViolation(
+            Rule.PRODUCER_IDENTITY, f"the request's signature of {who.name} does not match it"
+        ) from None
+    if at.tzinfo is None or abs(now - at) > REQUEST_SKEW:
+        raise RuleViolation(
+            Rule.PRODUCER_IDENTITY,
+            f"the request of {who.name} was signed at {signed_at}, not within "
+            f"{REQUEST_SKEW.total_seconds():.0f}s of now (replayed, or a wrong clock)",
+        )
+    return who
+
+
+def check_acting_as(who: Principal, op: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """``args`` with the acting person set to ``who`` (when omitted); a request naming someone
+    else is refused (producer_permission). Nodes may only record effects."""
+    if who.role is Role.NODE and op != "effect.record":
+        raise RuleViolation(
+            Rule.PRODUCER_PERMISSION, f"node {who.name} may record effects only, not {op}"
+        )
+    field = ACTING_AS.get(op)
+    if field is None:
+        return dict(args)
+    named = args.get(field)
+    if named is not None and named != who.name:
+        raise RuleViolation(
+            Rule.PRODUCER_PERMISSION,
+            f"{who.name} may not act as {named!r} ({op} {field}); each person acts with their "
+            "own key (`fleetledger identity create NAME --role human`)",
+        )
+    return {**args, field: who.name}
+
+
 def check_producer(who: Principal, event: Event) -> None:
     """May ``who`` emit ``event``? Nodes: observations of their own node; coordinators:
     decision state; services: their branches' budget records; humans: nothing directly
@@ -202,13 +290,17 @@ def check_producer(who: Principal, event: Event) -> None:
 
 
 __all__ = [
+    "ACTING_AS",
     "BRANCH_KINDS",
     "Principal",
     "Role",
     "canonical",
+    "check_acting_as",
     "check_producer",
     "public_key",
     "seed_from_bytes",
     "sign",
+    "sign_request",
     "verify",
+    "verify_request",
 ]

@@ -165,3 +165,29 @@ def test_an_orchestrator_records_its_branches_budget_and_nothing_else() -> None:
     check_producer(svc, make_event(BudgetReleased(reservation_id="br-1"), mission_id="m1", at=T0))
     with pytest.raises(RuleViolation):
         check_producer(svc, treatment())
+
+
+def test_a_signed_request_verifies_and_a_replayed_or_altered_one_does_not() -> None:
+    from datetime import timedelta
+
+    from ledger.identity import check_acting_as, sign_request, verify_request
+
+    body = b'{"op": "risk.treat"}'
+    headers = sign_request(NODE_SEED, "fleet.v1.manage", body, T0)
+    assert verify_request(headers, "fleet.v1.manage", body, DIRECTORY, T0) == NODE
+    for subject, data, now in (
+        ("fleet.v1.manage", b'{"op": "approve"}', T0),  # another body
+        ("fleet.v1.authorize", body, T0),  # another subject
+        ("fleet.v1.manage", body, T0 + timedelta(hours=1)),  # replayed an hour later
+    ):
+        with pytest.raises(RuleViolation) as exc:
+            verify_request(headers, subject, data, DIRECTORY, now)
+        assert exc.value.rule is Rule.PRODUCER_IDENTITY
+    with pytest.raises(RuleViolation, match="not signed"):
+        verify_request({}, "fleet.v1.manage", body, DIRECTORY, T0)
+    lead = Principal(name="lead", role=Role.HUMAN, public_key=CO.public_key)
+    assert check_acting_as(lead, "risk.treat", {"risk_id": "k"})["by"] == "lead"
+    with pytest.raises(RuleViolation, match="may not act as 'owner'"):
+        check_acting_as(lead, "approve", {"approver": "owner"})
+    with pytest.raises(RuleViolation, match="effects only"):
+        check_acting_as(NODE, "risk.treat", {})
