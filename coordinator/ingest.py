@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable, Mapping
 
 from opentelemetry.trace import Span, Status, StatusCode
 
@@ -20,6 +21,7 @@ from coordinator.riskboard import RiskBoard
 from fleetbus.bus import Bus, StreamMessage
 from ledger.errors import FleetError
 from ledger.events import Event, RiskOpened, RiskTreated, parse_events
+from ledger.identity import Principal, check_producer, verify
 from ledger.mission import MissionState
 from ledger.protocol import ErrorBody, check_message, deadletter_subject
 from telemetry import (
@@ -53,8 +55,13 @@ class Ingest:
         board: RiskBoard,
         telemetry: Telemetry,
         traces: EventTraces,
+        *,
+        principals: Callable[[], Mapping[str, Principal]] | None = None,
     ) -> None:
+        """``principals``: the fleet's directory; with it, every event produced elsewhere must
+        be signed by a known principal that may emit its kind for its mission (SPEC S12)."""
         self.bus, self.journal, self.board = bus, journal, board
+        self.principals = principals
         self.telemetry, self.traces = telemetry, traces
         self.consumer_lag = 0  # messages of the stream not yet delivered to this coordinator
         self.dead_letters = 0
@@ -143,12 +150,15 @@ class Ingest:
             return [(None, exc)]
         states = self.journal.states
         record = own is None and self.telemetry.enabled  # links to events produced elsewhere
+        directory = self.principals() if own is None and self.principals is not None else None
         out: Applied = []
         for event in events:
             state = states.get(event.mission_id)
             if state is None:
                 state = MissionState(event.mission_id)
             try:
+                if directory is not None:  # who produced it, and may they: else dead-lettered
+                    check_producer(verify(event, directory), event)
                 state.apply(event)
             except FleetError as exc:
                 out.append((event, exc))

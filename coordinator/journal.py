@@ -28,6 +28,7 @@ from fleetbus.bus import Bus
 from ledger.clock import Clock
 from ledger.errors import InvalidInput, Unreachable
 from ledger.events import Event, bundle_json, make_event
+from ledger.identity import sign
 from ledger.mission import MissionState
 from ledger.protocol import subject_of
 from telemetry import (
@@ -63,8 +64,14 @@ class Journal:
         *,
         node_id: str,
         cut_timeout_s: float,
+        seed: str | None = None,
     ) -> None:
+        """``seed``: the coordinator's principal; every event it appends is signed with it."""
         self.bus, self.clock, self.telemetry, self.traces = bus, clock, telemetry, traces
+        self.seed = seed
+        # the stream sequence of each action's stored receipt: a retry's answer names it, so
+        # a requester can read and verify the signed receipt itself
+        self.receipt_seqs: dict[tuple[str, str], int] = {}
         self.node_id = node_id
         self.cut_timeout_s = cut_timeout_s
         self.states: dict[str, MissionState] = {}
@@ -150,6 +157,8 @@ class Journal:
         ) as span:
             if span.is_recording():
                 events = self._traced(span, events)
+            if self.seed is not None:  # last: nothing may change a signed event
+                events = [sign(e, self.seed) for e in events]
             body = bundle_json(events)
             if len(self._own) < OWN_CACHE_LIMIT:
                 self._own[body] = tuple(events)

@@ -76,9 +76,12 @@ class Coordinator:
             traces,
             node_id=s.node_id,
             cut_timeout_s=s.cut_timeout_s,
+            seed=seed_of(s.principal, s.identity_dir),
         )
         self.board = RiskBoard(bus)
-        self.ingest = Ingest(bus, self.journal, self.board, self.telemetry, traces)
+        self.ingest = Ingest(
+            bus, self.journal, self.board, self.telemetry, traces, principals=principals
+        )
         undecided = Undecided()
         self.authorizer = Authorizer(
             self.journal, budget, undecided, self.telemetry, lease_s=s.lease_s

@@ -24,7 +24,7 @@ from ledger.errors import (
     Unreachable,
 )
 from ledger.events import Event, last_event
-from ledger.identity import sign_request
+from ledger.identity import sign, sign_request
 from ledger.kernel import ActionRequest
 from ledger.protocol import (
     AUTHORIZE_SUBJECT,
@@ -257,6 +257,8 @@ class FleetClient:
             tc = trace_context_of(span)
             if tc is not None and event.trace is None and event.signature is None:
                 event = event.model_copy(update={"trace": tc})  # never alter signed bytes
+            if self.seed is not None and event.signature is None:
+                event = sign(event, self.seed)  # as the principal this client is
             seq = await publish_checked(
                 self.js,
                 subject,

@@ -28,6 +28,7 @@ class KeyStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._cached: tuple[float, dict[str, Principal]] | None = None
 
     @property
     def directory_path(self) -> Path:
@@ -47,8 +48,15 @@ class KeyStore:
             ) from None
 
     def directory(self) -> dict[str, Principal]:
-        """Principals keyed by public key, as ``ledger.identity.verify`` takes them."""
-        return {p.public_key: p for p in self.principals()}
+        """Principals keyed by public key, as ``ledger.identity.verify`` takes them; read again
+        whenever the file changed (a revocation holds from the next message on)."""
+        try:
+            mtime = self.directory_path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return {}
+        if self._cached is None or self._cached[0] != mtime:
+            self._cached = (mtime, {p.public_key: p for p in self.principals()})
+        return self._cached[1]
 
     def get(self, name: str) -> Principal:
         for p in self.principals():

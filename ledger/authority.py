@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import IntEnum
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 
 ANY = "*"
 
@@ -22,6 +23,13 @@ class Sensitivity(IntEnum):
     INTERNAL = 1
     CONFIDENTIAL = 2
     RESTRICTED = 3
+
+
+# A set of names on the wire: sorted, so an event's JSON is one byte string whatever the
+# process's hash seed (signatures cover it; see ledger.identity.canonical).
+Names = Annotated[
+    frozenset[str], PlainSerializer(lambda v: sorted(v), return_type=list[str], when_used="json")
+]
 
 
 def _norm(items: Iterable[str]) -> frozenset[str]:
@@ -52,13 +60,13 @@ class Authority(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    actions: frozenset[str] = Field(default_factory=frozenset)
-    resource_classes: frozenset[str] = frozenset({ANY})
+    actions: Names = Field(default_factory=frozenset)
+    resource_classes: Names = frozenset({ANY})
     max_sensitivity: Sensitivity = Sensitivity.INTERNAL
     value_ceiling: int | None = Field(default=None, ge=0)  # micro-units per action; None = no cap
-    audience: frozenset[str] = frozenset({ANY})
-    evidence_required_for: frozenset[str] = Field(default_factory=frozenset)
-    approval_required_for: frozenset[str] = Field(default_factory=frozenset)
+    audience: Names = frozenset({ANY})
+    evidence_required_for: Names = Field(default_factory=frozenset)
+    approval_required_for: Names = Field(default_factory=frozenset)
     may_delegate: bool = False
 
     @classmethod

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from ledger.authority import Authority
+from ledger.authority import Authority, Names
 from ledger.clock import ensure_utc
 from ledger.errors import ErrorCode, InvalidInput, Rule
 from ledger.ids import new_id
@@ -69,8 +69,8 @@ class MissionCreated(_Payload):
     ceiling: Micros
     expires_at: UtcDatetime | None = None
     policy: Authority | None = None  # organisational policy: every grant is intersected with it
-    risk_roles: frozenset[str] = frozenset({"risk-officer"})  # may treat any risk
-    approver_roles: frozenset[str] = frozenset()  # empty: any approver role is accepted
+    risk_roles: Names = frozenset({"risk-officer"})  # may treat any risk
+    approver_roles: Names = frozenset()  # empty: any approver role is accepted
 
 
 class GrantSpec(BaseModel):
@@ -141,7 +141,7 @@ class EvidenceSuperseded(_Payload):
 class RiskOpened(_Payload):
     kind: Literal["risk.opened"] = "risk.opened"
     risk_id: Ident
-    blocks: frozenset[str] = Field(min_length=1)
+    blocks: Names = Field(min_length=1)
     owner: Text
     summary: Text
     grant_id: Ident | None = None  # None: the whole mission; else that grant and descendants
@@ -167,7 +167,7 @@ class ApprovalConditions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_cost: Micros | None = None
-    evidence_ids: frozenset[str] = frozenset()  # each must still be valid
+    evidence_ids: Names = frozenset()  # each must still be valid
     no_open_risks: bool = False  # no open risk blocking the action (beyond non-erasure)
 
 
@@ -237,7 +237,7 @@ class ActionRequested(_Payload):
     action_id: Ident
     action: ActionName
     cost: Micros = 0
-    evidence_ids: frozenset[str] = frozenset()
+    evidence_ids: Names = frozenset()
     resource_class: str | None = None
     sensitivity: int | None = Field(default=None, ge=0, le=3)
     value: Micros | None = None

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from enum import Enum, StrEnum
+from enum import StrEnum
 from typing import Any
-from uuid import UUID
 
 import nacl.exceptions
 import nacl.signing
@@ -109,25 +107,11 @@ def public_key(seed: str) -> str:
     return _encode(bytes([_PREFIX_USER]) + bytes(_signing_key(seed).verify_key))
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, frozenset | set):
-        return sorted(value)  # sets have no order on the wire: sort them, once, here
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, UUID):
-        return str(value)
-    if isinstance(value, Enum):
-        return value.value
-    raise TypeError(f"cannot sign a {type(value).__name__}")
-
-
 def canonical(event: Event) -> bytes:
-    """The bytes a signature covers: every field but the signature, keys sorted, sets sorted,
-    no whitespace; the same for an event and its copy parsed back from the stream."""
-    body = event.model_dump(mode="python", exclude={"signature"}, exclude_none=True)
-    return json.dumps(
-        body, default=_jsonable, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    ).encode()
+    """The bytes a signature covers: the event's JSON without its signature. Field order is
+    the model's and sets are sorted (``ledger.authority.Names``), so an event and its copy
+    parsed back from the stream give the same bytes in any process."""
+    return event.model_copy(update={"signature": None}).to_json()
 
 
 def sign(event: Event, seed: str) -> Event:

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger.authority import Authority, intersect
+from ledger.authority import Authority, Names, intersect
 from ledger.errors import Rule, RuleViolation
 from ledger.events import (
     ACTION_PATTERN,
@@ -45,7 +45,7 @@ class ActionRequest(BaseModel):
     action: str = Field(pattern=ACTION_PATTERN)
     cost: Micros = 0
     idempotency_key: str = Field(min_length=1)
-    evidence_ids: frozenset[str] = frozenset()
+    evidence_ids: Names = frozenset()
     resource_class: str | None = None
     sensitivity: int | None = Field(default=None, ge=0, le=3)
     value: Micros | None = None

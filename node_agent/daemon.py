@@ -38,9 +38,13 @@ log = logging.getLogger("fleetledger.node")
 class NodeAgent:
     def __init__(self, settings: NodeSettings, *, judge: Judge | None = None) -> None:
         self.settings = settings
-        self.store = Store(
-            settings.db_path, node_id=settings.node_id, default_mission=settings.mission
+        self.seed = seed_of(
+            settings.principal, settings.identity_dir or settings.state_dir / "identity"
         )
+        self.store = Store(
+            settings.db_path, node_id=settings.node_id, default_mission=settings.mission,
+            seed=self.seed,
+        )  # fmt: skip
         if judge is None and settings.judge_url:
             judge = OllamaJudge(settings.judge_url, settings.judge_model)  # refuses non-loopback
         self.judge = judge
@@ -99,10 +103,7 @@ class NodeAgent:
                 self.settings.nats_url,
                 node_id=self.settings.node_id,
                 on_connect=self.follower.attach,
-                seed=seed_of(
-                    self.settings.principal,
-                    self.settings.identity_dir or self.settings.state_dir / "identity",
-                ),
+                seed=self.seed,
             )
             self.outbox.start()
 

@@ -28,6 +28,7 @@ from typing import Any, ParamSpec, TypeVar
 from ledger.clock import Clock, SystemClock
 from ledger.errors import ErrorCode, InvalidInput
 from ledger.events import Event, ItemCaptured, ItemStatusChanged, make_event
+from ledger.identity import sign
 from ledger.invariants import RiskFact
 from ledger.items import Actor, Item, ItemStatus, record_judgement, transition
 from ledger.protocol import subject_of
@@ -186,9 +187,13 @@ class Store:
         node_id: str = "node-local",
         default_mission: str = "local",
         clock: Clock | None = None,
+        seed: str | None = None,
     ) -> None:
+        """``seed``: the node's principal; every event it writes is signed with it (the
+        coordinator refuses unsigned or forged ones where identity is on)."""
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = path
+        self.seed = seed
         self.node_id = node_id
         self.default_mission = default_mission
         self.clock = clock or SystemClock()
@@ -234,6 +239,8 @@ class Store:
             agent_id=session.agent_id,
             grant_id=session.grant_id,
         )
+        if self.seed is not None:
+            event = sign(event, self.seed)
         db.execute(
             "INSERT INTO outbox (event_id, subject, data) VALUES (?, ?, ?)",
             (str(event.event_id), subject_of(event), event.to_json()),
