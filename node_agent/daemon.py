@@ -21,6 +21,7 @@ from node_agent.claims import ClaimsCache
 from node_agent.execution import ExecutionState
 from node_agent.follower import FleetFollower
 from node_agent.gate import ActionGate
+from node_agent.hooks import write_policy
 from node_agent.judge import Judge, JudgeGate, OllamaJudge
 from node_agent.outbox import OutboxPublisher
 from node_agent.routes_claims import ClaimRoutes
@@ -90,6 +91,7 @@ class NodeAgent:
 
     async def start(self) -> None:
         await self.api.listen_unix(self.settings.socket_path)
+        write_policy(self.settings)  # what the hooks fall back on if we go away
         if self.settings.http_port is not None:
             await self.api.listen_tcp(self.settings.http_port)
         if self.settings.nats_url:

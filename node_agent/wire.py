@@ -89,6 +89,9 @@ class ToolCall(Who):
     cwd: str | None = None
     tool_use_id: str | None = None
     response: Any = None  # PostToolUse: the tool's result, in the agent's own shape
+    # what the agent's event itself says of the call (Claude Code: PostToolUse "succeeded",
+    # PostToolUseFailure "failed"); None when the event does not say (Codex, Gemini)
+    outcome: Literal["succeeded", "failed"] | None = None
     reads: list[NonEmpty] = Field(default_factory=list)  # extra resource ids read
     writes: list[NonEmpty] = Field(default_factory=list)  # extra resource ids written
     traceparent: str | None = None  # W3C; an invalid one starts a new trace

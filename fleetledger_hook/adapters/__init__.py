@@ -1,0 +1,10 @@
+"""One adapter per agent CLI over the shared core (``fleetledger_hook.core``)."""
+
+from fleetledger_hook.adapters.claude_code import ClaudeCode
+from fleetledger_hook.adapters.codex import Codex
+from fleetledger_hook.adapters.gemini import Gemini
+from fleetledger_hook.core import Adapter
+
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (ClaudeCode(), Codex(), Gemini())}
+
+__all__ = ["ADAPTERS", "ClaudeCode", "Codex", "Gemini"]
