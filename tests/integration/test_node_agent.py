@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import shutil
 import stat
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
