@@ -22,8 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fleetledger.runtime import run_loop, tune_gc
-from fleetledger_hook import core as hook_core
-from fleetledger_hook.adapters import ADAPTERS
+from fleetledger_hook import forward
 from ledger.errors import FleetError, InvalidInput
 from ledger.protocol import ErrorBody
 from node_agent.checks import Check, CommandCheck, EvidenceCheck, FileCheck
@@ -250,20 +249,14 @@ def hook(
 ) -> None:
     """Answer one agent hook: JSON on stdin, the agent's answer on stdout.
 
-    The same core as the installed hook (``python -S .../fleetledger_hook``), which is faster:
-    `hooks install` writes that one.
+    The same code as the installed hook (``python -S .../fleetledger_hook/__main__.py``),
+    which starts faster: `hooks install` writes that one.
     """
     try:
-        socket = str(NodeSettings.load().socket_path)
+        socket = ["--socket", str(NodeSettings.load().socket_path)]
     except (FleetError, ValueError):
-        socket = None
-    raw = sys.stdin.read(hook_core.MAX_STDIN + 1)
-    answer = hook_core.run(ADAPTERS[_agent(agent)], event, raw, default_socket=socket)
-    if answer.stdout:
-        sys.stdout.write(answer.stdout + "\n")
-    if answer.stderr:
-        sys.stderr.write(answer.stderr + "\n")
-    raise typer.Exit(answer.exit_code)
+        socket = []
+    raise typer.Exit(forward.main([_agent(agent), event, *socket]))
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

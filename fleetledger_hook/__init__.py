@@ -1,12 +1,9 @@
-"""fleetledger_hook: the agent hook client, stdlib only (SPEC S5.5).
+"""fleetledger_hook: the agent hooks, stdlib only (SPEC S5.5).
 
-One short process per hook call: it reads the agent's hook JSON, asks the node agent over its
-Unix socket and answers in the agent's terms, failing closed for consequential actions. It
-imports nothing outside the standard library, so a call costs a Python start and one hop.
-Run as ``python -S /path/to/fleetledger_hook AGENT EVENT`` (what `hooks install` writes) or the
-``fleetledger-hook`` console script.
+One short process per hook call (``forward``): it forwards the agent's hook JSON to the node
+agent's ``/v1/hook`` over its Unix socket and prints the answer; the node agent runs the
+adapters (one per agent, ``adapters/``, over the shared ``core``), the same code the hook
+falls back on to fail closed when the node agent cannot answer. Nothing here imports beyond
+the standard library, so a call costs a Python start and one hop. `hooks install` writes
+``python -S .../fleetledger_hook/__main__.py AGENT EVENT`` (or use ``fleetledger-hook``).
 """
-
-from fleetledger_hook.core import Adapter, HookAnswer, Policy, handle, main, run
-
-__all__ = ["Adapter", "HookAnswer", "Policy", "handle", "main", "run"]

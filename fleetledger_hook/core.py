@@ -17,48 +17,71 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
 
 from fleetledger_hook import policy
+from fleetledger_hook.forward import deadline_s, socket_path
 from fleetledger_hook.transport import NodeDown, NodeError, SocketTransport
 
-Op = Literal["prompt", "context", "pre", "post", "stop"]  # what an agent event maps to
+# Only the stdlib, and only what a call needs: no `typing` or `dataclasses` at run time (each
+# costs about as much as the whole hop to the node agent). mypy reads the names below.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, ClassVar, Literal, Protocol
+
+    Op = Literal["prompt", "context", "pre", "post", "stop"]  # what an agent event maps to
+
+    class Transport(Protocol):
+        def call(self, op: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
 MAX_STDIN = 1 << 20
 RULES_FILE = "node-agent.hook.json"  # written by the node agent and `hooks install`
 
 
-class Transport(Protocol):
-    def call(self, op: str, body: dict[str, Any]) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
 class HookAnswer:
-    stdout: str = ""
-    stderr: str = ""
-    exit_code: int = 0
+    """What the hook process prints and exits with."""
+
+    __slots__ = ("exit_code", "stderr", "stdout")
+
+    def __init__(self, stdout: str = "", stderr: str = "", exit_code: int = 0) -> None:
+        self.stdout, self.stderr, self.exit_code = stdout, stderr, exit_code
 
     @staticmethod
     def json(data: dict[str, Any], stderr: str = "") -> HookAnswer:
         return HookAnswer(json.dumps(data), stderr, 0)
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HookAnswer) and (self.stdout, self.stderr, self.exit_code) == (
+            other.stdout, other.stderr, other.exit_code)  # fmt: skip
 
-@dataclass(frozen=True)
+    def __hash__(self) -> int:
+        return hash((self.stdout, self.stderr, self.exit_code))
+
+    def __repr__(self) -> str:
+        return f"HookAnswer(stdout={self.stdout!r}, stderr={self.stderr!r}, exit={self.exit_code})"
+
+
 class Request:
-    """What one hook call asks the node agent: an operation and its body."""
+    """What one hook call asks the node agent: an operation (prompt, context, tool, stop) and
+    its body."""
 
-    op: Literal["prompt", "context", "tool", "stop"]  # the node agent's operation
-    body: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("body", "op")
+
+    def __init__(self, op: str, body: dict[str, Any]) -> None:
+        self.op, self.body = op, body
 
 
-@dataclass(frozen=True)
 class Policy:
     """What the hook does when the node agent cannot answer."""
 
-    rules: tuple[dict[str, Any], ...] = policy.DEFAULT_RULES
-    reminders_fail_open: bool = True
+    __slots__ = ("reminders_fail_open", "rules")
+
+    def __init__(
+        self, rules: tuple[dict[str, Any], ...] = policy.DEFAULT_RULES,
+        reminders_fail_open: bool = True,
+    ) -> None:  # fmt: skip
+        self.rules, self.reminders_fail_open = rules, reminders_fail_open
 
 
 class Adapter:
@@ -153,41 +176,84 @@ def tool_input(payload: dict[str, Any]) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def handle(
-    adapter: Adapter, event: str, raw: str, *, transport: Transport | None, policy_: Policy
-) -> HookAnswer:
-    """Map one hook call to the node agent and back; never raises."""
-    op = adapter.events.get(event)
-    if op is None:
+class Call:
+    """One hook call, planned: its event's operation, the payload, and either the request for
+    the node agent or (input we cannot use, an unknown event) the answer already."""
+
+    __slots__ = ("adapter", "answer", "event", "op", "payload", "request")
+
+    def __init__(self, adapter: Adapter, event: str) -> None:
+        self.adapter, self.event = adapter, event
+        self.op: Op | None = adapter.events.get(event)
+        self.payload: dict[str, Any] = {}
+        self.request: Request | None = None
+        self.answer: HookAnswer | None = None
+
+
+def plan(adapter: Adapter, event: str, raw: str | bytes | dict[str, Any]) -> Call:
+    """Read one hook call's input: what to ask the node agent, or the answer without asking."""
+    call = Call(adapter, event)
+    if call.op is None:
         known = ", ".join(sorted(adapter.events))
-        return HookAnswer(
+        call.answer = HookAnswer(
             stderr=f"fleetledger: {adapter.name} has no hook for event {event!r} (it handles "
             f"{known}); reinstall with `fleetledger hooks install {adapter.name}`",
             exit_code=1,
         )
-    payload: dict[str, Any] | None = None
+        return call
     problem = None
-    if len(raw) > MAX_STDIN:
+    if isinstance(raw, dict):
+        call.payload = raw
+    elif len(raw) > MAX_STDIN:
         problem = f"hook input over {MAX_STDIN} bytes"
     else:
         try:
             parsed = json.loads(raw)
-            payload = parsed if isinstance(parsed, dict) else None
-            problem = None if payload is not None else "hook input is not a JSON object"
+            if isinstance(parsed, dict):
+                call.payload = parsed
+            else:
+                problem = "hook input is not a JSON object"
         except ValueError:
             problem = "hook input is not JSON"
-    if payload is None:
-        if op == "pre":  # we cannot tell what the tool would do: refuse it (fail closed)
-            return adapter.fail_closed(event, f"fleetledger: {problem}; tool call refused")
-        return HookAnswer(stderr=f"fleetledger: {problem}; nothing recorded", exit_code=1)
+    if problem is not None:
+        if call.op == "pre":  # we cannot tell what the tool would do: refuse it (fail closed)
+            call.answer = adapter.fail_closed(event, f"fleetledger: {problem}; tool call refused")
+        else:
+            call.answer = HookAnswer(
+                stderr=f"fleetledger: {problem}; nothing recorded", exit_code=1
+            )
+        return call
     try:
-        request = adapter.request(event, op, payload)
+        call.request = adapter.request(event, call.op, call.payload)
+    except Exception as exc:
+        call.answer = unreachable(call, exc, Policy())
+    return call
+
+
+def finish(call: Call, reply: dict[str, Any], policy_: Policy) -> HookAnswer:
+    """The node agent's reply in the agent's terms (a reply we cannot read fails closed)."""
+    assert call.op is not None
+    try:
+        return _answer(call.adapter, call.event, call.op, call.payload, reply)
+    except Exception as exc:
+        return unreachable(call, exc, policy_)
+
+
+def handle(
+    adapter: Adapter, event: str, raw: str | bytes, *, transport: Transport | None,
+    policy_: Policy,
+) -> HookAnswer:  # fmt: skip
+    """Map one hook call to the node agent and back; never raises."""
+    call = plan(adapter, event, raw)
+    if call.answer is not None or call.request is None:
+        return call.answer or HookAnswer()
+    try:
         if transport is None:
             raise NodeDown("no node agent socket configured (set FLEET_SOCKET)")
-        reply = transport.call(request.op, request.body)
-        return _answer(adapter, event, op, payload, reply)
+        reply = transport.call(call.request.op, call.request.body)
     except Exception as exc:  # any failure to ask is answered in the agent's terms
-        return _unreachable(adapter, event, op, payload, exc, policy_)
+        return unreachable(call, exc, policy_)
+    return finish(call, reply, policy_)
 
 
 def _answer(
@@ -217,9 +283,9 @@ def _answer(
     return HookAnswer()
 
 
-def _unreachable(
-    adapter: Adapter, event: str, op: Op, payload: dict[str, Any], exc: Exception, policy_: Policy
-) -> HookAnswer:  # fmt: skip
+def unreachable(call: Call, exc: Exception, policy_: Policy) -> HookAnswer:
+    """The answer when the node agent could not be asked, or its answer not read."""
+    adapter, event, op, payload = call.adapter, call.event, call.op, call.payload
     if isinstance(exc, NodeError):
         why = f"fleetledger: the node agent refused this hook call ({exc})"
     elif isinstance(exc, NodeDown):
@@ -271,48 +337,32 @@ def load_policy(socket_path: str | None) -> Policy:
     return Policy(tuple(rules), bool(fail_open))
 
 
-def socket_path(default: str | None) -> str | None:
-    """FLEET_SOCKET, else FLEET_STATE_DIR's socket, else the one `hooks install` wrote."""
-    if os.environ.get("FLEET_SOCKET"):
-        return os.environ["FLEET_SOCKET"]
-    if os.environ.get("FLEET_STATE_DIR"):
-        return os.path.join(os.environ["FLEET_STATE_DIR"], "node-agent.sock")
-    return default
-
-
-def run(adapter: Adapter, event: str, raw: str, *, default_socket: str | None = None,
+def run(adapter: Adapter, event: str, raw: str | bytes, *, default_socket: str | None = None,
         timeout_s: float | None = None) -> HookAnswer:  # fmt: skip
+    """One hook call over the node agent's socket, each operation asked separately."""
     path = socket_path(default_socket)
     if timeout_s is None:
-        timeout_s = float(os.environ.get("FLEET_HOOK_TIMEOUT_S") or 0) or (
-            STOP_TIMEOUT_S if adapter.events.get(event) == "stop" else TIMEOUT_S
-        )
+        timeout_s = deadline_s(adapter.events.get(event) == "stop")
     transport = SocketTransport(path, timeout_s=timeout_s) if path else None
     return handle(adapter, event, raw, transport=transport, policy_=load_policy(path))
 
 
-TIMEOUT_S = 10.0  # a tool or prompt call; the agent's own hook timeout is set well above
-STOP_TIMEOUT_S = 60.0  # a turn end may run completion checks (a test suite)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``fleetledger-hook AGENT EVENT [--socket PATH]``: answer one hook call."""
+def fail_closed(agent: str, event: str, raw: bytes, why: str, default_socket: str | None) -> int:
+    """The slow path, when the fast one could not get an answer: no second try (the node may
+    have acted on the first), the agent answered as if the node agent were down."""
     from fleetledger_hook.adapters import ADAPTERS
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    default_socket = None
-    if "--socket" in args:
-        at = args.index("--socket")
-        default_socket = args[at + 1] if at + 1 < len(args) else None
-        del args[at : at + 2]
-    if len(args) != 2 or args[0] not in ADAPTERS:
+    adapter = ADAPTERS.get(agent)
+    if adapter is None:
         sys.stderr.write(
-            f"usage: fleetledger-hook {{{','.join(ADAPTERS)}}} EVENT [--socket PATH]\n"
-            f"got: {shlex.join(args)}\n"
+            f"fleetledger-hook: unknown agent {agent!r}; usage: "
+            f"fleetledger-hook {{{','.join(ADAPTERS)}}} EVENT [--socket PATH]\n"
         )
         return 2  # a misconfigured hook blocks rather than silently allowing
-    answer = run(ADAPTERS[args[0]], args[1], sys.stdin.read(MAX_STDIN + 1),
-                 default_socket=default_socket)  # fmt: skip
+    call = plan(adapter, event, raw)
+    answer = call.answer or unreachable(
+        call, NodeDown(why), load_policy(socket_path(default_socket))
+    )
     if answer.stdout:
         sys.stdout.write(answer.stdout + "\n")
     if answer.stderr:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
 
 # Claude Code and Codex call their shell tool "Bash"; Gemini CLI calls it run_shell_command.
 SHELL_TOOLS = r"^(Bash|shell|exec_command|run_shell_command)$"

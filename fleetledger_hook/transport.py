@@ -12,7 +12,10 @@ import json
 import os
 import socket
 import time
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_REPLY = 4 << 20
 

@@ -25,6 +25,7 @@ from node_agent.hooks import write_policy
 from node_agent.judge import Judge, JudgeGate, OllamaJudge
 from node_agent.outbox import OutboxPublisher
 from node_agent.routes_claims import ClaimRoutes
+from node_agent.routes_hook import HookRoutes
 from node_agent.routes_resource import ResourceRoutes
 from node_agent.routes_todo import TodoRoutes
 from node_agent.routes_tool import ToolRoutes
@@ -85,6 +86,7 @@ class NodeAgent:
             **ResourceRoutes(settings, self.ledger, self.execution, wake).routes(),
             **ClaimRoutes(settings, self.ledger, self.claims, wake).routes(),
         }
+        self.routes.update(HookRoutes(settings, self.routes).routes())
         self.api = HttpServer(routes=self.routes, live=self._live, ready=self._ready)
 
     # --- lifecycle --------------------------------------------------------------------------

@@ -111,7 +111,8 @@ def hook_command(
     """The absolute, wrapped command line of one hook."""
     import shlex
 
-    argv = [python or sys.executable, "-S", str(package or HOOK_PACKAGE), agent, event]
+    main = (package or HOOK_PACKAGE) / "__main__.py"  # a file, not the directory: no runpy
+    argv = [python or sys.executable, "-S", str(main), agent, event]
     if socket is not None:
         argv += ["--socket", str(socket)]
     command = shlex.join(argv)
@@ -124,9 +125,8 @@ def _ours(handler: Any, agent: str, event: str) -> bool:
     command = handler.get("command") if isinstance(handler, dict) else None
     if not isinstance(command, str):
         return False
-    mark = re.search(rf"(fleetledger_hook|fleetledger-hook|fleetledger hook)['\"]?\s+{agent}\s+"
-                     rf"{event}(\s|$|')", command)  # fmt: skip
-    return mark is not None
+    ours = r"(fleetledger_hook(?:/__main__\.py)?|fleetledger-hook|fleetledger hook)['\"]?"
+    return re.search(rf"{ours}\s+{agent}\s+{event}(\s|$|')", command) is not None
 
 
 @dataclass

@@ -16,11 +16,14 @@ refusal the hook cannot word in JSON is exit 2 (``Adapter.fail_closed``).
 
 from __future__ import annotations
 
-import re
 import shlex
-from typing import Any, ClassVar
 
-from fleetledger_hook.core import Adapter, HookAnswer, Op
+from fleetledger_hook.core import TYPE_CHECKING, Adapter, HookAnswer
+
+if TYPE_CHECKING:
+    from typing import Any, ClassVar
+
+    from fleetledger_hook.core import Op
 
 
 class ClaudeCode(Adapter):
@@ -36,7 +39,8 @@ class ClaudeCode(Adapter):
         agent_id = payload.get("agent_id")
         if event == "SubagentStop" and isinstance(agent_id, str) and agent_id:
             # the subagent's own ledger and counter, not its parent's to-do
-            return f"{parent}-sub-{re.sub(r'[^A-Za-z0-9_-]', '_', agent_id)}"
+            safe = "".join(c if c.isalnum() or c in "_-" else "_" for c in agent_id)
+            return f"{parent}-sub-{safe}"
         return parent
 
     def result(self, event: str, payload: dict[str, Any]) -> dict[str, Any]:

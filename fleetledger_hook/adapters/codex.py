@@ -14,9 +14,12 @@ in the user's config.toml): `fleetledger hooks install codex --trust` records th
 
 from __future__ import annotations
 
-from typing import ClassVar
+from fleetledger_hook.core import TYPE_CHECKING, Adapter
 
-from fleetledger_hook.core import Adapter, Op
+if TYPE_CHECKING:
+    from typing import ClassVar
+
+    from fleetledger_hook.core import Op
 
 
 class Codex(Adapter):

@@ -14,9 +14,12 @@ a timeout well above the hook's own deadline, and the hook itself refuses in tim
 
 from __future__ import annotations
 
-from typing import ClassVar
+from fleetledger_hook.core import TYPE_CHECKING, Adapter, HookAnswer
 
-from fleetledger_hook.core import Adapter, HookAnswer, Op
+if TYPE_CHECKING:
+    from typing import ClassVar
+
+    from fleetledger_hook.core import Op
 
 
 class Gemini(Adapter):
