@@ -209,6 +209,8 @@ class Codex(Agent):
         # A provider of our own (wire_api = "responses"), no retries so failures show at once,
         # and the tmp project trusted: Codex loads a project's .codex/ layer only then.
         self.codex_home.mkdir(parents=True, exist_ok=True)
+        if (self.codex_home / "config.toml").exists():
+            return  # written already (by an earlier setup and then, say, `hooks install --trust`)
         (self.codex_home / "config.toml").write_text(
             f'model = "gpt-5.5"\n'
             f'model_provider = "offline"\n'

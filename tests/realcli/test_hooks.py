@@ -84,7 +84,9 @@ def db(settings: NodeSettings) -> sqlite3.Connection:
 def session_of(settings: NodeSettings, agent: Agent) -> str:
     """The node's session for this run (the one whose tool calls ran in this project)."""
     with db(settings) as conn:
-        rows = conn.execute("SELECT session_id FROM sessions WHERE agent_id = ?", (agent.name,))
+        rows = conn.execute(
+            "SELECT session_id FROM sessions WHERE agent_id = ? ORDER BY rowid", (agent.name,)
+        )
         sessions = [r[0] for r in rows]
     assert sessions, f"no {agent.name} session reached the node agent"
     return str(sessions[-1])
@@ -267,3 +269,67 @@ def test_a_stale_edit_is_blocked(agent: Agent, server: ScriptedServer, node: Nod
     assert "re-observe first" in sent(server), [
         r.body.get("messages", r.body.get("input")) for r in server.main_requests
     ][-1:]
+
+
+def test_codex_runs_the_hooks_that_hooks_install_trust_recorded(
+    agent_clis: dict[str, Path], tmp_path: Path, node: NodeSettings
+) -> None:
+    """`fleetledger hooks install codex --trust`, then Codex without any trust bypass."""
+    (tmp_path / "home").mkdir()
+    (tmp_path / "project").mkdir()
+    codex = Codex(agent_clis["codex"], tmp_path / "home", tmp_path / "project")
+    codex.bypass_trust = False
+    with codex.server_class([codex.shell(PUSH), Text("Understood.")]) as server:
+        codex.setup(server)  # the user's own config.toml, project trusted
+        env = {**os.environ, "CODEX_HOME": str(codex.codex_home),
+               "FLEET_STATE_DIR": str(node.state_dir)}  # fmt: skip
+        cli = [sys.executable, "-m", "fleetledger", "hooks", "install", "codex", "--trust",
+               "--project", str(codex.project)]  # fmt: skip
+        for _ in range(2):  # idempotent: the second run changes nothing
+            installed = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60)
+            assert installed.returncode == 0, installed.stdout + installed.stderr
+        assert "nothing changed" in " ".join(installed.stdout.split())
+        done = codex.run(server, "Push the branch.")
+
+    assert done.returncode == 0, done.describe()
+    assert not (codex.project / "pushed.marker").exists(), "untrusted: our hooks never ran"
+    assert "git.push" in sent(server)
+
+
+def test_claude_code_to_do_tools_record_claims(
+    agent_clis: dict[str, Path], tmp_path: Path, node: NodeSettings
+) -> None:
+    """Both of Claude Code's to-do tools: Tasks (the default) and TodoWrite (ENABLE_TASKS=0)."""
+    from tests.realcli.agents import ClaudeCode
+
+    for tools, steps in (
+        ({}, [ToolCall("TaskCreate", {"subject": "Write hello.txt", "description": "d"}),
+              ToolCall("TaskUpdate", {"taskId": "1", "status": "completed"})]),
+        ({"CLAUDE_CODE_ENABLE_TASKS": "0"}, [ToolCall("TodoWrite", {"todos": [
+            {"content": "Write hello.txt", "status": "completed",
+             "activeForm": "Writing hello.txt"}]})]),
+    ):  # fmt: skip
+        run_dir = Path(tempfile.mkdtemp(dir=tmp_path))
+        (run_dir / "home").mkdir()
+        (run_dir / "project").mkdir()
+        claude = ClaudeCode(agent_clis["claude-code"], run_dir / "home", run_dir / "project")
+        claude.extra_env.update(tools)
+        claude.extra_args = ["--tools", "Bash,TaskCreate,TaskUpdate,TaskList,TodoWrite"]
+        install_ours(claude, socket_path=node.socket_path)
+        with claude.server_class([*steps, Text("Done.")]) as server:
+            done = claude.run(server, "1. write hello.txt")
+        assert done.returncode == 0, done.describe()
+        with db(node) as conn:
+            rows = conn.execute(
+                "SELECT model_claim, stored_status FROM items WHERE session_id = ?",
+                (session_of_project(node, claude),),
+            ).fetchall()
+        assert [(r[0] is not None, r[1]) for r in rows] == [(True, "open")], (tools, rows)
+
+
+def session_of_project(settings: NodeSettings, agent: Agent) -> str:
+    """The session whose tool calls ran in this agent's project (sessions are per run)."""
+    with db(settings) as conn:
+        row = conn.execute("SELECT session_id FROM items ORDER BY rowid DESC LIMIT 1").fetchone()
+    assert row is not None
+    return str(row[0])
