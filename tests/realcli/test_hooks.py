@@ -140,6 +140,8 @@ def test_prompt_captured_reminder_fed_back_and_the_loop_ends(
     session = session_of(node, agent)
     # one-line numbered list split; our own reminder fed back (Gemini) not captured as items
     assert items(node, session) == ["write hello.txt", "update the changelog"]
+    # the to-do reached the model with the prompt itself (the prompt hook's context)
+    assert "fleetledger to-do (open, in order)" in json.dumps(server.main_requests[0].body)
     assert "still open, in order" in sent(server), "the reminder never reached the model"
     # blocked once, then let go: the same open items, nothing new to say (stop_hook_active)
     assert len(server.main_requests) <= 3, [r.turn for r in server.main_requests]
