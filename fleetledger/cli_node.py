@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fleetledger.runtime import run_loop, tune_gc
+from fleetledger_hook import forward
 from ledger.errors import FleetError, InvalidInput
 from ledger.protocol import ErrorBody
 from node_agent.checks import Check, CommandCheck, EvidenceCheck, FileCheck
@@ -29,7 +30,14 @@ from node_agent.claims import ClaimsCache
 from node_agent.client import NodeClient
 from node_agent.daemon import serve
 from node_agent.execution import ExecutionState
-from node_agent.hooks import SETTINGS_FILES, Agent, install, run
+from node_agent.hooks import (
+    SETTINGS_FILES,
+    Agent,
+    codex_trust,
+    install,
+    trust_in_codex_config,
+    write_policy,
+)
 from node_agent.settings import NodeSettings
 from node_agent.store import Store, safe_id
 from node_agent.wire import ItemReply, Items
@@ -239,37 +247,95 @@ def hook(
     agent: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
     event: Annotated[str, typer.Argument(help="The agent's hook event, e.g. Stop")],
 ) -> None:
-    """Answer one agent hook: JSON on stdin, the agent's answer on stdout."""
-    answer = run(_agent(agent), event, sys.stdin.read((1 << 20) + 1))
-    if answer.stdout:
-        sys.stdout.write(answer.stdout + "\n")
-    if answer.stderr:
-        sys.stderr.write(answer.stderr + "\n")
-    raise typer.Exit(answer.exit_code)
+    """Answer one agent hook: JSON on stdin, the agent's answer on stdout.
+
+    The same code as the installed hook (``python -S .../fleetledger_hook/__main__.py``),
+    which starts faster: `hooks install` writes that one.
+    """
+    try:
+        socket = ["--socket", str(NodeSettings.load().socket_path)]
+    except (FleetError, ValueError):
+        socket = []
+    raise typer.Exit(forward.main([_agent(agent), event, *socket]))
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _codex_home() -> Path:
+    import os
+
+    return Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
 
 
 @hooks_app.command("install")
 def hooks_install(
     agent: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
     project: Annotated[Path | None, typer.Option(help="Project directory (default: here).")] = None,
+    trust: Annotated[
+        bool,
+        typer.Option(
+            help="Codex: trust the project and record each hook's trusted_hash in "
+            "$CODEX_HOME/config.toml, as Codex's /hooks review does."
+        ),
+    ] = False,
 ) -> None:
-    """Merge fleetledger's hooks into the agent's project settings, keeping what is there."""
+    """Merge fleetledger's hooks into the agent's project settings, keeping what is there.
+
+    Idempotent: our entries are recognised and updated in place. Prints what is left to do.
+    """
     name = _agent(agent)
-    path = (project or Path.cwd()) / SETTINGS_FILES[name]
+    root = (project or Path.cwd()).resolve()
+    path = root / SETTINGS_FILES[name]
     try:
+        settings = NodeSettings.load()
         existing = json.loads(path.read_text()) if path.is_file() else {}
         if not isinstance(existing, dict):
             raise InvalidInput(f"{path} does not hold a JSON object; not touching it")
-        merged = install(name, existing)
+        done = install(name, existing, socket=settings.socket_path)
+        if done.changed:
+            _write_json(path, done.config)
+        rules = write_policy(settings)
+        todo = [f"start the node agent if it is not running: `fleetledger node-agent run` "
+                f"(socket {settings.socket_path})"]  # fmt: skip
+        if name == "codex":
+            config = _codex_home() / "config.toml"
+            if trust:
+                text = config.read_text() if config.is_file() else ""
+                trusted = codex_trust(path, done.config)
+                config.parent.mkdir(parents=True, exist_ok=True)
+                config.write_text(trust_in_codex_config(text, trusted, root))
+                out.print(f"trusted {root} and {len(trusted)} hook(s) in {config}")
+            else:
+                todo.append(
+                    "Codex runs these hooks only in a trusted project, each hook trusted: rerun "
+                    f"with --trust (writes {config}), or run `codex` in {root}, trust the "
+                    "project and approve each fleetledger hook under /hooks"
+                )
+        if name == "claude-code":
+            todo.append("Claude Code reads .claude/settings.json when a session starts: "
+                        "restart running sessions")  # fmt: skip
+        if name == "gemini":
+            todo.append(
+                "Gemini CLI loads a project's .gemini/ only in a trusted folder: trust "
+                f"{root} when it asks (or set GEMINI_CLI_TRUST_WORKSPACE=true)"
+            )
     except ValueError as exc:
-        _fail(InvalidInput(f"{path} is not valid JSON ({exc}); not touching it"))
+        _fail(InvalidInput(f"{path} is not valid JSON or TOML ({exc}); not touching it"))
     except FleetError as exc:
         _fail(exc)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(merged, indent=2) + "\n")
-    tmp.replace(path)
-    out.print(f"hooks for {name} written to {path}")
+    if done.changed:
+        out.print(f"hooks for {name} written to {path} ({', '.join(done.changed)})")
+    else:
+        out.print(f"hooks for {name} already installed in {path}; nothing changed")
+    out.print(f"fail-closed rules for a node agent that is down: {rules}")
+    out.print("still to do:")
+    for line in todo:
+        out.print(f"  - {escape(line)}")
 
 
 @node_app.command("state")

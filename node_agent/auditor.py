@@ -6,6 +6,7 @@ Only stored status counts; a model's "done" stays a claim and the item stays ope
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -69,6 +70,14 @@ def reminder(result: Audit, *, suggestion: str | None = None) -> str | None:
         "items close when their check passes or a human closes them."
     )
     return "\n".join(lines)
+
+
+_REMINDER = re.compile(r"fleetledger: \d+ items? still open, in order:")
+
+
+def is_reminder(text: str) -> bool:
+    """``text`` carries a reminder ``reminder`` wrote (an agent feeding it back as a prompt)."""
+    return _REMINDER.search(text) is not None
 
 
 def context(result: Audit) -> str | None:

@@ -58,6 +58,8 @@ class AutoLedger:
     ) -> None:
         self.store, self.gate = store, gate
         self.stop_block_cap, self.check_timeout_s = stop_block_cap, check_timeout_s
+        self._tasks: dict[tuple[str, str], str] = {}  # (session, Claude task id) -> subject
+        self._reminded: dict[str, str] = {}  # session -> the reminder it was last blocked with
 
     def session(
         self, session_id: str, *, agent: str = "agent", mission: str | None = None,
@@ -110,27 +112,45 @@ class AutoLedger:
 
     def on_tool(
         self, session_id: str, phase: str, tool: str, tool_input: dict[str, Any],
-        *, agent: str = "agent", mission: str | None = None,
+        *, agent: str = "agent", mission: str | None = None, response: Any = None,
+        failed: bool = False,
     ) -> list[str]:  # fmt: skip
-        """Record a tool event; a to-do tool's "completed" becomes a claim, never a status."""
+        """Record a tool event; a to-do tool's "completed" becomes a claim, never a status.
+
+        Claude Code's to-do tools: TodoWrite (the whole list, each with a status) and, by
+        default in 2.1.x, TaskCreate (its result names the new task's id) / TaskUpdate (a task
+        id and its new status).
+        """
         session = self.session(session_id, agent=agent, mission=mission)
         summary = str(tool_input.get("command") or tool_input.get("file_path") or "")
         if not summary:
             summary = json.dumps(tool_input, sort_keys=True, default=str)[:200]
         self.store.record_tool(session.session_id, phase, tool, summary)
-        claimed: list[str] = []
-        if phase == "post" and tool == "TodoWrite":
+        if phase != "post" or failed:
+            return []
+        done: list[str] = []
+        if tool == "TodoWrite":
             todos = tool_input.get("todos")
             for todo in todos if isinstance(todos, list) else []:
-                if not isinstance(todo, dict) or todo.get("status") != "completed":
-                    continue
-                live = audit(self.store.items(session.session_id)).actionable
-                target = match_item(
-                    str(todo.get("content", "")), [(s.item_id, s.item.text) for s in live]
-                )
-                if target is not None:
-                    self.store.record_claim(target, ItemStatus.DONE.value, agent)
-                    claimed.append(target)
+                if isinstance(todo, dict) and todo.get("status") == "completed":
+                    done.append(str(todo.get("content", "")))
+        elif tool == "TaskCreate":
+            task = response.get("task") if isinstance(response, dict) else None
+            if isinstance(task, dict) and task.get("id") is not None:
+                subject = str(task.get("subject") or tool_input.get("subject") or "")
+                self._tasks[(session.session_id, str(task["id"]))] = subject
+        elif tool == "TaskUpdate" and tool_input.get("status") == "completed":
+            key = (session.session_id, str(tool_input.get("taskId", "")))
+            named = tool_input.get("subject") or self._tasks.get(key)
+            if named:
+                done.append(str(named))
+        claimed: list[str] = []
+        for text in done:
+            live = audit(self.store.items(session.session_id)).actionable
+            target = match_item(text, [(s.item_id, s.item.text) for s in live])
+            if target is not None:
+                self.store.record_claim(target, ItemStatus.DONE.value, agent)
+                claimed.append(target)
         return claimed
 
     def claim(
@@ -198,8 +218,24 @@ class AutoLedger:
                 # claims may have changed
                 result = audit(await run(self.store.items, session.session_id))
         text = reminder(result, suggestion=suggestion)
-        _ = stop_hook_active  # the cap bounds every stop loop, whether or not Claude says so
+        repeat = stop_hook_active and text is not None and self._reminded.get(
+            session.session_id) == text  # fmt: skip
+        if repeat:
+            # the agent is already continuing because of our reminder and nothing changed
+            # since: blocking again would cost a turn and tell it nothing new
+            await run(self._end_turn, session.session_id, result, False)
+            return TurnResult(
+                session.session_id, False, None,
+                f"fleetledger: {len(result.actionable)} item(s) still open, unchanged since the "
+                "last reminder; letting the agent stop (see `fleetledger todo list`).",
+                [s.item_id for s in result.actionable], calls, source,
+                (time.perf_counter() - started) * 1000, checks, verified,
+            )  # fmt: skip
         block, message = await run(self._end_turn, session.session_id, result, text is not None)
+        if block and text is not None:
+            self._reminded[session.session_id] = text
+        elif text is None:
+            self._reminded.pop(session.session_id, None)
         return TurnResult(
             session.session_id,
             block,

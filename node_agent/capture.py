@@ -142,12 +142,34 @@ def _correction(line: str) -> str | None:
     return None
 
 
+_INLINE_NUMBER = re.compile(r"(?:(?<=\s)|^)(?P<n>\d{1,2})[.)]\s+")
+
+
+def _inline_list(line: str) -> list[str]:
+    """A numbered list written on one line ("do: 1. a 2. b 3. c") as one line per step.
+
+    Only a run counting up from 1 splits, so "version 2. then" or "see 3.1 above" do not.
+    """
+    marks = [m for m in _INLINE_NUMBER.finditer(line)]
+    run: list[re.Match[str]] = []
+    for m in marks:
+        if int(m.group("n")) == len(run) + 1:
+            run.append(m)
+    if len(run) < 2:
+        return [line]
+    lead = line[: run[0].start()].strip()
+    steps = [line[m.start() : (run[i + 1].start() if i + 1 < len(run) else len(line))].strip()
+             for i, m in enumerate(run)]  # fmt: skip
+    return ([lead] if lead else []) + steps
+
+
 def parse_prompt(text: str) -> Capture:
     """Split a user/goal message into to-do items and corrections, deterministically."""
     items: list[str] = []
     corrections: list[str] = []
     listed = False
-    for raw in text.splitlines():
+    lines = [part for raw in text.splitlines() for part in _inline_list(raw)]
+    for raw in lines:
         line = raw.strip()
         if not line:
             continue

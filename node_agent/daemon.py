@@ -22,9 +22,11 @@ from node_agent.claims import ClaimsCache
 from node_agent.execution import ExecutionState
 from node_agent.follower import FleetFollower
 from node_agent.gate import ActionGate
+from node_agent.hooks import write_policy
 from node_agent.judge import Judge, JudgeGate, OllamaJudge
 from node_agent.outbox import OutboxPublisher
 from node_agent.routes_claims import ClaimRoutes
+from node_agent.routes_hook import HookRoutes
 from node_agent.routes_resource import ResourceRoutes
 from node_agent.routes_todo import TodoRoutes
 from node_agent.routes_tool import ToolRoutes
@@ -89,12 +91,14 @@ class NodeAgent:
             **ResourceRoutes(settings, self.ledger, self.execution, wake).routes(),
             **ClaimRoutes(settings, self.ledger, self.claims, wake).routes(),
         }
+        self.routes.update(HookRoutes(settings, self.routes).routes())
         self.api = HttpServer(routes=self.routes, live=self._live, ready=self._ready)
 
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.api.listen_unix(self.settings.socket_path)
+        write_policy(self.settings)  # what the hooks fall back on if we go away
         if self.settings.http_port is not None:
             await self.api.listen_tcp(self.settings.http_port)
         if self.settings.nats_url:

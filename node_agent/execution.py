@@ -163,36 +163,91 @@ class CacheHit:
         )
 
 
-def tool_paths(tool_input: Mapping[str, Any]) -> list[str]:
+PATCH_FILE = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (?P<path>.+?)\s*$", re.M)
+PATCH_MOVE = re.compile(r"^\*\*\* Move to: (?P<path>.+?)\s*$", re.M)
+PATCH_TOOLS = frozenset({"apply_patch"})  # Codex: the paths are inside the patch text
+
+
+def patch_paths(patch: str) -> list[str]:
+    """The files a Codex ``apply_patch`` patch adds, updates, deletes or moves to."""
+    if "*** Begin Patch" not in patch:
+        return []
+    found = [m.group("path") for m in PATCH_FILE.finditer(patch)]
+    found += [m.group("path") for m in PATCH_MOVE.finditer(patch)]
+    return list(dict.fromkeys(found))
+
+
+def tool_paths(tool_input: Mapping[str, Any], tool: str | None = None) -> list[str]:
+    """The files a tool call names: a path argument, a list of paths, or a patch's files."""
     for key in ("file_path", "notebook_path", "absolute_path", "path"):
         value = tool_input.get(key)
         if isinstance(value, str) and value.strip():
             return [value]
     paths = tool_input.get("paths")
-    return [p for p in paths if isinstance(p, str)] if isinstance(paths, list) else []
+    if isinstance(paths, list):
+        return [p for p in paths if isinstance(p, str)]
+    for key in ("command", "patch", "input"):
+        value = tool_input.get(key)
+        if isinstance(value, str) and (tool in PATCH_TOOLS or value.startswith("*** Begin Patch")):
+            return patch_paths(value)
+    return []
+
+
+def is_write(tool: str, tool_input: Mapping[str, Any]) -> bool:
+    """A tool call that writes files: an edit tool, or a patch (Codex ``apply_patch``)."""
+    if tool in WRITE_TOOLS or tool in PATCH_TOOLS:
+        return True
+    command = tool_input.get("command")
+    return isinstance(command, str) and command.startswith("*** Begin Patch")
 
 
 def response_text(response: Any) -> str:
     if isinstance(response, str):
         return response
     if isinstance(response, dict):
-        parts = [response.get(k) for k in ("stdout", "stderr", "output", "result", "content")]
+        keys = ("stdout", "stderr", "output", "result", "content", "llmContent", "error")
+        parts = [response.get(k) for k in keys]
         text = "\n".join(p for p in parts if isinstance(p, str) and p)
         return text or json.dumps(response, sort_keys=True, default=str)
     return json.dumps(response, sort_keys=True, default=str)
 
 
-def exit_status(response: Any) -> int | None:
-    """The exit status a shell tool reported; Claude Code's PostToolUse only fires on success."""
-    if not isinstance(response, dict):
-        return 0 if isinstance(response, str) else None
-    for key in ("exit_code", "exitCode", "returncode", "exit_status"):
-        value = response.get(key)
-        if isinstance(value, int):
-            return value
-    if response.get("interrupted"):
-        return None
-    return 0 if any(k in response for k in ("stdout", "output")) else None
+_EXIT_IN_TEXT = re.compile(r"^\s*Exit Code:\s*(-?\d+)\s*$", re.M | re.I)  # Gemini llmContent
+_EXIT_IN_ERROR = re.compile(r"^\s*Exit code\s+(-?\d+)\b", re.I)  # Claude Code's error
+_GEMINI_SHELL = re.compile(r"^\s*(Output|Process Group PGID):", re.M)
+_GEMINI_TROUBLE = re.compile(r"^\s*(Error|Signal):\s*(?!\(none\))\S", re.M)
+
+
+def exit_status(response: Any, *, failed: bool | None = None) -> int | None:
+    """The exit status the agent reported for a shell call, or None when it did not say.
+
+    Never invented: Codex's plain-string result carries no status, so it is unknown (not
+    cached, not "passing"). Claude Code's PostToolUse fires only on success (``failed`` False)
+    and its PostToolUseFailure says "Exit code N"; Gemini writes "Exit Code: N" into llmContent
+    only when it is not 0.
+    """
+    if isinstance(response, dict):
+        for key in ("exit_code", "exitCode", "returncode", "exit_status"):
+            value = response.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        if response.get("interrupted") or response.get("is_interrupt"):
+            return None
+        error = response.get("error")
+        if failed and isinstance(error, str):
+            m = _EXIT_IN_ERROR.search(error)
+            return int(m.group(1)) if m else None
+        llm = response.get("llmContent")
+        if isinstance(llm, str):
+            m = _EXIT_IN_TEXT.search(llm)
+            if m:
+                return int(m.group(1))
+            if _GEMINI_SHELL.search(llm) and not _GEMINI_TROUBLE.search(llm):
+                return 0
+            return None
+        if failed is not True and any(k in response for k in ("stdout", "output")):
+            return 0  # Claude Code's Bash result: PostToolUse fires only when it succeeded
+    return None
 
 
 # --- the shell: SQLite and the outbox -------------------------------------------------------

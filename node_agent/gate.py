@@ -111,16 +111,17 @@ class ActionGate:
             rule=rule_name, reason=f"{rule_name}: {decision.reason}",
         )  # fmt: skip
 
-    async def record_effect(self, call: str) -> None:
-        """A consequential call the coordinator authorised has run (PostToolUse fires on
-        success): record its effect, which settles its reservation and closes its key."""
+    async def record_effect(self, call: str, outcome: str = "verified_success") -> None:
+        """A consequential call the coordinator authorised has run: record its effect as the
+        agent reported it (``verified_success``, ``verified_failure`` or ``unknown``), which
+        settles or releases its reservation and closes its key."""
         pending = self._authorised.pop(call, None)
         client = self.fleet()
         if pending is None or client is None:
             return
         mission_id, action_id = pending
         try:
-            effect = {"action_id": action_id, "outcome": "verified_success"}
+            effect = {"action_id": action_id, "outcome": outcome}
             await client.manage("effect.record", mission_id, effect, actor=self.node_id)
         except FleetError as exc:  # the coordinator keeps it committed until reconciled
             log.warning("effect of %s not recorded: %s", action_id, exc.message)

@@ -1,260 +1,243 @@
-"""Agent hook adapters: Claude Code (full), Codex CLI and Gemini CLI (minimal mappings).
+"""Agent hooks from the node's side: what `hooks install` writes, and a hook call in process.
 
-`fleetledger hook <agent> EVENT` runs once per hook call: it reads the hook JSON on stdin, asks
-the node agent over its socket, and answers on stdout in the agent's documented format.
+The hook process itself is ``fleetledger_hook`` (stdlib only: one adapter per agent over one
+core). This module writes each agent's configuration so that it works on the first run and
+fails closed in that agent's own terms:
 
-    Claude Code / Codex          node agent        answer when it has something to say
-    UserPromptSubmit             prompt            hookSpecificOutput.additionalContext
-    SessionStart                 context           hookSpecificOutput.additionalContext
-    PreToolUse                   tool (pre)        hookSpecificOutput.permissionDecision=deny
-                                                   (a stale premise, a command answered from
-                                                   the record, or a coordinator denial)
-    PostToolUse                  tool (post)       (silent)
-    Stop / SubagentStop          stop              {"decision": "block", "reason": ...}
+- the command is absolute (this interpreter, ``-S`` so no site-packages are scanned, and the
+  ``fleetledger_hook`` directory), with the node agent's socket baked in as a default;
+- a pre-tool hook is wrapped ``... || exit 2``: a missing interpreter, a crash or any exit but
+  0 and 2 becomes exit 2, the one answer all three agents treat as *block*;
+- timeouts in each agent's unit (Gemini: milliseconds) and above the hook's own deadline, since
+  a hook the agent kills is *allowed* by Gemini and a non-blocking error to Claude Code;
+- entries merged without clobbering the user's own hooks; ours are recognised and updated in
+  place, so installing twice changes nothing;
+- Codex runs a project's hooks only when each one is trusted (``trusted_hash`` in the user's
+  config.toml): ``codex_trust`` computes the hashes the way Codex does (sha256 of the canonical
+  JSON of the normalised hook identity) for ``hooks install codex --trust``.
 
-    Gemini CLI: BeforeAgent → prompt, BeforeTool → tool (pre, {"decision": "deny"}),
-    AfterTool → tool (post), AfterAgent → stop ({"decision": "deny", "reason"} asks for a retry).
-
-Silent (exit 0, no output) when all is well. Node agent unreachable: consequential actions are
-denied (fail closed), reminders skipped (fail open, configurable), always with a clear message.
+``handle`` runs one hook call through the same core against a ``NodeClient`` (demo, tests).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+import re
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ValidationError
-
-from ledger.errors import FleetError, Unreachable
+import fleetledger_hook
+from fleetledger_hook import core
+from fleetledger_hook.adapters import ADAPTERS
+from fleetledger_hook.core import HookAnswer, Policy
+from fleetledger_hook.transport import NodeDown, NodeError
+from ledger.errors import ComponentTimeout, FleetError, Unreachable
 from node_agent.client import NodeClient
-from node_agent.settings import NodeSettings, consequential
-from node_agent.wire import Decision, DecisionKind
+from node_agent.settings import NodeSettings
 
 Agent = Literal["claude-code", "codex", "gemini"]
-MAX_STDIN = 1 << 20
-
-# agent event name -> our operation
-EVENTS: dict[Agent, dict[str, str]] = {
-    "claude-code": {
-        "UserPromptSubmit": "prompt", "SessionStart": "context", "PreToolUse": "pre",
-        "PostToolUse": "post", "Stop": "stop", "SubagentStop": "stop",
-    },
-    "codex": {
-        "UserPromptSubmit": "prompt", "SessionStart": "context", "PreToolUse": "pre",
-        "PostToolUse": "post", "Stop": "stop",
-    },
-    "gemini": {
-        "BeforeAgent": "prompt", "SessionStart": "context", "BeforeTool": "pre",
-        "AfterTool": "post", "AfterAgent": "stop",
-    },
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class HookAnswer:
-    stdout: str = ""
-    stderr: str = ""
-    exit_code: int = 0
-
-    @staticmethod
-    def json(data: dict[str, Any], stderr: str = "") -> HookAnswer:
-        return HookAnswer(json.dumps(data), stderr, 0)
-
-
-def _context(agent: Agent, event: str, text: str) -> HookAnswer:
-    return HookAnswer.json(
-        {"hookSpecificOutput": {"hookEventName": event, "additionalContext": text}}
-    )
-
-
-def _deny(agent: Agent, event: str, reason: str) -> HookAnswer:
-    reason = reason.strip() or "refused by fleetledger"
-    if agent == "gemini":
-        return HookAnswer.json({"decision": "deny", "reason": reason})
-    return HookAnswer.json(
-        {
-            "hookSpecificOutput": {
-                "hookEventName": event,
-                "permissionDecision": "deny",
-                "permissionDecisionReason": reason,
-            }
-        }
-    )
-
-
-def _block(agent: Agent, reason: str) -> HookAnswer:
-    reason = reason.strip() or "fleetledger: items are still open (`fleetledger todo list`)"
-    return HookAnswer.json({"decision": "deny" if agent == "gemini" else "block", "reason": reason})
-
-
-def _note(message: str) -> HookAnswer:
-    return HookAnswer.json({"systemMessage": message}, stderr=message)
-
-
-def _prompt_text(payload: dict[str, Any]) -> str:
-    text = payload.get("prompt")
-    if isinstance(text, str):
-        return text
-    return str(payload.get("user_prompt") or payload.get("message") or "")
-
-
-def handle(
-    agent: Agent,
-    event: str,
-    raw: str,
-    *,
-    settings: NodeSettings,
-    client: NodeClient | None,
-) -> HookAnswer:
-    """Map one hook call to the node agent and back; never raises."""
-    op = EVENTS[agent].get(event)
-    if op is None:
-        return HookAnswer(stderr=f"fleetledger: {agent} event {event!r} is not handled; ignored")
-    failing = 2 if op == "pre" else 1  # a malformed PreToolUse blocks the tool (fail closed)
-    if len(raw) > MAX_STDIN:
-        return HookAnswer(
-            stderr=f"fleetledger: hook input over {MAX_STDIN} bytes", exit_code=failing
-        )
-    try:
-        payload = json.loads(raw)
-    except ValueError:
-        return HookAnswer(
-            stderr="fleetledger: hook input is not JSON; nothing recorded", exit_code=failing
-        )
-    if not isinstance(payload, dict):
-        return HookAnswer(stderr="fleetledger: hook input must be a JSON object", exit_code=failing)
-    session = str(payload.get("session_id") or payload.get("sessionId") or "default")
-    who = {
-        "session_id": session,
-        "agent": agent,
-        "mission": settings.mission,
-        "grant": settings.grant_id,
-    }
-    tool = str(payload.get("tool_name") or "")
-    tool_input = payload.get("tool_input") if isinstance(payload.get("tool_input"), dict) else {}
-    assert isinstance(tool_input, dict)
-    try:
-        if client is None:
-            raise Unreachable("no node agent socket configured")
-        if op == "prompt":
-            reply = client.call("prompt", text=_prompt_text(payload), **who)
-            ctx = reply.get("context")
-            return _context(agent, event, ctx) if ctx else HookAnswer()
-        if op == "context":
-            ctx = client.call("context", session_id=session).get("context")
-            return _context(agent, event, ctx) if ctx else HookAnswer()
-        if op in ("pre", "post"):
-            extra: dict[str, Any] = {}
-            if isinstance(payload.get("cwd"), str):
-                extra["cwd"] = payload["cwd"]
-            if isinstance(payload.get("tool_use_id"), str):
-                extra["tool_use_id"] = payload["tool_use_id"]
-            if op == "post":
-                response = payload.get("tool_response", payload.get("tool_result"))
-                if response is not None:
-                    extra["response"] = response
-            reply = client.call("tool", phase=op, tool=tool, input=tool_input, **who, **extra)
-            if op == "pre":
-                decision = Decision.model_validate(reply)
-                if decision.allowed:
-                    return HookAnswer()
-                if decision.kind in (DecisionKind.STALE, DecisionKind.CACHED):
-                    # Claude Code has no "substitute the result" answer for PreToolUse: a deny
-                    # whose reason (shown to Claude) carries the recorded result is the way
-                    return _deny(agent, event, f"fleetledger: {decision.reason}")
-                return _deny(
-                    agent, event, f"fleetledger denied {decision.action}: {decision.reason}"
-                )
-            return HookAnswer()
-        reply = client.call(
-            "stop", session_id=session, stop_hook_active=bool(payload.get("stop_hook_active"))
-        )
-        if reply.get("block") and reply.get("reason"):
-            return _block(agent, str(reply["reason"]))
-        if reply.get("message"):
-            return _note(str(reply["message"]))
-        return HookAnswer()
-    except FleetError as exc:
-        return _unreachable(agent, event, op, exc, settings, tool, tool_input)
-    except ValidationError:  # a node agent speaking another protocol version: fail closed
-        wrong = FleetError("its answer does not fit this hook's protocol version")
-        return _unreachable(agent, event, op, wrong, settings, tool, tool_input)
-
-
-def _unreachable(
-    agent: Agent, event: str, op: str, exc: FleetError, settings: NodeSettings, tool: str,
-    tool_input: dict[str, Any],
-) -> HookAnswer:  # fmt: skip
-    why = f"fleetledger node agent unavailable ({exc.message})"
-    if op == "pre":
-        rule = consequential(settings.consequential, tool, tool_input)
-        if rule is not None:
-            return _deny(
-                agent, event, f"{why}; {rule.action} is consequential: refused (fail closed)"
-            )
-        return HookAnswer(stderr=why)
-    if op == "stop" and not settings.reminders_fail_open:
-        return _block(agent, f"{why}; cannot confirm the to-do is clear (reminders fail closed)")
-    if op in ("prompt", "stop", "context"):
-        return _note(f"{why}: to-do capture and reminders skipped")
-    return HookAnswer(stderr=why)
-
-
-def run(agent: Agent, event: str, raw: str, settings: NodeSettings | None = None) -> HookAnswer:
-    """The hook process: settings from FLEET_*, one call over the socket."""
-    settings = settings or NodeSettings.load()
-    client = None
-    try:
-        client = NodeClient(settings.socket_path, timeout=settings.hook_timeout_s)
-        return handle(agent, event, raw, settings=settings, client=client)
-    finally:
-        if client is not None:
-            client.close()
-
-
-# --- hooks install --------------------------------------------------------------------------
-
-
-def hook_command(agent: Agent, event: str) -> str:
-    return f"fleetledger hook {agent} {event}"
-
-
-def install(
-    agent: Agent, existing: dict[str, Any], *, command: str = "fleetledger"
-) -> dict[str, Any]:
-    """Merge our hooks into an agent's settings object without clobbering anything there.
-
-    Claude Code, Codex (hooks.json) and Gemini CLI share the shape
-    ``{"hooks": {EVENT: [{"matcher": ..., "hooks": [{"type": "command", "command": ...}]}]}}``.
-    An entry whose command is already ours is left as it is (idempotent).
-    """
-    merged = json.loads(json.dumps(existing))  # deep copy
-    hooks = merged.setdefault("hooks", {})
-    if not isinstance(hooks, dict):
-        raise FleetError("the settings file's 'hooks' is not an object; not touching it")
-    for event, op in EVENTS[agent].items():
-        ours = f"{command} hook {agent} {event}"
-        groups = hooks.setdefault(event, [])
-        if not isinstance(groups, list):
-            raise FleetError(f"the settings file's hooks.{event} is not a list; not touching it")
-        present = any(
-            isinstance(g, dict)
-            and any(isinstance(h, dict) and h.get("command") == ours for h in g.get("hooks", []))
-            for g in groups
-        )
-        if present:
-            continue
-        entry: dict[str, Any] = {"hooks": [{"type": "command", "command": ours, "timeout": 30}]}
-        if op in ("pre", "post"):
-            entry = {"matcher": "*" if agent != "gemini" else ".*", **entry}
-        groups.append(entry)
-    return dict(merged)
-
+HOOK_PACKAGE = Path(fleetledger_hook.__file__).resolve().parent
 
 SETTINGS_FILES: dict[Agent, str] = {
     "claude-code": ".claude/settings.json",
     "codex": ".codex/hooks.json",
     "gemini": ".gemini/settings.json",
 }
+# seconds the agent waits for one hook before killing it: above the hook's own deadline
+TIMEOUT_S = {"stop": 90, "other": 30}
+
+__all__ = ["SETTINGS_FILES", "Agent", "HookAnswer", "Installed", "codex_trust", "handle", "install"]
+
+
+# --- a hook call in process -------------------------------------------------------------------
+
+
+class _ClientTransport:
+    """``NodeClient`` behind the core's transport: its errors as the core's two kinds."""
+
+    def __init__(self, client: NodeClient) -> None:
+        self.client = client
+
+    def call(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self.client.call(op, **body)
+        except (Unreachable, ComponentTimeout) as exc:
+            raise NodeDown(exc.message) from None
+        except FleetError as exc:
+            raise NodeError(str(exc.code), exc.message) from None
+
+
+def policy_of(settings: NodeSettings) -> Policy:
+    rules = tuple(r.model_dump() for r in settings.consequential)
+    return Policy(rules, settings.reminders_fail_open)
+
+
+def handle(
+    agent: Agent, event: str, raw: str, *, settings: NodeSettings, client: NodeClient | None
+) -> HookAnswer:
+    """One hook call through the hook core, over ``client`` (None: the node agent is down)."""
+    transport = _ClientTransport(client) if client is not None else None
+    return core.handle(
+        ADAPTERS[agent], event, raw, transport=transport, policy_=policy_of(settings)
+    )
+
+
+def write_policy(settings: NodeSettings) -> Path:
+    """The rules the hook process falls back on when the node agent cannot answer, next to the
+    socket (the node agent writes it at start, `hooks install` too)."""
+    path = settings.socket_path.parent / core.RULES_FILE
+    data = {
+        "consequential": [r.model_dump() for r in settings.consequential],
+        "reminders_fail_open": settings.reminders_fail_open,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+# --- hooks install ----------------------------------------------------------------------------
+
+
+def hook_command(
+    agent: Agent, event: str, *, socket: Path | None, python: str | None = None,
+    package: Path | None = None,
+) -> str:  # fmt: skip
+    """The absolute, wrapped command line of one hook."""
+    import shlex
+
+    main = (package or HOOK_PACKAGE) / "__main__.py"  # a file, not the directory: no runpy
+    argv = [python or sys.executable, "-S", str(main), agent, event]
+    if socket is not None:
+        argv += ["--socket", str(socket)]
+    command = shlex.join(argv)
+    if ADAPTERS[agent].events[event] == "pre":
+        command += " || exit 2"  # cannot run, crashed, killed: the tool call is blocked
+    return command
+
+
+def _ours(handler: Any, agent: str, event: str) -> bool:
+    command = handler.get("command") if isinstance(handler, dict) else None
+    if not isinstance(command, str):
+        return False
+    ours = r"(fleetledger_hook(?:/__main__\.py)?|fleetledger-hook|fleetledger hook)['\"]?"
+    return re.search(rf"{ours}\s+{agent}\s+{event}(\s|$|')", command) is not None
+
+
+@dataclass
+class Installed:
+    """What `hooks install` did and what is left to the user."""
+
+    config: dict[str, Any]
+    changed: list[str] = field(default_factory=list)  # events whose entry was added or updated
+    todo: list[str] = field(default_factory=list)
+
+
+def install(
+    agent: Agent, existing: dict[str, Any], *, socket: Path | None, python: str | None = None,
+    package: Path | None = None,
+) -> Installed:  # fmt: skip
+    """Merge our hooks into an agent's settings object without clobbering anything there.
+
+    Claude Code, Codex (hooks.json) and Gemini CLI share the shape
+    ``{"hooks": {EVENT: [{"matcher": ..., "hooks": [{"type": "command", "command": ...}]}]}}``.
+    An entry of ours is updated in place (a new path, timeout or wrapper); the rest is kept.
+    """
+    merged = json.loads(json.dumps(existing))  # deep copy
+    hooks = merged.setdefault("hooks", {})
+    if not isinstance(hooks, dict):
+        raise FleetError("the settings file's 'hooks' is not an object; not touching it")
+    done = Installed(merged)
+    for event, op in ADAPTERS[agent].events.items():
+        seconds = TIMEOUT_S["stop" if op == "stop" else "other"]
+        handler: dict[str, Any] = {
+            "type": "command",
+            "command": hook_command(agent, event, socket=socket, python=python, package=package),
+            "timeout": seconds * 1000 if agent == "gemini" else seconds,  # Gemini: milliseconds
+        }
+        if agent == "gemini":
+            handler = {"name": f"fleetledger-{event}", **handler}
+        groups = hooks.setdefault(event, [])
+        if not isinstance(groups, list):
+            raise FleetError(f"the settings file's hooks.{event} is not a list; not touching it")
+        found = False
+        for group in groups:
+            handlers = group.get("hooks") if isinstance(group, dict) else None
+            for i, h in enumerate(handlers if isinstance(handlers, list) else []):
+                if _ours(h, agent, event) and handlers is not None:
+                    if not found and h != handler:
+                        handlers[i] = handler
+                        done.changed.append(event)
+                    found = True
+        if found:
+            continue
+        entry: dict[str, Any] = {"hooks": [handler]}
+        if op in ("pre", "post") and agent != "codex":
+            entry = {"matcher": "*" if agent == "claude-code" else ".*", **entry}
+        groups.append(entry)
+        done.changed.append(event)
+    return done
+
+
+_CODEX_EVENT_LABEL = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def codex_trust(hooks_file: Path, config: dict[str, Any]) -> dict[str, str]:
+    """Codex's trust key -> ``trusted_hash`` for each of our hooks in ``hooks_file``.
+
+    As Codex computes them (codex-rs/hooks discovery and config fingerprint): the key is
+    ``<hooks.json path>:<event_snake>:<group index>:<handler index>``; the hash is
+    ``sha256:`` + hex of the compact, key-sorted JSON of the hook's normalised identity, the
+    event's snake-case label with its matcher group holding only this one handler (timeout
+    defaulted to 600, absent fields left out as TOML drops them).
+    """
+    trusted = {}
+    for event, groups in (config.get("hooks") or {}).items():
+        label = _CODEX_EVENT_LABEL.sub("_", event).lower()
+        for g, group in enumerate(groups if isinstance(groups, list) else []):
+            for h, handler in enumerate(group.get("hooks") or []):
+                if not _ours(handler, "codex", event):
+                    continue
+                normal = {"type": "command", "command": handler["command"],
+                          "timeout": max(1, int(handler.get("timeout") or 600)),
+                          "async": bool(handler.get("async", False))}  # fmt: skip
+                if handler.get("statusMessage") is not None:
+                    normal["statusMessage"] = handler["statusMessage"]
+                identity: dict[str, Any] = {"event_name": label, "hooks": [normal]}
+                if group.get("matcher") is not None and label not in _NO_MATCHER:
+                    identity["matcher"] = group["matcher"]
+                canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"),
+                                       ensure_ascii=False)  # fmt: skip
+                digest = hashlib.sha256(canonical.encode()).hexdigest()
+                trusted[f"{hooks_file}:{label}:{g}:{h}"] = f"sha256:{digest}"
+    return trusted
+
+
+_NO_MATCHER = frozenset({"user_prompt_submit", "stop"})  # Codex ignores a matcher there
+
+
+def trust_in_codex_config(text: str, trusted: dict[str, str], project: Path) -> str:
+    """``config.toml`` text with the project trusted and each hook's ``trusted_hash`` set; the
+    rest of the file kept as it is (tables of ours are replaced, nothing else is touched)."""
+    parsed = tomllib.loads(text) if text.strip() else {}
+    out = text if text.endswith("\n") or not text else text + "\n"
+    projects = parsed.get("projects", {})
+    if projects.get(str(project), {}).get("trust_level") != "trusted":
+        header = f"[projects.{json.dumps(str(project))}]"
+        if header in out:
+            raise FleetError(
+                f'{header} in the Codex config is not trusted; set trust_level = "trusted" '
+                "there yourself (not overwriting your choice)"
+            )
+        out += f'\n{header}\ntrust_level = "trusted"\n'
+    for key, digest in trusted.items():
+        header = f"[hooks.state.{json.dumps(key)}]"
+        out = re.sub(rf"\n?{re.escape(header)}\n(?:(?!\[)[^\n]*\n?)*", "\n", out)
+        out = out.rstrip("\n") + f'\n\n{header}\ntrusted_hash = "{digest}"\n'
+    tomllib.loads(out)  # never write a file Codex cannot read
+    return out

@@ -24,10 +24,10 @@ from node_agent.autoledger import AutoLedger
 from node_agent.execution import (
     FETCH_TOOLS,
     READ_TOOLS,
-    WRITE_TOOLS,
     ExecutionState,
     digest,
     exit_status,
+    is_write,
     response_text,
     tool_paths,
 )
@@ -62,7 +62,7 @@ class ToolRoutes:
         if req.phase == "post":
             claimed = await self.store.run(self._after, req)
             self.wake()
-            await self.gate.record_effect(call)
+            await self.gate.record_effect(call, _effect_outcome(req))
             return ToolRecorded(claimed=claimed)
         session = await self.store.run(self._watch, req)
         # The hook call is where a trace starts (or continues, given a traceparent): the
@@ -100,8 +100,8 @@ class ToolRoutes:
         """Block a stale premise; answer a still-valid command from the record; else None."""
         tool, tool_input, cwd = req.tool, req.input, self._cwd(req)
         writes = list(req.writes)
-        if tool in WRITE_TOOLS:
-            writes += [self.execution.resource_for(p, cwd) for p in tool_paths(tool_input)]
+        if is_write(tool, tool_input):
+            writes += [self.execution.resource_for(p, cwd) for p in tool_paths(tool_input, tool)]
         for rid in writes:
             stale = self.execution.check_write(session, rid)
             if stale is not None:
@@ -112,7 +112,7 @@ class ToolRoutes:
                                        current=stale.current),
                 )  # fmt: skip
         command = tool_input.get("command")
-        if isinstance(command, str) and command.strip():
+        if isinstance(command, str) and command.strip() and not is_write(tool, tool_input):
             if self.gate.is_consequential(tool, tool_input):
                 return None  # never answered from a record: the coordinator decides
             hit = self.execution.before_command(session, tool, command, cwd)
@@ -130,7 +130,7 @@ class ToolRoutes:
         who = req.who(mission=self.settings.mission, grant=self.settings.grant_id)
         claimed = self.ledger.on_tool(
             req.session_id, req.phase, req.tool, req.input, agent=who["agent"],
-            mission=who["mission"],
+            mission=who["mission"], response=req.response, failed=req.outcome == "failed",
         )  # fmt: skip
         session = self.ledger.session(req.session_id, **who)
         tool, tool_input, cwd, response = req.tool, req.input, self._cwd(req), req.response
@@ -138,12 +138,14 @@ class ToolRoutes:
             self.execution.observe(session, rid)
         for rid in req.writes:
             self.execution.modify(session, rid)
-        paths = [self.execution.resource_for(p, cwd) for p in tool_paths(tool_input)]
+        paths = [self.execution.resource_for(p, cwd) for p in tool_paths(tool_input, tool)]
+        if req.outcome == "failed":
+            paths = []  # a failed read observed nothing; a failed edit may have changed nothing
         if tool in READ_TOOLS:
             for rid in paths:
                 if self.execution.live_version(rid) is not None:
                     self.execution.observe(session, rid)
-        elif tool in WRITE_TOOLS:
+        elif is_write(tool, tool_input):
             for rid in paths:
                 if self.execution.live_version(rid) is not None:
                     self.execution.modify(session, rid)
@@ -151,13 +153,33 @@ class ToolRoutes:
             text = response_text(response)
             self.execution.observe(session, f"url:{tool_input['url']}", digest(text.encode()))
         command = tool_input.get("command")
-        if isinstance(command, str) and command.strip() and response is not None:
-            status = exit_status(response)
-            if status is not None:
+        shell = isinstance(command, str) and command.strip() and not is_write(tool, tool_input)
+        if shell and isinstance(command, str) and response is not None:
+            status = exit_status(response, failed=_failed(req))
+            if status is not None:  # unknown (Codex's plain string): nothing recorded
                 self.execution.after_command(
                     session, tool, command, cwd, status, response_text(response)
                 )
         return claimed
+
+
+def _failed(req: ToolCall) -> bool | None:
+    return None if req.outcome is None else req.outcome == "failed"
+
+
+def _effect_outcome(req: ToolCall) -> str:
+    """What ran of an authorised call, for the coordinator: only what the agent reported.
+
+    A failure the agent names, or a non-zero exit status, is ``verified_failure`` (its
+    reservation is released); a success or exit 0 is ``verified_success``; a result that says
+    neither (Codex's plain string) is ``unknown``, left to reconciliation.
+    """
+    if req.outcome == "failed":
+        return "verified_failure"
+    status = exit_status(req.response, failed=_failed(req)) if req.response is not None else None
+    if status is not None:
+        return "verified_success" if status == 0 else "verified_failure"
+    return "verified_success" if req.outcome == "succeeded" else "unknown"
 
 
 def _trace_of(traceparent: str | None) -> TraceContext | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fleetbus.http import Route, typed
-from node_agent.auditor import context
+from node_agent.auditor import context, is_reminder
 from node_agent.autoledger import AutoLedger
 from node_agent.execution import ExecutionState
 from node_agent.settings import NodeSettings
@@ -36,6 +36,14 @@ class TurnRoutes:
 
     def _prompt(self, req: Prompt) -> Prompted:
         who = req.who(mission=self.settings.mission, grant=self.settings.grant_id)
+        if is_reminder(req.text):
+            # our own Stop reminder fed back as the prompt (Gemini CLI re-enters BeforeAgent
+            # with it): not the user's words, so nothing is captured and the stop loop's
+            # block counter keeps counting
+            session = self.ledger.session(req.session_id, **who)
+            todo = context(self.ledger.audit(session.session_id))
+            ctx = _join(todo, self.execution.summary(session.session_id))
+            return Prompted(added=[], cancelled=[], context=ctx)
         result = self.ledger.on_prompt(req.session_id, req.text, **who)
         ctx = _join(result.context, self.execution.summary(result.session_id))
         return Prompted(added=result.added, cancelled=result.cancelled, context=ctx)

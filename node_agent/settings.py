@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -10,9 +9,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetbus.settings import FleetBaseSettings, default_state_dir
+from fleetledger_hook import policy
+from fleetledger_hook.policy import SHELL_TOOLS
 
-# Claude Code and Codex call their shell tool "Bash"; Gemini CLI calls it run_shell_command.
-SHELL_TOOLS = r"^(Bash|shell|exec_command|run_shell_command)$"
 SHELL_TOOLS_PATTERN = SHELL_TOOLS
 
 
@@ -27,11 +26,7 @@ class ConsequentialRule(BaseModel):
     cost: str = "0"  # currency units ("0.04"), stored as micros when asking
 
     def matches(self, tool: str, tool_input: dict[str, Any]) -> bool:
-        if not re.search(self.tool, tool):
-            return False
-        command = tool_input.get("command")
-        subject = command if isinstance(command, str) else json.dumps(tool_input, sort_keys=True)
-        return re.search(self.pattern, subject) is not None
+        return policy.matches(self.tool, self.pattern, tool, tool_input)
 
 
 def consequential(
@@ -41,20 +36,9 @@ def consequential(
     return next((r for r in rules if r.matches(tool, tool_input)), None)
 
 
-DEFAULT_RULES: tuple[ConsequentialRule, ...] = (
-    ConsequentialRule(tool=SHELL_TOOLS, pattern=r"\bgit\s+push\b", action="git.push"),
-    ConsequentialRule(
-        tool=SHELL_TOOLS,
-        pattern=r"\b(kubectl|helm)\b.*\b(apply|install|upgrade|delete|rollout)\b",
-        action="deploy",
-    ),
-    ConsequentialRule(
-        tool=SHELL_TOOLS, pattern=r"\b(terraform|tofu)\s+(apply|destroy)\b", action="infra.apply"
-    ),
-    # An agent closing its own to-do items from its shell would bypass the status firewall.
-    ConsequentialRule(
-        tool=SHELL_TOOLS, pattern=r"\bfleetledger\s+todo\s+(done|cancel)\b", action="todo.close"
-    ),
+# The one list of defaults, shared with the hook process (which needs it when we are down).
+DEFAULT_RULES: tuple[ConsequentialRule, ...] = tuple(
+    ConsequentialRule(**rule) for rule in policy.DEFAULT_RULES
 )
 
 

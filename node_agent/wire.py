@@ -23,6 +23,7 @@ by ``fleetbus.http`` as bad input naming the field, before any route runs. Every
     claims.record        ClaimRecord       ClaimRecorded
     claims.receipt       ClaimReceipt      ReceiptRecorded
     claims.stats         ClaimStatsQuery   ClaimStats
+    hook                 HookCall          HookReply (an agent's hook JSON in, its answer out)
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ class ToolCall(Who):
     cwd: str | None = None
     tool_use_id: str | None = None
     response: Any = None  # PostToolUse: the tool's result, in the agent's own shape
+    # what the agent's event itself says of the call (Claude Code: PostToolUse "succeeded",
+    # PostToolUseFailure "failed"); None when the event does not say (Codex, Gemini)
+    outcome: Literal["succeeded", "failed"] | None = None
     reads: list[NonEmpty] = Field(default_factory=list)  # extra resource ids read
     writes: list[NonEmpty] = Field(default_factory=list)  # extra resource ids written
     traceparent: str | None = None  # W3C; an invalid one starts a new trace
@@ -159,6 +163,14 @@ class ClaimReceipt(ClaimIdentity):
     prompt_tokens: StrictInt | None = Field(default=None, ge=0)  # unknown stays unknown
     completion_tokens: StrictInt | None = Field(default=None, ge=0)
     cost: StrictInt | None = Field(default=None, ge=0)  # micros
+
+
+class HookCall(Request):
+    """One agent hook call as the agent sent it (the hook process forwards it unparsed)."""
+
+    agent: Literal["claude-code", "codex", "gemini"]
+    event: NonEmpty
+    payload: Any = None  # the agent's hook JSON; anything but an object is answered as bad
 
 
 class ClaimStatsQuery(Request):
@@ -306,6 +318,15 @@ class ClaimRecorded(Reply):
 class ReceiptRecorded(Reply):
     claim_id: str
     recorded: bool = True
+
+
+class HookReply(Reply):
+    """What the hook process prints and exits with (fields in this order: the hook reads them
+    without a JSON parser)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
 
 
 class ClaimStats(Reply):

@@ -63,6 +63,13 @@ async def api(agent: NodeAgent, op: str, **body: Any) -> dict[str, Any]:
     return await asyncio.to_thread(call)
 
 
+def answered_from_record(answer: HookAnswer) -> str:
+    """Claude Code is told to run a stand-in printing the recorded result (updatedInput)."""
+    out = json.loads(answer.stdout)["hookSpecificOutput"]
+    assert out["permissionDecision"] == "allow" and "updatedInput" in out, out
+    return str(out["permissionDecisionReason"]) + "\n" + out["updatedInput"]["command"]
+
+
 def denial(answer: HookAnswer) -> str:
     out = json.loads(answer.stdout)["hookSpecificOutput"]
     assert out["permissionDecision"] == "deny", out
@@ -119,7 +126,7 @@ async def test_a_cacheable_command_is_answered_from_the_record_then_rerun_after_
             "tool_response": {"stdout": "3 passed in 0.1s", "stderr": "", "interrupted": False},
         },
     )
-    reason = denial(await hook(node, "PreToolUse", run))
+    reason = answered_from_record(await hook(node, "PreToolUse", run))
     assert "answered from the record" in reason and "3 passed in 0.1s" in reason
 
     prompt = await hook(node, "UserPromptSubmit", {"session_id": "s1", "prompt": "carry on"})

@@ -98,6 +98,8 @@ class Agent:
         self.exe = exe
         self.home = home
         self.project = project
+        self.extra_args: list[str] = []  # more flags for one run (before the prompt)
+        self.extra_env: dict[str, str] = {}  # more environment for one run
 
     def shell(self, command: str) -> ScriptStep:
         """A scripted turn that runs ``command`` with the CLI's shell tool."""
@@ -118,7 +120,11 @@ class Agent:
 
     def run(self, server: ScriptedServer, prompt: str, timeout_s: float = RUN_TIMEOUT_S) -> Run:
         self.setup(server)
-        return run(self.argv(prompt), self.project, self.env(server), timeout_s)
+        argv = self.argv(prompt)
+        argv[-1:-1] = self.extra_args if argv[-1] == prompt else []
+        if argv[-1] != prompt:
+            argv += self.extra_args
+        return run(argv, self.project, {**self.env(server), **self.extra_env}, timeout_s)
 
 
 class ClaudeCode(Agent):
@@ -189,6 +195,9 @@ class Codex(Agent):
         "SessionEnd",
     )
 
+    bypass_trust = True  # False: Codex checks each hook's trusted_hash, as for a user
+    extra_config = ""  # appended to config.toml (e.g. the trust `hooks install --trust` wrote)
+
     @property
     def codex_home(self) -> Path:
         return self.home / ".codex"
@@ -200,6 +209,8 @@ class Codex(Agent):
         # A provider of our own (wire_api = "responses"), no retries so failures show at once,
         # and the tmp project trusted: Codex loads a project's .codex/ layer only then.
         self.codex_home.mkdir(parents=True, exist_ok=True)
+        if (self.codex_home / "config.toml").exists():
+            return  # written already (by an earlier setup and then, say, `hooks install --trust`)
         (self.codex_home / "config.toml").write_text(
             f'model = "gpt-5.5"\n'
             f'model_provider = "offline"\n'
@@ -211,7 +222,7 @@ class Codex(Agent):
             f"request_max_retries = 0\n"
             f"stream_max_retries = 0\n"
             f'[projects."{self.project}"]\n'
-            f'trust_level = "trusted"\n'
+            f'trust_level = "trusted"\n' + self.extra_config
         )
 
     def env(self, server: ScriptedServer) -> dict[str, str]:
@@ -225,7 +236,7 @@ class Codex(Agent):
             "--dangerously-bypass-approvals-and-sandbox",
             # hook trust is a per-hook hash Codex records from its TUI; the harness vets its
             # own recorder, so it bypasses trust for this run (trust itself is tested apart)
-            "--dangerously-bypass-hook-trust",
+            *(["--dangerously-bypass-hook-trust"] if self.bypass_trust else []),
             prompt,
         ]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("ledger", "fleetbus", "reservations", "telemetry", "coordinator", "node_agent",
-            "fleetledger")  # fmt: skip
+            "fleetledger", "fleetledger_hook")  # fmt: skip
 LINT = Path(sys.executable).with_name("lint-imports")
 
 

@@ -1,0 +1,120 @@
+"""The hook's hot path: forward the agent's hook JSON to the node agent, print its answer.
+
+The node agent runs the adapters (``/v1/hook``: the same ``fleetledger_hook`` code, in its own
+process), so the hook process parses nothing: it reads stdin, writes one HTTP request on the
+Unix socket with ``_socket`` (the C module; ``socket``, ``json`` and ``typing`` each cost about
+as much as the whole hop), and prints the answer, decoded with ``_json.scanstring``. Anything
+unexpected (no socket, refused, timed out, a reply of another shape) goes to the slow path in
+``core``, which answers as if the node agent were down: blocked for a consequential action.
+"""
+
+import _json
+import _socket
+import os
+import sys
+import time
+
+MAX_STDIN = 1 << 20
+MAX_REPLY = 4 << 20
+TIMEOUT_S = 10.0  # a tool or prompt call; the agent's own hook timeout is set well above
+STOP_TIMEOUT_S = 60.0  # a turn end may run completion checks (a test suite)
+STOP_EVENTS = frozenset({"Stop", "SubagentStop", "AfterAgent"})
+_NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+
+
+def socket_path(default: str | None) -> str | None:
+    """FLEET_SOCKET, else FLEET_STATE_DIR's socket, else the one `hooks install` wrote."""
+    if os.environ.get("FLEET_SOCKET"):
+        return os.environ["FLEET_SOCKET"]
+    if os.environ.get("FLEET_STATE_DIR"):
+        return os.path.join(os.environ["FLEET_STATE_DIR"], "node-agent.sock")
+    return default
+
+
+def deadline_s(stop: bool) -> float:
+    configured = os.environ.get("FLEET_HOOK_TIMEOUT_S")
+    if configured:
+        try:
+            return float(configured)
+        except ValueError:
+            pass
+    return STOP_TIMEOUT_S if stop else TIMEOUT_S
+
+
+def ask(path: str, agent: str, event: str, raw: bytes, timeout_s: float) -> tuple[int, str, str]:
+    """POST /v1/hook; the answer (exit code, stdout, stderr). Raises on anything unexpected."""
+    body = b'{"agent": "%s", "event": "%s", "payload": %s}' % (
+        agent.encode(), event.encode(), raw.strip() or b"null")  # fmt: skip
+    head = b"POST /v1/hook HTTP/1.1\r\nHost: node-agent\r\nContent-Type: application/json\r\n"
+    head += b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+    deadline = time.monotonic() + timeout_s
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        conn.settimeout(timeout_s)
+        conn.connect(path)
+        conn.sendall(head + body)
+        chunks, size = [], 0
+        while True:
+            conn.settimeout(max(0.001, deadline - time.monotonic()))
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_REPLY:
+                raise ValueError("reply too large")
+    finally:
+        conn.close()
+    reply = b"".join(chunks)
+    if not reply.startswith(b"HTTP/1.1 200 "):
+        raise ValueError(reply.split(b"\r\n", 1)[0].decode("latin-1") or "empty reply")
+    text = reply.partition(b"\r\n\r\n")[2].decode()
+    # {"exit_code": N, "stdout": "...", "stderr": "..."}: the node's HookAnswer, in this order
+    lead = '{"exit_code": '
+    if not text.startswith(lead):
+        raise ValueError("reply of another shape")
+    comma = text.index(",", len(lead))
+    code = int(text[len(lead) : comma])
+    at = text.index('"stdout": "', comma) + len('"stdout": "')
+    stdout, at = _json.scanstring(text, at)
+    at = text.index('"stderr": "', at) + len('"stderr": "')
+    stderr, _ = _json.scanstring(text, at)
+    return code, stdout, stderr
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``fleetledger-hook AGENT EVENT [--socket PATH]``: answer one hook call."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    default_socket = None
+    if "--socket" in args:
+        at = args.index("--socket")
+        default_socket = args[at + 1] if at + 1 < len(args) else None
+        del args[at : at + 2]
+    agent, event = [*args, "", ""][:2]
+    raw = sys.stdin.buffer.read(MAX_STDIN + 1)
+    path = socket_path(default_socket)
+    why = "no node agent socket configured (set FLEET_SOCKET)"
+    if len(args) == 2 and path and set(agent) <= _NAME and set(event) <= _NAME and agent:
+        if len(raw) <= MAX_STDIN:
+            try:
+                code, stdout, stderr = ask(
+                    path, agent, event, raw, deadline_s(event in STOP_EVENTS)
+                )
+                if stdout:
+                    sys.stdout.write(stdout + "\n")
+                if stderr:
+                    sys.stderr.write(stderr + "\n")
+                return code
+            except TimeoutError:
+                why = f"the node agent at {path} did not answer in time"
+            except FileNotFoundError:
+                why = f"no node agent socket at {path}; is `fleetledger node-agent run` running?"
+            except OSError as exc:
+                why = f"the node agent at {path} is unreachable ({exc.strerror or exc})"
+            except (ValueError, UnicodeError, IndexError) as exc:
+                why = f"the node agent's answer could not be read ({exc})"
+        else:
+            why = f"hook input over {MAX_STDIN} bytes"
+    from fleetledger_hook.core import fail_closed  # the slow path: json, the adapters, rules
+
+    return fail_closed(agent, event, raw, why, default_socket)
