@@ -91,8 +91,8 @@ class Authorizer:
         async def respond(reply: AuthorizeReply) -> None:
             nonlocal replied
             replied = True
-            if nonce is not None and reply.decision_seq is not None:
-                return
+            if nonce is not None and reply.decision_seq is not None and not reply.replayed:
+                return  # the stream republishes the stored receipt to the requester
             await msg.respond(reply.model_dump_json(exclude_none=True).encode())
 
         with consumer_span(
@@ -158,6 +158,8 @@ class Authorizer:
                             prior, existing.grant_id or action.grant_id, existing.cost
                         ),
                         reservation_id=prior.reservation_id,
+                        decision_seq=journal.receipt_seqs.get((mid, action.action_id)),
+                        replayed=True,
                     )
             # Requested but undecided: a coordinator died mid-append. Decide it now.
         now = journal.clock.now()

@@ -20,7 +20,7 @@ from coordinator.journal import Journal
 from coordinator.riskboard import RiskBoard
 from fleetbus.bus import Bus, StreamMessage
 from ledger.errors import FleetError
-from ledger.events import Event, RiskOpened, RiskTreated, parse_events
+from ledger.events import DecisionRecorded, Event, RiskOpened, RiskTreated, parse_events
 from ledger.identity import Principal, check_producer, verify
 from ledger.mission import MissionState
 from ledger.protocol import ErrorBody, check_message, deadletter_subject
@@ -166,6 +166,8 @@ class Ingest:
             states[event.mission_id] = state
             if record:
                 self.traces.record(event)
+            if isinstance(event.payload, DecisionRecorded):  # where a retry's answer points
+                self.journal.receipt_seqs[(event.mission_id, event.payload.action_id)] = msg.seq
             out.append((event, None))
         return out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Self
 
@@ -19,12 +19,9 @@ from nats.aio.client import Client
 from opentelemetry.trace import Span
 
 from fleetbus.bus import connect, publish_checked
-from ledger.errors import (
-    ComponentTimeout,
-    Unreachable,
-)
-from ledger.events import Event, last_event
-from ledger.identity import sign, sign_request
+from ledger.errors import ComponentTimeout, Rule, RuleViolation, Unreachable
+from ledger.events import DecisionRecorded, Event, last_event
+from ledger.identity import Principal, Role, sign, sign_request, verify
 from ledger.kernel import ActionRequest
 from ledger.protocol import (
     AUTHORIZE_SUBJECT,
@@ -83,6 +80,7 @@ class FleetClient:
         node_id: str = "cli",
         telemetry: Telemetry | None = None,
         seed: str | None = None,
+        principals: Callable[[], Mapping[str, Principal]] | None = None,
     ):
         """``telemetry``: default, this process's (from the OTEL_* environment; off if unset).
 
@@ -95,6 +93,8 @@ class FleetClient:
         self.agent_id, self.node_id = agent_id, node_id
         self.last_seq = 0  # highest stream sequence this client has published or seen decided
         self.seed = seed  # the principal this client signs its management requests as
+        # with the fleet's directory, an answer counts only as a receipt a coordinator signed
+        self.principals = principals
 
     @classmethod
     async def connect(cls, url: str, *, seed: str | None = None, **kw: Any) -> Self:
@@ -225,8 +225,44 @@ class FleetClient:
             # the decision's bundle as stored: the action, its reservation, the receipt (last);
             # only the receipt is needed here, so only it is validated
             receipt = last_event(msg.data)
+            self._check_receipt(receipt)
             return reply_from_receipt(receipt, int(hdrs["Nats-Sequence"]), request)
-        return AuthorizeReply.model_validate_json(msg.data)
+        reply = AuthorizeReply.model_validate_json(msg.data)
+        if self.principals is not None and reply.decision is not None and reply.decision.allowed:
+            await self._check_stored(reply, request)
+        return reply
+
+    def _check_receipt(self, receipt: Event) -> None:
+        """Refuse a receipt no coordinator of the directory signed (a forged answer)."""
+        if self.principals is None:
+            return
+        who = verify(receipt, self.principals())
+        if who.role is not Role.COORDINATOR:
+            raise RuleViolation(
+                Rule.PRODUCER_IDENTITY,
+                f"the decision receipt is signed by {who.role} {who.name}, not a coordinator; "
+                "refused (a forged answer)",
+            )
+
+    async def _check_stored(self, reply: AuthorizeReply, request: ActionRequest) -> None:
+        """A direct ALLOWED (a retry's answer) counts only once the receipt it names is read
+        from the stream and verified: nobody can answer ALLOWED in the coordinator's name."""
+        if reply.decision_seq is None:
+            raise RuleViolation(
+                Rule.PRODUCER_IDENTITY, "an ALLOWED answer names no stored receipt; refused"
+            )
+        with self._fail_closed():
+            stored = await self.js.get_msg(STREAM, reply.decision_seq)
+        receipt = last_event(stored.data or b"")
+        payload = receipt.payload
+        if not (isinstance(payload, DecisionRecorded) and payload.allowed
+                and payload.action_id == request.action_id):  # fmt: skip
+            raise RuleViolation(
+                Rule.PRODUCER_IDENTITY,
+                f"stream sequence {reply.decision_seq} is not the allowing receipt of "
+                f"{request.action_id}; refused",
+            )
+        self._check_receipt(receipt)
 
     async def view(self, mission_id: str, role: str = "operator") -> dict[str, Any]:
         body = ViewRequest.model_validate({"mission_id": mission_id, "role": role})

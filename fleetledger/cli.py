@@ -238,6 +238,24 @@ def _given(args: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in args.items() if v is not None}
 
 
+async def _client(**kw: Any) -> Any:
+    """A coordinator client as this CLI's principal (FLEET_* or the running fleet's env)."""
+    from fleetbus.client import FleetClient
+
+    return await FleetClient.connect(_nats_url(), seed=_seed(), principals=_principals(), **kw)
+
+
+def _principals() -> Any:
+    """The fleet's principal directory when this CLI acts as a principal: answers are then
+    believed only as receipts a coordinator signed."""
+    from fleetbus.identity import KeyStore
+
+    settings = FleetSettings.load()
+    if settings.principal is None:
+        return None
+    return KeyStore(settings.identity_dir or settings.state_dir / "identity").directory
+
+
 def _seed() -> str | None:
     """This CLI user's principal (FLEET_PRINCIPAL, from the key store in FLEET_IDENTITY_DIR or
     the state dir's identity/): the key NATS authenticates it with."""
@@ -260,7 +278,9 @@ def _run(coro_fn: Any, as_json: bool = False) -> Any:
 async def _manage(op: Any, mission: str, args: dict[str, Any], actor: str = "cli") -> Any:
     from fleetbus.client import FleetClient
 
-    async with await FleetClient.connect(_nats_url(), seed=_seed()) as client:
+    async with await FleetClient.connect(
+        _nats_url(), seed=_seed(), principals=_principals()
+    ) as client:
         return await client.manage(op, mission, args, actor=actor)
 
 
@@ -538,7 +558,9 @@ def action_request(
             idempotency_key=idempotency_key or action_id,
             evidence_ids=frozenset(_csv(evidence)),
         )
-        async with await FleetClient.connect(_nats_url(), seed=_seed(), agent_id=agent) as client:
+        async with await FleetClient.connect(
+            _nats_url(), seed=_seed(), principals=_principals(), agent_id=agent
+        ) as client:
             return await client.authorize(mission, req)
 
     reply = _run(call, as_json)
@@ -586,7 +608,9 @@ def view(
     from fleetledger.render import team_view
 
     async def call() -> dict[str, Any]:
-        async with await FleetClient.connect(_nats_url(), seed=_seed()) as client:
+        async with await FleetClient.connect(
+            _nats_url(), seed=_seed(), principals=_principals()
+        ) as client:
             return await client.view(mission_id, as_)
 
     data = _run(call, as_json)

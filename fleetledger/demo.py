@@ -318,13 +318,17 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
         coordinator = await Coordinator.from_settings(settings)
         with err.status("starting the coordinator…"):
             await coordinator.start()
-        fleet = await FleetClient.connect(servers.nats_url, seed=keys.seed(OPERATOR_PRINCIPAL))
+        fleet = await FleetClient.connect(
+            servers.nats_url, seed=keys.seed(OPERATOR_PRINCIPAL), principals=keys.directory
+        )
         node_conns = [
             await FleetClient.connect(servers.nats_url, node_id=n, seed=keys.seed(n)) for n in NODES
         ]
         # the people of the story, each signing with their own key
         people = {
-            name: await FleetClient.connect(servers.nats_url, seed=keys.seed(name))
+            name: await FleetClient.connect(
+                servers.nats_url, seed=keys.seed(name), principals=keys.directory
+            )
             for name in PEOPLE
         }
         watchers = [RiskWatcher(c.nc, MISSION) for c in node_conns]

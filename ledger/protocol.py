@@ -193,6 +193,9 @@ class AuthorizeReply(BaseModel):
     decision_seq: int | None = None  # stream sequence of the decision receipt
     decision_event_id: str | None = None
     error: ErrorBody | None = None
+    # the answer to a retry of an action already decided: sent directly (the stream does not
+    # republish the receipt again); ``decision_seq`` names the stored receipt to verify
+    replayed: bool = False
 
 
 def reply_from_receipt(receipt: Event, seq: int, request: ActionRequest) -> AuthorizeReply:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fleetbus.client import FleetClient
 from fleetbus.http import HttpServer, Route
-from fleetbus.identity import seed_of
+from fleetbus.identity import KeyStore, seed_of
 from ledger.errors import InvalidInput
+from ledger.identity import Principal
 from node_agent.autoledger import AutoLedger
 from node_agent.claims import ClaimsCache
 from node_agent.execution import ExecutionState
@@ -38,6 +40,14 @@ log = logging.getLogger("fleetledger.node")
 
 
 class NodeAgent:
+    def _directory(self) -> Callable[[], Mapping[str, Principal]] | None:
+        """The fleet's directory when this node is a principal (identity on), else None."""
+        if self.settings.principal is None:
+            return None
+        return KeyStore(
+            self.settings.identity_dir or self.settings.state_dir / "identity"
+        ).directory
+
     def __init__(self, settings: NodeSettings, *, judge: Judge | None = None) -> None:
         self.settings = settings
         self.seed = seed_of(
@@ -108,6 +118,7 @@ class NodeAgent:
                 node_id=self.settings.node_id,
                 on_connect=self.follower.attach,
                 seed=self.seed,
+                principals=self._directory(),
             )
             self.outbox.start()
 

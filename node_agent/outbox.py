@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import stamina
@@ -23,6 +23,7 @@ from fleetbus.bus import cancel_requested, connect, publish_checked
 from fleetbus.client import FleetClient
 from ledger.errors import FleetError
 from ledger.events import TraceContext
+from ledger.identity import Principal
 from node_agent.store import OutboxRow, Store
 from telemetry import context_from, inject_headers, messaging_attributes
 from telemetry.conventions import (
@@ -57,10 +58,12 @@ class OutboxPublisher:
         node_id: str,
         on_connect: Connected | None = None,
         seed: str | None = None,
+        principals: Callable[[], Mapping[str, Principal]] | None = None,
     ) -> None:
-        """``seed``: the node's principal, which NATS authenticates (None: an open NATS)."""
+        """``seed``: the node's principal, which NATS authenticates (None: an open NATS);
+        ``principals``: the fleet's directory, to verify the coordinator's receipts."""
         self.store, self.nats_url, self.node_id = store, nats_url, node_id
-        self.seed = seed
+        self.seed, self.principals = seed, principals
         self.on_connect = on_connect
         self.client: FleetClient | None = None
         self.published = 0
@@ -96,7 +99,9 @@ class OutboxPublisher:
 
     async def _connect(self) -> FleetClient:
         nc = await connect(self.nats_url, name=f"fleetledger-node-{self.node_id}", seed=self.seed)
-        client = FleetClient(nc, node_id=self.node_id, agent_id="node-agent")
+        client = FleetClient(
+            nc, node_id=self.node_id, agent_id="node-agent", principals=self.principals
+        )
         if self.on_connect is not None:
             await self.on_connect(client)
         return client

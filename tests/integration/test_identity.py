@@ -7,6 +7,8 @@ cannot name somebody else.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,7 +27,9 @@ PEOPLE = ("finance-lead", "treasury", "mallory")
 
 
 @pytest.fixture(scope="module")
-async def secured(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Path, str]]:
+async def secured(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[tuple[Path, str, Coordinator]]:
     directory = tmp_path_factory.mktemp("secured")
     keys = fleet_keys(directory, ["node-1"], people=PEOPLE)
     with EmbeddedServers(directory, keys=keys) as servers:
@@ -36,19 +40,19 @@ async def secured(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tup
         co = await Coordinator.from_settings(settings)
         await co.start()
         try:
-            yield keys.root, servers.nats_url
+            yield keys.root, servers.nats_url, co
         finally:
             await co.stop()
 
 
-async def as_person(secured: tuple[Path, str], name: str) -> FleetClient:
+async def as_person(secured: tuple[Path, str, Coordinator], name: str) -> FleetClient:
     from fleetbus.identity import KeyStore
 
-    root, url = secured
+    root, url, _ = secured
     return await FleetClient.connect(url, seed=KeyStore(root).seed(name))
 
 
-async def open_risk(secured: tuple[Path, str], mission: str) -> None:
+async def open_risk(secured: tuple[Path, str, Coordinator], mission: str) -> None:
     lead = await as_person(secured, "finance-lead")
     try:
         soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
@@ -64,7 +68,9 @@ async def open_risk(secured: tuple[Path, str], mission: str) -> None:
         await lead.close()
 
 
-async def test_an_impostor_cannot_treat_a_risk_as_its_owner(secured: tuple[Path, str]) -> None:
+async def test_an_impostor_cannot_treat_a_risk_as_its_owner(
+    secured: tuple[Path, str, Coordinator],
+) -> None:
     await open_risk(secured, "m-impostor")
     mallory = await as_person(secured, "mallory")
     try:
@@ -96,7 +102,9 @@ async def test_an_impostor_cannot_treat_a_risk_as_its_owner(secured: tuple[Path,
         await owner.close()
 
 
-async def test_an_unsigned_request_is_refused_naming_the_rule(secured: tuple[Path, str]) -> None:
+async def test_an_unsigned_request_is_refused_naming_the_rule(
+    secured: tuple[Path, str, Coordinator],
+) -> None:
     lead = await as_person(secured, "finance-lead")
     lead.seed = None  # connected as finance-lead, but the request carries no signature
     try:
@@ -106,3 +114,100 @@ async def test_an_unsigned_request_is_refused_naming_the_rule(secured: tuple[Pat
         assert exc.value.rule is Rule.PRODUCER_IDENTITY and "not signed" in exc.value.reason
     finally:
         await lead.close()
+
+
+async def test_a_forged_event_on_the_stream_is_dead_lettered_naming_the_rule(
+    secured: tuple[Path, str, Coordinator],
+) -> None:
+    """Whoever holds publish rights on the stream still cannot forge: a risk treatment signed
+    by a person (or unsigned) is dead-lettered with the rule, and the risk stays open."""
+    from fleetbus.bus import publish_checked
+    from fleetbus.identity import KeyStore
+    from ledger.events import RiskTreated, make_event
+    from ledger.identity import sign
+    from ledger.protocol import subject_of
+
+    root, url, co = secured
+    await open_risk(secured, "m-forged")
+    keys = KeyStore(root)
+    coordinator_conn = await FleetClient.connect(url, seed=keys.seed("coordinator"))
+    try:
+        treated = RiskTreated(risk_id="k1", status="ACCEPTED", by="treasury")  # type: ignore[arg-type]
+        forged = [
+            sign(
+                make_event(treated, mission_id="m-forged", at=datetime.now(UTC)),
+                keys.seed("mallory"),
+            ),
+            make_event(treated, mission_id="m-forged", at=datetime.now(UTC)),  # unsigned
+        ]
+        before = co.dead_letters
+        for event in forged:
+            await publish_checked(
+                coordinator_conn.js, subject_of(event), event.to_json(), msg_id=str(event.event_id)
+            )
+        async with asyncio.timeout(10):
+            while co.dead_letters < before + 2:
+                await asyncio.sleep(0.02)
+        assert co.states["m-forged"].risks["k1"].open
+        letters = await coordinator_conn.js.subscribe(
+            "fleet.deadletter.m-forged", ordered_consumer=True
+        )
+        reasons = []
+        for _ in range(2):
+            msg = await letters.next_msg(timeout=5)
+            reasons.append(json.loads(msg.data)["error"]["rule"])
+        assert sorted(reasons) == ["producer_identity", "producer_permission"]
+    finally:
+        await coordinator_conn.close()
+
+
+async def test_a_fake_receipt_is_refused_by_the_client(tmp_path: Path) -> None:
+    """The old attack: a client subscribed to fleet.v1.authorize answers first with a fake
+    receipt and JetStream-like headers. A client that knows the fleet's coordinators believes
+    only a receipt one of them signed, so it raises instead of printing ALLOWED."""
+    import nats
+
+    from fleetbus.identity import KeyStore
+    from ledger.events import DecisionRecorded, bundle_json, make_event
+    from ledger.identity import Role, sign
+    from ledger.kernel import ActionRequest
+    from ledger.protocol import AUTHORIZE_SUBJECT, STREAM, AuthorizeRequest
+
+    keys = KeyStore(tmp_path / "identity")
+    keys.create("coordinator", Role.COORDINATOR)
+    keys.create("mallory", Role.HUMAN)
+    servers = EmbeddedServers(
+        tmp_path / "open", redis=False
+    ).start()  # an open NATS, no coordinator
+    nats_url = servers.nats_url
+    attacker = await nats.connect(nats_url)
+
+    async def answer(msg: nats.aio.msg.Msg) -> None:
+        req = AuthorizeRequest.model_validate_json(msg.data)
+        receipt = make_event(
+            DecisionRecorded(
+                action_id=req.request.action_id, action=req.request.action, allowed=True,
+                reason="all rules hold", cut_seq=1, cut=1, policy_version="x",
+            ),
+            mission_id=req.mission_id, at=datetime.now(UTC),
+        )  # fmt: skip
+        body = bundle_json([sign(receipt, keys.seed("mallory"))])
+        await attacker.publish(
+            msg.reply, body, headers={"Nats-Stream": STREAM, "Nats-Sequence": "9"}
+        )
+
+    sub = await attacker.subscribe(AUTHORIZE_SUBJECT, cb=answer)
+    client = await FleetClient.connect(nats_url, principals=keys.directory, timeout=2)
+    try:
+        request = ActionRequest(
+            action_id="a1", grant_id="g", action="pay", cost=50_000_000, idempotency_key="a1"
+        )
+        with pytest.raises(RuleViolation) as exc:
+            await client.authorize("m-fake", request)
+        assert exc.value.rule is Rule.PRODUCER_IDENTITY
+        assert "not a coordinator" in exc.value.reason
+    finally:
+        await client.close()
+        await sub.unsubscribe()
+        await attacker.close()
+        servers.stop()
