@@ -151,6 +151,7 @@ class Authorizer:
             # A retried request: one answer per id. Other terms are a conflict naming the
             # recorded ones; the same terms are answered with the receipt already recorded.
             check_same_terms(existing, action)
+            stored = journal.receipts.get((mid, action.action_id), (None, None))
             for prior in reversed(state.decisions):
                 if prior.action_id == action.action_id:
                     return AuthorizeReply(
@@ -158,7 +159,8 @@ class Authorizer:
                             prior, existing.grant_id or action.grant_id, existing.cost
                         ),
                         reservation_id=prior.reservation_id,
-                        decision_seq=journal.receipt_seqs.get((mid, action.action_id)),
+                        decision_seq=stored[0],
+                        decision_event_id=stored[1],
                         replayed=True,
                     )
             # Requested but undecided: a coordinator died mid-append. Decide it now.

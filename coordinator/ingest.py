@@ -167,7 +167,8 @@ class Ingest:
             if record:
                 self.traces.record(event)
             if isinstance(event.payload, DecisionRecorded):  # where a retry's answer points
-                self.journal.receipt_seqs[(event.mission_id, event.payload.action_id)] = msg.seq
+                key = (event.mission_id, event.payload.action_id)
+                self.journal.receipts[key] = (msg.seq, str(event.event_id))
             out.append((event, None))
         return out
 

@@ -69,9 +69,9 @@ class Journal:
         """``seed``: the coordinator's principal; every event it appends is signed with it."""
         self.bus, self.clock, self.telemetry, self.traces = bus, clock, telemetry, traces
         self.seed = seed
-        # the stream sequence of each action's stored receipt: a retry's answer names it, so
-        # a requester can read and verify the signed receipt itself
-        self.receipt_seqs: dict[tuple[str, str], int] = {}
+        # where each action's stored receipt is: a retry's answer names it, so a requester can
+        # read and verify the signed receipt itself
+        self.receipts: dict[tuple[str, str], tuple[int, str]] = {}  # -> (seq, event id)
         self.node_id = node_id
         self.cut_timeout_s = cut_timeout_s
         self.states: dict[str, MissionState] = {}

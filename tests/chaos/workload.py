@@ -299,6 +299,11 @@ class Client:
         ]
         if not prior:
             return
+        invoked = [
+            op for op in self.history.of("effect") if op.args["action_id"] == s.request.action_id
+        ]
+        if invoked[-1] is not prior[-1]:
+            return  # a later effect may be on the record: an older one is no identical retry
         last = prior[-1].args
         await self._record_effect(s, last["outcome"], last.get("actual"), identical_retry=True)
 
