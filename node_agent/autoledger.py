@@ -47,6 +47,9 @@ class TurnResult:
     verified: list[str] = field(default_factory=list)
 
 
+Settled = tuple[str | None, bool, bool, str | None]  # reminder text, repeat, block, message
+
+
 class AutoLedger:
     def __init__(
         self,
@@ -191,39 +194,41 @@ class AutoLedger:
         return audit(self.store.items(safe_id(session_id)))
 
     async def turn_end(self, session_id: str, *, stop_hook_active: bool = False) -> TurnResult:
-        """Judge at turn end: checks, the deterministic auditor, then (maybe) advice; remind."""
-        started, run = time.perf_counter(), self.store.run
-        session = await run(self.store.session, safe_id(session_id))
-        if session is None:  # nothing captured for this session: nothing to say
-            return TurnResult(
-                safe_id(session_id), False, None, None, [], 0, "skipped: no ledger", 0.0
-            )
+        """Judge at turn end: checks, the deterministic auditor, then (maybe) advice; remind.
+
+        The common turn end (nothing to verify, no advice to ask) is one trip to the store's
+        thread: read, audit, decide and record together."""
+        started, run, sid = time.perf_counter(), self.store.run, safe_id(session_id)
+        got = await run(self._quick_turn, sid, stop_hook_active, self._reminded.get(sid))
+        if got is None:  # nothing captured for this session: nothing to say
+            return TurnResult(sid, False, None, None, [], 0, "skipped: no ledger", 0.0)
+        session, result, settled = got
         checks, verified = 0, []
-        for stored in audit(await run(self.store.items, session.session_id)).actionable:
-            if stored.check is not None:
-                checks += 1
-                if await self.verify(stored):
-                    verified.append(stored.item_id)
-        result = audit(await run(self.store.items, session.session_id))
-        calls, source, suggestion = 0, "skipped: nothing open", None
-        if not result.clear:
-            if self.gate is None:
-                source = "skipped: no judge configured"
-            else:
+        calls, suggestion = 0, None
+        source = "skipped: nothing open" if result.clear else "skipped: no judge configured"
+        if settled is None:
+            for stored in result.actionable:
+                if stored.check is not None:
+                    checks += 1
+                    if await self.verify(stored):
+                        verified.append(stored.item_id)
+            if checks:
+                result = audit(await run(self.store.items, session.session_id))
+            source = "skipped: nothing open" if result.clear else source
+            if not result.clear and self.gate is not None:
                 outcome = await self.gate.advise(session.session_id, result.actionable)
                 calls, source = outcome.calls, outcome.source
                 if outcome.verdict is not None and outcome.verdict.suggestion:
                     v = outcome.verdict
                     suggestion = f"[{v.short_id}] {v.suggestion}"
-                # claims may have changed
-                result = audit(await run(self.store.items, session.session_id))
-        text = reminder(result, suggestion=suggestion)
-        repeat = stop_hook_active and text is not None and self._reminded.get(
-            session.session_id) == text  # fmt: skip
+                if outcome.source == "model":  # a new verdict is recorded as a claim
+                    result = audit(await run(self.store.items, session.session_id))
+            settled = await run(
+                self._settle_turn, session.session_id, result, suggestion, stop_hook_active,
+                self._reminded.get(session.session_id),
+            )  # fmt: skip
+        text, repeat, block, message = settled
         if repeat:
-            # the agent is already continuing because of our reminder and nothing changed
-            # since: blocking again would cost a turn and tell it nothing new
-            await run(self._end_turn, session.session_id, result, False)
             return TurnResult(
                 session.session_id, False, None,
                 f"fleetledger: {len(result.actionable)} item(s) still open, unchanged since the "
@@ -231,7 +236,6 @@ class AutoLedger:
                 [s.item_id for s in result.actionable], calls, source,
                 (time.perf_counter() - started) * 1000, checks, verified,
             )  # fmt: skip
-        block, message = await run(self._end_turn, session.session_id, result, text is not None)
         if block and text is not None:
             self._reminded[session.session_id] = text
         elif text is None:
@@ -248,6 +252,43 @@ class AutoLedger:
             checks,
             verified,
         )
+
+    def _quick_turn(
+        self, session_id: str, stop_hook_active: bool, last_reminded: str | None
+    ) -> tuple[Session, Audit, Settled | None] | None:
+        """On the store's thread: the session and its audit; settled at once when there is
+        nothing to verify and no advice to ask for."""
+        session = self.store.session(session_id)
+        if session is None:
+            return None
+        result = audit(self.store.items(session_id))
+        if any(s.check is not None for s in result.actionable) or (
+            not result.clear and self.gate is not None
+        ):
+            return session, result, None
+        return (
+            session,
+            result,
+            self._settle_turn(session_id, result, None, stop_hook_active, last_reminded),
+        )
+
+    def _settle_turn(
+        self,
+        session_id: str,
+        result: Audit,
+        suggestion: str | None,
+        stop_hook_active: bool,
+        last_reminded: str | None,
+    ) -> Settled:
+        """The reminder to give and the turn recorded: (text, repeat, block, message). A repeat
+        (the agent continues because of our reminder and nothing changed since) is let go:
+        blocking again would cost a turn and tell it nothing new."""
+        text = reminder(result, suggestion=suggestion)
+        if stop_hook_active and text is not None and last_reminded == text:
+            self._end_turn(session_id, result, False)
+            return text, True, False, None
+        block, message = self._end_turn(session_id, result, text is not None)
+        return text, False, block, message
 
     def _end_turn(self, session_id: str, result: Audit, remind: bool) -> tuple[bool, str | None]:
         """Count the turn and, unless the block cap is reached, block with the reminder."""

@@ -192,6 +192,35 @@ class JudgeGate:
     def _trip(self) -> None:
         self.store.set_meta(BREAKER_KEY, repr(time.time() + self.cooldown_s))
 
+    def _admit(
+        self, session_id: str, items: Sequence[StoredItem]
+    ) -> JudgeOutcome | tuple[Session, str]:
+        """On the store's thread: the answer without a model call (unknown run, a cached
+        verdict, the breaker open, the caps reached), or the admitted call's session and
+        prompt (counted against the caps before it is made)."""
+        session = self.store.session(session_id)
+        if session is None:
+            return JudgeOutcome(None, 0, "skipped: unknown session")
+        cached = self.store.cached_verdict(session_id, session.version)
+        if cached is not None and time.time() - cached.created_at < self.verdict_ttl_s:
+            short = next((s.short_id for s in items if s.item_id == cached.item_id), None)
+            if short is not None:
+                hit = Verdict(
+                    cached.item_id, short, cached.judged_status, cached.suggestion, cached.model
+                )
+                return JudgeOutcome(hit, 0, "cache")
+        if self.cooldown_remaining() > 0:
+            return JudgeOutcome(None, 0, "skipped: judge cooling down after a failure")
+        admitted = self.store.admit_call(
+            session_id,
+            max_calls=self.calls_per_run,
+            tokens=self.max_tokens,
+            budget=self.run_budget_tokens,
+        )
+        if not admitted:
+            return JudgeOutcome(None, 0, "skipped: run's judge caps reached")
+        return session, build_prompt(items, self.store.recent_tools(session_id))
+
     async def advise(self, session_id: str, items: Sequence[StoredItem]) -> JudgeOutcome:
         """One advisory verdict on the open ``items`` of a run, within every cap."""
         if not items:
@@ -199,29 +228,11 @@ class JudgeGate:
         lock = self._locks.setdefault(session_id, asyncio.Lock())
         async with lock:  # serialised per run, so the caps hold under concurrency
             run = self.store.run
-            session = await run(self.store.session, session_id)
-            if session is None:
-                return JudgeOutcome(None, 0, "skipped: unknown session")
-            cached = await run(self.store.cached_verdict, session_id, session.version)
-            if cached is not None and time.time() - cached.created_at < self.verdict_ttl_s:
-                short = next((s.short_id for s in items if s.item_id == cached.item_id), None)
-                if short is not None:
-                    hit = Verdict(
-                        cached.item_id, short, cached.judged_status, cached.suggestion, cached.model
-                    )
-                    return JudgeOutcome(hit, 0, "cache")
-            if await run(self.cooldown_remaining) > 0:
-                return JudgeOutcome(None, 0, "skipped: judge cooling down after a failure")
-            admitted = await run(
-                self.store.admit_call,
-                session_id,
-                max_calls=self.calls_per_run,
-                tokens=self.max_tokens,
-                budget=self.run_budget_tokens,
-            )
-            if not admitted:
-                return JudgeOutcome(None, 0, "skipped: run's judge caps reached")
-            prompt = build_prompt(items, await run(self.store.recent_tools, session_id))
+            # one trip to the store's thread for every check before a model call
+            checked = await run(self._admit, session_id, items)
+            if isinstance(checked, JudgeOutcome):
+                return checked
+            session, prompt = checked
             self.calls_made += 1
             try:
                 text = await self.judge.generate(
