@@ -21,7 +21,7 @@ from ledger.items import Actor, ItemStatus
 from node_agent.auditor import Audit, audit, context, reminder
 from node_agent.capture import match_item, parse_prompt
 from node_agent.checks import Check, EvidenceCheck, run_check
-from node_agent.judge import JudgeGate
+from node_agent.judge import JudgeGate, JudgeOutcome
 from node_agent.store import Session, Store, StoredItem, safe_id
 
 
@@ -202,10 +202,12 @@ class AutoLedger:
         got = await run(self._quick_turn, sid, stop_hook_active, self._reminded.get(sid))
         if got is None:  # nothing captured for this session: nothing to say
             return TurnResult(sid, False, None, None, [], 0, "skipped: no ledger", 0.0)
-        session, result, settled = got
+        session, result, settled, early, admitted = got
         checks, verified = 0, []
         calls, suggestion = 0, None
         source = "skipped: nothing open" if result.clear else "skipped: no judge configured"
+        if early is not None:  # the judge answered without a model call, on the store's thread
+            source = early.source
         if settled is None:
             for stored in result.actionable:
                 if stored.check is not None:
@@ -216,7 +218,10 @@ class AutoLedger:
                 result = audit(await run(self.store.items, session.session_id))
             source = "skipped: nothing open" if result.clear else source
             if not result.clear and self.gate is not None:
-                outcome = await self.gate.advise(session.session_id, result.actionable)
+                if admitted is not None:  # admitted already: only the model call is left
+                    outcome = await self.gate.consult(*admitted, result.actionable)
+                else:
+                    outcome = await self.gate.advise(session.session_id, result.actionable)
                 calls, source = outcome.calls, outcome.source
                 if outcome.verdict is not None and outcome.verdict.suggestion:
                     v = outcome.verdict
@@ -253,24 +258,29 @@ class AutoLedger:
             verified,
         )
 
-    def _quick_turn(
-        self, session_id: str, stop_hook_active: bool, last_reminded: str | None
-    ) -> tuple[Session, Audit, Settled | None] | None:
-        """On the store's thread: the session and its audit; settled at once when there is
-        nothing to verify and no advice to ask for."""
+    def _quick_turn(self, session_id: str, stop_hook_active: bool, last_reminded: str | None) -> (
+        tuple[Session, Audit, Settled | None, JudgeOutcome | None, tuple[Session, str] | None]
+        | None
+    ):  # fmt: skip
+        """On the store's thread: the session, its audit and, when nothing needs verifying,
+        the judge's answer short of a model call (cache, breaker, caps) and the turn settled.
+        Returns (session, audit, settled or None, the judge's early answer, an admitted call)."""
         session = self.store.session(session_id)
         if session is None:
             return None
         result = audit(self.store.items(session_id))
-        if any(s.check is not None for s in result.actionable) or (
-            not result.clear and self.gate is not None
-        ):
-            return session, result, None
-        return (
-            session,
-            result,
-            self._settle_turn(session_id, result, None, stop_hook_active, last_reminded),
-        )
+        if any(s.check is not None for s in result.actionable):
+            return session, result, None, None, None
+        suggestion, early = None, None
+        if not result.clear and self.gate is not None:
+            checked = self.gate.admit(session_id, result.actionable)
+            if not isinstance(checked, JudgeOutcome):
+                return session, result, None, None, checked  # a model call is due
+            early = checked
+            if early.verdict is not None and early.verdict.suggestion:
+                suggestion = f"[{early.verdict.short_id}] {early.verdict.suggestion}"
+        settled = self._settle_turn(session_id, result, suggestion, stop_hook_active, last_reminded)
+        return session, result, settled, early, None
 
     def _settle_turn(
         self,

@@ -192,12 +192,13 @@ class JudgeGate:
     def _trip(self) -> None:
         self.store.set_meta(BREAKER_KEY, repr(time.time() + self.cooldown_s))
 
-    def _admit(
+    def admit(
         self, session_id: str, items: Sequence[StoredItem]
     ) -> JudgeOutcome | tuple[Session, str]:
-        """On the store's thread: the answer without a model call (unknown run, a cached
-        verdict, the breaker open, the caps reached), or the admitted call's session and
-        prompt (counted against the caps before it is made)."""
+        """On the store's thread (a caller already there calls it directly): the answer
+        without a model call (unknown run, a cached verdict, the breaker open, the caps
+        reached), or the admitted call's session and prompt (counted against the caps
+        before it is made)."""
         session = self.store.session(session_id)
         if session is None:
             return JudgeOutcome(None, 0, "skipped: unknown session")
@@ -229,23 +230,29 @@ class JudgeGate:
         async with lock:  # serialised per run, so the caps hold under concurrency
             run = self.store.run
             # one trip to the store's thread for every check before a model call
-            checked = await run(self._admit, session_id, items)
+            checked = await run(self.admit, session_id, items)
             if isinstance(checked, JudgeOutcome):
                 return checked
-            session, prompt = checked
-            self.calls_made += 1
-            try:
-                text = await self.judge.generate(
-                    prompt, max_tokens=self.max_tokens, timeout=self.timeout_s
-                )
-            except (Unreachable, ComponentTimeout, OSError) as exc:
-                await run(self._trip)  # no automatic retry: the breaker opens on the first failure
-                return JudgeOutcome(None, 1, f"skipped: judge failed ({exc})")
-            verdict = parse_verdict(text, items, self.judge.model)
-            if verdict is None:
-                return JudgeOutcome(None, 1, "skipped: judge output discarded (wrong shape)")
-            await run(self._keep, session, verdict)
-            return JudgeOutcome(verdict, 1, "model")
+            return await self.consult(*checked, items)
+
+    async def consult(
+        self, session: Session, prompt: str, items: Sequence[StoredItem]
+    ) -> JudgeOutcome:
+        """The model call ``admit`` let through (already counted against the caps)."""
+        run = self.store.run
+        self.calls_made += 1
+        try:
+            text = await self.judge.generate(
+                prompt, max_tokens=self.max_tokens, timeout=self.timeout_s
+            )
+        except (Unreachable, ComponentTimeout, OSError) as exc:
+            await run(self._trip)  # no automatic retry: the breaker opens on the first failure
+            return JudgeOutcome(None, 1, f"skipped: judge failed ({exc})")
+        verdict = parse_verdict(text, items, self.judge.model)
+        if verdict is None:
+            return JudgeOutcome(None, 1, "skipped: judge output discarded (wrong shape)")
+        await run(self._keep, session, verdict)
+        return JudgeOutcome(verdict, 1, "model")
 
     def _keep(self, session: Session, verdict: Verdict) -> None:
         """Cache the verdict for this ledger version, record it as a claim, publish it."""
