@@ -24,7 +24,7 @@ from coordinator.ingest import Ingest
 from coordinator.journal import Journal
 from coordinator.manage import Manager
 from coordinator.queries import Queries
-from coordinator.reconcile import Reconciler, Undecided
+from coordinator.reconcile import Reconciler, Unapplied, Undecided
 from coordinator.riskboard import RiskBoard
 from coordinator.settings import CoordinatorSettings
 from fleetbus.bus import Bus, JetStreamBus
@@ -75,11 +75,11 @@ class Coordinator:
         )
         self.board = RiskBoard(bus)
         self.ingest = Ingest(bus, self.journal, self.board, self.telemetry, traces)
-        undecided = Undecided()
+        undecided, unapplied = Undecided(), Unapplied()
         self.authorizer = Authorizer(
             self.journal, budget, undecided, self.telemetry, lease_s=s.lease_s
         )
-        self.manager = Manager(self.journal, budget, self.telemetry)
+        self.manager = Manager(self.journal, budget, self.telemetry, unapplied)
         self.queries = Queries(self.journal)
         self.reconciler = Reconciler(
             self.journal,
@@ -88,6 +88,7 @@ class Coordinator:
             self.telemetry,
             lease_s=s.lease_s,
             sweep_interval_s=s.sweep_interval_s,
+            unapplied=unapplied,
         )
         self.telemetry.metrics.observe_lag(lambda: self.ingest.consumer_lag)
         self._tasks: list[asyncio.Task[None]] = []
