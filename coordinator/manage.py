@@ -24,7 +24,7 @@ from coordinator.journal import Journal
 from coordinator.reconcile import Unapplied, follow
 from fleetbus.bus import Request
 from fleetbus.http import first_error
-from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation, Unreachable
+from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation
 from ledger.events import (
     MAX_EVENT_BYTES,
     ApprovalGranted,
@@ -304,7 +304,7 @@ class Manager:
         try:
             with reservation_span(self.telemetry, outcome.removesuffix("d"), reservation_id):
                 await follow(self.journal, self.budget, mission_id, reservation_id)
-        except Unreachable as exc:
+        except FleetError as exc:  # Unreachable, or an error reply (LOADING): retried later
             log.warning(
                 "reservation %s of mission %s is %s on the record; Redis will follow: %s",
                 reservation_id,

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from coordinator.budget import Budget
 from coordinator.journal import Journal
 from fleetbus.bus import cancel_requested
-from ledger.errors import FleetError, Unreachable
+from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
 from ledger.events import MAX_BUNDLE_EVENTS, BudgetExpired, Event
 from ledger.mission import MissionState, ReservationState
 from telemetry import Telemetry
@@ -65,8 +65,9 @@ async def return_unrecorded(
 async def follow(journal: Journal, budget: Budget, mission_id: str, reservation_id: str) -> bool:
     """Apply in Redis the resolution the ledger records for a reservation (settle with the
     recorded actual, release, expire); idempotent. True when nothing is left to do (also when
-    the ledger records no resolution, or Redis cannot take this one: logged); raises
-    ``Unreachable`` while Redis cannot answer. Call under the mission's lock."""
+    the ledger records no resolution, or Redis refuses this one for good: logged); raises
+    ``Unreachable`` (or another ``FleetError``) while Redis cannot answer: try again later.
+    Call under the mission's lock."""
     res = journal.state(mission_id).reservations.get(reservation_id)
     if res is None or not res.state.resolved:
         return True
@@ -78,9 +79,7 @@ async def follow(journal: Journal, budget: Budget, mission_id: str, reservation_
             await budget.release(mission_id, reservation_id, recorded=True)
         else:
             await budget.expire(mission_id, [reservation_id])
-    except Unreachable:
-        raise
-    except FleetError as exc:  # Redis resolved it otherwise, or lost it: nothing to apply
+    except (RuleViolation, InvalidInput) as exc:  # Redis resolved it otherwise, or lost it
         log.error(
             "reservation %s of mission %s is %s on the record; Redis cannot follow: %s",
             reservation_id,
@@ -158,20 +157,26 @@ class Reconciler:
         self.unapplied = unapplied if unapplied is not None else Unapplied()
         self.telemetry = telemetry
         self.lease_s, self.sweep_interval_s = lease_s, sweep_interval_s
+        self._scanned = True  # what Redis holds was compared with the record (or not yet)
 
     async def find_undecided(self) -> None:
         """At start (nothing in flight yet), from what Redis still holds: committed authorize
         reservations the ledger never recorded are settled like an ambiguous failure (a retry
         within the lease decides it; else it is returned); reservations the ledger records as
-        resolved are made to follow the record."""
+        resolved are made to follow the record. If Redis cannot say, the second part is tried
+        again each sweep round until it can."""
+        await self._scan(at_start=True)
+
+    async def _scan(self, *, at_start: bool) -> None:
         until = self.journal.clock.now() + timedelta(seconds=self.lease_s)
-        for mission_id, state in self.journal.states.items():
+        for mission_id, state in list(self.journal.states.items()):
             if state.mission is None:
                 continue
             try:
                 holding = await self.budget.holding(mission_id)
-            except Unreachable as exc:
-                log.warning("start-up reconciliation skipped: %s", exc.message)
+            except FleetError as exc:
+                log.warning("reconciliation with Redis postponed: %s", exc.message)
+                self._scanned = False
                 return
             for rid, held in holding.items():
                 known = state.reservations.get(rid)
@@ -186,7 +191,7 @@ class Reconciler:
                         held,
                     )
                 elif (
-                    known is None and held == "committed"
+                    at_start and known is None and held == "committed"
                     and rid.startswith(AUTHORIZE_RESERVATION_PREFIX)
                 ):  # fmt: skip
                     action_id = rid.removeprefix(AUTHORIZE_RESERVATION_PREFIX)
@@ -197,6 +202,7 @@ class Reconciler:
                         rid,
                         mission_id,
                     )
+        self._scanned = True
 
     async def follow_ledger(self) -> int:
         """Apply in Redis the resolutions the ledger records and Redis may not have made yet;
@@ -207,8 +213,9 @@ class Reconciler:
                 await self.journal.settle(mission_id)
                 try:
                     await follow(self.journal, self.budget, mission_id, rid)
-                except Unreachable:
-                    continue
+                except FleetError as exc:  # Redis cannot answer: the rest wait for next round
+                    log.warning("Redis cannot follow the record yet: %s", exc.message)
+                    break
                 self.unapplied.discard(mission_id, rid)
                 done += 1
         return done
@@ -222,6 +229,8 @@ class Reconciler:
         coordinator died between reserving and appending): it is returned, nothing recorded.
         """
         journal = self.journal
+        if not self._scanned:
+            await self._scan(at_start=False)
         await self.follow_ledger()
         expired = await self.settle_undecided()
         for mission_id, state in list(journal.states.items()):
@@ -327,6 +336,10 @@ class Reconciler:
                 if cancel_requested():
                     raise asyncio.CancelledError from None
                 log.warning("sweep failed: %s", exc.message)
+            except Exception as exc:  # e.g. a NATS client error below the journal: never die
+                if cancel_requested():
+                    raise asyncio.CancelledError from None
+                log.warning("sweep failed: %s: %s", type(exc).__name__, exc)
 
 
 def _reservation_of(event: Event) -> str:
