@@ -89,11 +89,13 @@ async def test_a_restarted_coordinator_makes_redis_follow_what_the_ledger_resolv
     fleet.budget.down, fleet.bus.connected = False, True
     second = new_coordinator(fleet.bus, fleet.budget, fleet.clock)
     await second.start()
-    fleet.co = second  # the fixture stops it
-    assert (MID, "r-a1") in second.reconciler.unapplied  # found from what Redis holds
-    await second.sweep_once()
-    assert redis_state(fleet, "r-a1") == "settled"
-    assert fleet.budget.used[(MID, "mission")] == 60
+    try:
+        assert (MID, "r-a1") in second.reconciler.unapplied  # found from what Redis holds
+        await second.sweep_once()
+        assert redis_state(fleet, "r-a1") == "settled"
+        assert fleet.budget.used[(MID, "mission")] == 60
+    finally:
+        await second.stop()
 
 
 async def held_on_record(fleet: Fleet, rid: str, amount: int) -> None:
@@ -148,7 +150,9 @@ async def test_a_restart_between_recording_an_expiry_and_freeing_it_frees_it(
     fleet.budget.failing, fleet.bus.connected = set(), True
     second = new_coordinator(fleet.bus, fleet.budget, fleet.clock)
     await second.start()
-    fleet.co = second
-    await second.sweep_once()
-    assert redis_state(fleet, "b-1") == "expired" and fleet.budget.used[(MID, "g")] == 0
-    assert second.states[MID].reservations["b-1"].state == "expired"
+    try:
+        await second.sweep_once()
+        assert redis_state(fleet, "b-1") == "expired" and fleet.budget.used[(MID, "g")] == 0
+        assert second.states[MID].reservations["b-1"].state == "expired"
+    finally:
+        await second.stop()
