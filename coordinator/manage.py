@@ -289,7 +289,7 @@ class Manager:
         for e in events:  # validate the whole change before anything is appended
             check = evolve(check, e)
         if change.follow is not None:  # until Redis has it: a failure leaves it to reconcile
-            self.unapplied.add(mid, change.follow)
+            self.unapplied.add(mid, change.follow, ctx.now)
         seq = await journal.commit(events)
         if change.follow is not None:
             await self._follow(mid, change.follow)
@@ -303,7 +303,7 @@ class Manager:
         outcome = "released" if released else "settled"
         try:
             with reservation_span(self.telemetry, outcome.removesuffix("d"), reservation_id):
-                await follow(self.journal, self.budget, mission_id, reservation_id)
+                applied = await follow(self.journal, self.budget, mission_id, reservation_id)
         except FleetError as exc:  # Unreachable, or an error reply (LOADING): retried later
             log.warning(
                 "reservation %s of mission %s is %s on the record; Redis will follow: %s",
@@ -312,6 +312,8 @@ class Manager:
                 outcome,
                 exc.message,
             )
+            return
+        if not applied:  # not on the record (yet): an ambiguous append may still land
             return
         self.unapplied.discard(mission_id, reservation_id)
         self.telemetry.metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: outcome})

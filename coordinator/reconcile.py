@@ -64,13 +64,13 @@ async def return_unrecorded(
 
 async def follow(journal: Journal, budget: Budget, mission_id: str, reservation_id: str) -> bool:
     """Apply in Redis the resolution the ledger records for a reservation (settle with the
-    recorded actual, release, expire); idempotent. True when nothing is left to do (also when
-    the ledger records no resolution, or Redis refuses this one for good: logged); raises
-    ``Unreachable`` (or another ``FleetError``) while Redis cannot answer: try again later.
-    Call under the mission's lock."""
+    recorded actual, release, expire); idempotent. True once done (or refused by Redis for
+    good: logged); False while the ledger records no resolution (an ambiguous append may still
+    land); raises ``Unreachable`` (or another ``FleetError``) while Redis cannot answer: try
+    again later. Call under the mission's lock."""
     res = journal.state(mission_id).reservations.get(reservation_id)
     if res is None or not res.state.resolved:
-        return True
+        return False
     try:
         if res.state in (ReservationState.SETTLED, ReservationState.OVERRUN):
             assert res.actual is not None
@@ -91,19 +91,23 @@ async def follow(journal: Journal, budget: Budget, mission_id: str, reservation_
 
 
 class Unapplied:
-    """(mission, reservation) whose recorded resolution Redis may not have applied yet."""
+    """(mission, reservation) whose recorded resolution Redis may not have applied yet, each
+    kept until Redis applied it, or until ``keep_s`` passed with nothing resolved on the
+    record (an ambiguous append can land late, within JetStream's duplicate window)."""
 
-    def __init__(self) -> None:
-        self._items: set[tuple[str, str]] = set()
+    def __init__(self, keep_s: float = 120.0) -> None:
+        self.keep = timedelta(seconds=keep_s)
+        self._items: dict[tuple[str, str], datetime] = {}
 
-    def add(self, mission_id: str, reservation_id: str) -> None:
-        self._items.add((mission_id, reservation_id))
+    def add(self, mission_id: str, reservation_id: str, now: datetime) -> None:
+        self._items[(mission_id, reservation_id)] = now + self.keep
 
     def discard(self, mission_id: str, reservation_id: str) -> None:
-        self._items.discard((mission_id, reservation_id))
+        self._items.pop((mission_id, reservation_id), None)
 
-    def items(self) -> list[tuple[str, str]]:
-        return sorted(self._items)
+    def items(self) -> list[tuple[str, str, datetime]]:
+        """(mission, reservation, kept until) of every item."""
+        return [(m, r, until) for (m, r), until in sorted(self._items.items())]
 
     def __contains__(self, key: tuple[str, str]) -> bool:
         return key in self._items
@@ -181,7 +185,7 @@ class Reconciler:
             for rid, held in holding.items():
                 known = state.reservations.get(rid)
                 if known is not None and known.state.resolved:
-                    self.unapplied.add(mission_id, rid)
+                    self.unapplied.add(mission_id, rid, self.journal.clock.now())
                     log.warning(
                         "reservation %s of mission %s is %s on the record but %s in Redis; "
                         "Redis follows the record",
@@ -208,16 +212,19 @@ class Reconciler:
         """Apply in Redis the resolutions the ledger records and Redis may not have made yet;
         returns how many were applied (those Redis cannot take now stay for the next pass)."""
         done = 0
-        for mission_id, rid in self.unapplied.items():
+        for mission_id, rid, until in self.unapplied.items():
             async with self.journal.lock(mission_id):
                 await self.journal.settle(mission_id)
                 try:
-                    await follow(self.journal, self.budget, mission_id, rid)
+                    applied = await follow(self.journal, self.budget, mission_id, rid)
                 except FleetError as exc:  # Redis cannot answer: the rest wait for next round
                     log.warning("Redis cannot follow the record yet: %s", exc.message)
                     break
-                self.unapplied.discard(mission_id, rid)
-                done += 1
+                if applied:
+                    self.unapplied.discard(mission_id, rid)
+                    done += 1
+                elif self.journal.clock.now() >= until:  # nothing resolved ever landed
+                    self.unapplied.discard(mission_id, rid)
         return done
 
     async def sweep_once(self, *, every_mission: bool = False) -> int:
@@ -267,7 +274,7 @@ class Reconciler:
             elif known.state is ReservationState.EXPIRED:
                 free.append(rid)  # recorded by a sweep that stopped before freeing it
             elif known.state.resolved:  # recorded otherwise: Redis follows that
-                self.unapplied.add(mission_id, rid)
+                self.unapplied.add(mission_id, rid, journal.clock.now())
             else:
                 log.error(
                     "reservation %s of mission %s is committed on the record but held past "
@@ -283,7 +290,7 @@ class Reconciler:
             chunk = record[start : start + MAX_BUNDLE_EVENTS]
             ids = [_reservation_of(e) for e in chunk]
             for rid in ids:  # until freed: a failure below leaves them to ``follow_ledger``
-                self.unapplied.add(mission_id, rid)
+                self.unapplied.add(mission_id, rid, journal.clock.now())
             await journal.commit(chunk)
             await budget.expire(mission_id, ids)
             for rid in ids:

@@ -75,7 +75,7 @@ class Coordinator:
         )
         self.board = RiskBoard(bus)
         self.ingest = Ingest(bus, self.journal, self.board, self.telemetry, traces)
-        undecided, unapplied = Undecided(), Unapplied()
+        undecided, unapplied = Undecided(), Unapplied(keep_s=s.duplicate_window_s)
         self.authorizer = Authorizer(
             self.journal, budget, undecided, self.telemetry, lease_s=s.lease_s
         )

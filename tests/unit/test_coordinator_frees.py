@@ -8,11 +8,17 @@ reconciler applies the recorded transition.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
 
+from ledger.authority import Authority
+from ledger.clock import ManualClock
 from ledger.errors import ComponentTimeout, FleetError, Unreachable
+from tests.fakes.budget import FakeBudget
+from tests.fakes.bus import FakeBus
+from tests.unit.builders import DAY, T0
 from tests.unit.test_coordinator_decisions import LEASE_S, MID, Fleet, fleet, new_coordinator
 
 __all__ = ["fleet"]
@@ -156,3 +162,68 @@ async def test_a_restart_between_recording_an_expiry_and_freeing_it_frees_it(
         assert second.states[MID].reservations["b-1"].state == "expired"
     finally:
         await second.stop()
+
+
+class LateBus(FakeBus):
+    """A bus whose next publish times out and is stored only later, when ``land`` is called
+    (bytes a paused NATS read after the publisher gave up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold_next = False
+        self.held: list[tuple[str, bytes, str]] = []
+
+    async def publish(
+        self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
+    ) -> int:
+        if self.hold_next:
+            self.hold_next = False
+            self.held.append((subject, data, msg_id))
+            raise ComponentTimeout(f"JetStream did not acknowledge {subject} (held)")
+        return await super().publish(subject, data, msg_id=msg_id, headers=headers)
+
+    async def land(self) -> int:
+        subject, data, msg_id = self.held.pop(0)
+        return await super().publish(subject, data, msg_id=msg_id)
+
+
+@pytest.fixture
+async def late() -> AsyncIterator[Fleet]:
+    clock = ManualClock(T0)
+    bus, budget = LateBus(), FakeBudget(clock)
+    co = new_coordinator(bus, budget, clock)
+    await co.start()
+    f = Fleet(co, bus, budget, clock)
+    await f.manage(
+        "mission.create",
+        {"purpose": "pay", "owner": "olga", "ceiling": 1_000, "expires_at": T0 + DAY},
+    )
+    authority = Authority.of(["pay"], may_delegate=True).model_dump(mode="json")
+    await f.manage(
+        "grant.issue",
+        {"grant_id": "g", "holder": "agent-1", "purpose": "pay", "owner": "olga",
+         "authority": authority, "budget": 500},
+    )  # fmt: skip
+    try:
+        yield f
+    finally:
+        await co.stop()
+
+
+async def test_an_effect_append_that_lands_late_is_still_applied_in_redis(late: Fleet) -> None:
+    await late.authorize("a1", cost=100)
+    bus = late.bus
+    assert isinstance(bus, LateBus)
+    bus.hold_next = True
+    with pytest.raises(ComponentTimeout):
+        await late.manage("effect.record", SETTLE)
+    await late.co.sweep_once()  # not on the record yet: kept, Redis untouched
+    assert late.budget.used[(MID, "mission")] == 100
+    assert (MID, "r-a1") in late.co.reconciler.unapplied
+    seq = await bus.land()  # stored after the coordinator gave up on it
+    await late.co.wait_applied(seq, 1)
+    assert late.co.states[MID].reservations["r-a1"].state == "settled"
+    await late.co.sweep_once()
+    assert redis_state(late, "r-a1") == "settled"
+    assert late.budget.used[(MID, "mission")] == 60
+    assert len(late.co.reconciler.unapplied) == 0
