@@ -3,6 +3,11 @@
 ``reservations.ReservationClient`` is the Redis one; unit tests bring an in-memory one. Every
 call is idempotent by reservation id, a refusal raises ``RuleViolation`` and changes nothing,
 and an unreachable store raises ``Unreachable`` (ambiguous: the call may have run).
+
+The direction rule: money-taking transitions (reserve, commit) are admitted by the store first,
+then recorded; money-freeing ones (settle, release, expire) are recorded in the ledger first,
+then applied here (``recorded=True``, and the sweep's two steps), so the store never frees what
+the ledger still counts.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import Protocol
 
 from reservations import (
     CommitResult,
+    ExpiringResult,
     OverrunTreatedResult,
     ReleaseResult,
     ReserveResult,
@@ -38,17 +44,23 @@ class Budget(Protocol):
 
     async def commit(self, mission_id: str, reservation_id: str) -> CommitResult: ...
 
-    async def settle(self, mission_id: str, reservation_id: str, actual: int) -> SettleResult: ...
+    async def settle(
+        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False
+    ) -> SettleResult: ...
 
-    async def release(self, mission_id: str, reservation_id: str) -> ReleaseResult: ...
+    async def release(
+        self, mission_id: str, reservation_id: str, *, recorded: bool = False
+    ) -> ReleaseResult: ...
 
-    async def sweep(self, mission_id: str) -> SweepResult: ...
+    async def mark_expiring(self, mission_id: str) -> ExpiringResult: ...
+
+    async def expire(self, mission_id: str, reservation_ids: Sequence[str]) -> SweepResult: ...
 
     async def reservation(
         self, mission_id: str, reservation_id: str
     ) -> tuple[ReserveResult, CommitResult | None, str] | None: ...
 
-    async def committed_ids(self, mission_id: str) -> list[str]: ...
+    async def holding(self, mission_id: str) -> dict[str, str]: ...
 
     async def close(self) -> None: ...
 

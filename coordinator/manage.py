@@ -3,7 +3,9 @@ by one handler per operation, keyed in ``HANDLERS`` by op and the payload type i
 
 A change is validated in full (the fold accepts every event it appends) before anything is
 appended; a refusal changes nothing in the ledger. Budget scopes are created in Redis first
-(atomic, idempotent), so a recorded grant always has its scope.
+(atomic, idempotent), so a recorded grant always has its scope. An effect that frees money
+(settle, release) is recorded first and applied in Redis after: if Redis fails then, the money
+stays held there (the safe direction) and the reconciler makes Redis follow the record.
 """
 
 from __future__ import annotations
@@ -19,13 +21,17 @@ from pydantic import BaseModel, ValidationError
 
 from coordinator.budget import Budget
 from coordinator.journal import Journal
+from coordinator.reconcile import Unapplied, follow
 from fleetbus.bus import Request
 from fleetbus.http import first_error
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation
 from ledger.events import (
     MAX_EVENT_BYTES,
     ApprovalGranted,
+    BudgetOverrun,
     BudgetOverrunTreated,
+    BudgetReleased,
+    BudgetSettled,
     EffectObserved,
     Event,
     EvidenceRegistered,
@@ -40,7 +46,7 @@ from ledger.events import (
     RiskTreated,
 )
 from ledger.identity import Principal, check_acting_as, verify_request
-from ledger.mission import MissionState, admit_grant, evolve
+from ledger.mission import MissionState, ReservationState, admit_grant, evolve
 from ledger.protocol import MANAGE_SUBJECT, ErrorBody, ManageOp, ManageReply, ManageRequest
 from telemetry import Telemetry, consumer_span, messaging_attributes, reservation_span, set_error
 from telemetry.conventions import (
@@ -66,6 +72,7 @@ class Change:
     before: list[Event] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
     recorded: uuid.UUID | None = None  # already on the record (an identical retry): append nothing
+    follow: str | None = None  # a reservation whose recorded resolution Redis applies after
 
 
 @dataclass(frozen=True)
@@ -152,9 +159,10 @@ async def _record_effect(mgr: Manager, ctx: Context, payload: EffectObserved) ->
         )
     if record.effect == payload and record.effect_event_id is not None:
         # the same effect again (a retry whose answer was lost): harmless, nothing new
-        return Change(payload, result={"reservation_id": record.reservation_id},
-                      recorded=record.effect_event_id)  # fmt: skip
-    # Check the outcome transition before touching Redis: nothing half-applied.
+        rid = record.reservation_id
+        return Change(payload, result={"reservation_id": rid},
+                      recorded=record.effect_event_id, follow=rid)  # fmt: skip
+    # Check the outcome transition before anything is written: nothing half-applied.
     evolve(state, journal.event(payload, state.mission_id, at=ctx.now))
     rid = record.reservation_id
     res = state.reservations.get(rid) if rid else None
@@ -168,24 +176,29 @@ async def _record_effect(mgr: Manager, ctx: Context, payload: EffectObserved) ->
                 "an actual cost cannot be recorded against it (treat it as an overrun)",
             )
         return Change(payload, result={"reservation_id": rid})
-    budget, tel, mid = mgr.budget, mgr.telemetry, state.mission_id
-    moved: Any
-    if payload.outcome is Outcome.UNKNOWN:
-        outcome = "committed"  # hold until reconciled
-        with reservation_span(tel, "commit", rid):
-            moved = await budget.commit(mid, rid)
-    elif payload.outcome is Outcome.VERIFIED_FAILURE and payload.actual is None:
-        outcome = "released"
-        with reservation_span(tel, "release", rid):
-            moved = await budget.release(mid, rid)
+    mid = state.mission_id
+    result = {"reservation_id": rid}
+    if payload.outcome is Outcome.UNKNOWN:  # hold until reconciled
+        # commit (idempotent) in Redis first: it frees nothing and stops any lease
+        with reservation_span(mgr.telemetry, "commit", rid):
+            committed = await mgr.budget.commit(mid, rid)
+        mgr.telemetry.metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: "committed"})
+        moved = journal.event(
+            committed.ledger_payload(), mid, at=committed.at, grant_id=record.grant_id
+        )
+        return Change(payload, before=[moved], result=result)
+    # Frees money: built from what the ledger knows, recorded first, applied in Redis after.
+    freed: BudgetReleased | BudgetSettled | BudgetOverrun
+    if payload.outcome is Outcome.VERIFIED_FAILURE and payload.actual is None:
+        freed = BudgetReleased(reservation_id=rid)
     else:
-        outcome = "settled"
         actual = payload.actual if payload.actual is not None else res.amount
-        with reservation_span(tel, "settle", rid):
-            moved = await budget.settle(mid, rid, actual)
-    tel.metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: outcome})
-    budget_event = journal.event(moved.ledger_payload(), mid, at=moved.at, grant_id=record.grant_id)
-    return Change(payload, before=[budget_event], result={"reservation_id": rid})
+        if actual > res.amount:
+            freed = BudgetOverrun(reservation_id=rid, actual=actual)
+        else:
+            freed = BudgetSettled(reservation_id=rid, actual=actual)
+    moved = journal.event(freed, mid, at=ctx.now, grant_id=record.grant_id)
+    return Change(payload, before=[moved], result=result, follow=rid)
 
 
 HANDLERS: dict[ManageOp, Operation] = {
@@ -211,10 +224,14 @@ class Manager:
         journal: Journal,
         budget: Budget,
         telemetry: Telemetry,
+        unapplied: Unapplied | None = None,
         *,
         principals: Directory | None = None,
     ) -> None:
+        """``unapplied``: shared with the ``Reconciler``, which finishes what Redis missed;
+        ``principals``: with it, requests must be signed and the signer is the actor."""
         self.journal, self.budget, self.telemetry = journal, budget, telemetry
+        self.unapplied = unapplied if unapplied is not None else Unapplied()
         self.principals = principals
 
     async def on_request(self, msg: Request) -> None:
@@ -277,15 +294,45 @@ class Manager:
                 "with its records. Shorten its text fields; nothing was changed"
             )
         change = await op.handle(self, ctx, payload)
+        mid = req.mission_id
         if change.recorded is not None:
+            if change.follow is not None and (mid, change.follow) in self.unapplied:
+                await self._follow(mid, change.follow)  # the first attempt's Redis call failed
             return ManageReply(ok=True, event_id=str(change.recorded), result=change.result)
-        event = journal.event(change.payload, req.mission_id, at=ctx.now, agent_id=req.actor)
+        event = journal.event(change.payload, mid, at=ctx.now, agent_id=req.actor)
         events = [*change.before, event]
         check = ctx.state
         for e in events:  # validate the whole change before anything is appended
             check = evolve(check, e)
+        if change.follow is not None:  # until Redis has it: a failure leaves it to reconcile
+            self.unapplied.add(mid, change.follow, ctx.now)
         seq = await journal.commit(events)
+        if change.follow is not None:
+            await self._follow(mid, change.follow)
         return ManageReply(ok=True, event_id=str(event.event_id), seq=seq, result=change.result)
+
+    async def _follow(self, mission_id: str, reservation_id: str) -> None:
+        """Apply the recorded resolution in Redis; if Redis cannot answer, the money stays
+        held there and the reconciler applies it later (the record already answers)."""
+        res = self.journal.state(mission_id).reservations.get(reservation_id)
+        released = res is not None and res.state is ReservationState.RELEASED
+        outcome = "released" if released else "settled"
+        try:
+            with reservation_span(self.telemetry, outcome.removesuffix("d"), reservation_id):
+                applied = await follow(self.journal, self.budget, mission_id, reservation_id)
+        except FleetError as exc:  # Unreachable, or an error reply (LOADING): retried later
+            log.warning(
+                "reservation %s of mission %s is %s on the record; Redis will follow: %s",
+                reservation_id,
+                mission_id,
+                outcome,
+                exc.message,
+            )
+            return
+        if not applied:  # not on the record (yet): an ambiguous append may still land
+            return
+        self.unapplied.discard(mission_id, reservation_id)
+        self.telemetry.metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: outcome})
 
 
 __all__ = ["HANDLERS", "Change", "Directory", "Manager", "Operation"]

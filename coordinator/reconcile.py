@@ -1,12 +1,19 @@
-"""Reconciliation: money Redis may hold that the ledger does not record, and expired leases.
+"""Reconciliation: Redis made to follow the ledger, money the ledger never recorded, and
+expired leases.
 
-Unknown outcomes are reconciled, never retried blindly (SPEC S6.4):
+The rule: money-freeing transitions are recorded in the ledger first, then applied in Redis;
+money-taking ones are admitted by Redis first, then recorded. So Redis never frees what the
+ledger still counts, and what is left to reconcile is always Redis holding too much:
+- ``Unapplied``: reservations the ledger records as resolved (settled, released, expired) that
+  Redis may still hold (its call failed after the append, or the append was ambiguous). A pass
+  applies the recorded transition in Redis. At start they are found from what Redis holds.
 - ``Undecided``: authorize calls whose reservation failed ambiguously (Redis may have run the
   script and committed money with no lease). A retry of the action decides it; otherwise, once
   its time is up, the money is returned and what Redis did is recorded.
 - At start, reservations Redis holds committed for an authorize the ledger never recorded (a
   coordinator died between Redis and the stream) become undecided.
-- The sweeper returns held reservations whose lease passed, recording each one the ledger knows.
+- The sweeper expires held reservations whose lease passed in two steps: Redis marks them
+  expiring (still counted), the ledger records budget.expired, then Redis frees them.
 """
 
 from __future__ import annotations
@@ -19,9 +26,9 @@ from datetime import datetime, timedelta
 from coordinator.budget import Budget
 from coordinator.journal import Journal
 from fleetbus.bus import cancel_requested
-from ledger.errors import FleetError, Unreachable
-from ledger.events import MAX_BUNDLE_EVENTS, Event
-from ledger.mission import ReservationState
+from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
+from ledger.events import MAX_BUNDLE_EVENTS, BudgetExpired, Event
+from ledger.mission import MissionState, ReservationState
 from telemetry import Telemetry
 from telemetry.conventions import FLEET_RESERVATION_OUTCOME
 
@@ -45,7 +52,7 @@ async def return_unrecorded(
     if found is None:  # the script never ran
         return []
     reserved, committed, held = found
-    if ReservationState(held).resolved:
+    if held not in ("held", "committed"):  # resolved, or expiring: the sweeper has it
         return []
     released = await budget.release(mission_id, reservation_id)
     return [
@@ -53,6 +60,60 @@ async def return_unrecorded(
         for r in (reserved, committed, released)
         if r is not None
     ]
+
+
+async def follow(journal: Journal, budget: Budget, mission_id: str, reservation_id: str) -> bool:
+    """Apply in Redis the resolution the ledger records for a reservation (settle with the
+    recorded actual, release, expire); idempotent. True once done (or refused by Redis for
+    good: logged); False while the ledger records no resolution (an ambiguous append may still
+    land); raises ``Unreachable`` (or another ``FleetError``) while Redis cannot answer: try
+    again later. Call under the mission's lock."""
+    res = journal.state(mission_id).reservations.get(reservation_id)
+    if res is None or not res.state.resolved:
+        return False
+    try:
+        if res.state in (ReservationState.SETTLED, ReservationState.OVERRUN):
+            assert res.actual is not None
+            await budget.settle(mission_id, reservation_id, res.actual, recorded=True)
+        elif res.state is ReservationState.RELEASED:
+            await budget.release(mission_id, reservation_id, recorded=True)
+        else:
+            await budget.expire(mission_id, [reservation_id])
+    except (RuleViolation, InvalidInput) as exc:  # Redis resolved it otherwise, or lost it
+        log.error(
+            "reservation %s of mission %s is %s on the record; Redis cannot follow: %s",
+            reservation_id,
+            mission_id,
+            res.state,
+            exc.message,
+        )
+    return True
+
+
+class Unapplied:
+    """(mission, reservation) whose recorded resolution Redis may not have applied yet, each
+    kept until Redis applied it, or until ``keep_s`` passed with nothing resolved on the
+    record (an ambiguous append can land late, within JetStream's duplicate window)."""
+
+    def __init__(self, keep_s: float = 120.0) -> None:
+        self.keep = timedelta(seconds=keep_s)
+        self._items: dict[tuple[str, str], datetime] = {}
+
+    def add(self, mission_id: str, reservation_id: str, now: datetime) -> None:
+        self._items[(mission_id, reservation_id)] = now + self.keep
+
+    def discard(self, mission_id: str, reservation_id: str) -> None:
+        self._items.pop((mission_id, reservation_id), None)
+
+    def items(self) -> list[tuple[str, str, datetime]]:
+        """(mission, reservation, kept until) of every item."""
+        return [(m, r, until) for (m, r), until in sorted(self._items.items())]
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,26 +155,49 @@ class Reconciler:
         *,
         lease_s: float,
         sweep_interval_s: float,
+        unapplied: Unapplied | None = None,
     ) -> None:
         self.journal, self.budget, self.undecided = journal, budget, undecided
+        self.unapplied = unapplied if unapplied is not None else Unapplied()
         self.telemetry = telemetry
         self.lease_s, self.sweep_interval_s = lease_s, sweep_interval_s
+        self._scanned = True  # what Redis holds was compared with the record (or not yet)
 
     async def find_undecided(self) -> None:
-        """At start (nothing in flight yet): committed authorize reservations the ledger never
-        recorded are settled like an ambiguous failure: a retry within the lease decides it;
-        else it is returned."""
+        """At start (nothing in flight yet), from what Redis still holds: committed authorize
+        reservations the ledger never recorded are settled like an ambiguous failure (a retry
+        within the lease decides it; else it is returned); reservations the ledger records as
+        resolved are made to follow the record. If Redis cannot say, the second part is tried
+        again each sweep round until it can."""
+        await self._scan(at_start=True)
+
+    async def _scan(self, *, at_start: bool) -> None:
         until = self.journal.clock.now() + timedelta(seconds=self.lease_s)
-        for mission_id, state in self.journal.states.items():
+        for mission_id, state in list(self.journal.states.items()):
             if state.mission is None:
                 continue
             try:
-                ids = await self.budget.committed_ids(mission_id)
-            except Unreachable as exc:
-                log.warning("start-up reconciliation skipped: %s", exc.message)
+                holding = await self.budget.holding(mission_id)
+            except FleetError as exc:
+                log.warning("reconciliation with Redis postponed: %s", exc.message)
+                self._scanned = False
                 return
-            for rid in ids:
-                if rid.startswith(AUTHORIZE_RESERVATION_PREFIX) and rid not in state.reservations:
+            for rid, held in holding.items():
+                known = state.reservations.get(rid)
+                if known is not None and known.state.resolved:
+                    self.unapplied.add(mission_id, rid, self.journal.clock.now())
+                    log.warning(
+                        "reservation %s of mission %s is %s on the record but %s in Redis; "
+                        "Redis follows the record",
+                        rid,
+                        mission_id,
+                        known.state,
+                        held,
+                    )
+                elif (
+                    at_start and known is None and held == "committed"
+                    and rid.startswith(AUTHORIZE_RESERVATION_PREFIX)
+                ):  # fmt: skip
                     action_id = rid.removeprefix(AUTHORIZE_RESERVATION_PREFIX)
                     self.undecided.add(mission_id, rid, action_id, until)
                     log.warning(
@@ -122,16 +206,39 @@ class Reconciler:
                         rid,
                         mission_id,
                     )
+        self._scanned = True
+
+    async def follow_ledger(self) -> int:
+        """Apply in Redis the resolutions the ledger records and Redis may not have made yet;
+        returns how many were applied (those Redis cannot take now stay for the next pass)."""
+        done = 0
+        for mission_id, rid, until in self.unapplied.items():
+            async with self.journal.lock(mission_id):
+                await self.journal.settle(mission_id)
+                try:
+                    applied = await follow(self.journal, self.budget, mission_id, rid)
+                except FleetError as exc:  # Redis cannot answer: the rest wait for next round
+                    log.warning("Redis cannot follow the record yet: %s", exc.message)
+                    break
+                if applied:
+                    self.unapplied.discard(mission_id, rid)
+                    done += 1
+                elif self.journal.clock.now() >= until:  # nothing resolved ever landed
+                    self.unapplied.discard(mission_id, rid)
+        return done
 
     async def sweep_once(self, *, every_mission: bool = False) -> int:
-        """Return held reservations whose lease passed, recording each one the ledger knows;
-        also settle undecided ones whose time is up. Returns how many were returned.
+        """Make Redis follow the ledger, settle undecided reservations whose time is up, and
+        expire held reservations whose lease passed; returns how many were returned.
 
         Missions whose record shows held reservations are swept each time; ``every_mission``
         also sweeps the rest, for a reservation Redis holds but the ledger never recorded (a
         coordinator died between reserving and appending): it is returned, nothing recorded.
         """
         journal = self.journal
+        if not self._scanned:
+            await self._scan(at_start=False)
+        await self.follow_ledger()
         expired = await self.settle_undecided()
         for mission_id, state in list(journal.states.items()):
             if state.mission is None:
@@ -142,26 +249,56 @@ class Reconciler:
                 continue
             async with journal.lock(mission_id):
                 await journal.settle(mission_id)
-                result = await self.budget.sweep(mission_id)
-                events = []
-                for e in result.expired:
-                    known = state.reservations.get(e.reservation_id)
-                    if known is None or known.state is not ReservationState.HELD:
-                        log.info("lease returned unrecorded reservation %s", e.reservation_id)
-                        continue
-                    grant_id = e.chain[0] if e.chain else None
-                    events.append(
-                        journal.event(e.ledger_payload(), mission_id, at=e.at, grant_id=grant_id)
-                    )
-                # a message holds at most MAX_BUNDLE_EVENTS; a long sweep takes several
-                for start in range(0, len(events), MAX_BUNDLE_EVENTS):
-                    await journal.commit(events[start : start + MAX_BUNDLE_EVENTS])
-                if events:
-                    expired += len(events)
-                    self.telemetry.metrics.reservations.add(
-                        len(events), {FLEET_RESERVATION_OUTCOME: "expired"}
-                    )
+                expired += await self._sweep(mission_id, journal.state(mission_id))
         return expired
+
+    async def _sweep(self, mission_id: str, state: MissionState) -> int:
+        """Step one marks what Redis saw expire (still counted); what the ledger holds is
+        recorded expired; only then step two frees it. A failure in between leaves it marked:
+        the next sweep finds it again."""
+        journal, budget = self.journal, self.budget
+        marked = await budget.mark_expiring(mission_id)
+        record: list[Event] = []
+        free: list[str] = []  # nothing to record first
+        for e in marked.expiring:
+            rid = e.reservation_id
+            known = state.reservations.get(rid)
+            if known is None:
+                log.info("lease returned unrecorded reservation %s", rid)
+                free.append(rid)
+            elif known.state is ReservationState.HELD:
+                grant_id = e.chain[0] if e.chain else None
+                record.append(
+                    journal.event(e.ledger_payload(), mission_id, at=e.at, grant_id=grant_id)
+                )
+            elif known.state is ReservationState.EXPIRED:
+                free.append(rid)  # recorded by a sweep that stopped before freeing it
+            elif known.state.resolved:  # recorded otherwise: Redis follows that
+                self.unapplied.add(mission_id, rid, journal.clock.now())
+            else:
+                log.error(
+                    "reservation %s of mission %s is committed on the record but held past "
+                    "its lease in Redis; left for an operator",
+                    rid,
+                    mission_id,
+                )
+        if free:
+            await budget.expire(mission_id, free)
+        # a message holds at most MAX_BUNDLE_EVENTS; a long sweep takes several, each freed
+        # in Redis once it is on the record
+        for start in range(0, len(record), MAX_BUNDLE_EVENTS):
+            chunk = record[start : start + MAX_BUNDLE_EVENTS]
+            ids = [_reservation_of(e) for e in chunk]
+            for rid in ids:  # until freed: a failure below leaves them to ``follow_ledger``
+                self.unapplied.add(mission_id, rid, journal.clock.now())
+            await journal.commit(chunk)
+            await budget.expire(mission_id, ids)
+            for rid in ids:
+                self.unapplied.discard(mission_id, rid)
+            self.telemetry.metrics.reservations.add(
+                len(chunk), {FLEET_RESERVATION_OUTCOME: "expired"}
+            )
+        return len(record)
 
     async def settle_undecided(self) -> int:
         """Return the money of undecided reservations whose time is up, recording what Redis
@@ -206,6 +343,16 @@ class Reconciler:
                 if cancel_requested():
                     raise asyncio.CancelledError from None
                 log.warning("sweep failed: %s", exc.message)
+            except Exception as exc:  # e.g. a NATS client error below the journal: never die
+                if cancel_requested():
+                    raise asyncio.CancelledError from None
+                log.warning("sweep failed: %s: %s", type(exc).__name__, exc)
 
 
-__all__ = ["Reconciler", "Undecided", "authorize_reservation_id"]
+def _reservation_of(event: Event) -> str:
+    payload = event.payload
+    assert isinstance(payload, BudgetExpired)
+    return payload.reservation_id
+
+
+__all__ = ["Reconciler", "Unapplied", "Undecided", "authorize_reservation_id", "follow"]

@@ -24,7 +24,7 @@ from coordinator.ingest import Ingest
 from coordinator.journal import Journal
 from coordinator.manage import Directory, Manager
 from coordinator.queries import Queries
-from coordinator.reconcile import Reconciler, Undecided
+from coordinator.reconcile import Reconciler, Unapplied, Undecided
 from coordinator.riskboard import RiskBoard
 from coordinator.settings import CoordinatorSettings
 from fleetbus.bus import Bus, JetStreamBus
@@ -82,11 +82,13 @@ class Coordinator:
         self.ingest = Ingest(
             bus, self.journal, self.board, self.telemetry, traces, principals=principals
         )
-        undecided = Undecided()
+        undecided, unapplied = Undecided(), Unapplied(keep_s=s.duplicate_window_s)
         self.authorizer = Authorizer(
             self.journal, budget, undecided, self.telemetry, lease_s=s.lease_s
         )
-        self.manager = Manager(self.journal, budget, self.telemetry, principals=principals)
+        self.manager = Manager(
+            self.journal, budget, self.telemetry, unapplied, principals=principals
+        )
         self.queries = Queries(self.journal)
         self.reconciler = Reconciler(
             self.journal,
@@ -95,6 +97,7 @@ class Coordinator:
             self.telemetry,
             lease_s=s.lease_s,
             sweep_interval_s=s.sweep_interval_s,
+            unapplied=unapplied,
         )
         self.telemetry.metrics.observe_lag(lambda: self.ingest.consumer_lag)
         self._tasks: list[asyncio.Task[None]] = []

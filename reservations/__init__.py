@@ -1,8 +1,10 @@
 """Mission-wide budget reservations on Redis (SPEC S7): atomic, leased, idempotent.
 
 ``ReservationClient`` reserves on every level of a grant chain in one Lua script, then
-commits, settles (an overrun is recorded and blocks its scope) or releases; ``sweep`` returns
-held reservations whose lease passed. ``Branch`` and ``run_branches`` put agent branches on
+commits, settles (an overrun is recorded and blocks its scope) or releases. Held reservations
+whose lease passed are returned in two steps, so the ledger records a free before Redis makes
+it: ``mark_expiring`` (still counted), then ``expire`` once recorded (``sweep`` does both, for a
+store without a ledger). ``Branch`` and ``run_branches`` put agent branches on
 Ray under one mission budget.
 """
 
@@ -11,6 +13,7 @@ from reservations.keys import MISSION_SCOPE
 from reservations.results import (
     CommitResult,
     ExpiredReservation,
+    ExpiringResult,
     Level,
     OverrunTreatedResult,
     ReleaseResult,
@@ -27,6 +30,7 @@ __all__ = [
     "BranchOutcome",
     "CommitResult",
     "ExpiredReservation",
+    "ExpiringResult",
     "Level",
     "OverrunTreatedResult",
     "ReleaseResult",

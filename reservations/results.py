@@ -26,6 +26,7 @@ from reservations.keys import MISSION_SCOPE
 __all__ = [
     "CommitResult",
     "ExpiredReservation",
+    "ExpiringResult",
     "Level",
     "OverrunTreatedResult",
     "ReleaseResult",
@@ -147,6 +148,19 @@ class ExpiredReservation:
 
     def ledger_payload(self) -> BudgetExpired:
         return BudgetExpired(reservation_id=self.reservation_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiringResult:
+    """Step one of a sweep: reservations whose lease passed, marked ``expiring`` in Redis and
+    still counted there. Record their expiry in the ledger, then ``expire`` frees them."""
+
+    mission_id: str
+    at: datetime  # Redis time of the sweep: the expiry's effective time (past every lease)
+    expiring: tuple[ExpiredReservation, ...]
+
+    def ledger_payloads(self) -> list[BudgetExpired]:
+        return [e.ledger_payload() for e in self.expiring]
 
 
 @dataclass(frozen=True, slots=True)

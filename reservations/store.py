@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import ssl
 from collections.abc import Sequence
+from datetime import datetime
 from importlib.resources import files
 from types import TracebackType
 from typing import Any, Protocol, Self
@@ -26,6 +27,7 @@ from reservations.resp import RespConnection, RespConnectionError, RespError
 from reservations.results import (
     CommitResult,
     ExpiredReservation,
+    ExpiringResult,
     Level,
     OverrunTreatedResult,
     ReleaseResult,
@@ -41,9 +43,10 @@ MAX_LEASE_S = 24 * 3600.0
 SWEEP_BATCH = 1000
 _SCRIPTS = (
     "create_mission", "create_grant", "reserve", "commit", "settle", "release", "sweep",
-    "treat_overrun",
+    "expire", "treat_overrun",
 )  # fmt: skip
 _BACKOFF_S, _BACKOFF_CAP_S = 0.02, 0.5
+_HOLDING = ("held", "committed", "expiring")  # Redis states whose amount is still counted
 
 
 class ReservationStore(Protocol):
@@ -74,9 +77,17 @@ class ReservationStore(Protocol):
 
     async def commit(self, mission_id: str, reservation_id: str) -> CommitResult: ...
 
-    async def settle(self, mission_id: str, reservation_id: str, actual: int) -> SettleResult: ...
+    async def settle(
+        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False
+    ) -> SettleResult: ...
 
-    async def release(self, mission_id: str, reservation_id: str) -> ReleaseResult: ...
+    async def release(
+        self, mission_id: str, reservation_id: str, *, recorded: bool = False
+    ) -> ReleaseResult: ...
+
+    async def mark_expiring(self, mission_id: str) -> ExpiringResult: ...
+
+    async def expire(self, mission_id: str, reservation_ids: Sequence[str]) -> SweepResult: ...
 
     async def sweep(self, mission_id: str) -> SweepResult: ...
 
@@ -85,6 +96,8 @@ class ReservationStore(Protocol):
     ) -> tuple[ReserveResult, CommitResult | None, str] | None: ...
 
     async def committed_ids(self, mission_id: str) -> list[str]: ...
+
+    async def holding(self, mission_id: str) -> dict[str, str]: ...
 
     async def ping(self) -> bool: ...
 
@@ -138,6 +151,13 @@ def _denial(mission_id: str, what: str, amount: int, reply: list[Any]) -> RuleVi
             f"{_label(_s(reply[1]))} has no budget in mission {mission_id}; create it first",
         )
     return None
+
+
+def _expired(
+    mission_id: str, at: datetime, rid: Any, amount: Any, scopes: Any, seq: Any
+) -> ExpiredReservation:
+    chain = tuple(g for g in _s(scopes).split(",") if g)
+    return ExpiredReservation(mission_id, _s(rid), int(amount), chain, at, seq=int(seq))
 
 
 def _noscript(reply: Any) -> bool:
@@ -337,7 +357,8 @@ class ReservationClient:
         self, mission_id: str, reservation_id: str
     ) -> tuple[ReserveResult, CommitResult | None, str] | None:
         """What Redis holds for ``reservation_id``: its reserve (and commit) transitions and
-        its state (held, committed, settled, released, expired), or None if there is none."""
+        its state (held, committed, expiring, settled, released, expired), or None if there is
+        none."""
         key = k.reservation_key(
             k.check_id(mission_id, what="mission id"),
             k.check_id(reservation_id, what="reservation id"),
@@ -365,22 +386,28 @@ class ReservationClient:
     async def committed_ids(self, mission_id: str) -> list[str]:
         """Every reservation of the mission that Redis holds committed (scanned: for start-up
         reconciliation, not for the hot path)."""
+        return sorted(r for r, state in (await self.holding(mission_id)).items()
+                      if state == "committed")  # fmt: skip
+
+    async def holding(self, mission_id: str) -> dict[str, str]:
+        """Reservation id -> state of every reservation whose money Redis still holds (held,
+        committed, expiring); scanned: for start-up reconciliation, not for the hot path."""
         match = k.reservation_key(k.check_id(mission_id, what="mission id"), "*")
-        out: list[str] = []
+        out: dict[str, str] = {}
         cursor = "0"
         while True:
             (page,) = await self._reads([("SCAN", cursor, "MATCH", match, "COUNT", 500)])
             cursor, found = page
             if found:
                 states = await self._reads([("HGET", key, "state") for key in found])
-                out.extend(
-                    key.rsplit(":res:", 1)[1]
+                out.update(
+                    (key.rsplit(":res:", 1)[1], state)
                     for key, state in zip(found, states, strict=True)
-                    if state == "committed"
+                    if state in _HOLDING
                 )
             if cursor == "0":
                 break
-        return sorted(out)
+        return dict(sorted(out.items()))
 
     async def level(self, mission_id: str, scope: str) -> Level:
         """One scope: a grant id or ``"mission"``."""
@@ -529,6 +556,12 @@ class ReservationClient:
                 f"reservation {reservation_id}'s lease ended at "
                 f"{from_ms(int(reply[1])).isoformat()}; it cannot be committed",
             )
+        if tag == "resolved" and reply[1] == "expiring":
+            return RuleViolation(
+                Rule.BUDGET_CONSERVATION,
+                f"reservation {reservation_id}'s lease ended and its expiry is being recorded; "
+                f"it cannot be {wanted}",
+            )
         if tag == "resolved":
             return RuleViolation(
                 Rule.BUDGET_CONSERVATION,
@@ -564,12 +597,18 @@ class ReservationClient:
             )
         return self._unresolvable(reservation_id, reply, "settled")
 
-    async def settle(self, mission_id: str, reservation_id: str, actual: int) -> SettleResult:
+    async def settle(
+        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False
+    ) -> SettleResult:
         """Record the actual cost; the unused part returns. Above the reservation it is an
-        overrun: recorded in full and the leaf scope blocks new reservations until treated."""
+        overrun: recorded in full and the leaf scope blocks new reservations until treated.
+
+        ``recorded``: the ledger already records this settle and Redis follows it, also for a
+        reservation the sweeper marked expiring (refused otherwise: its expiry is on the way).
+        """
         check_micros(actual, what="actual cost")
         keys, args = self._ids(mission_id, reservation_id)
-        reply = await self._run("settle", keys, [*args, actual])
+        reply = await self._run("settle", keys, [*args, actual, "1" if recorded else "0"])
         result = self._settle_result(mission_id, reservation_id, actual, reply)
         if isinstance(result, FleetError):
             raise result
@@ -583,17 +622,19 @@ class ReservationClient:
         for rid, actual in settlements:
             check_micros(actual, what="actual cost")
             keys, args = self._ids(mission_id, rid)
-            calls.append((keys, [*args, actual]))
+            calls.append((keys, [*args, actual, "0"]))
         replies = await self._pipeline("settle", calls)
         return [
             self._settle_result(mission_id, rid, actual, list(reply))
             for (rid, actual), reply in zip(settlements, replies, strict=True)
         ]
 
-    async def release(self, mission_id: str, reservation_id: str) -> ReleaseResult:
-        """The work never ran: the whole amount returns."""
+    async def release(
+        self, mission_id: str, reservation_id: str, *, recorded: bool = False
+    ) -> ReleaseResult:
+        """The work never ran: the whole amount returns. ``recorded`` as for ``settle``."""
         keys, args = self._ids(mission_id, reservation_id)
-        reply = await self._run("release", keys, args)
+        reply = await self._run("release", keys, [*args, "1" if recorded else "0"])
         if reply[0] in ("ok", "dup"):
             return ReleaseResult(
                 mission_id, reservation_id, from_ms(int(reply[1])), replayed=reply[0] == "dup",
@@ -601,20 +642,37 @@ class ReservationClient:
             )  # fmt: skip
         raise self._unresolvable(reservation_id, reply, "released")
 
-    async def sweep(self, mission_id: str, *, limit: int = SWEEP_BATCH) -> SweepResult:
-        """Expire held reservations whose lease has passed (Redis time); return what expired."""
+    async def mark_expiring(self, mission_id: str, *, limit: int = SWEEP_BATCH) -> ExpiringResult:
+        """Step one of a sweep: mark held reservations whose lease passed (Redis time)
+        ``expiring`` and return them, with those an earlier sweep marked and never freed. Their
+        money stays counted (nobody can reserve it; a commit is refused) until ``expire``."""
         k.check_id(mission_id, what="mission id")
         reply = await self._run("sweep", [k.leases_key(mission_id)], [k.prefix(mission_id), limit])
         at = from_ms(int(reply[0]))
-        expired = tuple(
-            ExpiredReservation(
-                mission_id,
-                str(reply[i]),
-                int(reply[i + 1]),
-                tuple(g for g in str(reply[i + 2]).split(",") if g),
-                at,
-                seq=int(reply[i + 3]),
-            )
+        expiring = tuple(
+            _expired(mission_id, at, reply[i], reply[i + 1], reply[i + 2], 0)
             for i in range(1, len(reply), 4)
         )
+        return ExpiringResult(mission_id, at, expiring)
+
+    async def expire(self, mission_id: str, reservation_ids: Sequence[str]) -> SweepResult:
+        """Step two: free reservations whose expiry the ledger records (idempotent by id).
+        Returns those expired now or before; one committed or otherwise resolved is left."""
+        k.check_id(mission_id, what="mission id")
+        ids = [k.check_id(r, what="reservation id") for r in reservation_ids]
+        reply = await self._run("expire", [k.leases_key(mission_id)], [k.prefix(mission_id), *ids])
+        at = from_ms(int(reply[0]))
+        expired = tuple(
+            _expired(mission_id, at, reply[i], reply[i + 2], reply[i + 3], reply[i + 4])
+            for i in range(1, len(reply), 5)
+            if _s(reply[i + 1]) in ("ok", "dup")
+        )
         return SweepResult(mission_id, at, expired)
+
+    async def sweep(self, mission_id: str, *, limit: int = SWEEP_BATCH) -> SweepResult:
+        """Both steps at once, for a store without a ledger to record in (tools, tests): expire
+        held reservations whose lease has passed; return what expired."""
+        marked = await self.mark_expiring(mission_id, limit=limit)
+        if not marked.expiring:
+            return SweepResult(mission_id, marked.at, ())
+        return await self.expire(mission_id, [e.reservation_id for e in marked.expiring])

@@ -6,6 +6,8 @@ local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'lease_until', 'state
   'committed_at', 'committed_seq')
 if not r[1] then return {'missing'} end
 if r[4] == 'committed' then return {'dup', tonumber(r[5]), tonumber(r[6] or 0)} end
+-- marked by the sweeper: its expiry is being recorded, as for an ended lease
+if r[4] == 'expiring' then return {'lease_ended', tonumber(r[3])} end
 if r[4] ~= 'held' then return {'resolved', r[4]} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

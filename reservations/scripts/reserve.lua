@@ -36,14 +36,16 @@ end
 local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'lease_until', 'state', 'at', 'seq',
   'committed_at', 'committed_seq')
 if r[1] then
-  if r[4] ~= 'held' and r[4] ~= 'committed' then return {'resolved', r[4]} end
+  if r[4] ~= 'held' and r[4] ~= 'committed' and r[4] ~= 'expiring' then
+    return {'resolved', r[4]}
+  end
   if r[1] ~= ARGV[1] or r[2] ~= csv then return {'conflict', r[1], r[2]} end
   local lease_until, at, seq = tonumber(r[3]), tonumber(r[5]), tonumber(r[6] or 0)
   if not with_commit then return {'dup', lease_until, at, seq} end
   if r[4] == 'committed' then
     return {'dup', lease_until, at, seq, tonumber(r[7]), tonumber(r[8] or 0)}
   end
-  if now >= lease_until then return {'lease_ended', lease_until} end
+  if r[4] == 'expiring' or now >= lease_until then return {'lease_ended', lease_until} end
   return commit('held', lease_until, at, seq)
 end
 names[#names + 1] = 'mission'

@@ -2,7 +2,8 @@
 
 Checks every level of a chain before the first write (as the Lua script does); ``down`` makes
 every call fail as an unreachable Redis, ``lose_replies`` runs the call, then fails (the
-ambiguous case: money moved, the answer lost).
+ambiguous case: money moved, the answer lost). The sweep has the Lua scripts' two steps:
+``mark_expiring`` (still counted), ``expire`` (freed).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from reservations import (
     MISSION_SCOPE,
     CommitResult,
     ExpiredReservation,
+    ExpiringResult,
     OverrunTreatedResult,
     ReleaseResult,
     ReserveResult,
@@ -29,7 +31,7 @@ from reservations import (
 class Held:
     reserve: ReserveResult
     commit: CommitResult | None
-    state: str  # held, committed, settled, released, expired
+    state: str  # held, committed, expiring, settled, released, expired
 
 
 class FakeBudget:
@@ -39,12 +41,13 @@ class FakeBudget:
         self.used: dict[tuple[str, str], int] = {}
         self.reservations: dict[tuple[str, str], Held] = {}
         self.down = False
+        self.failing: set[str] = set()  # calls by name that fail as an unreachable Redis
         self.lose_replies = False
         self.calls: list[str] = []
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
-        if self.down:
+        if self.down or name in self.failing:
             raise Unreachable("fake Redis is down")
 
     def _answer(self) -> None:
@@ -120,43 +123,85 @@ class FakeBudget:
         self._answer()
         return res, commit
 
-    def _resolve(self, mission_id: str, reservation_id: str, state: str) -> Held:
-        held = self.reservations[(mission_id, reservation_id)]
-        if held.state not in ("held", "committed"):
-            raise InvalidInput(f"reservation {reservation_id} is already {held.state}")
+    def _resolve(
+        self, mission_id: str, reservation_id: str, state: str, *, recorded: bool = False
+    ) -> Held:
+        held = self.reservations.get((mission_id, reservation_id))
+        if held is None:
+            raise InvalidInput(f"reservation {reservation_id} does not exist")
+        open_states = ("held", "committed", "expiring") if recorded else ("held", "committed")
+        if held.state not in open_states:
+            raise RuleViolation(
+                Rule.BUDGET_CONSERVATION, f"reservation {reservation_id} is already {held.state}"
+            )
         held.state = state
         return held
 
     async def commit(self, mission_id: str, reservation_id: str) -> CommitResult:
         self._call("commit")
+        held = self.reservations[(mission_id, reservation_id)]
+        if held.state == "expiring":
+            raise RuleViolation(Rule.BUDGET_CONSERVATION, f"{reservation_id}'s lease ended")
         held = self._resolve(mission_id, reservation_id, "committed")
         held.commit = CommitResult(mission_id, reservation_id, self.clock.now())
         return held.commit
 
-    async def settle(self, mission_id: str, reservation_id: str, actual: int) -> SettleResult:
+    async def settle(
+        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False
+    ) -> SettleResult:
         self._call("settle")
-        held = self._resolve(mission_id, reservation_id, "settled")
-        self._move(mission_id, held.reserve.scopes, actual - held.reserve.amount)
-        return SettleResult(
-            mission_id, reservation_id, actual, actual > held.reserve.amount, self.clock.now()
+        held = self.reservations.get((mission_id, reservation_id))
+        if held is not None and held.state in ("settled", "overrun"):
+            return SettleResult(
+                mission_id, reservation_id, actual, held.state == "overrun", self.clock.now(),
+                replayed=True,
+            )  # fmt: skip
+        over = held is not None and actual > held.reserve.amount
+        held = self._resolve(
+            mission_id, reservation_id, "overrun" if over else "settled", recorded=recorded
         )
+        self._move(mission_id, held.reserve.scopes, actual - held.reserve.amount)
+        self._answer()
+        return SettleResult(mission_id, reservation_id, actual, over, self.clock.now())
 
-    async def release(self, mission_id: str, reservation_id: str) -> ReleaseResult:
+    async def release(
+        self, mission_id: str, reservation_id: str, *, recorded: bool = False
+    ) -> ReleaseResult:
         self._call("release")
-        held = self._resolve(mission_id, reservation_id, "released")
+        held = self.reservations.get((mission_id, reservation_id))
+        if held is not None and held.state == "released":
+            return ReleaseResult(mission_id, reservation_id, self.clock.now(), replayed=True)
+        held = self._resolve(mission_id, reservation_id, "released", recorded=recorded)
         self._move(mission_id, held.reserve.scopes, -held.reserve.amount)
+        self._answer()
         return ReleaseResult(mission_id, reservation_id, self.clock.now())
 
-    async def sweep(self, mission_id: str) -> SweepResult:
-        self._call("sweep")
+    async def mark_expiring(self, mission_id: str) -> ExpiringResult:
+        self._call("mark_expiring")
+        now = self.clock.now()
+        marked = []
+        for (mid, rid), held in self.reservations.items():
+            passed = held.reserve.lease_until <= now
+            if mid == mission_id and held.state in ("held", "expiring") and passed:
+                held.state = "expiring"  # still counted in ``used``
+                r = held.reserve
+                marked.append(ExpiredReservation(mid, rid, r.amount, r.chain, now))
+        return ExpiringResult(mission_id, now, tuple(marked))
+
+    async def expire(self, mission_id: str, reservation_ids: Sequence[str]) -> SweepResult:
+        self._call("expire")
         now = self.clock.now()
         expired = []
-        for (mid, rid), held in self.reservations.items():
-            if mid == mission_id and held.state == "held" and held.reserve.lease_until <= now:
+        for rid in reservation_ids:
+            held = self.reservations.get((mission_id, rid))
+            if held is None or held.state not in ("held", "expiring", "expired"):
+                continue
+            if held.state != "expired":
                 held.state = "expired"
-                self._move(mid, held.reserve.scopes, -held.reserve.amount)
-                r = held.reserve
-                expired.append(ExpiredReservation(mid, rid, r.amount, r.chain, now))
+                self._move(mission_id, held.reserve.scopes, -held.reserve.amount)
+            r = held.reserve
+            expired.append(ExpiredReservation(mission_id, rid, r.amount, r.chain, now))
+        self._answer()
         return SweepResult(mission_id, now, tuple(expired))
 
     async def reservation(
@@ -166,13 +211,13 @@ class FakeBudget:
         held = self.reservations.get((mission_id, reservation_id))
         return None if held is None else (held.reserve, held.commit, held.state)
 
-    async def committed_ids(self, mission_id: str) -> list[str]:
-        self._call("committed_ids")
-        return [
-            rid
-            for (mid, rid), held in self.reservations.items()
-            if mid == mission_id and held.state == "committed"
-        ]
+    async def holding(self, mission_id: str) -> dict[str, str]:
+        self._call("holding")
+        return {
+            rid: held.state
+            for (mid, rid), held in sorted(self.reservations.items())
+            if mid == mission_id and held.state in ("held", "committed", "expiring")
+        }
 
     async def close(self) -> None:
         return None

@@ -446,3 +446,61 @@ async def test_a_reservation_can_be_read_back_and_committed_ones_listed(
     assert held is not None and held[1] is None and held[2] == "held"
     assert await client.reservation(mission, "nope") is None
     assert await client.committed_ids(mission) == ["c1"]
+
+
+async def wait_for_mark(client: ReservationClient, mission: str, rid: str, timeout: float = 10):
+    """Step one of the sweep until ``rid`` is marked expiring (poll with a deadline)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        marked = await client.mark_expiring(mission)
+        if any(e.reservation_id == rid for e in marked.expiring):
+            return marked
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{rid} was not marked expiring within {timeout}s")
+
+
+async def test_a_branch_cannot_take_money_whose_expiry_is_not_yet_recorded(
+    client: ReservationClient, mission: str
+):
+    """V3: the sweeper's mark keeps the money counted until the ledger records the expiry."""
+    await client.reserve(mission, ["g2", "g1"], "b1", 300_000, 0.05)  # all of g2
+    marked = await wait_for_mark(client, mission, "b1")
+    (e,) = marked.expiring
+    assert (e.amount, e.chain) == (300_000, ("g2", "g1"))
+    assert (await client.level(mission, "g2")).reserved == 300_000  # still counted
+    with pytest.raises(RuleViolation, match="exceeds"):
+        await client.reserve(mission, ["g2", "g1"], "b2", 100_000, 30)
+    with pytest.raises(RuleViolation, match="lease ended"):
+        await client.commit(mission, "b1")
+    with pytest.raises(RuleViolation, match="expiry is being recorded"):
+        await client.settle(mission, "b1", 1)
+    with pytest.raises(RuleViolation, match="expiry is being recorded"):
+        await client.release(mission, "b1")
+    again = await client.mark_expiring(mission)  # not freed yet: found again, still counted
+    assert [x.reservation_id for x in again.expiring] == ["b1"]
+    # the ledger recorded it: now it is freed, once
+    freed = await client.expire(mission, ["b1"])
+    assert [(x.reservation_id, x.amount) for x in freed.expired] == [("b1", 300_000)]
+    assert [lv.reserved for lv in await client.levels(mission, ["g2", "g1"])] == [0, 0, 0]
+    assert (await client.expire(mission, ["b1"])).expired == freed.expired  # a repeat: no change
+    assert (await client.level(mission, "g2")).reserved == 0
+    assert (await client.mark_expiring(mission)).expiring == ()
+    await client.reserve(mission, ["g2", "g1"], "b2", 300_000, 30)  # now the money is free
+
+
+async def test_the_ledger_can_resolve_an_expiring_reservation_otherwise(
+    client: ReservationClient, mission: str
+):
+    """Redis follows the record: a settle or release the ledger already holds applies to a
+    reservation the sweeper marked, and frees nothing twice."""
+    await client.reserve(mission, ["g1"], "b1", 100_000, 0.05)
+    await client.reserve(mission, ["g1"], "b2", 100_000, 0.05)
+    await wait_for_mark(client, mission, "b2")
+    settled = await client.settle(mission, "b1", 40_000, recorded=True)
+    released = await client.release(mission, "b2", recorded=True)
+    assert not settled.overrun and not released.replayed
+    level = await client.level(mission, "g1")
+    assert (level.reserved, level.settled) == (0, 40_000)
+    assert (await client.expire(mission, ["b1", "b2"])).expired == ()  # resolved: left alone
+    assert (await client.level(mission, "g1")).used == 40_000

@@ -1,0 +1,229 @@
+"""Money-freeing transitions are recorded in the ledger first, then applied in Redis (V1-V3 of
+the chaos checker), over the in-memory transports.
+
+Redis follows the ledger for frees, never the reverse: an append that fails frees nothing; a
+Redis that fails after the append keeps the money held (the safe direction) until the
+reconciler applies the recorded transition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+
+from ledger.authority import Authority
+from ledger.clock import ManualClock
+from ledger.errors import ComponentTimeout, FleetError, Unreachable
+from tests.fakes.budget import FakeBudget
+from tests.fakes.bus import FakeBus
+from tests.unit.builders import DAY, T0
+from tests.unit.test_coordinator_decisions import LEASE_S, MID, Fleet, fleet, new_coordinator
+
+__all__ = ["fleet"]
+
+SETTLE = {"action_id": "a1", "outcome": "verified_success", "actual": 60}
+
+
+def redis_state(fleet: Fleet, rid: str) -> str:
+    return fleet.budget.reservations[(MID, rid)].state
+
+
+async def test_an_effect_whose_append_fails_frees_nothing_in_redis(fleet: Fleet) -> None:
+    await fleet.authorize("a1", cost=100)
+    fleet.bus.fail_next = [Unreachable("NATS is down")]
+    with pytest.raises(Unreachable):
+        await fleet.manage("effect.record", SETTLE)
+    assert fleet.budget.used[(MID, "mission")] == 100  # still held: the ledger says committed
+    assert redis_state(fleet, "r-a1") == "committed"
+    assert fleet.co.states[MID].reservations["r-a1"].state == "committed"
+    await fleet.co.sweep_once()  # nothing to reconcile: the record resolved nothing
+    assert redis_state(fleet, "r-a1") == "committed"
+    ok = await fleet.manage("effect.record", SETTLE)  # the honest retry goes through
+    assert ok.ok and fleet.budget.used[(MID, "mission")] == 60
+
+
+async def test_an_ambiguous_effect_append_is_applied_in_redis_once_it_is_on_the_record(
+    fleet: Fleet,
+) -> None:
+    await fleet.authorize("a1", cost=100)
+    fleet.bus.lose_acks = 1  # stored, its PubAck lost
+    with pytest.raises(ComponentTimeout):
+        await fleet.manage("effect.record", SETTLE)
+    assert fleet.budget.used[(MID, "mission")] == 100  # not freed before the ledger said so
+    before = len(fleet.bus.messages)
+    again = await fleet.manage("effect.record", SETTLE)  # answered from the record
+    assert again.ok and len(fleet.bus.messages) == before
+    assert redis_state(fleet, "r-a1") == "settled"
+    assert fleet.budget.used[(MID, "mission")] == 60
+
+
+async def test_redis_failing_after_the_append_is_completed_by_the_reconciler(
+    fleet: Fleet,
+) -> None:
+    await fleet.authorize("a1", cost=100)
+    await fleet.authorize("a2", cost=100)
+    fleet.budget.down = True
+    settled = await fleet.manage("effect.record", SETTLE)  # the record is the answer
+    released = await fleet.manage(
+        "effect.record", {"action_id": "a2", "outcome": "verified_failure"}
+    )
+    assert settled.ok and released.ok
+    state = fleet.co.states[MID]
+    assert (state.reservations["r-a1"].state, state.reservations["r-a2"].state) == (
+        "settled",
+        "released",
+    )
+    assert fleet.budget.used[(MID, "mission")] == 200  # held in Redis meanwhile: safe
+    await fleet.co.sweep_once()  # Redis still down: it stays to do
+    assert len(fleet.co.reconciler.unapplied) == 2
+    fleet.budget.down = False
+    await fleet.co.sweep_once()
+    assert (redis_state(fleet, "r-a1"), redis_state(fleet, "r-a2")) == ("settled", "released")
+    assert fleet.budget.used[(MID, "mission")] == 60
+    assert len(fleet.co.reconciler.unapplied) == 0
+
+
+async def test_a_restarted_coordinator_makes_redis_follow_what_the_ledger_resolved(
+    fleet: Fleet,
+) -> None:
+    await fleet.authorize("a1", cost=100)
+    fleet.budget.down = True
+    assert (await fleet.manage("effect.record", SETTLE)).ok
+    await fleet.co.stop()  # what it meant to apply in Redis dies with it
+    fleet.budget.down, fleet.bus.connected = False, True
+    second = new_coordinator(fleet.bus, fleet.budget, fleet.clock)
+    await second.start()
+    try:
+        assert (MID, "r-a1") in second.reconciler.unapplied  # found from what Redis holds
+        await second.sweep_once()
+        assert redis_state(fleet, "r-a1") == "settled"
+        assert fleet.budget.used[(MID, "mission")] == 60
+    finally:
+        await second.stop()
+
+
+async def held_on_record(fleet: Fleet, rid: str, amount: int) -> None:
+    """A branch's reservation, held in Redis and recorded, whose lease then passes."""
+    held = fleet.budget.hold(MID, ["g"], rid, amount, lease_s=LEASE_S)
+    journal = fleet.co.journal
+    await journal.commit([journal.event(held.ledger_payload(), MID, grant_id="g")])
+    fleet.clock.advance(timedelta(seconds=LEASE_S + 1))
+
+
+async def test_a_sweep_whose_append_fails_frees_nothing_and_the_next_records_it(
+    fleet: Fleet,
+) -> None:
+    await held_on_record(fleet, "b-1", 200)
+    fleet.bus.fail_next = [Unreachable("NATS is down")]
+    with pytest.raises(Unreachable):
+        await fleet.co.sweep_once()
+    assert fleet.budget.used[(MID, "g")] == 200  # still counted: nobody can take it
+    assert redis_state(fleet, "b-1") == "expiring"
+    with pytest.raises(FleetError):  # the money is not free for another branch
+        fleet.budget.hold(MID, ["g"], "b-2", 400, lease_s=LEASE_S)
+    before = len(fleet.bus.messages)
+    assert await fleet.co.sweep_once() == 1  # found again, recorded, then freed
+    assert fleet.kinds(before) == [["budget.expired"]]
+    assert fleet.co.states[MID].reservations["b-1"].state == "expired"
+    assert redis_state(fleet, "b-1") == "expired"
+    assert fleet.budget.used[(MID, "g")] == 0
+
+
+async def test_an_expiry_recorded_but_not_freed_is_freed_by_the_next_pass(fleet: Fleet) -> None:
+    await held_on_record(fleet, "b-1", 200)
+    fleet.budget.failing = {"expire"}  # Redis goes away between the two steps
+    with pytest.raises(Unreachable):
+        await fleet.co.sweep_once()
+    assert fleet.co.states[MID].reservations["b-1"].state == "expired"
+    assert fleet.budget.used[(MID, "g")] == 200  # freed only once Redis answers
+    fleet.budget.failing = set()
+    before = len(fleet.bus.messages)
+    await fleet.co.sweep_once()
+    assert len(fleet.bus.messages) == before  # recorded once
+    assert redis_state(fleet, "b-1") == "expired" and fleet.budget.used[(MID, "g")] == 0
+
+
+async def test_a_restart_between_recording_an_expiry_and_freeing_it_frees_it(
+    fleet: Fleet,
+) -> None:
+    await held_on_record(fleet, "b-1", 200)
+    fleet.budget.failing = {"expire"}
+    with pytest.raises(Unreachable):
+        await fleet.co.sweep_once()
+    await fleet.co.stop()
+    fleet.budget.failing, fleet.bus.connected = set(), True
+    second = new_coordinator(fleet.bus, fleet.budget, fleet.clock)
+    await second.start()
+    try:
+        await second.sweep_once()
+        assert redis_state(fleet, "b-1") == "expired" and fleet.budget.used[(MID, "g")] == 0
+        assert second.states[MID].reservations["b-1"].state == "expired"
+    finally:
+        await second.stop()
+
+
+class LateBus(FakeBus):
+    """A bus whose next publish times out and is stored only later, when ``land`` is called
+    (bytes a paused NATS read after the publisher gave up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold_next = False
+        self.held: list[tuple[str, bytes, str]] = []
+
+    async def publish(
+        self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
+    ) -> int:
+        if self.hold_next:
+            self.hold_next = False
+            self.held.append((subject, data, msg_id))
+            raise ComponentTimeout(f"JetStream did not acknowledge {subject} (held)")
+        return await super().publish(subject, data, msg_id=msg_id, headers=headers)
+
+    async def land(self) -> int:
+        subject, data, msg_id = self.held.pop(0)
+        return await super().publish(subject, data, msg_id=msg_id)
+
+
+@pytest.fixture
+async def late() -> AsyncIterator[Fleet]:
+    clock = ManualClock(T0)
+    bus, budget = LateBus(), FakeBudget(clock)
+    co = new_coordinator(bus, budget, clock)
+    await co.start()
+    f = Fleet(co, bus, budget, clock)
+    await f.manage(
+        "mission.create",
+        {"purpose": "pay", "owner": "olga", "ceiling": 1_000, "expires_at": T0 + DAY},
+    )
+    authority = Authority.of(["pay"], may_delegate=True).model_dump(mode="json")
+    await f.manage(
+        "grant.issue",
+        {"grant_id": "g", "holder": "agent-1", "purpose": "pay", "owner": "olga",
+         "authority": authority, "budget": 500},
+    )  # fmt: skip
+    try:
+        yield f
+    finally:
+        await co.stop()
+
+
+async def test_an_effect_append_that_lands_late_is_still_applied_in_redis(late: Fleet) -> None:
+    await late.authorize("a1", cost=100)
+    bus = late.bus
+    assert isinstance(bus, LateBus)
+    bus.hold_next = True
+    with pytest.raises(ComponentTimeout):
+        await late.manage("effect.record", SETTLE)
+    await late.co.sweep_once()  # not on the record yet: kept, Redis untouched
+    assert late.budget.used[(MID, "mission")] == 100
+    assert (MID, "r-a1") in late.co.reconciler.unapplied
+    seq = await bus.land()  # stored after the coordinator gave up on it
+    await late.co.wait_applied(seq, 1)
+    assert late.co.states[MID].reservations["r-a1"].state == "settled"
+    await late.co.sweep_once()
+    assert redis_state(late, "r-a1") == "settled"
+    assert late.budget.used[(MID, "mission")] == 60
+    assert len(late.co.reconciler.unapplied) == 0
