@@ -438,7 +438,18 @@ def _check_decisions(
     for op in history.of("effect"):
         if op.mission != mission or not op.args.get("identical_retry"):
             continue
-        if op.result in ("denied", "error") and op.code not in ("FL-UNREACHABLE", "FL-TIMEOUT"):
+        recorded = folded.state.actions.get(op.args["action_id"])
+        effect = recorded.effect if recorded is not None else None
+        same = effect is not None and (effect.outcome.value, effect.actual) == (
+            op.args["outcome"], op.args.get("actual"),
+        )  # fmt: skip
+        # a refusal counts only when the record holds exactly these terms (another client may
+        # have recorded a different effect for the same action meanwhile: then it is right)
+        if (
+            same
+            and op.result in ("denied", "error")
+            and op.code not in ("FL-UNREACHABLE", "FL-TIMEOUT")
+        ):
             out.append(
                 Violation(
                     "identical-retry-harmless",
