@@ -142,8 +142,11 @@ class ToolRoutes:
         if req.outcome == "failed":
             paths = []  # a failed read observed nothing; a failed edit may have changed nothing
         if tool in READ_TOOLS:
+            given = read_content(response)  # what the model was given, if the agent says
             for rid in paths:
-                if self.execution.live_version(rid) is not None:
+                if given is not None and len(paths) == 1:
+                    self.execution.observe(session, rid, digest(given.encode()))
+                elif self.execution.live_version(rid) is not None:
                     self.execution.observe(session, rid)
         elif is_write(tool, tool_input):
             for rid in paths:
@@ -161,6 +164,20 @@ class ToolRoutes:
                     session, tool, command, cwd, status, response_text(response)
                 )
         return claimed
+
+
+def read_content(response: Any) -> str | None:
+    """The whole content a read gave the model, where the agent reports it (Claude Code's
+    ``tool_response.file``: content, startLine, numLines, totalLines); None for a part of a
+    file or a response that does not say (then the disk's version is recorded)."""
+    if not isinstance(response, dict) or not isinstance(response.get("file"), dict):
+        return None
+    f = response["file"]
+    content, start, lines, total = (f.get(k) for k in ("content", "startLine", "numLines",
+                                                       "totalLines"))  # fmt: skip
+    if not isinstance(content, str) or not all(isinstance(n, int) for n in (start, lines, total)):
+        return None
+    return content if start == 1 and lines >= total else None
 
 
 def _failed(req: ToolCall) -> bool | None:

@@ -18,6 +18,7 @@ from coordinator.service import Coordinator
 from ledger.ids import new_id
 from node_agent.client import NodeClient
 from node_agent.daemon import NodeAgent
+from node_agent.execution import digest
 from node_agent.hooks import HookAnswer, handle
 from node_agent.settings import NodeSettings
 
@@ -190,3 +191,41 @@ async def test_a_change_on_another_node_blocks_a_stale_premise_here(
     finally:
         for n in nodes:
             await n.stop()
+
+
+async def test_a_read_is_recorded_as_the_content_the_model_was_given(
+    node: NodeAgent, tmp: Path
+) -> None:
+    """Issue 13: a Read was recorded as the file's hash on disk at PostToolUse time. If the
+    file changed between the read and the hook, the observation named content the model never
+    saw, and an edit premised on what it did see passed the stale-premise check. Claude Code's
+    PostToolUse carries what it gave the model (``tool_response.file``, shape as recorded from
+    the real CLI): a whole-file read is recorded as that content's hash."""
+    work = tmp / "w"
+    work.mkdir()
+    target = work / "notes.txt"
+    target.write_text("changed after the read\n")  # on disk when the hook runs
+    given = "line one\nline two\n"  # what the model was given
+    payload = tool("carol", "Read", work, file_path=str(target))
+    payload["tool_response"] = {
+        "type": "text",
+        "file": {"filePath": str(target), "content": given, "numLines": 3, "startLine": 1,
+                 "totalLines": 3},
+    }  # fmt: skip
+    await hook(node, "PostToolUse", payload)
+    observed = node.execution.observation("carol", f"file:{target}")
+    assert observed is not None and observed.version == digest(given.encode())
+    reason = denial(
+        await hook(node, "PreToolUse", tool("carol", "Edit", work, file_path=str(target)))
+    )
+    assert "re-observe first" in reason
+
+    partial = tool("dave", "Read", work, file_path=str(target))
+    partial["tool_response"] = {
+        "type": "text",
+        "file": {"filePath": str(target), "content": "line two\n", "numLines": 1, "startLine": 2,
+                 "totalLines": 3},
+    }  # fmt: skip
+    await hook(node, "PostToolUse", partial)  # a part of the file: the disk's version, as before
+    seen = node.execution.observation("dave", f"file:{target}")
+    assert seen is not None and seen.version == digest(target.read_bytes())
