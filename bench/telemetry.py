@@ -149,7 +149,7 @@ def counts(otlp: str) -> dict[str, int]:
         return dict(json.loads(resp.read())["by_name"])
 
 
-async def main(quick: bool) -> dict[str, object]:
+async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
     rounds, per_worker = (2, 150) if quick else (4, 1000)
     receiver = subprocess.Popen(
         [sys.executable, "-m", "tests.fixtures.otlp_receiver", "--count-only"],
@@ -163,7 +163,7 @@ async def main(quick: bool) -> dict[str, object]:
     on_rates: list[float] = []
     sent_on = 0
     try:
-        with EmbeddedServers() as fleet:
+        with EmbeddedServers(fsync_every_write=fsync) as fleet:
             missions = [f"bench-otel-{w}" for w in range(WORKERS)]
             for r in range(rounds):
                 for mode in ("off", "on"):
@@ -227,5 +227,12 @@ async def main(quick: bool) -> dict[str, object]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a short run (under a minute)")
+    parser.add_argument(
+        "--fsync",
+        choices=("always", "default"),
+        default="always",
+        help="JetStream sync_interval: always (the fleet's default) or nats-server's own",
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.quick))))
+    figures = asyncio.run(main(args.quick, fsync=args.fsync == "always"))
+    print(json.dumps({**figures, "jetstream_sync": args.fsync}))
