@@ -15,7 +15,6 @@ from datetime import timedelta
 
 from pydantic import ValidationError
 
-from coordinator.budget import Budget
 from coordinator.journal import Journal
 from coordinator.reconcile import Undecided, authorize_reservation_id, return_unrecorded
 from fleetbus.bus import Request
@@ -34,7 +33,7 @@ from ledger.protocol import (
     receipt_stream_subject,
     reply_from_receipt,
 )
-from reservations import CommitResult, ReserveResult
+from reservations import Budget, CommitResult, ReserveResult
 from telemetry import Telemetry, consumer_span, messaging_attributes, reservation_span, set_error
 from telemetry.conventions import (
     FLEET_COST_MICROS,

@@ -19,7 +19,6 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from coordinator.budget import Budget
 from coordinator.journal import Journal
 from coordinator.reconcile import Unapplied, follow
 from fleetbus.bus import Request
@@ -48,6 +47,7 @@ from ledger.events import (
 from ledger.identity import Principal, check_acting_as, verify_request
 from ledger.mission import MissionState, ReservationState, admit_grant, evolve
 from ledger.protocol import MANAGE_SUBJECT, ErrorBody, ManageOp, ManageReply, ManageRequest
+from reservations import Budget
 from telemetry import Telemetry, consumer_span, messaging_attributes, reservation_span, set_error
 from telemetry.conventions import (
     FLEET_MANAGE_OP,

@@ -23,12 +23,12 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from coordinator.budget import Budget
 from coordinator.journal import Journal
 from fleetbus.bus import cancel_requested
 from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
 from ledger.events import MAX_BUNDLE_EVENTS, BudgetExpired, Event
 from ledger.mission import MissionState, ReservationState
+from reservations import Budget
 from telemetry import Telemetry
 from telemetry.conventions import FLEET_RESERVATION_OUTCOME
 

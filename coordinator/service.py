@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
 from coordinator.authorize import Authorizer
-from coordinator.budget import Budget
 from coordinator.ingest import Ingest
 from coordinator.journal import Journal
 from coordinator.manage import Directory, Manager
@@ -33,7 +32,7 @@ from fleetbus.identity import KeyStore, seed_of
 from ledger.clock import Clock, SystemClock
 from ledger.mission import MissionState
 from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT
-from reservations import ReservationClient
+from reservations import Budget, ReservationClient
 from telemetry import EventTraces, Telemetry
 
 log = logging.getLogger("fleetledger.coordinator")

@@ -21,13 +21,14 @@ from reservations.results import (
     SettleResult,
     SweepResult,
 )
-from reservations.store import ReservationClient, ReservationStore
+from reservations.store import Budget, ReservationClient, ReservationStore
 
 __all__ = [
     "MISSION_SCOPE",
     "Branch",
     "BranchContext",
     "BranchOutcome",
+    "Budget",
     "CommitResult",
     "ExpiredReservation",
     "ExpiringResult",

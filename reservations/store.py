@@ -37,7 +37,7 @@ from reservations.results import (
     from_ms,
 )
 
-__all__ = ["MAX_LEASE_S", "ReservationClient", "ReservationStore"]
+__all__ = ["MAX_LEASE_S", "Budget", "ReservationClient", "ReservationStore"]
 
 MAX_LEASE_S = 24 * 3600.0
 SWEEP_BATCH = 1000
@@ -49,10 +49,16 @@ _BACKOFF_S, _BACKOFF_CAP_S = 0.02, 0.5
 _HOLDING = ("held", "committed", "expiring")  # Redis states whose amount is still counted
 
 
-class ReservationStore(Protocol):
-    """Every call the coordinator and ``Branch`` make; ``ReservationClient`` is the Redis one.
+class Budget(Protocol):
+    """The reservation calls the coordinator makes (``ReservationClient`` is the Redis one;
+    unit tests bring an in-memory one). Every call is idempotent by reservation id, a refusal
+    raises ``RuleViolation`` and changes nothing, and an unreachable store raises
+    ``Unreachable`` (ambiguous: the call may have run).
 
-    Tests may inject another (an in-memory fake) wherever a store is taken.
+    The direction rule: money-taking transitions (reserve, commit) are admitted by the store
+    first, then recorded; money-freeing ones (settle, release, expire) are recorded in the
+    ledger first, then applied here (``recorded=True``, and the sweep's two steps), so the store
+    never frees what the ledger still counts.
     """
 
     async def create_mission(self, mission_id: str, ceiling: int) -> bool: ...
@@ -64,11 +70,6 @@ class ReservationStore(Protocol):
     async def treat_overrun(
         self, mission_id: str, scope: str, *, by: str
     ) -> OverrunTreatedResult: ...
-
-    async def reserve(
-        self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
-        lease_s: float,
-    ) -> ReserveResult: ...  # fmt: skip
 
     async def reserve_committed(
         self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
@@ -89,19 +90,31 @@ class ReservationStore(Protocol):
 
     async def expire(self, mission_id: str, reservation_ids: Sequence[str]) -> SweepResult: ...
 
-    async def sweep(self, mission_id: str) -> SweepResult: ...
-
     async def reservation(
         self, mission_id: str, reservation_id: str
     ) -> tuple[ReserveResult, CommitResult | None, str] | None: ...
 
-    async def committed_ids(self, mission_id: str) -> list[str]: ...
-
     async def holding(self, mission_id: str) -> dict[str, str]: ...
 
-    async def ping(self) -> bool: ...
-
     async def close(self) -> None: ...
+
+
+class ReservationStore(Budget, Protocol):
+    """Every call the coordinator and ``Branch`` make; ``ReservationClient`` is the Redis one.
+
+    Tests may inject another (an in-memory fake) wherever a store is taken.
+    """
+
+    async def reserve(
+        self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
+        lease_s: float,
+    ) -> ReserveResult: ...  # fmt: skip
+
+    async def sweep(self, mission_id: str) -> SweepResult: ...
+
+    async def committed_ids(self, mission_id: str) -> list[str]: ...
+
+    async def ping(self) -> bool: ...
 
 
 class _Script:

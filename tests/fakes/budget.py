@@ -1,4 +1,4 @@
-"""An in-memory ``coordinator.budget.Budget``: levels, reservations and leases in dicts.
+"""An in-memory ``reservations.Budget``: levels, reservations and leases in dicts.
 
 Checks every level of a chain before the first write (as the Lua script does); ``down`` makes
 every call fail as an unreachable Redis, ``lose_replies`` runs the call, then fails (the
