@@ -21,7 +21,7 @@ from coordinator.riskboard import RiskBoard
 from fleetbus.bus import Bus, StreamMessage
 from ledger.errors import FleetError
 from ledger.events import DecisionRecorded, Event, RiskOpened, RiskTreated, parse_events
-from ledger.identity import Principal, check_producer, verify
+from ledger.identity import Principal, check_origin
 from ledger.mission import MissionState
 from ledger.protocol import ErrorBody, check_message, deadletter_subject
 from telemetry import (
@@ -157,8 +157,7 @@ class Ingest:
             if state is None:
                 state = MissionState(event.mission_id)
             try:
-                if directory is not None:  # who produced it, and may they: else dead-lettered
-                    check_producer(verify(event, directory), event)
+                check_origin(event, directory)  # who produced it, and may they: else dead-lettered
                 state.apply(event)
             except FleetError as exc:
                 out.append((event, exc))

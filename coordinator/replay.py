@@ -7,6 +7,7 @@ exactly what ingest rejected (it is the same pure fold), so the result equals th
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nats.errors import Error as NatsError
@@ -16,6 +17,7 @@ from nats.js.errors import NotFoundError
 from fleetbus.bus import connect
 from ledger.errors import FleetError, InvalidInput, Unreachable
 from ledger.events import Event, parse_events
+from ledger.identity import Principal, check_origin
 from ledger.mission import MissionState
 from ledger.protocol import STREAM, check_message, mission_filter
 
@@ -31,10 +33,17 @@ class ReplayResult:
 
 
 async def replay_mission(
-    nats_url: str, mission_id: str, *, cut: int | None = None, seed: str | None = None
+    nats_url: str,
+    mission_id: str,
+    *,
+    cut: int | None = None,
+    seed: str | None = None,
+    principals: Mapping[str, Principal] | None = None,
 ) -> ReplayResult:
     """Fold the mission's events with stream sequence ≤ ``cut`` (default: all); ``seed``: the
-    principal to read the stream as (None: an open NATS)."""
+    principal to read the stream as (None: an open NATS); ``principals``: the fleet's directory,
+    with which every event must pass the signature and permission check of ingest, or it is
+    counted rejected, as at ingest."""
     if cut is not None and cut < 0:
         raise InvalidInput(f"--cut {cut} must be a stream sequence ≥ 0")
     nc = await connect(nats_url, name="fleetledger-replay", seed=seed)
@@ -74,6 +83,7 @@ async def replay_mission(
                         rejected += 1
                     for event in batch:
                         try:
+                            check_origin(event, principals)
                             state.apply(event)
                         except FleetError:
                             rejected += 1

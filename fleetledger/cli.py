@@ -256,6 +256,12 @@ def _principals() -> Any:
     return KeyStore(settings.identity_dir or settings.state_dir / "identity").directory
 
 
+def _directory() -> Any:
+    """The fleet's principal directory now (None on an open fleet)."""
+    directory = _principals()
+    return directory() if directory is not None else None
+
+
 def _seed() -> str | None:
     """This CLI user's principal (FLEET_PRINCIPAL, from the key store in FLEET_IDENTITY_DIR or
     the state dir's identity/): the key NATS authenticates it with."""
@@ -635,7 +641,12 @@ def replay(
     from coordinator.views import operator_view
     from fleetledger.render import team_view
 
-    result = _run(lambda: replay_mission(_nats_url(), mission_id, cut=cut, seed=_seed()), as_json)
+    result = _run(
+        lambda: replay_mission(
+            _nats_url(), mission_id, cut=cut, seed=_seed(), principals=_directory()
+        ),
+        as_json,
+    )
     data = operator_view(result.state, applied_seq=result.last_seq)
     summary = {
         "mission_id": mission_id,

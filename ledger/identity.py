@@ -149,6 +149,13 @@ def verify(event: Event, principals: Mapping[str, Principal]) -> Principal:
     return who
 
 
+def check_origin(event: Event, principals: Mapping[str, Principal] | None) -> None:
+    """The one check of an event produced elsewhere, at ingest and at replay alike: signed by a
+    known, unrevoked principal that may emit it (no directory: an open fleet, nothing to check)."""
+    if principals is not None:
+        check_producer(verify(event, principals), event)
+
+
 # --- requests: who is asking (management, decisions) ---------------------------------------
 
 SIGNER_HEADER = "Fleet-Signer"
@@ -280,6 +287,7 @@ __all__ = [
     "Role",
     "canonical",
     "check_acting_as",
+    "check_origin",
     "check_producer",
     "public_key",
     "seed_from_bytes",

@@ -157,6 +157,15 @@ async def test_a_forged_event_on_the_stream_is_dead_lettered_naming_the_rule(
             msg = await letters.next_msg(timeout=5)
             reasons.append(json.loads(msg.data)["error"]["rule"])
         assert sorted(reasons) == ["producer_identity", "producer_permission"]
+        # replay applies the same check: with the directory the forgeries are rejected again
+        from coordinator.replay import replay_mission
+
+        checked = await replay_mission(
+            url, "m-forged", seed=keys.seed("coordinator"), principals=keys.directory()
+        )
+        assert checked.rejected == 2 and checked.state.risks["k1"].open
+        unchecked = await replay_mission(url, "m-forged", seed=keys.seed("coordinator"))
+        assert not unchecked.state.risks["k1"].open  # what a replay without it would believe
     finally:
         await coordinator_conn.close()
 
