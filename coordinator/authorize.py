@@ -17,9 +17,9 @@ from pydantic import ValidationError
 
 from coordinator.journal import Journal
 from coordinator.reconcile import Undecided, authorize_reservation_id, return_unrecorded
-from fleetbus.bus import Request
+from fleetbus.bus import Request, Stored
 from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
-from ledger.events import MAX_EVENT_BYTES, Event
+from ledger.events import MAX_EVENT_BYTES, DecisionRecorded, Event
 from ledger.idempotency import check_same_terms
 from ledger.kernel import Decision, decide
 from ledger.mission import MISSION_SCOPE
@@ -56,6 +56,13 @@ APPEND_ATTEMPTS = 3  # publishes of one decision's events before the request fai
 DECISION_RECORD_SLACK = 8 * 1024
 
 Respond = Callable[[AuthorizeReply], Awaitable[None]]
+
+
+def decision_msg_id(events: list[Event]) -> str:
+    """The ``Nats-Msg-Id`` of an action's decision: the same for every attempt at it."""
+    receipt = events[-1].payload
+    assert isinstance(receipt, DecisionRecorded)
+    return f"decision:{events[-1].mission_id}:{receipt.action_id}"
 
 
 class Authorizer:
@@ -220,8 +227,35 @@ class Authorizer:
         seq = await self._record(
             mid, events, receipt_stream_subject(mid, action.action_id, nonce), reservation_id
         )
+        if seq.duplicate:  # another attempt's decision for this action is stored: it stands
+            return await self._answer_stored(req, seq, reservation_id)
         # The same reply a requester builds from the republished receipt.
         return reply_from_receipt(receipt, seq, action)
+
+    async def _answer_stored(
+        self, req: AuthorizeRequest, seq: int, reservation_id: str | None
+    ) -> AuthorizeReply:
+        """An earlier attempt (a coordinator that gave up, or died, with its append in
+        flight) stored its decision for this action: that one is the answer, sent directly, and
+        money this attempt took that the record does not hold is given back."""
+        journal, mid, action = self.journal, req.mission_id, req.request
+        await journal.wait_applied(seq)
+        state = journal.state(mid)
+        if reservation_id is not None and reservation_id not in state.reservations:
+            with contextlib.suppress(Unreachable):  # else the reconciler returns it
+                returned = await return_unrecorded(journal, self.budget, mid, reservation_id)
+                if returned:
+                    await journal.commit(returned)
+        existing = state.actions[action.action_id]
+        stored = journal.receipts.get((mid, action.action_id), (None, None))
+        prior = next(d for d in reversed(state.decisions) if d.action_id == action.action_id)
+        return AuthorizeReply(
+            decision=decision_of(prior, existing.grant_id or action.grant_id, existing.cost),
+            reservation_id=prior.reservation_id,
+            decision_seq=stored[0],
+            decision_event_id=stored[1],
+            replayed=True,
+        )
 
     async def _reserve(
         self, req: AuthorizeRequest, decision: Decision, chain: list[str], rid: str
@@ -259,7 +293,7 @@ class Authorizer:
 
     async def _record(
         self, mission_id: str, events: list[Event], subject: str, reservation_id: str | None
-    ) -> int:
+    ) -> Stored:
         """Append the decision's message. A failed publish is ambiguous (the server may have
         stored it): never give the money back then; retry with the same message id (JetStream
         de-duplicates it); if it still fails, the committed reservation holds until the same
@@ -267,7 +301,10 @@ class Authorizer:
         attempts = APPEND_ATTEMPTS
         while True:
             try:
-                return await self.journal.append(events, subject)
+                # one message id per action's decision: however many attempts (a coordinator
+                # that gave up or died with an append in flight, its successor), JetStream
+                # stores one decision and answers the others as duplicates of it
+                return await self.journal.append(events, subject, msg_id=decision_msg_id(events))
             except InvalidInput:
                 # JetStream refused the message outright (not ambiguous): nothing is stored,
                 # so give back what Redis committed for it before failing the request

@@ -24,7 +24,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import Span
 
-from fleetbus.bus import Bus
+from fleetbus.bus import Bus, Stored
 from ledger.clock import Clock
 from ledger.errors import InvalidInput, Unreachable
 from ledger.events import Event, bundle_json, make_event
@@ -140,9 +140,12 @@ class Journal:
             payload, mission_id=mission_id, at=at or self.clock.now(), node_id=self.node_id, **kw
         )
 
-    async def append(self, events: list[Event], subject: str | None = None) -> int:
+    async def append(
+        self, events: list[Event], subject: str | None = None, *, msg_id: str | None = None
+    ) -> Stored:
         """Publish ``events`` as one stream message and wait for its PubAck; return its
-        sequence. Its id is the last event's, so a retried append is de-duplicated."""
+        sequence. Its id is ``msg_id``, by default the last event's, so a retried append is
+        de-duplicated (``Stored.duplicate``: the sequence is the earlier message's)."""
         last = events[-1]
         subject = subject or subject_of(last)
         with sending_span(
@@ -164,7 +167,7 @@ class Journal:
                 self._own[body] = tuple(events)
             try:
                 seq = await self.bus.publish(
-                    subject, body, msg_id=str(last.event_id), headers=headers_of(span)
+                    subject, body, msg_id=msg_id or str(last.event_id), headers=headers_of(span)
                 )
             except InvalidInput:  # refused outright: nothing was stored
                 self._own.pop(body, None)
@@ -173,6 +176,8 @@ class Journal:
                 self._own.pop(body, None)
                 self._unsure.add(last.mission_id)
                 raise
+            if seq.duplicate:  # the stream holds an earlier message under this id, not ours
+                self._own.pop(body, None)
             if span.is_recording():
                 span.set_attributes(
                     {**self._new_attributes(span, events[-1]), FLEET_STREAM_SEQ: seq}

@@ -252,6 +252,18 @@ class ContinuousPull:
                 await self._sub.unsubscribe()
 
 
+class Stored(int):
+    """A stream sequence, and whether JetStream answered it as a duplicate of an earlier
+    message with the same ``Nats-Msg-Id`` (then the sequence is that message's)."""
+
+    duplicate: bool
+
+    def __new__(cls, seq: int, duplicate: bool = False) -> Stored:
+        stored = super().__new__(cls, seq)
+        stored.duplicate = duplicate
+        return stored
+
+
 async def publish_checked(
     js: JetStreamContext,
     subject: str,
@@ -260,7 +272,7 @@ async def publish_checked(
     msg_id: str,
     timeout: float = 2.0,
     headers: dict[str, str] | None = None,
-) -> int:
+) -> Stored:
     """Publish with ``Nats-Msg-Id`` and return the stream sequence; fail closed on trouble."""
     try:
         ack = await js.publish(
@@ -277,7 +289,7 @@ async def publish_checked(
         raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
     except nats.js.errors.APIError as exc:  # refused outright (size, limits): nothing stored
         raise InvalidInput(f"JetStream refused {subject}: {exc.description or exc}") from None
-    return int(ack.seq)
+    return Stored(int(ack.seq), bool(ack.duplicate))
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +326,7 @@ class Bus(Protocol):
 
     async def publish(
         self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
-    ) -> int:
+    ) -> Stored:
         """Store one message (de-duplicated by ``msg_id``) and return its stream sequence once
         acknowledged; fail closed (``ComponentTimeout``, ``Unreachable``, ``InvalidInput``)."""
         ...
@@ -380,7 +392,7 @@ class JetStreamBus:
 
     async def publish(
         self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
-    ) -> int:
+    ) -> Stored:
         return await publish_checked(self.js, subject, data, msg_id=msg_id, headers=headers)
 
     async def put_risk(self, key: str, value: bytes) -> None:

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from fleetbus.bus import RequestHandler, StreamHandler, StreamMessage
+from fleetbus.bus import RequestHandler, Stored, StreamHandler, StreamMessage
 from ledger.errors import ComponentTimeout, FleetError
 
 
@@ -39,14 +39,14 @@ class FakeBus:
 
     async def publish(
         self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
-    ) -> int:
+    ) -> Stored:
         if self.fail_next:
             raise self.fail_next.pop(0)
         if msg_id in self._ids:  # de-duplicated, as JetStream does within its window
             if self.lose_acks:
                 self.lose_acks -= 1
                 raise ComponentTimeout(f"JetStream did not acknowledge {subject} (ack lost)")
-            return self._ids[msg_id]
+            return Stored(self._ids[msg_id], duplicate=True)
         msg = StreamMessage(len(self.messages) + 1, subject, data, headers)
         self.messages.append(msg)
         self._ids[msg_id] = msg.seq
@@ -54,7 +54,7 @@ class FakeBus:
         if self.lose_acks:
             self.lose_acks -= 1
             raise ComponentTimeout(f"JetStream did not acknowledge {subject} (ack lost)")
-        return msg.seq
+        return Stored(msg.seq)
 
     async def put_risk(self, key: str, value: bytes) -> None:
         self.risks[key] = value

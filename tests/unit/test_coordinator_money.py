@@ -164,3 +164,40 @@ async def test_with_redis_down_a_costed_action_is_refused_and_a_free_one_is_deci
     )
     blocked = await fleet.authorize("a3", cost=0)  # the other rules still hold without Redis
     assert blocked.decision is not None and blocked.decision.rule is Rule.RISK_NON_ERASURE
+
+
+async def test_a_decision_an_earlier_attempt_stored_is_the_answer_not_a_second_one(
+    fleet: Fleet,
+) -> None:
+    """Issue 15 item 9, the case the long chaos run found: a coordinator killed (or paused)
+    with its append in flight, its successor deciding the retry before that message reached
+    it. Every attempt at one action's decision has one message id, so the stream keeps the
+    first; the later attempt answers with it and gives back the money it took."""
+    import asyncio
+
+    from coordinator.authorize import decision_msg_id
+    from ledger.events import ActionRequested, DecisionRecorded, bundle_json, make_event
+    from ledger.protocol import receipt_stream_subject
+
+    at = fleet.clock.now()
+    requested = make_event(ActionRequested(action_id="a1", action="pay", cost=100),
+                           mission_id=MID, at=at, grant_id="g", idempotency_key="k-a1")  # fmt: skip
+    denied = make_event(
+        DecisionRecorded(action_id="a1", action="pay", allowed=False, rule=Rule.RISK_NON_ERASURE,
+                         reason="a risk was open", cut_seq=2, cut=2, policy_version="p"),
+        mission_id=MID, at=at, grant_id="g",
+    )  # fmt: skip
+    real = fleet.bus._queue.put_nowait
+    fleet.bus._queue.put_nowait = lambda m: asyncio.get_running_loop().call_later(0.05, real, m)  # type: ignore[method-assign]
+    earlier = [requested, denied]
+    await fleet.bus.publish(
+        receipt_stream_subject(MID, "a1", None), bundle_json(earlier),
+        msg_id=decision_msg_id(earlier),
+    )  # fmt: skip
+    reply = await fleet.authorize("a1", cost=100)  # decided before the earlier one arrived
+    assert reply.decision is not None and not reply.decision.allowed
+    assert reply.decision.rule is Rule.RISK_NON_ERASURE and reply.replayed
+    assert fleet.co.dead_letters == 0
+    assert fleet.budget.used[(MID, "mission")] == 0  # what this attempt reserved is returned
+    state = fleet.co.states[MID]
+    assert [d.action_id for d in state.decisions] == ["a1"]
