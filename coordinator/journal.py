@@ -184,9 +184,9 @@ class Journal:
                 )
         return seq
 
-    async def commit(self, events: list[Event]) -> int:
+    async def commit(self, events: list[Event], *, msg_id: str | None = None) -> Stored:
         """``append``, then wait until this coordinator has applied it."""
-        seq = await self.append(events)
+        seq = await self.append(events, msg_id=msg_id)
         await self.wait_applied(seq)
         return seq
 

@@ -306,9 +306,24 @@ class Manager:
             check = evolve(check, e)
         if change.follow is not None:  # until Redis has it: a failure leaves it to reconcile
             self.unapplied.add(mid, change.follow, ctx.now)
-        seq = await journal.commit(events)
+        effect = change.payload if isinstance(change.payload, EffectObserved) else None
+        # one message id per (action, outcome): an effect append in flight from a coordinator
+        # that died or paused cannot be stored beside the retry's
+        msg_id = f"effect:{mid}:{effect.action_id}:{effect.outcome.value}" if effect else None
+        seq = await journal.commit(events, msg_id=msg_id)
         if change.follow is not None:
-            await self._follow(mid, change.follow)
+            await self._follow(mid, change.follow)  # what the record holds, whichever stood
+        if seq.duplicate and effect is not None:
+            rec = journal.state(mid).actions[effect.action_id]
+            if rec.effect != effect:
+                raise RuleViolation(
+                    Rule.OUTCOME_HONESTY,
+                    f"action {effect.action_id} already has its {effect.outcome.value} effect on "
+                    f"the record (actual {rec.effect.actual if rec.effect else None}); it is "
+                    "recorded once",
+                )
+            recorded = rec.effect_event_id
+            return ManageReply(ok=True, event_id=str(recorded), seq=seq, result=change.result)
         return ManageReply(ok=True, event_id=str(event.event_id), seq=seq, result=change.result)
 
     async def _follow(self, mission_id: str, reservation_id: str) -> None:

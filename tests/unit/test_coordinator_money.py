@@ -201,3 +201,43 @@ async def test_a_decision_an_earlier_attempt_stored_is_the_answer_not_a_second_o
     assert fleet.budget.used[(MID, "mission")] == 0  # what this attempt reserved is returned
     state = fleet.co.states[MID]
     assert [d.action_id for d in state.decisions] == ["a1"]
+
+
+@pytest.mark.parametrize(("actual", "refused"), [(50, False), (70, True)])
+async def test_an_effect_an_earlier_attempt_stored_is_the_one_on_the_record(
+    fleet: Fleet, actual: int, refused: bool
+) -> None:
+    """The effect side of the same race (the 15-minute chaos run, seed 20261201): an effect
+    append in flight from a coordinator that died lands after its retry was decided. One
+    message id per (action, outcome): the stream keeps one; the retry is answered from it (the
+    same terms) or refused by outcome honesty (other terms), and nothing is dead-lettered."""
+    import asyncio
+
+    from ledger.events import BudgetSettled, EffectObserved, Outcome, bundle_json, make_event
+    from ledger.protocol import subject_of
+
+    await fleet.authorize("a1", cost=100)
+    at = fleet.clock.now()
+    earlier = [
+        make_event(BudgetSettled(reservation_id="r-a1", actual=50), mission_id=MID, at=at,
+                   grant_id="g"),
+        make_event(EffectObserved(action_id="a1", outcome=Outcome.VERIFIED_SUCCESS, actual=50),
+                   mission_id=MID, at=at),
+    ]  # fmt: skip
+    real = fleet.bus._queue.put_nowait
+    fleet.bus._queue.put_nowait = lambda m: asyncio.get_running_loop().call_later(0.05, real, m)  # type: ignore[method-assign]
+    await fleet.bus.publish(
+        subject_of(earlier[-1]), bundle_json(earlier), msg_id=f"effect:{MID}:a1:verified_success"
+    )
+    effect = {"action_id": "a1", "outcome": "verified_success", "actual": actual}
+    if refused:
+        with pytest.raises(RuleViolation) as exc:
+            await fleet.manage("effect.record", effect)
+        assert exc.value.rule is Rule.OUTCOME_HONESTY
+    else:
+        reply = await fleet.manage("effect.record", effect)
+        assert reply.event_id == str(earlier[-1].event_id)
+    state = fleet.co.states[MID]
+    assert state.actions["a1"].effect is not None and state.actions["a1"].effect.actual == 50
+    assert state.reservations["r-a1"].actual == 50
+    assert fleet.co.dead_letters == 0
