@@ -307,9 +307,13 @@ class Manager:
         if change.follow is not None:  # until Redis has it: a failure leaves it to reconcile
             self.unapplied.add(mid, change.follow, ctx.now)
         effect = change.payload if isinstance(change.payload, EffectObserved) else None
-        # one message id per (action, outcome): an effect append in flight from a coordinator
-        # that died or paused cannot be stored beside the retry's
-        msg_id = f"effect:{mid}:{effect.action_id}:{effect.outcome.value}" if effect else None
+        # one message id per transition of an action's outcome (from its status now): of two
+        # attempts from the same status (a coordinator that died or paused with its append in
+        # flight, a retry, another client) the stream keeps one, compare-and-set
+        msg_id = None
+        if effect is not None:
+            since = ctx.state.actions[effect.action_id].status.value
+            msg_id = f"effect:{mid}:{effect.action_id}:{since}"
         seq = await journal.commit(events, msg_id=msg_id)
         if change.follow is not None:
             await self._follow(mid, change.follow)  # what the record holds, whichever stood
@@ -318,9 +322,9 @@ class Manager:
             if rec.effect != effect:
                 raise RuleViolation(
                     Rule.OUTCOME_HONESTY,
-                    f"action {effect.action_id} already has its {effect.outcome.value} effect on "
-                    f"the record (actual {rec.effect.actual if rec.effect else None}); it is "
-                    "recorded once",
+                    f"action {effect.action_id} already has an effect on the record "
+                    f"({rec.status.value}, actual {rec.effect.actual if rec.effect else None}) "
+                    "from another attempt; an outcome moves once from each status",
                 )
             recorded = rec.effect_event_id
             return ManageReply(ok=True, event_id=str(recorded), seq=seq, result=change.result)

@@ -203,14 +203,22 @@ async def test_a_decision_an_earlier_attempt_stored_is_the_answer_not_a_second_o
     assert [d.action_id for d in state.decisions] == ["a1"]
 
 
-@pytest.mark.parametrize(("actual", "refused"), [(50, False), (70, True)])
+@pytest.mark.parametrize(
+    ("outcome", "actual", "refused"),
+    [
+        ("verified_success", 50, False),
+        ("verified_success", 70, True),
+        ("verified_failure", None, True),
+    ],
+)
 async def test_an_effect_an_earlier_attempt_stored_is_the_one_on_the_record(
-    fleet: Fleet, actual: int, refused: bool
+    fleet: Fleet, outcome: str, actual: int | None, refused: bool
 ) -> None:
-    """The effect side of the same race (the 15-minute chaos run, seed 20261201): an effect
-    append in flight from a coordinator that died lands after its retry was decided. One
-    message id per (action, outcome): the stream keeps one; the retry is answered from it (the
-    same terms) or refused by outcome honesty (other terms), and nothing is dead-lettered."""
+    """The effect side of the same race (the 15-minute chaos runs, seed 20261201): an effect
+    append in flight from a coordinator that died lands after another attempt was decided.
+    One message id per transition (action, status it moves from): the stream keeps one; the
+    other attempt is answered from it (the same terms) or refused by outcome honesty (another
+    actual, another outcome), and nothing is dead-lettered."""
     import asyncio
 
     from ledger.events import BudgetSettled, EffectObserved, Outcome, bundle_json, make_event
@@ -227,9 +235,9 @@ async def test_an_effect_an_earlier_attempt_stored_is_the_one_on_the_record(
     real = fleet.bus._queue.put_nowait
     fleet.bus._queue.put_nowait = lambda m: asyncio.get_running_loop().call_later(0.05, real, m)  # type: ignore[method-assign]
     await fleet.bus.publish(
-        subject_of(earlier[-1]), bundle_json(earlier), msg_id=f"effect:{MID}:a1:verified_success"
+        subject_of(earlier[-1]), bundle_json(earlier), msg_id=f"effect:{MID}:a1:accepted"
     )
-    effect = {"action_id": "a1", "outcome": "verified_success", "actual": actual}
+    effect = {"action_id": "a1", "outcome": outcome, "actual": actual}
     if refused:
         with pytest.raises(RuleViolation) as exc:
             await fleet.manage("effect.record", effect)
