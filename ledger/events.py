@@ -309,6 +309,36 @@ class ItemCaptured(_Payload):
     session_id: Ident
     text: Text
     order: int = Field(ge=0)
+    # how the node agent will verify it ("hello.txt written in this session"); None: only a
+    # human or the coordinator can close it
+    check: Text | None = None
+
+
+class ItemCheckAttached(_Payload):
+    """A completion check given to an item after capture (by the agent or a human)."""
+
+    kind: Literal["item.check_attached"] = "item.check_attached"
+    item_id: Ident
+    check: Text  # what the node agent will verify, in words
+    by: Text
+
+
+class ItemChecked(_Payload):
+    """The node agent ran an item's check; a pass is followed by its ``item.status_changed``."""
+
+    kind: Literal["item.checked"] = "item.checked"
+    item_id: Ident
+    passed: bool
+    detail: Text
+
+
+class ItemClaimed(_Payload):
+    """An agent or model says an item is in a status: a claim, never a stored status."""
+
+    kind: Literal["item.claimed"] = "item.claimed"
+    item_id: Ident
+    status: JudgedStatus
+    by: Text
 
 
 class ItemStatusChanged(_Payload):
@@ -417,6 +447,9 @@ Payload = Annotated[
     | DecisionRecorded
     | EffectObserved
     | ItemCaptured
+    | ItemCheckAttached
+    | ItemChecked
+    | ItemClaimed
     | ItemStatusChanged
     | JudgeVerdict
     | ReminderEmitted

@@ -46,6 +46,9 @@ from ledger.events import (
     GrantRevoked,
     GrantSpec,
     ItemCaptured,
+    ItemCheckAttached,
+    ItemChecked,
+    ItemClaimed,
     ItemStatusChanged,
     JudgeVerdict,
     LevelBudget,
@@ -70,6 +73,7 @@ from ledger.invariants import (
     check_purpose_binding,
     check_risk_treatment,
 )
+from ledger.items import ItemStatus, JudgedStatus
 
 MISSION_SCOPE = "mission"
 
@@ -152,6 +156,47 @@ class ActionRecord:
     effect_event_id: uuid.UUID | None = None
 
 
+class ItemStanding(StrEnum):
+    """Where a to-do item stands, as the fleet-wide progress view shows it (SPEC S5.1)."""
+
+    VERIFIED = "verified"  # done by a check the node agent ran and saw pass
+    DONE = "done"  # closed by a human or the coordinator
+    CANCELLED = "cancelled"
+    BLOCKED = "blocked"
+    PAUSED = "paused"
+    CLAIMED_UNVERIFIED = "claimed_unverified"  # an agent or model says done; nothing verified it
+    WAITING_ON_HUMAN = "waiting_on_human"  # open, and no check can close it
+    OPEN = "open"  # open, with a check that has not passed yet
+
+
+@dataclass
+class ItemProgress:
+    """One to-do item of one agent, from the node's observations (never from a model)."""
+
+    item_id: str
+    agent_id: str
+    node_id: str
+    session_id: str
+    text: str
+    order: int
+    status: ItemStatus = ItemStatus.OPEN
+    closed_by: str | None = None  # "check:<what>", "human:<who>", "coordinator:<who>"
+    check: str | None = None  # how the node agent verifies it, in words
+    check_detail: str | None = None  # the last check run's result
+    claim: str | None = None  # e.g. "done (claimed by agent-x, not independently verified)"
+
+    @property
+    def standing(self) -> ItemStanding:
+        if self.status is ItemStatus.DONE:
+            by_check = (self.closed_by or "").startswith("check:")
+            return ItemStanding.VERIFIED if by_check else ItemStanding.DONE
+        if self.status in (ItemStatus.CANCELLED, ItemStatus.BLOCKED, ItemStatus.PAUSED):
+            return ItemStanding(self.status.value)
+        if self.claim is not None and self.claim.startswith(JudgedStatus.DONE.value):
+            return ItemStanding.CLAIMED_UNVERIFIED
+        return ItemStanding.OPEN if self.check else ItemStanding.WAITING_ON_HUMAN
+
+
 @dataclass
 class MissionState:
     """Everything the authority kernel needs to decide for one mission, at one version."""
@@ -176,6 +221,7 @@ class MissionState:
     # never hidden by a later one decided at the same cut (outcome honesty).
     key_actions: dict[str, list[str]] = field(default_factory=dict)
     decisions: list[DecisionRecorded] = field(default_factory=list)
+    items: dict[str, ItemProgress] = field(default_factory=dict)  # the agents' to-do items
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -742,9 +788,45 @@ def _effect_observed(s: MissionState, e: Event, p: EffectObserved) -> None:
     rec.effect, rec.effect_event_id = p, e.event_id
 
 
-# A node's observations are records: the fold counts them (the version moves) and keeps nothing.
+# The agents' to-do items, for the fleet-wide progress view: kept as the nodes observed them.
+# An item the stream never saw captured (its capture predates the mission) is not invented.
+@_folds(ItemCaptured, needs_mission=False)
+def _item_captured(s: MissionState, e: Event, p: ItemCaptured) -> None:
+    if p.item_id not in s.items:
+        s.items[p.item_id] = ItemProgress(
+            item_id=p.item_id, agent_id=e.agent_id, node_id=e.node_id, session_id=p.session_id,
+            text=p.text, order=p.order, check=p.check,
+        )  # fmt: skip
+
+
+@_folds(ItemStatusChanged, needs_mission=False)
+def _item_status(s: MissionState, e: Event, p: ItemStatusChanged) -> None:
+    if (item := s.items.get(p.item_id)) is not None:
+        item.status, item.closed_by = p.status, f"{p.actor_kind}:{p.actor}"
+
+
+@_folds(ItemCheckAttached, needs_mission=False)
+def _item_check(s: MissionState, e: Event, p: ItemCheckAttached) -> None:
+    if (item := s.items.get(p.item_id)) is not None:
+        item.check = p.check
+
+
+@_folds(ItemChecked, needs_mission=False)
+def _item_checked(s: MissionState, e: Event, p: ItemChecked) -> None:
+    if (item := s.items.get(p.item_id)) is not None:
+        item.check_detail = p.detail
+
+
+@_folds(ItemClaimed, needs_mission=False)
+def _item_claimed(s: MissionState, e: Event, p: ItemClaimed) -> None:
+    if (item := s.items.get(p.item_id)) is not None:
+        item.claim = f"{p.status.value} (claimed by {p.by}, not independently verified)"
+
+
+# A node's other observations are records: the fold counts them (the version moves) and keeps
+# nothing.
 @_folds(
-    ItemCaptured, ItemStatusChanged, JudgeVerdict, ReminderEmitted, TurnEnded, ResourceObserved,
+    JudgeVerdict, ReminderEmitted, TurnEnded, ResourceObserved,
     ResourceModified, CommandRecorded, CommandReused, CommandBlockedStale, ClaimRecorded,
     TurnReceipt,
     needs_mission=False,

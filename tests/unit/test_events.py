@@ -36,6 +36,9 @@ from ledger.events import (
     GrantRequested,
     GrantRevoked,
     ItemCaptured,
+    ItemCheckAttached,
+    ItemChecked,
+    ItemClaimed,
     ItemStatusChanged,
     JudgeVerdict,
     LevelBudget,
@@ -122,7 +125,18 @@ SAMPLES: dict[str, Any] = {
         reservation_id="r1",
     ),
     "effect.observed": EffectObserved(action_id="a1", outcome=Outcome.UNKNOWN, actual=30_000),
-    "item.captured": ItemCaptured(item_id="i1", session_id="s1", text="fix the bug", order=0),
+    "item.captured": ItemCaptured(
+        item_id="i1",
+        session_id="s1",
+        text="write hello.txt",
+        order=0,
+        check="hello.txt written in this session",
+    ),
+    "item.check_attached": ItemCheckAttached(
+        item_id="i1", check="`pytest -q` exits 0 after the last write", by="human:ana"
+    ),
+    "item.checked": ItemChecked(item_id="i1", passed=False, detail="hello.txt does not exist"),
+    "item.claimed": ItemClaimed(item_id="i1", status="done", by="claude-code"),
     "item.status_changed": ItemStatusChanged(
         item_id="i1", status="done", actor_kind="check", actor="pytest"
     ),

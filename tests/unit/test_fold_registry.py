@@ -51,11 +51,15 @@ def test_a_subclass_of_a_known_payload_is_not_folded_as_its_parent() -> None:
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if k.startswith(NODE_KIND_PREFIXES)])
 def test_a_node_record_folds_without_a_mission_and_only_moves_the_version(kind: str) -> None:
+    """Only a captured item is kept (the fleet-wide progress view); the rest are counted."""
     led = Ledger()
     before = led.state.snapshot()
     led.apply(SAMPLES[kind])
     after = led.state.snapshot()
     assert after.pop("version") == before.pop("version") + 1
+    if kind == "item.captured":
+        assert list(after.pop("items")) == [SAMPLES[kind].item_id]
+        before.pop("items")
     assert after == before
 
 

@@ -42,6 +42,7 @@ from ledger.events import (
     RiskOpened,
     RiskTreated,
     TreatmentStatus,
+    TurnEnded,
 )
 from ledger.invariants import ActionStatus
 from tests.unit.builders import (
@@ -134,7 +135,7 @@ def test_grant_request_may_precede_the_mission() -> None:
 def test_events_without_a_fold_only_advance_the_version() -> None:
     led = Ledger().mission()
     before = led.state.snapshot()
-    led.apply(ItemCaptured(item_id="i1", session_id="s1", text="t", order=0))
+    led.apply(TurnEnded(session_id="s1", turn=1))
     after = led.state.snapshot()
     assert after.pop("version") == before.pop("version") + 1
     assert after == before
@@ -1133,7 +1134,7 @@ def test_snapshot_is_a_deep_copy() -> None:
 
 
 def test_node_observations_are_recorded_even_before_their_mission_exists() -> None:
-    from ledger.events import ItemCaptured, TurnEnded, make_event
+    from ledger.events import make_event
 
     state = MissionState("node-only")
     for payload in (
@@ -1155,3 +1156,43 @@ def test_reserving_a_released_id_again_is_rejected_not_replayed() -> None:
     assert exc.value.rule is Rule.BUDGET_CONSERVATION
     assert "already released" in str(exc.value)
     assert led.state.snapshot() == before
+
+
+def test_item_standing_follows_the_nodes_observations_and_never_a_claim() -> None:
+    from ledger.events import (
+        ItemCaptured,
+        ItemCheckAttached,
+        ItemChecked,
+        ItemClaimed,
+        ItemStatusChanged,
+        make_event,
+    )
+    from ledger.mission import ItemStanding
+
+    state = MissionState("m-progress")
+
+    def apply(payload: Any, agent: str = "coder") -> None:
+        state.apply(make_event(payload, mission_id="m-progress", at=T0, agent_id=agent))
+
+    apply(ItemCaptured(item_id="s-t1", session_id="s", text="write hello.txt", order=0,
+                       check="hello.txt written in this session"))  # fmt: skip
+    apply(ItemCaptured(item_id="s-t2", session_id="s", text="ask legal", order=1))
+    apply(ItemCaptured(item_id="s-t3", session_id="s", text="run the tests", order=2))
+    items = state.items
+    assert items["s-t1"].standing is ItemStanding.OPEN
+    assert items["s-t2"].standing is ItemStanding.WAITING_ON_HUMAN
+    apply(ItemClaimed(item_id="s-t1", status="done", by="coder"))
+    assert items["s-t1"].standing is ItemStanding.CLAIMED_UNVERIFIED
+    apply(ItemChecked(item_id="s-t1", passed=False, detail="hello.txt does not exist"))
+    assert items["s-t1"].standing is ItemStanding.CLAIMED_UNVERIFIED
+    apply(ItemStatusChanged(item_id="s-t1", status="done", actor_kind="check",
+                            actor="hello.txt written in this session"))  # fmt: skip
+    assert items["s-t1"].standing is ItemStanding.VERIFIED
+    apply(ItemStatusChanged(item_id="s-t2", status="done", actor_kind="human", actor="ana"))
+    assert items["s-t2"].standing is ItemStanding.DONE
+    apply(ItemCheckAttached(item_id="s-t3", check="`pytest` exits 0", by="human:ana"))
+    assert items["s-t3"].standing is ItemStanding.OPEN
+    assert items["s-t3"].agent_id == "coder"
+    # an observation about an item the stream never saw captured invents nothing
+    apply(ItemClaimed(item_id="s-t9", status="done", by="coder"))
+    assert "s-t9" not in items
