@@ -140,11 +140,9 @@ def _closes(item: Mapping[str, Any]) -> str:
 
 
 def _latest(item: Mapping[str, Any]) -> str:
-    parts = [
-        item.get("claim"),
-        f"check: {item['check_detail']}" if item.get("check_detail") else None,
-    ]
-    return clip("; ".join(p for p in parts if p), 48) or "-"
+    """The last check run's result first (what the node saw), then any claim (what was said)."""
+    detail = f"check: {item['check_detail']}" if item.get("check_detail") else None
+    return clip("; ".join(p for p in (detail, item.get("claim")) if p), 48) or "-"
 
 
 def _short_id(item: Mapping[str, Any]) -> str:
