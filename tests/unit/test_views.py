@@ -37,8 +37,10 @@ def two_agents() -> MissionState:
     """coder: verified, waiting on a human, claimed-unverified; reviewer: open, done by a human."""
     s = MissionState(MID)
     # captured out of order: the view orders by agent, session, order
-    apply(s, ItemCaptured(item_id="r-t2", session_id="r", text="merge it", order=2,
-                          check="`git log` shows the merge"), agent="reviewer", node="node-2")  # fmt: skip
+    merge = ItemCaptured(
+        item_id="r-t2", session_id="r", text="merge it", order=2, check="`git log` shows the merge"
+    )
+    apply(s, merge, agent="reviewer", node="node-2")
     apply(s, ItemCaptured(item_id="s-t3", session_id="s", text="run the tests", order=3,
                           check="`pytest` exits 0 after the last write"))  # fmt: skip
     apply(s, ItemCaptured(item_id="s-t1", session_id="s", text="write hello.txt", order=1,
