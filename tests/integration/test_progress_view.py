@@ -21,6 +21,7 @@ from fleetbus.client import FleetClient
 from fleetledger.cli import app
 from ledger.events import ItemStatusChanged, make_event
 from ledger.ids import new_id
+from ledger.items import Actor, ItemStatus
 from node_agent.client import NodeClient
 from node_agent.daemon import NodeAgent
 from node_agent.settings import NodeSettings
@@ -153,3 +154,30 @@ async def test_a_mission_without_items_has_an_empty_progress(
 ) -> None:
     view = await fleet.view(mission)
     assert view["progress"]["agents"] == [] and view["progress"]["total"] == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding for node_agent (not this branch's files): NodeAgent.stop cancels the outbox "
+    "without draining it, so a status written just before a graceful stop reaches the stream "
+    "only if the node restarts on the same state; the demo's team view shows its check-closed "
+    "item still open for this reason",
+)
+async def test_an_item_closed_just_before_a_graceful_stop_still_reaches_the_view(
+    coordinator: Coordinator, nats_url: str, state_dir: Path, fleet: FleetClient, mission: str
+) -> None:
+    agent = NodeAgent(
+        NodeSettings(state_dir=state_dir, node_id="node-q", nats_url=nats_url, mission=mission)
+    )
+    await agent.start()
+    try:
+        item = agent.ledger.add("ann", "ship the notes", agent="ann", mission=mission)
+        await wait_for(lambda: fleet.view(mission), lambda v: v["progress"]["total"] == 1)
+        agent.store.set_status(item.item_id, ItemStatus.DONE, Actor("human", "lead"))
+    finally:
+        await agent.stop()
+    await wait_for(
+        lambda: fleet.view(mission),
+        lambda v: standings(v) == {"ann": [("ship the notes", "done")]},
+        timeout=3.0,
+    )
