@@ -11,6 +11,7 @@ from rich.table import Table
 from coordinator.views import digest
 from ledger.invariants import RiskStatus
 from ledger.kernel import Decision
+from ledger.mission import ItemStanding
 from ledger.money import format_amount
 
 
@@ -99,19 +100,28 @@ PROGRESS_ROWS = 40  # item rows across all agents' tables
 AGENT_ROWS = 15  # item rows in one agent's table
 AGENT_TABLES = 12  # agents that get an item table (every agent gets its line of counts)
 
-STANDING_LABELS = {
-    "verified": "[green]verified[/]",
-    "done": "[green]done[/]",
-    "cancelled": "[dim]cancelled[/]",
-    "blocked": "[red]blocked[/]",
-    "paused": "[yellow]paused[/]",
-    "claimed_unverified": "[yellow]claimed, unverified[/]",
-    "waiting_on_human": "[magenta]waiting on a human[/]",
-    "open": "open",
+# Keyed by the enum: the wire's strings look them up as they are (a StrEnum is its value).
+STANDING_LABELS: dict[str, str] = {
+    ItemStanding.VERIFIED: "[green]verified[/]",
+    ItemStanding.DONE: "[green]done[/]",
+    ItemStanding.CANCELLED: "[dim]cancelled[/]",
+    ItemStanding.BLOCKED: "[red]blocked[/]",
+    ItemStanding.PAUSED: "[yellow]paused[/]",
+    ItemStanding.CLAIMED_UNVERIFIED: "[yellow]claimed, unverified[/]",
+    ItemStanding.WAITING_ON_HUMAN: "[magenta]waiting on a human[/]",
+    ItemStanding.OPEN: "open",
 }
-_NAMES = {"claimed_unverified": "claimed unverified", "waiting_on_human": "waiting on a human"}
-_SET_BY_SOMEONE = ("verified", "done", "cancelled", "blocked", "paused")
-_ALWAYS = ("open", "verified", "claimed_unverified", "waiting_on_human")
+_NAMES: dict[str, str] = {
+    ItemStanding.CLAIMED_UNVERIFIED: "claimed unverified",
+    ItemStanding.WAITING_ON_HUMAN: "waiting on a human",
+}
+_SET_BY_SOMEONE = frozenset(ItemStanding) - {
+    ItemStanding.OPEN, ItemStanding.CLAIMED_UNVERIFIED, ItemStanding.WAITING_ON_HUMAN
+}  # fmt: skip
+_ALWAYS = (
+    ItemStanding.OPEN, ItemStanding.VERIFIED, ItemStanding.CLAIMED_UNVERIFIED,
+    ItemStanding.WAITING_ON_HUMAN,
+)  # fmt: skip
 
 
 def clip(text: str | None, width: int) -> str:
