@@ -609,15 +609,22 @@ def view(
     ] = "operator",
     as_json: JsonOpt = False,
 ) -> None:
-    """The team view of a mission: budget per level, grants, open risks, receipts."""
+    """The team view of a mission: budget per level, grants, open risks, receipts, and what
+    each agent has open, verified, claimed-unverified and waiting on a human."""
     from fleetbus.client import FleetClient
     from fleetledger.render import team_view
+    from ledger.protocol import ViewRequest
+
+    try:  # a role no view has is bad input (exit 2), even with no fleet to ask
+        request = ViewRequest.model_validate({"mission_id": mission_id, "role": as_})
+    except ValidationError as exc:
+        _fail(InvalidInput(f"invalid input: {first_error(exc)}"), as_json)
 
     async def call() -> dict[str, Any]:
         async with await FleetClient.connect(
             _nats_url(), seed=_seed(), principals=_principals()
         ) as client:
-            return await client.view(mission_id, as_)
+            return await client.view(request.mission_id, request.role)
 
     data = _run(call, as_json)
     if as_json:
