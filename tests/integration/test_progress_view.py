@@ -156,13 +156,6 @@ async def test_a_mission_without_items_has_an_empty_progress(
     assert view["progress"]["agents"] == [] and view["progress"]["total"] == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding for node_agent (not this branch's files): NodeAgent.stop cancels the outbox "
-    "without draining it, so a status written just before a graceful stop reaches the stream "
-    "only if the node restarts on the same state; the demo's team view shows its check-closed "
-    "item still open for this reason",
-)
 async def test_an_item_closed_just_before_a_graceful_stop_still_reaches_the_view(
     coordinator: Coordinator, nats_url: str, state_dir: Path, fleet: FleetClient, mission: str
 ) -> None:
