@@ -18,7 +18,7 @@ from typing import Any, Self
 
 import platformdirs
 from pydantic import BaseModel, ConfigDict, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from ledger.errors import InvalidInput
 
@@ -103,4 +103,6 @@ def nats_tls_context() -> ssl.SSLContext | None:
         tls = FleetBaseSettings.load().nats_tls
     except ValidationError as exc:
         raise InvalidInput(f"FLEET_NATS_TLS__*: {exc.errors()[0]['msg']}") from None
+    except SettingsError as exc:
+        raise InvalidInput(f"FLEET_NATS_TLS: {exc}") from None
     return tls.context()
