@@ -93,7 +93,7 @@ def _servers_table(
     if servers.nats is not None:
         table.add_row("nats-server (JetStream)", servers.nats_url, "[green]healthy[/]")
     if servers.redis is not None:
-        table.add_row("redis-server", servers.redis_url, "[green]healthy[/]")
+        table.add_row("redis-server", servers.redis_address, "[green]healthy[/]")
     table.add_row("coordinator", f"http://127.0.0.1:{http_port}/readyz", "[green]ready[/]")
     for i, sock in enumerate(sockets, start=1):
         table.add_row(f"node agent node-{i}", str(sock), "[green]listening[/]")

@@ -335,7 +335,7 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
         try:
             await asyncio.gather(*(w.start() for w in watchers))
             err.print(
-                f"fleet up: NATS {servers.nats_url}, Redis {servers.redis_url}, "
+                f"fleet up: NATS {servers.nats_url}, Redis {servers.redis_address}, "
                 f"coordinator, {len(NODES)} node agents watching risks"
             )
             steps = Steps(
