@@ -40,10 +40,14 @@ class Rendered:
                 yield o["metadata"]["name"], o["spec"]
 
 
-def run_helm(python: Path, chart: Path, out: Path, scenarios: list[Path]) -> dict[str, Any]:
-    """Lint `chart` and render each scenario with helm_render.py in the helm venv."""
+def run_helm(
+    python: Path, chart: Path, out: Path, scenarios: list[Path], base: Path | None = None
+) -> dict[str, Any]:
+    """Lint `chart` and render each scenario (over ``base`` values) with helm_render.py in
+    the helm venv."""
+    under = ["--base", str(base)] if base is not None else []
     done = subprocess.run(
-        [str(python), str(HELM_RENDER), str(chart), str(out)] + [str(s) for s in scenarios],
+        [str(python), str(HELM_RENDER), str(chart), str(out), *under, *map(str, scenarios)],
         capture_output=True,
         text=True,
         timeout=120,
