@@ -183,9 +183,7 @@ def _write(path: Path, text: str, mode: int) -> None:
 
 @identity_app.command("helm-values")
 def helm_values(
-    out_dir: Annotated[
-        Path, typer.Option("--out", help="Directory to write the two files into.")
-    ],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the two files into.")],
     coordinator: Annotated[
         str | None,
         typer.Option(help="The coordinator principal of the pods (default: the only one)."),

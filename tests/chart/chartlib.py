@@ -19,9 +19,10 @@ SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
 class Rendered:
     """One scenario's manifests, parsed."""
 
-    def __init__(self, manifest: str, hooks: list[str]) -> None:
+    def __init__(self, manifest: str, hooks: list[str], notes: str = "") -> None:
         self.objects = [d for d in yaml.safe_load_all(manifest) if d]
         self.hooks = [d for h in hooks for d in yaml.safe_load_all(h) if d]
+        self.notes = notes
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [o for o in self.objects if o["kind"] == kind]

@@ -141,5 +141,5 @@ def rendered(helm_report: dict[str, Any]) -> dict[str, Rendered]:
     out = {}
     for name, result in helm_report["renders"].items():
         assert "error" not in result, f"{name} did not render: {result['error']}"
-        out[name] = Rendered(result["manifest"], result["hooks"])
+        out[name] = Rendered(result["manifest"], result["hooks"], result["notes"])
     return out

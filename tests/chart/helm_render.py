@@ -165,7 +165,9 @@ def render(config: helm.Configuration, chart: Path, values: dict[str, Any]) -> d
     release = FakeApiServer.releases[-1]
     manifest = release.get("manifest", "")
     hooks = [h.get("manifest", "") for h in release.get("hooks") or []]
-    return {"manifest": manifest, "hooks": hooks, "kube_errors": kube_errors([manifest, *hooks])}
+    notes = (release.get("info") or {}).get("notes", "")
+    return {"manifest": manifest, "hooks": hooks, "notes": notes,
+            "kube_errors": kube_errors([manifest, *hooks])}  # fmt: skip
 
 
 def kube_errors(documents: list[str]) -> list[str]:
@@ -201,7 +203,8 @@ def main() -> None:
     config = helm.Configuration(namespace="fleet", kubeconfig=kubeconfig)
     chart_path = Path(chart).resolve()
     report: dict[str, Any] = {
-        "lint": {"chart": lint(config, chart_path, base or None)}, "renders": {}
+        "lint": {"chart": lint(config, chart_path, base or None)},
+        "renders": {},
     }
     for scenario in scenarios:
         name = Path(scenario).name
