@@ -158,6 +158,15 @@ def _coordinator_of(principals: list[Principal], name: str | None) -> Principal:
     return live[0]
 
 
+def _seed_to_export(store: KeyStore, name: str) -> str:
+    try:
+        return store.seed(name)
+    except InvalidInput:
+        raise
+    except FleetError as exc:  # not here: the export would leave that pod without a key
+        raise InvalidInput(f"cannot export the chart's seeds: {exc.message}") from None
+
+
 def _secret(name: str, namespace: str | None, seeds: dict[str, str]) -> dict[str, object]:
     metadata: dict[str, object] = {
         "name": name,
@@ -208,8 +217,8 @@ def helm_values(
         chosen = _coordinator_of(principals, coordinator)
         nodes = [p.name for p in principals if p.role is Role.NODE and not p.revoked]
         # every seed read before anything is written: a missing one changes nothing
-        coordinator_seeds = {chosen.name: store.seed(chosen.name)}
-        node_seeds = {name: store.seed(name) for name in nodes}
+        coordinator_seeds = {chosen.name: _seed_to_export(store, chosen.name)}
+        node_seeds = {name: _seed_to_export(store, name) for name in nodes}
         if out_dir.exists() and not out_dir.is_dir():
             raise InvalidInput(f"--out {out_dir} is not a directory")
     except FleetError as exc:
@@ -239,12 +248,16 @@ def helm_values(
         print(json.dumps({"values": str(values_path), "secrets": str(secrets_path),
                           "coordinator": chosen.name, "nodes": nodes}))  # fmt: skip
         return
-    out.print(f"wrote {values_path} (public: directory and NATS authorization)")
-    out.print(f"wrote {secrets_path} (0600: seeds of {chosen.name} and {len(nodes)} node(s))")
+    say = [
+        f"wrote {values_path} (public: directory and NATS authorization)",
+        f"wrote {secrets_path} (0600: seeds of {chosen.name} and {len(nodes)} node(s))",
+        f"  kubectl apply -n NAMESPACE -f {secrets_path}   # then delete the file",
+        f"  helm upgrade --install ... -f {values_path}",
+    ]
+    for line in say:
+        out.print(line, soft_wrap=True, highlight=False)
     if not nodes:
-        err.print("[yellow]warning[/] no node principals: node agents will not start")
-    out.print(f"  kubectl apply -n NAMESPACE -f {secrets_path}   # then delete the file")
-    out.print(f"  helm install ... -f {values_path}")
+        err.print("[yellow]warning[/] no node principals: no node agent will start")
 
 
 def register(app: typer.Typer) -> None:
