@@ -392,3 +392,18 @@ def test_every_rendered_object_validates_against_the_kubernetes_schemas(
 ) -> None:
     """kubernetes-validate (strict: unknown fields fail) on what the Helm library rendered."""
     assert helm_report["renders"][scenario]["kube_errors"] == []
+
+
+def test_kubernetes_validation_reports_an_unknown_field(
+    helm_python: Path, base_values: Path, tmp_path: Path
+) -> None:
+    broken = tmp_path / "fleetledger"
+    shutil.copytree(CHART, broken)
+    (broken / "templates" / "typo.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: typo}\ndta: {a: b}\n"
+    )
+    scenario = tmp_path / "default-values.yaml"
+    scenario.write_text("{}")
+    report = run_helm(helm_python, broken, tmp_path / "report.json", [scenario], base_values)
+    errors = report["renders"]["default-values.yaml"]["kube_errors"]
+    assert errors and "dta" in errors[0]
