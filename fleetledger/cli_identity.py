@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Annotated
@@ -136,6 +137,7 @@ def nats_config(directory: DirOpt = None) -> None:
     print(json.dumps({"authorization": block}, indent=2))
 
 
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS subdomain
 VALUES_FILE = "identity-values.json"
 SECRETS_FILE = "identity-secrets.json"
 
@@ -219,6 +221,12 @@ def helm_values(
         # every seed read before anything is written: a missing one changes nothing
         coordinator_seeds = {chosen.name: _seed_to_export(store, chosen.name)}
         node_seeds = {name: _seed_to_export(store, name) for name in nodes}
+        for flag, name in (("--coordinator-secret", coordinator_secret),
+                           ("--node-secret", node_secret)):  # fmt: skip
+            if not _SECRET_NAME.fullmatch(name):
+                raise InvalidInput(f"{flag} {name!r} is not a Kubernetes Secret name")
+        if coordinator_secret == node_secret:
+            raise InvalidInput("--coordinator-secret and --node-secret must differ")
         if out_dir.exists() and not out_dir.is_dir():
             raise InvalidInput(f"--out {out_dir} is not a directory")
     except FleetError as exc:

@@ -139,3 +139,13 @@ def test_helm_values_refuses_a_node_whose_seed_is_not_here_before_writing(
     assert "no seed for principal 'node-b'" in " ".join(done.stderr.split())
     assert "Traceback" not in done.output
     assert not out.exists()
+
+
+def test_helm_values_refuses_secret_names_kubernetes_would_refuse(tmp_path: Path) -> None:
+    store = fleet(tmp_path / "keys")
+    out = tmp_path / "out"
+    bad = helm_values(store, out, "--node-secret", "Nodes_Secret")
+    assert bad.exit_code == 2 and "not a Kubernetes Secret name" in bad.stderr
+    same = helm_values(store, out, "--node-secret", "one", "--coordinator-secret", "one")
+    assert same.exit_code == 2 and "must differ" in same.stderr
+    assert not out.exists()
