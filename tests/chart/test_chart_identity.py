@@ -23,7 +23,13 @@ from nats.aio.client import Client
 from fleetbus.bus import ensure_risk_bucket, ensure_streams
 from fleetbus.identity import KeyStore, seed_of
 from fleetbus.permissions import authorization
-from fleetledger.servers import ManagedServer, find_nats_server, find_redis_server
+from fleetledger.servers import (
+    REDIS_COORDINATOR,
+    REDIS_USERS,
+    ManagedServer,
+    find_nats_server,
+    find_redis_server,
+)
 from ledger.errors import InvalidInput
 from ledger.identity import Role
 from ledger.protocol import AUTHORIZE_SUBJECT
@@ -376,6 +382,7 @@ def chart_redis(
     )
     assert done.returncode == 0, done.stderr
     assert (tmp / "users.acl").stat().st_mode & 0o777 == 0o600
+    assert password not in (tmp / "users.acl").read_text()  # its SHA-256 only
     port = free_port()
     args = [a.replace("/acl", str(tmp)).replace("/data", str(tmp)) for a in
             named(spec, "redis")["args"][1:]]  # fmt: skip
@@ -524,6 +531,14 @@ def test_the_chart_refuses_to_render_identity_it_cannot_run(
     refusals: dict[str, Any], scenario: str, says: str
 ) -> None:
     assert says in refusals[scenario].get("error", ""), refusals[scenario]
+
+
+def test_the_coordinator_acl_rules_are_the_embedded_fleets() -> None:
+    import yaml
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["redis"]["auth"]["rules"] == REDIS_USERS[REDIS_COORDINATOR]
+    assert values["redis"]["auth"]["username"] == REDIS_COORDINATOR
 
 
 def test_identity_and_redis_auth_are_on_by_default() -> None:
