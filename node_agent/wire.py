@@ -77,6 +77,7 @@ class Who(SessionRef):
 
 class Prompt(Who):
     text: str = ""
+    cwd: str | None = None  # the session's working directory: where inferred checks look
 
 
 class Stop(SessionRef):
