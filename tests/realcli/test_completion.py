@@ -73,8 +73,14 @@ def test_three_items_close_on_verified_checks_with_no_wasted_turn(
         ToolCall("Write", {"file_path": str(agent.project / "hello.txt"), "content": "hello\n"}),
         agent.shell("python -m unittest"),
         ToolCall("Read", {"file_path": changelog}),
-        ToolCall("Edit", {"file_path": changelog, "old_string": "# Changelog\n",
-                          "new_string": "# Changelog\n\n- hello.txt\n"}),  # fmt: skip
+        ToolCall(
+            "Edit",
+            {
+                "file_path": changelog,
+                "old_string": "# Changelog\n",
+                "new_string": "# Changelog\n\n- x\n",
+            },
+        ),
         Text("All three are done."),
     ]
     with agent.server_class(list(work)) as server:
