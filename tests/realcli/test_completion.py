@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from node_agent.settings import NodeSettings
-from tests.fixtures.model_servers import Text, ToolCall
+from tests.fixtures.model_servers import ScriptStep, Text, ToolCall
 from tests.realcli.agents import ClaudeCode
 from tests.realcli.test_hooks import db, install_ours, node, session_of
 
@@ -69,7 +69,7 @@ def test_three_items_close_on_verified_checks_with_no_wasted_turn(
 ) -> None:
     agent = claude(agent_clis, tmp_path, node)
     changelog = str(agent.project / "CHANGELOG.md")
-    work = [
+    work: list[ScriptStep] = [
         ToolCall("Write", {"file_path": str(agent.project / "hello.txt"), "content": "hello\n"}),
         agent.shell("python -m unittest"),
         ToolCall("Read", {"file_path": changelog}),
@@ -107,7 +107,7 @@ def test_a_last_item_that_needs_a_human_ends_with_one_note(
     agent_clis: dict[str, Path], tmp_path: Path, node: NodeSettings
 ) -> None:
     agent = claude(agent_clis, tmp_path, node)
-    work = [
+    work: list[ScriptStep] = [
         ToolCall("Write", {"file_path": str(agent.project / "hello.txt"), "content": "hello\n"}),
         Text("hello.txt is written; deploying to production needs you."),
     ]
