@@ -304,7 +304,8 @@ async def test_the_outbox_publishes_every_event_once_to_jetstream(
         total = agent.store.outbox_counts()[0]
         await wait_until(lambda: agent.store.outbox_counts() == (total, total))
         info = await fleet.js.stream_info(STREAM, subjects_filter=mission_filter(mission))
-        assert sum((info.state.subjects or {}).values()) == total == 4  # 2 captured, turn, reminder
+        # 2 captured, the turn; no reminder: items no check can close let the stop through
+        assert sum((info.state.subjects or {}).values()) == total == 3
     finally:
         await agent.stop()
 
