@@ -20,8 +20,8 @@ from ledger.errors import InvalidInput
 from node_agent.checks import PassedCheck, WrittenCheck
 
 SHIPPED = Path(__file__).with_name("completion_rules.toml")
-# a file name in an item's text: "hello.txt", "docs/usage.md", "`src/app.py`"
-FILE_NAME = re.compile(r"(?<![\w/.-])(?P<name>[\w-][\w./-]*\.[A-Za-z0-9]{1,8})\b")
+# a file name in an item's text: "hello.txt", "docs/usage.md", "`src/app.py`" (not "0.2.0")
+FILE_NAME = re.compile(r"(?<![\w/.-])(?P<name>[\w-][\w./-]*\.[A-Za-z][A-Za-z0-9]{0,7})\b")
 
 
 class CompletionRule(BaseModel):

@@ -293,3 +293,22 @@ async def test_each_agent_has_its_own_block_cap(tmp_path: Path, project: Path) -
         assert "decision" not in capped.json and "after 1 reminders" in capped.json["systemMessage"]
     finally:
         await agent.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "closes"),
+    [
+        ("write hello.txt", "hello.txt is written"),
+        ("Update `docs/usage.md`", "docs/usage.md is written"),
+        ("update the CHANGELOG.md", "CHANGELOG* is written"),
+        ("make the linter pass", "a lint run (ruff check or flake8) has exited 0"),
+        ("fix the failing tests", "a test run (pytest or unittest) has exited 0"),
+        ("update the version to 0.2.0", None),  # a version number is not a file name
+        ("write the release notes", None),
+    ],
+)
+def test_the_shipped_rules_infer_a_check_from_the_text(text: str, closes: str | None) -> None:
+    found = infer(text, "/w", load())
+    assert (found.describe() if found else None) == closes or (
+        closes is not None and found is not None and found.describe().startswith(closes)
+    )
