@@ -123,3 +123,36 @@ def test_a_last_item_that_needs_a_human_ends_with_one_note(
     _told, noted = reminded(node, session)
     assert noted is not None and "[t2] deploy it to production" in noted
     assert "Waiting on a human" in noted and "write hello.txt" not in noted
+
+
+def test_a_subagent_does_the_work_and_no_turn_is_wasted(
+    agent_clis: dict[str, Path], tmp_path: Path, node: NodeSettings
+) -> None:
+    """The parent hands a one-item prompt to a subagent (the Agent tool, in the foreground):
+    the subagent's stop is judged on its own session (nothing captured there: silent), the
+    parent's on its items, which the subagent's write closed."""
+    agent = claude(agent_clis, tmp_path, node)
+    work: list[ScriptStep] = [
+        ToolCall(
+            "Agent",
+            {
+                "description": "write the file",
+                "prompt": "Write hello.txt.",
+                "subagent_type": "general-purpose",
+                "run_in_background": False,
+            },
+        ),
+        ToolCall("Write", {"file_path": str(agent.project / "hello.txt"), "content": "hello\n"}),
+        Text("hello.txt is written."),  # the subagent's answer
+        Text("The subagent wrote hello.txt."),  # the parent's
+    ]
+    with agent.server_class(list(work)) as server:
+        done = agent.run(server, "1. write hello.txt")
+    assert done.returncode == 0, done.describe()
+    session = session_of(node, agent)
+    turns = len(server.main_requests)
+    print(f"subagent run: {turns} model turns for {len(work)} scripted")
+    subagent = json.dumps(server.main_requests[1].body["messages"][0])
+    assert "Write hello.txt." in subagent and "fleetledger to-do" not in subagent  # its own
+    assert [(t, s) for t, s, _ in stored(node, session)] == [("write hello.txt", "done")]
+    assert turns == len(work), [r.turn for r in server.main_requests]
