@@ -173,12 +173,19 @@ class AutoLedger:
                 claimed.append(target)
         return claimed
 
-    def claim(
+    async def claim(
         self, item_ref: str, status: str, *, by: str, session_id: str | None = None
     ) -> StoredItem:
-        """An agent or model says ``status``: kept as a claim, the stored status unchanged."""
-        stored = self.store.find_item(item_ref, session_id)
-        return self.store.record_claim(stored.item_id, status, by)
+        """An agent or model says ``status``: kept as a claim, the stored status unchanged; a
+        "done" on an open item with a check makes the node verify it now (the check, not the
+        claim, may close it)."""
+        run = self.store.run
+        stored = await run(self.store.find_item, item_ref, session_id)
+        stored = await run(self.store.record_claim, stored.item_id, status, by)
+        if status == ItemStatus.DONE and stored.check is not None and not audit([stored]).clear:
+            await self.verify(stored)
+            stored = await run(self.store.find_item, stored.item_id)
+        return stored
 
     # --- checks -----------------------------------------------------------------------------
 

@@ -79,10 +79,9 @@ class TodoRoutes:
         return ItemReply(item=ItemView.of(stored))
 
     async def claim(self, req: ItemClaim) -> ItemReply:
-        """An agent says an item is done: kept as its claim, the stored status unchanged."""
-        stored = await self.store.run(
-            self.ledger.claim, req.item, req.status, by=req.by, session_id=req.session_id
-        )
+        """An agent says an item is done: kept as its claim; its check, run now, may close it."""
+        stored = await self.ledger.claim(req.item, req.status, by=req.by, session_id=req.session_id)
+        self.wake()
         return ItemReply(item=ItemView.of(stored))
 
     async def evidence(self, req: Evidence) -> Done:

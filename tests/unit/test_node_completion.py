@@ -312,3 +312,15 @@ def test_the_shipped_rules_infer_a_check_from_the_text(text: str, closes: str | 
     assert (found.describe() if found else None) == closes or (
         closes is not None and found is not None and found.describe().startswith(closes)
     )
+
+
+async def test_a_task_marked_completed_is_verified_at_once(node: NodeAgent, project: Path) -> None:
+    await prompt(node, project, "1. write hello.txt")
+    await write(node, project, "hello.txt", "hi\n")
+    created = {"subject": "write hello.txt"}
+    await hook(node, "PostToolUse", cwd=str(project), tool_name="TaskCreate",
+               tool_input=created, tool_response={"task": {"id": "1", **created}})  # fmt: skip
+    await hook(node, "PostToolUse", cwd=str(project), tool_name="TaskUpdate",
+               tool_input={"taskId": "1", "status": "completed"}, tool_response={})  # fmt: skip
+    (item,) = await items(node)
+    assert (item["stored_status"], item["stored_by"].split(":")[0]) == ("done", "check")
