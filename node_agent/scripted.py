@@ -236,7 +236,7 @@ async def run_exec(
         figures["cache_hit"] = cached is not None and "answered from the record" in cached
         console.print(
             "[bold]cache hit[/] bob's `python -m pytest -q`, inputs unchanged →",
-            escape(str(cached).split("\n", 1)[0]),
+            escape(_one_line(str(cached))),
         )
 
         model = ScriptedModel()
@@ -261,3 +261,9 @@ async def run_exec(
         await agent.stop()
         if own_dir:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    """A multi-line answer on one line (the recorded output follows its "Recorded output:")."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
