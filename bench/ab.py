@@ -33,7 +33,7 @@ def main() -> int:
     args = parser.parse_args()
     err = Console(stderr=True)
     results = asyncio.run(run_experiment(quick=args.quick, err=err))
-    out = Console()
+    out = Console() if sys.stdout.isatty() else Console(width=200)
     out.print(table(results))
     if args.steps:
         for control, arms in steps_of(results).items():

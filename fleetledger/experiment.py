@@ -23,8 +23,10 @@ a control that stops a legitimate step counts a false block. ``bench/ab.py`` is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -32,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -96,6 +98,7 @@ class Tally:
     wrong_completions: int = 0  # the run ended as "done" with work not done
     repeated_runs: int = 0  # commands executed again while their recorded result was valid
     lost_updates: int = 0  # another agent's change overwritten
+    dead_letters: int = 0  # events the ledger's fold refused after the fact (the record's check)
     replay_ms: float | None = None  # replay to the cut of the mission's first violation
     replay_agrees: bool | None = None  # the replayed state gives the recorded verdict
     steps: list[str] = field(default_factory=list)
@@ -160,6 +163,7 @@ class Results:
                 "authorize_p50_ms_off": self.authorize_p50_ms.get(f"without {control}"),
             }
         out["kernel_us_all"] = self.kernel_us.get("all")
+        out["authorize_p50_ms"] = self.authorize_p50_ms
         out["cross_effects"] = self.cross_effects
         out["shortfalls"] = self.verdict()
         return out
@@ -176,6 +180,7 @@ def _brief(t: Tally) -> dict[str, Any]:
         "overspend": format_amount(t.overspend), "wrong_completions": t.wrong_completions,
         "repeated_runs": t.repeated_runs, "lost_updates": t.lost_updates,
         "replay_ms": t.replay_ms, "replay_agrees": t.replay_agrees,
+        "dead_letters": t.dead_letters,
     }  # fmt: skip
 
 
@@ -481,9 +486,9 @@ async def budget_race(run: Run) -> None:
         run.note(f"branch-{i} asks 0.50", reqs[i], decisions[i], violation=rank > 0)
         if rank == 0 and decisions[i].allowed:
             legit_admitted += half
-    spare = next((i for i in order[1:]), 3)  # a branch whose own grant is unused in truth
-    small = run.request("branch-extra", f"g-branch-{spare}", "research.run",
-                        cost=parse_amount("0.20"))  # fmt: skip
+    # the orchestrator's own 0.20 under the root grant: legitimate while what was rightly
+    # admitted leaves room for it
+    small = run.request("orchestrator-0", "g-fanout", "research.run", cost=parse_amount("0.20"))
     await run.ask(
         "a 0.20 that fits what is left", small, violation=legit_admitted + small.cost > CEILING
     )
@@ -578,16 +583,38 @@ def kernel_latency(state: MissionState, n: int) -> dict[str, float]:
     return {k: round(v, 3) for k, v in best.items()}
 
 
+@contextlib.contextmanager
+def _quiet_coordinators() -> Iterator[None]:
+    """The arms' coordinators log the dead letters an arm provokes; the tallies count them."""
+    logger = logging.getLogger("fleetledger")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 async def coordinator_side(
     servers: EmbeddedServers, *, latency_n: int, kernel_n: int, err: Console | None
 ) -> tuple[list[Tally], dict[str, float], dict[str, float], list[str]]:
-    arms: list[Control | None] = [None, *sorted(KERNEL_CONTROLS)]
+    with _quiet_coordinators():
+        return await _coordinator_arms(servers, latency_n=latency_n, kernel_n=kernel_n, err=err)
+
+
+async def _coordinator_arms(
+    servers: EmbeddedServers, *, latency_n: int, kernel_n: int, err: Console | None
+) -> tuple[list[Tally], dict[str, float], dict[str, float], list[str]]:
+    # every control on, each kernel control off, then every control on again (latency only):
+    # the end-to-end figure for "all" is the later one, measured on a warmed-up stack
+    arms: list[Control | None] = [None, *sorted(KERNEL_CONTROLS), None]
     tallies: list[Tally] = []
     p50: dict[str, float] = {}
     kernel_us: dict[str, float] = {}
     cross: list[str] = []
     baseline: dict[Control, list[str]] = {}
-    for off in arms:
+    for n, off in enumerate(arms):
+        last = n == len(arms) - 1
         name = "all" if off is None else f"without {off}"
         if err is not None:
             err.print(f"[dim]coordinator arm: {name}[/]")
@@ -595,8 +622,8 @@ async def coordinator_side(
         fleet = await FleetClient.connect(servers.nats_url)
         try:
             controls = ALL_CONTROLS - {off} if off else ALL_CONTROLS
-            tag = f"{EXPERIMENT_PREFIX}-{off or 'all'}".replace("_", "-")
-            for control, mission in COORDINATOR_MISSIONS.items():
+            tag = f"{EXPERIMENT_PREFIX}-{off or 'all'}{'-again' if last else ''}".replace("_", "-")
+            for control, mission in () if last else COORDINATOR_MISSIONS.items():
                 run = Run(
                     fleet, f"{tag}-{control}".replace("_", "-"), Tally(control, off), controls
                 )
@@ -610,8 +637,10 @@ async def coordinator_side(
                 elif run.tally.steps != baseline[control]:
                     cross.append(f"{name} changed the {control} mission: {run.tally.steps}")
             lat_mission = f"{tag}-latency"
+            if name in p50:
+                p50["all (first)"] = p50[name]
             p50[name] = await _authorize_p50(fleet, lat_mission, latency_n)
-            if off is None:
+            if off is None and not last:
                 kernel_us = kernel_latency(coordinator.states[lat_mission], kernel_n)
         finally:
             await fleet.close()
@@ -741,9 +770,20 @@ def stale_edit(node: Node, work: Path, tally: Tally) -> None:
         tally.lost_updates += 1
 
 
+def _from_record(answer: dict[str, Any]) -> str | None:
+    """The stand-in command a PreToolUse answer runs instead of the real one (the recorded
+    result printed), or None when the real command is to run."""
+    out = answer.get("hookSpecificOutput") or {}
+    updated = out.get("updatedInput")
+    if out.get("permissionDecision") == "allow" and isinstance(updated, dict):
+        command = updated.get("command")
+        return command if isinstance(command, str) else None
+    return None
+
+
 def repeated_command(node: Node, work: Path, tally: Tally) -> None:
     """Record answers: alice runs the tests; bob runs the same tests, nothing changed; then a
-    source file changes and the tests must run again."""
+    source file changes and the tests must really run again."""
     on = tally.off is None
     a, b = f"tests-alice-{'on' if on else 'off'}", f"tests-bob-{'on' if on else 'off'}"
     work.mkdir(parents=True)
@@ -752,34 +792,36 @@ def repeated_command(node: Node, work: Path, tally: Tally) -> None:
         "from calc import add\n\n\ndef test_add():\n    assert add(2, 2) == 4\n"
     )
     command = "python -m pytest -q"
-    bash = {"tool_name": "Bash", "tool_input": {"command": command}}
 
-    def run_tests(session: str) -> None:
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=work,
-            capture_output=True, text=True, env=node.env, timeout=120,
-        )  # fmt: skip
+    def run(session: str) -> bool:
+        """The agent's Bash call: PreToolUse, then what it says to run; True if the tests ran."""
+        answer = node.hook(session, work, "PreToolUse", tool_name="Bash",
+                           tool_input={"command": command})  # fmt: skip
+        stand_in = _from_record(answer) if on else None  # off: the agent reruns regardless
+        if stand_in is not None:
+            argv: list[str] = ["sh", "-c", stand_in]
+        else:
+            argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        env = {**node.env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # a plain, quick test run
+        done = subprocess.run(argv, cwd=work, capture_output=True, text=True, env=env,
+                              timeout=120)  # fmt: skip
         response = {"stdout": done.stdout[-2000:], "stderr": done.stderr[-2000:],
                     "interrupted": False, "exit_code": done.returncode}  # fmt: skip
-        node.hook(session, work, "PostToolUse", **bash, tool_response=response)
+        node.hook(session, work, "PostToolUse", tool_name="Bash",
+                  tool_input={"command": stand_in or command}, tool_response=response)  # fmt: skip
+        return stand_in is None
 
-    node.hook(a, work, "PreToolUse", **bash)
-    run_tests(a)
-    answered = _denied(node.hook(b, work, "PreToolUse", **bash))
-    stopped = answered is not None and on
-    tally.step("bob reruns the tests, inputs unchanged", violation=True, stopped=stopped)
-    if not stopped:
-        run_tests(b)
-        tally.repeated_runs += 1
+    run(a)
+    ran = run(b)
+    tally.step("bob reruns the tests, inputs unchanged", violation=True, stopped=not ran)
+    tally.repeated_runs += ran
     new = "def add(a, b):\n    return b + a\n"
     (work / "calc.py").write_text(new)
     node.hook(a, work, "PostToolUse", tool_name="Write",
               tool_input={"file_path": str(work / "calc.py"), "content": new},
               tool_response={"filePath": str(work / "calc.py"), "success": True})  # fmt: skip
-    stale = _denied(node.hook(b, work, "PreToolUse", **bash))
-    tally.step("bob runs the tests after calc.py changed", violation=False,
-               stopped=stale is not None and on)  # fmt: skip
-    run_tests(b)
+    ran = run(b)
+    tally.step("bob runs the tests after calc.py changed", violation=False, stopped=not ran)
 
 
 NODE_MISSIONS: dict[Control, Callable[[Node, Path, Tally], None]] = {
@@ -792,13 +834,20 @@ NODE_MISSIONS: dict[Control, Callable[[Node, Path, Tally], None]] = {
 def node_side(directory: Path, err: Console | None) -> list[Tally]:
     if err is not None:
         err.print("[dim]node arms: a node agent, hooks as Claude Code runs them[/]")
+    t = time.perf_counter()
     node = Node(directory / "node")
+    if err is not None:
+        err.print(f"[dim]node agent up in {time.perf_counter() - t:.1f}s[/]")
     tallies = []
     try:
         for control, mission in NODE_MISSIONS.items():
             for off in (None, control):
                 tally = Tally(control, off)
+                t = time.perf_counter()
                 mission(node, directory / f"{control}-{'off' if off else 'on'}", tally)
+                if err is not None:
+                    took = time.perf_counter() - t
+                    err.print(f"[dim]{control} {'off' if off else 'on'}: {took:.1f}s[/]")
                 tallies.append(tally)
     finally:
         node.stop()
@@ -815,7 +864,7 @@ async def run_experiment(*, quick: bool = True, err: Console | None = None) -> R
     try:
         with EmbeddedServers(directory / "servers") as servers:
             tallies, p50, kernel_us, cross = await coordinator_side(
-                servers, latency_n=50 if quick else 500, kernel_n=7_000 if quick else 70_000,
+                servers, latency_n=50 if quick else 500, kernel_n=10_000 if quick else 100_000,
                 err=err,
             )  # fmt: skip
         tallies += await asyncio.to_thread(node_side, directory, err)
