@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fleetledger.experiment import Results, Tally, short_table
 from ledger import Authority, Outcome, Rule, decide
 from ledger.controls import ALL_CONTROLS, KERNEL_CONTROLS, NODE_CONTROLS, Control
 from ledger.kernel import ActionRequest, Decision
@@ -167,3 +168,33 @@ def test_with_every_control_the_kernel_answers_as_the_default_call(
             assert off.allowed
         elif off.allowed or off.rule != default.rule:
             assert default.rule in rules, (control, default.reason, off.reason)
+
+
+# --- the experiment's verdict (fleetledger.experiment) ----------------------------------------
+
+
+def _results(**off_harm: int) -> Results:
+    tallies = []
+    for control in Control:
+        on, off = Tally(control, None), Tally(control, control)
+        on.step("violation", violation=True, stopped=True)
+        on.step("legitimate", violation=False, stopped=False)
+        off.step("violation", violation=True, stopped=not off_harm.get(control.value, 1))
+        tallies += [on, off]
+    return Results(tallies, {"all": 1.0}, {"all": 1.0}, 1.0, [])
+
+
+def test_the_experiment_passes_when_every_control_off_lets_harm_through() -> None:
+    results = _results()
+    assert results.verdict() == []
+    assert len(short_table(results).rows) == len(Control)
+
+
+def test_the_experiment_names_a_control_whose_absence_changed_nothing() -> None:
+    assert _results(stale_premise=0).verdict() == ["stale_premise: nothing went wrong with it off"]
+
+
+def test_a_false_block_with_the_control_on_is_a_shortfall() -> None:
+    results = _results()
+    results.tally(Control.EVIDENCE_GATING, False).step("legit", violation=False, stopped=True)
+    assert results.verdict() == ["evidence_gating: 1 false block(s) with it on"]
