@@ -907,7 +907,7 @@ def table(results: Results) -> Table:
         if off.repeated_runs:
             harm.append(f"{off.repeated_runs} repeated run")
         if off.dead_letters:
-            harm.append(f"(the record's fold refused {off.dead_letters} events after the fact)")
+            harm.append(f"the record's fold refused {off.dead_letters} events after the fact")
         added = results.kernel_added_us(control)
         on_ms, off_ms = (
             results.authorize_p50_ms.get("all"),
@@ -922,7 +922,7 @@ def table(results: Results) -> Table:
             f"[red]{off.missed}[/] / {off.false_blocks}"
             if off.missed
             else f"0 / {off.false_blocks}",
-            ", ".join(harm) or "-",
+            "; ".join(harm) or "the missed steps",
             "-"
             if on.replay_ms is None
             else f"{on.replay_ms}" + ("" if on.replay_agrees else " (disagrees)"),
