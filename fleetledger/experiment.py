@@ -174,7 +174,7 @@ class Results:
         return out
 
     def kernel_added_us(self, control: Control) -> float | None:
-        if control not in KERNEL_CONTROLS:
+        if control not in KERNEL_CONTROLS or not self.kernel_us:
             return None
         return round(self.kernel_us["all"] - self.kernel_us[f"without {control}"], 3)
 
@@ -613,18 +613,22 @@ def _quiet_coordinators() -> Iterator[None]:
 
 
 async def coordinator_side(
-    servers: EmbeddedServers, *, latency_n: int, kernel_n: int, err: Console | None
+    servers: EmbeddedServers, *, latency_n: int, kernel_n: int, short: bool, err: Console | None
 ) -> tuple[list[Tally], dict[str, float], dict[str, float], list[str]]:
+    """Every coordinator mission in every arm (``short``: each off arm runs its own mission
+    only); ``latency_n``/``kernel_n`` 0: no latency figures."""
     with _quiet_coordinators():
-        return await _coordinator_arms(servers, latency_n=latency_n, kernel_n=kernel_n, err=err)
+        return await _coordinator_arms(
+            servers, latency_n=latency_n, kernel_n=kernel_n, short=short, err=err
+        )
 
 
 async def _coordinator_arms(
-    servers: EmbeddedServers, *, latency_n: int, kernel_n: int, err: Console | None
+    servers: EmbeddedServers, *, latency_n: int, kernel_n: int, short: bool, err: Console | None
 ) -> tuple[list[Tally], dict[str, float], dict[str, float], list[str]]:
     # every control on, each kernel control off, then every control on again (latency only):
     # the end-to-end figure for "all" is the later one, measured on a warmed-up stack
-    arms: list[Control | None] = [None, *sorted(KERNEL_CONTROLS), None]
+    arms: list[Control | None] = [None, *sorted(KERNEL_CONTROLS)] + ([None] if latency_n else [])
     tallies: list[Tally] = []
     p50: dict[str, float] = {}
     kernel_us: dict[str, float] = {}
@@ -640,7 +644,9 @@ async def _coordinator_arms(
         try:
             controls = ALL_CONTROLS - {off} if off else ALL_CONTROLS
             tag = f"{EXPERIMENT_PREFIX}-{off or 'all'}{'-again' if last else ''}".replace("_", "-")
-            for control, mission in () if last else COORDINATOR_MISSIONS.items():
+            for control, mission in COORDINATOR_MISSIONS.items():
+                if (last and latency_n) or (short and off not in (None, control)):
+                    continue  # the last arm measures latency only; a short run, its own mission
                 run = Run(
                     fleet, f"{tag}-{control}".replace("_", "-"), Tally(control, off), controls
                 )
@@ -656,12 +662,13 @@ async def _coordinator_arms(
                     tallies.append(run.tally)
                 elif run.tally.steps != baseline[control]:
                     cross.append(f"{name} changed the {control} mission: {run.tally.steps}")
-            lat_mission = f"{tag}-latency"
-            if name in p50:
-                p50["all (first)"] = p50[name]
-            p50[name] = await _authorize_p50(fleet, lat_mission, latency_n)
-            if off is None and not last:
-                kernel_us = kernel_latency(coordinator.states[lat_mission], kernel_n)
+            if latency_n:
+                lat_mission = f"{tag}-latency"
+                if name in p50:
+                    p50["all (first)"] = p50[name]
+                p50[name] = await _authorize_p50(fleet, lat_mission, latency_n)
+                if off is None and not last and kernel_n:
+                    kernel_us = kernel_latency(coordinator.states[lat_mission], kernel_n)
         finally:
             await fleet.close()
             await coordinator.stop()
@@ -871,16 +878,21 @@ def node_side(directory: Path, err: Console | None) -> list[Tally]:
 # --- the whole experiment ---------------------------------------------------------------------
 
 
-async def run_experiment(*, quick: bool = True, err: Console | None = None) -> Results:
-    """Start nats-server and redis-server, run every arm, return the tallies and timings."""
+async def run_experiment(
+    *, quick: bool = True, short: bool = False, err: Console | None = None
+) -> Results:
+    """Start nats-server and redis-server, run every arm, return the tallies and timings.
+
+    ``quick``: fewer latency samples (``bench/ab.py --quick``); ``short``: what the demo
+    shows, each control on and off on its own mission, no latency figures."""
     started = time.perf_counter()
     directory = Path(tempfile.mkdtemp(prefix="fl-ab-", dir="/tmp"))
+    latency_n, kernel_n = (0, 0) if short else (50, 10_000) if quick else (500, 100_000)
     try:
         with EmbeddedServers(directory / "servers") as servers:
             tallies, p50, kernel_us, cross = await coordinator_side(
-                servers, latency_n=50 if quick else 500, kernel_n=10_000 if quick else 100_000,
-                err=err,
-            )  # fmt: skip
+                servers, latency_n=latency_n, kernel_n=kernel_n, short=short, err=err
+            )
         tallies += await asyncio.to_thread(node_side, directory, err)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -935,18 +947,31 @@ def table(results: Results) -> Table:
 
 
 def short_table(results: Results) -> Table:
-    """The demo's closing version: one line per control."""
-    t = Table(title="What each control caught (bench/ab.py --quick)", title_justify="left")
-    for col in ("control", "with it", "without it"):
-        t.add_column(col)
+    """The demo's closing version: one line per control, with it and without it."""
+    t = Table(
+        title="The controlled experiment, short: each mission with the control and without it "
+        "(full table: python bench/ab.py)",
+        title_justify="left",
+    )
+    for col in ("control", "mission", "with it", "without it"):
+        t.add_column(col, overflow="fold")
     for control in Control:
         on, off = results.tally(control, False), results.tally(control, True)
+        harm = [f"[red]{off.missed} of {off.violations} let through[/]"]
+        if off.overspend:
+            harm.append(f"overspend {format_amount(off.overspend)}")
+        for n, what in (
+            (off.wrong_completions, "wrong completion"),
+            (off.lost_updates, "lost update"),
+            (off.repeated_runs, "repeated run"),
+        ):
+            if n:
+                harm.append(f"{n} {what}")  # fmt: skip
         t.add_row(
             control.value,
-            f"{on.caught}/{on.violations} stopped, {on.false_blocks} false blocks",
-            f"{off.missed} let through"
-            + (f", overspend {format_amount(off.overspend)}" if off.overspend else "")
-            + (f", {off.wrong_completions} wrong completion" if off.wrong_completions else ""),
+            MISSIONS[control],
+            f"{on.caught} of {on.violations} stopped, {on.false_blocks} false blocks",
+            ", ".join(harm),
         )
     return t
 
