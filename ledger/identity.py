@@ -21,7 +21,8 @@ import nacl.signing
 from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.errors import InvalidInput, Rule, RuleViolation
-from ledger.events import ID_PATTERN, Event
+from ledger.events import ID_PATTERN, OWNER_ROLE, Event, acts_for
+from ledger.invariants import holds_role
 from ledger.protocol import NODE_KIND_PREFIXES
 
 # what a Branch orchestrator records of its own reservations (SPEC S7.4)
@@ -166,7 +167,11 @@ REQUEST_SKEW = timedelta(minutes=5)  # a signed request older (or newer) than th
 # the authenticated principal, never a free string)
 ACTING_AS: dict[str, str] = {
     "risk.treat": "by", "approve": "approver", "overrun.treat": "by", "grant.revoke": "by",
+    "role.bind": "by", "role.unbind": "by",
 }  # fmt: skip
+# the ops in which a principal bound to ``acts-for:P`` may name P (binding roles is not one:
+# a delegate never hands on what it was given)
+DELEGABLE = frozenset({"risk.treat", "approve", "overrun.treat", "grant.revoke"})
 
 
 def _request_bytes(subject: str, body: bytes, signed_at: str) -> bytes:
@@ -224,9 +229,16 @@ def verify_request(
     return who
 
 
-def check_acting_as(who: Principal, op: str, args: Mapping[str, Any]) -> dict[str, Any]:
+def check_acting_as(
+    who: Principal,
+    op: str,
+    args: Mapping[str, Any],
+    roles: Mapping[str, frozenset[str]] | None = None,
+) -> dict[str, Any]:
     """``args`` with the acting person set to ``who`` (when omitted); a request naming someone
-    else is refused (producer_permission). Nodes may only record effects."""
+    else is refused (producer_permission) unless ``who`` holds ``acts-for:<them>`` in the
+    mission's ``roles`` (a delegation, itself a role event) and the op is ``DELEGABLE``.
+    Nodes may only record effects."""
     if who.role is Role.NODE and op != "effect.record":
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION, f"node {who.name} may record effects only, not {op}"
@@ -235,13 +247,55 @@ def check_acting_as(who: Principal, op: str, args: Mapping[str, Any]) -> dict[st
     if field is None:
         return dict(args)
     named = args.get(field)
-    if named is not None and named != who.name:
+    if named is None or named == who.name:
+        return {**args, field: who.name}
+    if op in DELEGABLE and holds_role(roles or {}, who.name, acts_for(str(named))):
+        return dict(args)
+    raise RuleViolation(
+        Rule.PRODUCER_PERMISSION,
+        f"{who.name} may not act as {named!r} ({op} {field}): each person acts with their own "
+        f"key (`fleetledger identity create NAME --role human`), or for another only through "
+        f"a delegation {named} binds (`fleetledger role bind {who.name} --role "
+        f"{acts_for(str(named))}`)",
+    )
+
+
+def check_requester(
+    who: Principal,
+    *,
+    mission_id: str,
+    node_id: str,
+    holder: str | None,
+    roles: Mapping[str, frozenset[str]],
+) -> None:
+    """May ``who`` ask for a decision on an action of the grant held by ``holder`` (None: no
+    such grant)? A node speaks for the agents it runs (its requests name it as their node); a
+    person or service for the grant it holds, for a holder that bound ``acts-for`` to it, or
+    as a holder of the mission's owner role. Coordinators do not ask."""
+    if not who.acts_in(mission_id):
         raise RuleViolation(
-            Rule.PRODUCER_PERMISSION,
-            f"{who.name} may not act as {named!r} ({op} {field}); each person acts with their "
-            "own key (`fleetledger identity create NAME --role human`)",
+            Rule.PRODUCER_PERMISSION, f"{who.role} {who.name} may not act in mission {mission_id}"
         )
-    return {**args, field: who.name}
+    if who.role is Role.NODE:
+        if node_id != who.name:
+            raise RuleViolation(
+                Rule.PRODUCER_PERMISSION,
+                f"node {who.name} signed an authorize request that claims node {node_id}",
+            )
+        return
+    if who.role is Role.COORDINATOR:
+        raise RuleViolation(
+            Rule.PRODUCER_PERMISSION, f"coordinator {who.name} decides; it does not ask"
+        )
+    if holder is not None and (who.name == holder or holds_role(roles, who.name, acts_for(holder))):
+        return
+    if holds_role(roles, who.name, OWNER_ROLE):
+        return
+    raise RuleViolation(
+        Rule.PRODUCER_PERMISSION,
+        f"{who.name} may not ask for decisions on the grant of {holder or 'nobody'}: not its "
+        f"holder, not bound to {acts_for(holder or '<holder>')!r} and not a mission owner",
+    )
 
 
 def check_producer(who: Principal, event: Event) -> None:
@@ -283,12 +337,14 @@ def check_producer(who: Principal, event: Event) -> None:
 __all__ = [
     "ACTING_AS",
     "BRANCH_KINDS",
+    "DELEGABLE",
     "Principal",
     "Role",
     "canonical",
     "check_acting_as",
     "check_origin",
     "check_producer",
+    "check_requester",
     "public_key",
     "seed_from_bytes",
     "sign",
