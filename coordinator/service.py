@@ -57,8 +57,9 @@ class Coordinator:
     ) -> None:
         """``telemetry``: default, built from the OTEL_* environment (off when none is set);
         ``budget_ping``: the readiness check of the budget store (default: none, ready);
-        ``principals``: the fleet's principal directory; with it, management requests must be
-        signed by a principal, who is the actor (default: none, an open fleet)."""
+        ``principals``: the fleet's principal directory; with it, management and authorize
+        requests must be signed by a principal, who is the actor (default: none, an open
+        fleet)."""
         self.settings = s = settings or CoordinatorSettings()
         self.bus, self.budget = bus, budget
         self.clock: Clock = clock or SystemClock()
@@ -83,8 +84,9 @@ class Coordinator:
         )
         undecided, unapplied = Undecided(), Unapplied(keep_s=s.duplicate_window_s)
         self.authorizer = Authorizer(
-            self.journal, budget, undecided, self.telemetry, lease_s=s.lease_s
-        )
+            self.journal, budget, undecided, self.telemetry, lease_s=s.lease_s,
+            principals=principals,
+        )  # fmt: skip
         self.manager = Manager(
             self.journal, budget, self.telemetry, unapplied, principals=principals
         )
