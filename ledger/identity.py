@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -84,7 +85,10 @@ def _encode(body: bytes) -> str:
     return base64.b32encode(body + _crc16(body).to_bytes(2, "little")).decode().rstrip("=")
 
 
+@functools.lru_cache(maxsize=64)
 def _signing_key(seed: str) -> nacl.signing.SigningKey:
+    """The key of a user seed; decoded once per seed (this process holds the seed anyway):
+    signing is then one libsodium call, off the hot path's Python."""
     body = _decode(seed, "seed")
     if len(body) != 34 or (body[0] & 0xF8, ((body[0] & 0x07) << 5) | (body[1] >> 3)) != (
         _USER_SEED[0],
@@ -103,9 +107,20 @@ def seed_from_bytes(raw: bytes) -> str:
     return _encode(bytes([b1, b2]) + raw)
 
 
+@functools.lru_cache(maxsize=1024)
+def _verify_key(signer: str) -> nacl.signing.VerifyKey:
+    """The Ed25519 key of a public nkey, decoded (checksum included) once per key."""
+    return nacl.signing.VerifyKey(_decode(signer, "signer")[1:])
+
+
+@functools.lru_cache(maxsize=64)
+def _public_of(seed: str) -> str:
+    return _encode(bytes([_PREFIX_USER]) + bytes(_signing_key(seed).verify_key))
+
+
 def public_key(seed: str) -> str:
     """The public nkey (``U...``) of a user seed."""
-    return _encode(bytes([_PREFIX_USER]) + bytes(_signing_key(seed).verify_key))
+    return _public_of(seed)
 
 
 def canonical(event: Event) -> bytes:
@@ -118,8 +133,7 @@ def canonical(event: Event) -> bytes:
 def sign(event: Event, seed: str) -> Event:
     """``event`` signed by the holder of ``seed`` (its public key goes in ``signer``)."""
     key = _signing_key(seed)
-    signer = _encode(bytes([_PREFIX_USER]) + bytes(key.verify_key))
-    unsigned = event.model_copy(update={"signer": signer, "signature": None})
+    unsigned = event.model_copy(update={"signer": _public_of(seed), "signature": None})
     sig = key.sign(canonical(unsigned)).signature
     return unsigned.model_copy(update={"signature": base64.urlsafe_b64encode(sig).decode()})
 
@@ -140,8 +154,9 @@ def verify(event: Event, principals: Mapping[str, Principal]) -> Principal:
             f"event {event.event_id} is signed by {who.name}, whose key is revoked",
         )
     try:
-        key = nacl.signing.VerifyKey(_decode(event.signer, "signer")[1:])
-        key.verify(canonical(event), base64.urlsafe_b64decode(event.signature))
+        _verify_key(event.signer).verify(
+            canonical(event), base64.urlsafe_b64decode(event.signature)
+        )
     except (InvalidInput, binascii.Error, ValueError, nacl.exceptions.BadSignatureError):
         raise RuleViolation(
             Rule.PRODUCER_IDENTITY,
@@ -184,7 +199,7 @@ def sign_request(seed: str, subject: str, body: bytes, at: datetime) -> dict[str
     signed_at = at.isoformat()
     sig = key.sign(_request_bytes(subject, body, signed_at)).signature
     return {
-        SIGNER_HEADER: _encode(bytes([_PREFIX_USER]) + bytes(key.verify_key)),
+        SIGNER_HEADER: _public_of(seed),
         SIGNED_AT_HEADER: signed_at,
         SIGNATURE_HEADER: base64.urlsafe_b64encode(sig).decode(),
     }
@@ -214,8 +229,9 @@ def verify_request(
         raise RuleViolation(Rule.PRODUCER_IDENTITY, f"the request is signed by a {state} key")
     try:
         at = datetime.fromisoformat(signed_at)
-        key = nacl.signing.VerifyKey(_decode(signer, "signer")[1:])
-        key.verify(_request_bytes(subject, body, signed_at), base64.urlsafe_b64decode(signature))
+        _verify_key(signer).verify(
+            _request_bytes(subject, body, signed_at), base64.urlsafe_b64decode(signature)
+        )
     except (InvalidInput, binascii.Error, ValueError, nacl.exceptions.BadSignatureError):
         raise RuleViolation(
             Rule.PRODUCER_IDENTITY, f"the request's signature of {who.name} does not match it"
