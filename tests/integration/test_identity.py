@@ -428,3 +428,46 @@ async def test_replay_reports_a_forged_event_with_its_rule_and_does_not_fold_it(
         assert "mallory" not in co.states["m-replay-forged"].roles
     finally:
         await coordinator_conn.close()
+
+
+async def test_the_role_cli_binds_lists_and_refuses_bad_input(
+    secured: tuple[Path, str, Coordinator],
+) -> None:
+    """`fleetledger role bind|list|unbind` as a person of the secured fleet; `role list` reads
+    the signed record; an invalid role is exit 2 before anything connects; a non-owner's bind
+    is exit 3 naming the rule."""
+    from typer.testing import CliRunner
+
+    from fleetledger.cli import app
+
+    root, url, _ = secured
+    await open_risk(secured, "m-role-cli")
+
+    def cli(who: str, *args: str) -> tuple[int, str, str]:
+        env = {"FLEET_NATS_URL": url, "FLEET_PRINCIPAL": who, "FLEET_IDENTITY_DIR": str(root)}
+        result = CliRunner().invoke(app, list(args), env=env)
+        return result.exit_code, result.stdout, result.stderr
+
+    code, _, _ = await asyncio.to_thread(
+        cli, "finance-lead", "role", "bind", "treasury", "-m", "m-role-cli", "--role", "controller"
+    )
+    assert code == 0
+    code, stdout, _ = await asyncio.to_thread(
+        cli, "mallory", "role", "list", "m-role-cli", "--json"
+    )
+    assert code == 0
+    roles = json.loads(stdout)["roles"]
+    assert roles["treasury"] == ["controller"] and roles["finance-lead"] == ["owner"]
+    code, _, stderr = await asyncio.to_thread(
+        cli, "mallory", "role", "bind", "mallory", "-m", "m-role-cli", "--role", "owner"
+    )
+    assert code == 3 and "role binding" in stderr
+    code, _, stderr = await asyncio.to_thread(
+        cli, "finance-lead", "role", "bind", "treasury", "-m", "m-role-cli", "--role", "a b"
+    )
+    assert code == 2 and "not a role" in stderr
+    code, _, _ = await asyncio.to_thread(
+        cli, "finance-lead", "role", "unbind", "treasury", "-m", "m-role-cli", "--role",
+        "controller",
+    )  # fmt: skip
+    assert code == 0
