@@ -127,14 +127,19 @@ def canonical(event: Event) -> bytes:
     """The bytes a signature covers: the event's JSON without its signature. Field order is
     the model's and sets are sorted (``ledger.authority.Names``), so an event and its copy
     parsed back from the stream give the same bytes in any process."""
+    if event.signature is None:
+        return event.to_json()
     return event.model_copy(update={"signature": None}).to_json()
 
 
 def sign(event: Event, seed: str) -> Event:
     """``event`` signed by the holder of ``seed`` (its public key goes in ``signer``)."""
-    key = _signing_key(seed)
-    unsigned = event.model_copy(update={"signer": _public_of(seed), "signature": None})
-    sig = key.sign(canonical(unsigned)).signature
+    signer = _public_of(seed)
+    unsigned = event
+    if event.signer != signer or event.signature is not None:
+        unsigned = event.model_copy(update={"signer": signer, "signature": None})
+    # ``canonical`` of an event without a signature is its own JSON: no second copy
+    sig = _signing_key(seed).sign(unsigned.to_json()).signature
     return unsigned.model_copy(update={"signature": base64.urlsafe_b64encode(sig).decode()})
 
 
