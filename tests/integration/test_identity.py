@@ -426,6 +426,26 @@ async def test_replay_reports_a_forged_event_with_its_rule_and_does_not_fold_it(
         ]
         assert "mallory" not in result.state.roles
         assert "mallory" not in co.states["m-replay-forged"].roles
+        # `fleetledger replay` reports it the same way
+        from typer.testing import CliRunner
+
+        from fleetledger.cli import app
+
+        env = {"FLEET_NATS_URL": url, "FLEET_PRINCIPAL": "treasury",
+               "FLEET_IDENTITY_DIR": str(root)}  # fmt: skip
+        ran = await asyncio.to_thread(
+            CliRunner().invoke, app, ["replay", "m-replay-forged", "--json"], env=env
+        )
+        assert ran.exit_code == 0, ran.output
+        reported = json.loads(ran.stdout)["rejections"]
+        assert [(r["event_id"], r["rule"]) for r in reported] == [
+            (str(forged.event_id), "producer_permission")
+        ]
+        human = await asyncio.to_thread(
+            CliRunner().invoke, app, ["replay", "m-replay-forged"], env=env
+        )
+        assert human.exit_code == 0 and "rejected seq" in human.stderr, human.stderr
+        assert "role.bound" in human.stderr
     finally:
         await coordinator_conn.close()
 
