@@ -269,65 +269,79 @@ async def set_up(client: FleetClient, missions: tuple[str, ...]) -> None:
     )
 
 
-async def authorize_latency(
-    fleet: EmbeddedServers, client: FleetClient, n: int, raw_seed: str | None, label: str
-) -> dict[str, list[float]]:
-    """Raw request/reply, the composite floor and our authorize, on one fleet, in turn."""
-    err.print(f"[{label}] warming up…")
-    await raw_request_reply(fleet.nats_url, 50, raw_seed)
-    await composite_floor(fleet.nats_url, fleet.redis_url, 50, raw_seed)
-    await our_authorize(client, "bench-auth", 50, prefix="w")
+BLOCK = 50  # authorize round trips per turn when identity off and on alternate
+
+
+async def warm_up(fleet: EmbeddedServers, client: FleetClient, raw_seed: str | None) -> None:
+    await raw_request_reply(fleet.nats_url, BLOCK, raw_seed)
+    await composite_floor(fleet.nats_url, fleet.redis_url, BLOCK, raw_seed)
+    await our_authorize(client, "bench-auth", BLOCK, prefix="w")
     client.last_seq = 0
-    err.print(f"[{label}] (a) {n} authorize round trips vs the composite floor…")
-    raw = await raw_request_reply(fleet.nats_url, n, raw_seed)
-    floor = await composite_floor(fleet.nats_url, fleet.redis_url, n, raw_seed)
-    ours = await our_authorize(client, "bench-auth", n, prefix="b")  # fresh action ids
-    return {"raw": raw, "floor": floor, "ours": ours}
 
 
-async def identity_on(quick: bool, fsync: bool, n_lat: int) -> dict[str, list[float]]:
-    """The same measure on the secure default: nkey auth and permissions, signed requests,
-    events and receipts; raw baselines authenticate too (as the coordinator, which may
-    publish and subscribe anything)."""
-    state = Path(tempfile.mkdtemp(prefix="fleetledger-bench-id-"))
-    try:
-        keys = fleet_keys(state, [])
-        with EmbeddedServers(state, keys=keys, fsync_every_write=fsync) as fleet:
-            http_port = free_port()
-            coordinator = start_coordinator(
-                fleet, http_port, FLEET_PRINCIPAL=COORDINATOR_PRINCIPAL,
-                FLEET_IDENTITY_DIR=str(keys.root),
-            )  # fmt: skip
-            try:
-                await wait_ready(http_port)
-                client = await FleetClient.connect(
-                    fleet.nats_url, seed=keys.seed(OPERATOR_PRINCIPAL), principals=keys.directory
-                )
-                await set_up(client, ("bench-auth",))
-                result = await authorize_latency(
-                    fleet, client, n_lat, keys.seed(COORDINATOR_PRINCIPAL), "identity on"
-                )
-                await client.close()
-            finally:
-                coordinator.terminate()
-                coordinator.wait(10)
-    finally:
-        shutil.rmtree(state, ignore_errors=True)
-    return result
+async def alternating(
+    fleets: dict[str, tuple[EmbeddedServers, FleetClient, str | None]], n: int
+) -> dict[str, dict[str, list[float]]]:
+    """Per fleet (identity off, on): raw request/reply, the composite floor and our authorize,
+    in blocks that take turns, so a change of the machine's load touches both alike."""
+    out: dict[str, dict[str, list[float]]] = {
+        name: {"raw": [], "floor": [], "ours": []} for name in fleets
+    }
+    for name, (fleet, client, seed) in fleets.items():
+        err.print(f"[{name}] warming up…")
+        await warm_up(fleet, client, seed)
+    err.print(f"(a) {n} authorize round trips per fleet vs its composite floor, alternating…")
+    for block in range(max(1, n // BLOCK)):
+        for name, (fleet, client, seed) in fleets.items():
+            figures = out[name]
+            figures["raw"] += await raw_request_reply(fleet.nats_url, BLOCK, seed)
+            figures["floor"] += await composite_floor(fleet.nats_url, fleet.redis_url, BLOCK, seed)
+            # fresh action ids in every block
+            figures["ours"] += await our_authorize(client, "bench-auth", BLOCK, f"b{block}-")
+    return out
 
 
 async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
     n_lat = 300 if quick else 3000
     n_ingest = 5000 if quick else 50000
-    with EmbeddedServers(fsync_every_write=fsync) as fleet:
-        http_port = free_port()
-        coordinator = start_coordinator(fleet, http_port)
-        try:
+    # identity on: the secure default (nkey auth and permissions; requests, events and
+    # receipts signed and verified); its raw baselines authenticate too, as the coordinator
+    state = Path(tempfile.mkdtemp(prefix="fleetledger-bench-id-"))
+    keys = fleet_keys(state, [])
+    coordinators: list[Any] = []
+    try:
+        with (
+            EmbeddedServers(fsync_every_write=fsync) as fleet,
+            EmbeddedServers(state, keys=keys, fsync_every_write=fsync) as secure,
+        ):
+            http_port, secure_port = free_port(), free_port()
+            coordinators.append(start_coordinator(fleet, http_port))
+            coordinators.append(
+                start_coordinator(
+                    secure,
+                    secure_port,
+                    FLEET_PRINCIPAL=COORDINATOR_PRINCIPAL,
+                    FLEET_IDENTITY_DIR=str(keys.root),
+                )
+            )
             await wait_ready(http_port)
+            await wait_ready(secure_port)
             client = await FleetClient.connect(fleet.nats_url)
+            person = await FleetClient.connect(
+                secure.nats_url, seed=keys.seed(OPERATOR_PRINCIPAL), principals=keys.directory
+            )
             await set_up(client, ("bench-auth", "bench-ingest", "bench-risk"))
-            off = await authorize_latency(fleet, client, n_lat, None, "identity off")
+            await set_up(person, ("bench-auth",))
+            measured = await alternating(
+                {
+                    "identity off": (fleet, client, None),
+                    "identity on": (secure, person, keys.seed(COORDINATOR_PRINCIPAL)),
+                },
+                n_lat,
+            )
+            off, on = measured["identity off"], measured["identity on"]
             raw, floor, ours = off["raw"], off["floor"], off["ours"]
+            await person.close()
             err.print(f"(b) ingest of {n_ingest} events vs raw JetStream async publish…")
             raw_rate = await raw_publish_rate(fleet.nats_url, n_ingest)
             our_rate = await ingest_rate(fleet.nats_url, http_port, "bench-ingest", n_ingest)
@@ -336,10 +350,11 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
                 fleet.nats_url, client, "bench-risk", 100, 5 if quick else 20
             )
             await client.close()
-        finally:
+    finally:
+        for coordinator in coordinators:
             coordinator.terminate()
             coordinator.wait(10)
-    on = await identity_on(quick, fsync, n_lat)
+        shutil.rmtree(state, ignore_errors=True)
     figures = {
         "raw_rr_p50_ms": statistics.median(raw) * 1e3,
         "authorize_p50_ms": statistics.median(ours) * 1e3,
