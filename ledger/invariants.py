@@ -355,13 +355,24 @@ def check_role_change(
             )
 
 
-def check_grant_issuer(roles: Mapping[str, frozenset[str]], by: str, grant_id: str) -> None:
-    """A grant is issued only by a holder of the owner or the grant-issuer role."""
+def check_grant_issuer(
+    roles: Mapping[str, frozenset[str]],
+    by: str,
+    grant_id: str,
+    *,
+    verb: str = "issue",
+    grant_owner: str | None = None,
+) -> None:
+    """A grant is issued (or revoked) only by a holder of the owner or the grant-issuer role;
+    a revocation also by the grant's own owner."""
+    if by == grant_owner:
+        return
     if not (holds_role(roles, by, OWNER_ROLE) or holds_role(roles, by, GRANT_ISSUER_ROLE)):
+        owner = f", nor the grant's owner {grant_owner}" if grant_owner else ""
         raise RuleViolation(
             Rule.GRANT_AUTHORITY,
-            f"{by} may not issue grant {grant_id}: it holds neither the {OWNER_ROLE!r} nor the "
-            f"{GRANT_ISSUER_ROLE!r} role in this mission",
+            f"{by} may not {verb} grant {grant_id}: it holds neither the {OWNER_ROLE!r} nor the "
+            f"{GRANT_ISSUER_ROLE!r} role in this mission{owner}",
         )
 
 

@@ -525,6 +525,7 @@ def _grant_revoked(s: MissionState, e: Event, p: GrantRevoked) -> None:
     grant = s.grants.get(p.grant_id)
     if grant is None:
         raise InvalidInput(f"grant {p.grant_id} is not issued", code=ErrorCode.NOT_FOUND)
+    check_grant_issuer(s.roles, p.by, p.grant_id, verb="revoke", grant_owner=grant.spec.owner)
     grant.revoked = True
 
 

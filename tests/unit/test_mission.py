@@ -1254,3 +1254,13 @@ def test_a_grant_issued_by_a_principal_without_an_issuing_role_is_rejected() -> 
     led.bind("ivan", "grant-issuer")
     led.apply(GrantIssued(grant=spec("g1"), by="ivan"))
     assert "g1" in led.state.grants
+
+
+def test_a_grant_is_revoked_only_by_an_owner_an_issuer_or_its_own_owner() -> None:
+    led = base()
+    led.grant("g2", owner="gina")
+    ev = led.event(GrantRevoked(grant_id="g1", by="mallory", reason="r"))
+    rejects(led.state, ev, Rule.GRANT_AUTHORITY, "mallory may not revoke grant g1")
+    led.apply(GrantRevoked(grant_id="g2", by="gina", reason="done"))  # its own owner
+    led.revoke("g1")  # a mission owner
+    assert led.state.grants["g1"].revoked and led.state.grants["g2"].revoked
