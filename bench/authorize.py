@@ -43,6 +43,7 @@ from fleetbus.client import FleetClient  # noqa: E402
 from fleetledger.servers import (  # noqa: E402
     COORDINATOR_PRINCIPAL,
     OPERATOR_PRINCIPAL,
+    REDIS_ADMIN,
     EmbeddedServers,
     fleet_keys,
     free_port,
@@ -274,7 +275,8 @@ BLOCK = 50  # authorize round trips per turn when identity off and on alternate
 
 async def warm_up(fleet: EmbeddedServers, client: FleetClient, raw_seed: str | None) -> None:
     await raw_request_reply(fleet.nats_url, BLOCK, raw_seed)
-    await composite_floor(fleet.nats_url, fleet.redis_url, BLOCK, raw_seed)
+    # the raw Redis baseline runs as the admin user (its keys are not the coordinator's)
+    await composite_floor(fleet.nats_url, fleet.redis_url_for(REDIS_ADMIN), BLOCK, raw_seed)
     await our_authorize(client, "bench-auth", BLOCK, prefix="w")
     client.last_seq = 0
 
@@ -295,7 +297,9 @@ async def alternating(
         for name, (fleet, client, seed) in fleets.items():
             figures = out[name]
             figures["raw"] += await raw_request_reply(fleet.nats_url, BLOCK, seed)
-            figures["floor"] += await composite_floor(fleet.nats_url, fleet.redis_url, BLOCK, seed)
+            figures["floor"] += await composite_floor(
+                fleet.nats_url, fleet.redis_url_for(REDIS_ADMIN), BLOCK, seed
+            )
             # fresh action ids in every block
             figures["ours"] += await our_authorize(client, "bench-auth", BLOCK, f"b{block}-")
     return out

@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from fleetbus.client import FleetClient
-from fleetledger.servers import EmbeddedServers
+from fleetledger.servers import REDIS_BRANCH, REDIS_GATEWAY, EmbeddedServers
 from ledger.authority import Authority
 from ledger.events import make_event
 from ledger.money import format_amount, parse_amount
@@ -95,9 +95,10 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
         with err.status(f"{BRANCHES} naive branches on Ray…"):
             naive = ray.remote(num_cpus=0)(naive_branch)
             key = f"naive:{{{RAY_MISSION}}}:spent"
+            gateway_url = servers.redis_url_for(REDIS_GATEWAY)  # its own counter, no more
             admitted = ray.get(
                 [
-                    naive.remote(servers.redis_url, key, ceiling, amount, BRANCHES)
+                    naive.remote(gateway_url, key, ceiling, amount, BRANCHES)
                     for _ in range(BRANCHES)
                 ],
                 timeout=120,
@@ -106,7 +107,7 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
             outcomes = await run_branches(
                 agent_work,
                 list(range(BRANCHES)),
-                redis_url=servers.redis_url,
+                redis_url=servers.redis_url_for(REDIS_BRANCH),  # the scripts, no more
                 mission_id=RAY_MISSION,
                 chain=["g-ray"],
                 amount_each=amount,
