@@ -4,7 +4,11 @@ In one run, on embedded nats-server and redis-server:
   (a) authorize p50/p99 over NATS vs SPEC S11's composite floor: per request, sequentially, in
       one process, a raw nats-py request/reply + one raw redis-py EVALSHA of a trivial script +
       one raw JetStream publish awaited for its ack (targets: p50 <= 1.5x the floor, p99 <= 5
-      ms); the raw request/reply alone is printed too, for reference;
+      ms); the raw request/reply alone is printed too, for reference. Measured twice: identity
+      off (an open NATS), and identity on (the secure default: every connection authenticated
+      by its nkey with its role's subject permissions, authorize requests signed by the asking
+      person and verified by the coordinator, every event and receipt signed by the
+      coordinator, the receipt verified by the client), each against its own floor;
   (b) ingest rate, publish -> applied by the coordinator, vs raw JetStream async publish (>= 0.5x);
   (c) risk propagation p99 to 100 watching agents (<= 100 ms).
 Ends with one JSON line of figures.
@@ -16,12 +20,15 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 # Run as a script, bench/ comes first on sys.path and bench/reservations.py would shadow the
 # `reservations` package; drop it before importing ours.
@@ -33,7 +40,14 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from fleetbus.client import FleetClient  # noqa: E402
-from fleetledger.servers import REDIS_ADMIN, EmbeddedServers, free_port  # noqa: E402
+from fleetledger.servers import (  # noqa: E402
+    COORDINATOR_PRINCIPAL,
+    OPERATOR_PRINCIPAL,
+    REDIS_ADMIN,
+    EmbeddedServers,
+    fleet_keys,
+    free_port,
+)
 from ledger.authority import Authority  # noqa: E402
 from ledger.events import EvidenceRegistered, make_event  # noqa: E402
 from ledger.kernel import ActionRequest  # noqa: E402
@@ -48,9 +62,9 @@ def pct(values: list[float], q: float) -> float:
 
 
 ECHO = """
-import asyncio, sys, nats
+import asyncio, os, sys, nats
 async def main():
-    nc = await nats.connect(sys.argv[1])
+    nc = await nats.connect(sys.argv[1], nkeys_seed_str=os.environ.get("BENCH_SEED") or None)
     async def echo(msg):
         await msg.respond(msg.data)
     await nc.subscribe("bench.echo", cb=echo)
@@ -61,12 +75,20 @@ asyncio.run(main())
 """
 
 
-async def raw_request_reply(url: str, n: int) -> list[float]:
-    """Request/reply round trips to an echo responder in its own process (as the coordinator is)."""
-    proc = subprocess.Popen([sys.executable, "-c", ECHO, url], stdout=subprocess.PIPE, text=True)
+def echo_process(url: str, seed: str | None) -> subprocess.Popen[str]:
+    env = {**os.environ, "BENCH_SEED": seed or ""}
+    return subprocess.Popen(
+        [sys.executable, "-c", ECHO, url], stdout=subprocess.PIPE, text=True, env=env
+    )
+
+
+async def raw_request_reply(url: str, n: int, seed: str | None = None) -> list[float]:
+    """Request/reply round trips to an echo responder in its own process (as the coordinator is).
+    ``seed``: both ends authenticate with that nkey (a secured NATS)."""
+    proc = echo_process(url, seed)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        nc = await nats.connect(url)
+        nc = await nats.connect(url, nkeys_seed_str=seed)
         out = []
         payload = b"x" * 300
         for _ in range(n):
@@ -82,15 +104,15 @@ async def raw_request_reply(url: str, n: int) -> list[float]:
     return out
 
 
-async def composite_floor(nats_url: str, redis_url: str, n: int) -> list[float]:
+async def composite_floor(
+    nats_url: str, redis_url: str, n: int, seed: str | None = None
+) -> list[float]:
     """The hops a decision cannot avoid, done raw: request/reply to an echo responder in its own
     process, one EVALSHA of a trivial script, one JetStream publish awaited for its ack."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", ECHO, nats_url], stdout=subprocess.PIPE, text=True
-    )
+    proc = echo_process(nats_url, seed)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        nc = await nats.connect(nats_url)
+        nc = await nats.connect(nats_url, nkeys_seed_str=seed)
         js = nc.jetstream()
         await js.add_stream(name="BENCHFLOOR", subjects=["benchfloor.>"])
         r = aioredis.Redis.from_url(redis_url)
@@ -114,12 +136,15 @@ async def composite_floor(nats_url: str, redis_url: str, n: int) -> list[float]:
     return out
 
 
-async def our_authorize(client: FleetClient, mission: str, n: int) -> list[float]:
+async def our_authorize(
+    client: FleetClient, mission: str, n: int, prefix: str = "a"
+) -> list[float]:
     out = []
     for i in range(n):
         req = ActionRequest(
-            action_id=f"a{i}", grant_id="g", action="pay", cost=1, idempotency_key=f"k{i}"
-        )
+            action_id=f"{prefix}{i}", grant_id="g", action="pay", cost=1,
+            idempotency_key=f"k{prefix}{i}",
+        )  # fmt: skip
         t = time.perf_counter()
         reply = await client.authorize(mission, req)
         out.append(time.perf_counter() - t)
@@ -195,70 +220,132 @@ async def propagation(
     return delays
 
 
+def start_coordinator(fleet: EmbeddedServers, http_port: int, **extra: str) -> Any:
+    env = {
+        **os.environ,
+        "FLEET_NATS_URL": fleet.nats_url,
+        "FLEET_REDIS_URL": fleet.redis_url,
+        "FLEET_HTTP_PORT": str(http_port),
+        **extra,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleetledger", "coordinator", "run"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def wait_ready(http_port: int) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await applied_seq(http_port)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+async def set_up(client: FleetClient, missions: tuple[str, ...]) -> None:
+    expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
+    for m in missions:
+        await client.manage(
+            "mission.create",
+            m,
+            {"purpose": "bench", "owner": "o", "ceiling": 10**12, "expires_at": expires},
+        )
+    await client.manage(
+        "grant.issue",
+        missions[0],
+        {
+            "grant_id": "g",
+            "holder": "a",
+            "purpose": "bench",
+            "owner": "o",
+            "authority": Authority.of(["pay"]).model_dump(mode="json"),
+            "budget": 10**12,
+        },
+    )
+
+
+BLOCK = 50  # authorize round trips per turn when identity off and on alternate
+
+
+async def warm_up(fleet: EmbeddedServers, client: FleetClient, raw_seed: str | None) -> None:
+    await raw_request_reply(fleet.nats_url, BLOCK, raw_seed)
+    # the raw Redis baseline runs as the admin user (its keys are not the coordinator's)
+    await composite_floor(fleet.nats_url, fleet.redis_url_for(REDIS_ADMIN), BLOCK, raw_seed)
+    await our_authorize(client, "bench-auth", BLOCK, prefix="w")
+    client.last_seq = 0
+
+
+async def alternating(
+    fleets: dict[str, tuple[EmbeddedServers, FleetClient, str | None]], n: int
+) -> dict[str, dict[str, list[float]]]:
+    """Per fleet (identity off, on): raw request/reply, the composite floor and our authorize,
+    in blocks that take turns, so a change of the machine's load touches both alike."""
+    out: dict[str, dict[str, list[float]]] = {
+        name: {"raw": [], "floor": [], "ours": []} for name in fleets
+    }
+    for name, (fleet, client, seed) in fleets.items():
+        err.print(f"[{name}] warming up…")
+        await warm_up(fleet, client, seed)
+    err.print(f"(a) {n} authorize round trips per fleet vs its composite floor, alternating…")
+    for block in range(max(1, n // BLOCK)):
+        for name, (fleet, client, seed) in fleets.items():
+            figures = out[name]
+            figures["raw"] += await raw_request_reply(fleet.nats_url, BLOCK, seed)
+            figures["floor"] += await composite_floor(
+                fleet.nats_url, fleet.redis_url_for(REDIS_ADMIN), BLOCK, seed
+            )
+            # fresh action ids in every block
+            figures["ours"] += await our_authorize(client, "bench-auth", BLOCK, f"b{block}-")
+    return out
+
+
 async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
     n_lat = 300 if quick else 3000
     n_ingest = 5000 if quick else 50000
-    with EmbeddedServers(fsync_every_write=fsync) as fleet:
-        http_port = free_port()
-        env = {
-            **os.environ,
-            "FLEET_NATS_URL": fleet.nats_url,
-            "FLEET_REDIS_URL": fleet.redis_url,
-            "FLEET_HTTP_PORT": str(http_port),
-        }
-        coordinator = subprocess.Popen(
-            [sys.executable, "-m", "fleetledger", "coordinator", "run"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    await applied_seq(http_port)
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.05)
-            client = await FleetClient.connect(fleet.nats_url)
-            expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
-            for m in ("bench-auth", "bench-ingest", "bench-risk"):
-                await client.manage(
-                    "mission.create",
-                    m,
-                    {"purpose": "bench", "owner": "o", "ceiling": 10**12, "expires_at": expires},
+    # identity on: the secure default (nkey auth and permissions; requests, events and
+    # receipts signed and verified); its raw baselines authenticate too, as the coordinator
+    state = Path(tempfile.mkdtemp(prefix="fleetledger-bench-id-"))
+    keys = fleet_keys(state, [])
+    coordinators: list[Any] = []
+    try:
+        with (
+            EmbeddedServers(fsync_every_write=fsync) as fleet,
+            EmbeddedServers(state, keys=keys, fsync_every_write=fsync) as secure,
+        ):
+            http_port, secure_port = free_port(), free_port()
+            coordinators.append(start_coordinator(fleet, http_port))
+            coordinators.append(
+                start_coordinator(
+                    secure,
+                    secure_port,
+                    FLEET_PRINCIPAL=COORDINATOR_PRINCIPAL,
+                    FLEET_IDENTITY_DIR=str(keys.root),
                 )
-            await client.manage(
-                "grant.issue",
-                "bench-auth",
-                {
-                    "grant_id": "g",
-                    "holder": "a",
-                    "purpose": "bench",
-                    "owner": "o",
-                    "authority": Authority.of(["pay"]).model_dump(mode="json"),
-                    "budget": 10**12,
-                },
             )
-            err.print("warming up…")
-            await raw_request_reply(fleet.nats_url, 50)
-            await composite_floor(fleet.nats_url, fleet.redis_url_for(REDIS_ADMIN), 50)
-            await our_authorize(client, "bench-auth", 50)
-            client.last_seq = 0
-            err.print(f"(a) {n_lat} authorize round trips vs the composite floor…")
-            raw = await raw_request_reply(fleet.nats_url, n_lat)
-            floor = await composite_floor(fleet.nats_url, fleet.redis_url_for(REDIS_ADMIN), n_lat)
-            ours = []
-            for i in range(n_lat):  # fresh action ids
-                req = ActionRequest(
-                    action_id=f"b{i}", grant_id="g", action="pay", cost=1, idempotency_key=f"kb{i}"
-                )
-                t = time.perf_counter()
-                reply = await client.authorize("bench-auth", req)
-                ours.append(time.perf_counter() - t)
-                assert reply.decision is not None and reply.decision.allowed
+            await wait_ready(http_port)
+            await wait_ready(secure_port)
+            client = await FleetClient.connect(fleet.nats_url)
+            person = await FleetClient.connect(
+                secure.nats_url, seed=keys.seed(OPERATOR_PRINCIPAL), principals=keys.directory
+            )
+            await set_up(client, ("bench-auth", "bench-ingest", "bench-risk"))
+            await set_up(person, ("bench-auth",))
+            measured = await alternating(
+                {
+                    "identity off": (fleet, client, None),
+                    "identity on": (secure, person, keys.seed(COORDINATOR_PRINCIPAL)),
+                },
+                n_lat,
+            )
+            off, on = measured["identity off"], measured["identity on"]
+            raw, floor, ours = off["raw"], off["floor"], off["ours"]
+            await person.close()
             err.print(f"(b) ingest of {n_ingest} events vs raw JetStream async publish…")
             raw_rate = await raw_publish_rate(fleet.nats_url, n_ingest)
             our_rate = await ingest_rate(fleet.nats_url, http_port, "bench-ingest", n_ingest)
@@ -267,9 +354,11 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
                 fleet.nats_url, client, "bench-risk", 100, 5 if quick else 20
             )
             await client.close()
-        finally:
+    finally:
+        for coordinator in coordinators:
             coordinator.terminate()
             coordinator.wait(10)
+        shutil.rmtree(state, ignore_errors=True)
     figures = {
         "raw_rr_p50_ms": statistics.median(raw) * 1e3,
         "authorize_p50_ms": statistics.median(ours) * 1e3,
@@ -282,6 +371,13 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
         "ingest_ratio": our_rate / raw_rate,
         "risk_p99_ms": pct(delays, 0.99) * 1e3,
         "risk_agents": 100,
+        "id_raw_rr_p50_ms": statistics.median(on["raw"]) * 1e3,
+        "id_floor_p50_ms": statistics.median(on["floor"]) * 1e3,
+        "id_authorize_p50_ms": statistics.median(on["ours"]) * 1e3,
+        "id_authorize_p99_ms": pct(on["ours"], 0.99) * 1e3,
+        "id_authorize_floor_ratio": statistics.median(on["ours"]) / statistics.median(on["floor"]),
+        "id_authorize_p50_ratio": statistics.median(on["ours"]) / statistics.median(on["raw"]),
+        "identity_cost_p50_ms": (statistics.median(on["ours"]) - statistics.median(ours)) * 1e3,
     }
     table = Table(title="Coordinator benchmark (one run)", title_justify="left")
     for col in ("measure", "fleetledger", "raw baseline", "ratio", "target"):
@@ -301,6 +397,30 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
         "(reference)",
     )
     table.add_row("authorize p99", f"{figures['authorize_p99_ms']:.3f} ms", "", "", "<= 5 ms")
+    table.add_row(
+        "identity on: authorize p50 vs composite floor",
+        f"{figures['id_authorize_p50_ms']:.3f} ms",
+        f"{figures['id_floor_p50_ms']:.3f} ms",
+        f"{figures['id_authorize_floor_ratio']:.2f}x",
+        "<= 1.5x",
+    )
+    table.add_row(
+        "identity on: authorize p50 vs raw request/reply",
+        f"{figures['id_authorize_p50_ms']:.3f} ms",
+        f"{figures['id_raw_rr_p50_ms']:.3f} ms",
+        f"{figures['id_authorize_p50_ratio']:.2f}x",
+        "(reference)",
+    )
+    table.add_row(
+        "identity on: authorize p99", f"{figures['id_authorize_p99_ms']:.3f} ms", "", "", "<= 5 ms"
+    )
+    table.add_row(
+        "identity on - off: authorize p50",
+        f"{figures['identity_cost_p50_ms']:+.3f} ms",
+        "",
+        f"{figures['id_authorize_p50_ms'] / figures['authorize_p50_ms']:.2f}x",
+        "(cost of identity)",
+    )
     table.add_row(
         "ingest publish -> applied",
         f"{our_rate:,.0f}/s",

@@ -16,11 +16,13 @@ from datetime import timedelta
 from pydantic import ValidationError
 
 from coordinator.journal import Journal
+from coordinator.manage import Directory
 from coordinator.reconcile import Undecided, authorize_reservation_id, return_unrecorded
 from fleetbus.bus import Request, Stored
 from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
 from ledger.events import MAX_EVENT_BYTES, DecisionRecorded, Event
 from ledger.idempotency import check_same_terms
+from ledger.identity import Principal, check_requester, verify_request
 from ledger.kernel import Decision, Kernel, decide
 from ledger.mission import MISSION_SCOPE
 from ledger.protocol import (
@@ -75,11 +77,15 @@ class Authorizer:
         *,
         lease_s: float,
         kernel: Kernel = decide,
+        principals: Directory | None = None,
     ) -> None:
+        """``principals``: the fleet's directory; with it, a request must be signed by a
+        principal that may ask for that grant (``ledger.identity.check_requester``)."""
         self.journal, self.budget, self.undecided = journal, budget, undecided
         self.kernel = kernel
         self.telemetry = telemetry
         self.lease_s = lease_s
+        self.principals = principals
 
     async def on_request(self, msg: Request) -> None:
         """An authorize request over NATS. A requester that names the receipt subject as its
@@ -119,7 +125,13 @@ class Authorizer:
             },
         ) as span:
             try:
-                reply = await self.authorize(req, respond, nonce=nonce)
+                who = None
+                if self.principals is not None:  # before anything waits, reads or writes
+                    who = verify_request(
+                        msg.headers, msg.subject, msg.data, self.principals(),
+                        self.journal.clock.now(),
+                    )  # fmt: skip
+                reply = await self.authorize(req, respond, nonce=nonce, who=who)
             except FleetError as exc:
                 set_error(span, exc.message, str(exc.code))
                 if not replied:
@@ -132,14 +144,20 @@ class Authorizer:
                     span.set_attribute(FLEET_DECISION_RULE, d.rule.value)
 
     async def authorize(
-        self, req: AuthorizeRequest, respond: Respond | None = None, *, nonce: str | None = None
+        self,
+        req: AuthorizeRequest,
+        respond: Respond | None = None,
+        *,
+        nonce: str | None = None,
+        who: Principal | None = None,
     ) -> AuthorizeReply:
         """Decide, reserve, record; ``respond`` is called once the receipt is durable (PubAck),
-        before this coordinator has folded it, so the caller does not wait for the fold."""
+        before this coordinator has folded it, so the caller does not wait for the fold.
+        ``who``: the principal that signed the request; it must be one that may ask."""
         journal = self.journal
         await journal.wait_applied(req.after_seq)
         async with journal.lock(req.mission_id):
-            reply = await self._decide(req, nonce)
+            reply = await self._decide(req, nonce, who)
             if respond is not None:
                 await respond(reply)
             # Hold the mission's lock until our own receipt is folded: the next decision sees it.
@@ -149,11 +167,19 @@ class Authorizer:
             raise Unreachable(reply.error.message)
         return reply
 
-    async def _decide(self, req: AuthorizeRequest, nonce: str | None) -> AuthorizeReply:
+    async def _decide(
+        self, req: AuthorizeRequest, nonce: str | None, who: Principal | None
+    ) -> AuthorizeReply:
         journal = self.journal
         mid, action = req.mission_id, req.request
         await journal.settle(mid)
         state = journal.state(mid)
+        if who is not None:  # refused before anything is written: nothing to answer from
+            grant = state.grants.get(action.grant_id)
+            check_requester(
+                who, mission_id=mid, node_id=req.node_id, roles=state.roles,
+                holder=grant.spec.holder if grant is not None else None,
+            )  # fmt: skip
         existing = state.actions.get(action.action_id)
         if existing is not None:
             # A retried request: one answer per id. Other terms are a conflict naming the

@@ -137,39 +137,20 @@ class Ingest:
 
     def _apply(self, msg: StreamMessage) -> Applied:
         """Apply one stream message (an event or a bundle), each event in order; return each
-        event with the problem that kept it out of the fold, if any. A message whose subject
-        does not say what it carries is rejected whole (``check_message``)."""
+        event with the problem that kept it out of the fold, if any."""
         own = self.journal.take_own(msg.data)
-        try:
-            if own is not None:
-                events = own
-            else:
-                events = parse_events(msg.data)
-                check_message(msg.subject, events)
-        except FleetError as exc:
-            return [(None, exc)]
-        states = self.journal.states
-        record = own is None and self.telemetry.enabled  # links to events produced elsewhere
         directory = self.principals() if own is None and self.principals is not None else None
-        out: Applied = []
-        for event in events:
-            state = states.get(event.mission_id)
-            if state is None:
-                state = MissionState(event.mission_id)
-            try:
-                check_origin(event, directory)  # who produced it, and may they: else dead-lettered
-                state.apply(event)
-            except FleetError as exc:
-                out.append((event, exc))
+        applied = fold_message(self.journal.states, msg.subject, msg.data, directory, own=own)
+        record = own is None and self.telemetry.enabled  # links to events produced elsewhere
+        for event, problem in applied:
+            if event is None or problem is not None:
                 continue
-            states[event.mission_id] = state
             if record:
                 self.traces.record(event)
             if isinstance(event.payload, DecisionRecorded):  # where a retry's answer points
                 key = (event.mission_id, event.payload.action_id)
                 self.journal.receipts[key] = (msg.seq, str(event.event_id))
-            out.append((event, None))
-        return out
+        return applied
 
     def _annotate(self, span: Span, applied: Applied) -> None:
         last = applied[-1][0]
@@ -210,8 +191,46 @@ class Ingest:
             )
 
 
+def fold_message(
+    states: dict[str, MissionState],
+    subject: str,
+    data: bytes,
+    directory: Mapping[str, Principal] | None,
+    *,
+    own: tuple[Event, ...] | None = None,
+) -> Applied:
+    """The one admission of a stored message, at ingest and at replay alike: parse it, check
+    its subject says what it carries (``check_message``; else rejected whole), then per event
+    the producer's signature and permission (``check_origin``, with the directory) and the
+    fold's own rules. Each event comes back with the problem that kept it out, if any.
+    ``own``: the events of a message this coordinator appended itself (already checked)."""
+    try:
+        if own is not None:
+            events = own
+        else:
+            events = parse_events(data)
+            check_message(subject, events)
+    except FleetError as exc:
+        return [(None, exc)]
+    out: Applied = []
+    for event in events:
+        state = states.get(event.mission_id)
+        if state is None:
+            state = MissionState(event.mission_id)
+        try:
+            if own is None:
+                check_origin(event, directory)  # who produced it, and may they
+            state.apply(event)
+        except FleetError as exc:
+            out.append((event, exc))
+            continue
+        states[event.mission_id] = state
+        out.append((event, None))
+    return out
+
+
 def _safe(token: str) -> bool:
     return token.replace("-", "").replace("_", "").isalnum()
 
 
-__all__ = ["CONSUMER_NAME", "Ingest"]
+__all__ = ["CONSUMER_NAME", "Applied", "Ingest", "fold_message"]

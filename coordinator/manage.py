@@ -43,6 +43,8 @@ from ledger.events import (
     Outcome,
     RiskOpened,
     RiskTreated,
+    RoleBound,
+    RoleUnbound,
 )
 from ledger.identity import Principal, check_acting_as, verify_request
 from ledger.mission import MissionState, ReservationState, admit_grant, evolve
@@ -110,7 +112,7 @@ async def _create_mission(mgr: Manager, ctx: Context, payload: MissionCreated) -
 async def _issue_grant(mgr: Manager, ctx: Context, spec: GrantSpec) -> Change:
     mid = ctx.req.mission_id
     try:
-        admit_grant(ctx.state, spec, ctx.now)
+        admit_grant(ctx.state, spec, ctx.now, by=ctx.req.actor)  # the issuer holds a role
     except RuleViolation as exc:  # a refused grant is on the record, with its rule
         rejected = GrantRejected(grant_id=spec.grant_id, rule=exc.rule, reason=exc.reason)
         await mgr.journal.commit(
@@ -118,7 +120,7 @@ async def _issue_grant(mgr: Manager, ctx: Context, spec: GrantSpec) -> Change:
         )
         raise
     await mgr.budget.create_grant(mid, spec.grant_id, spec.budget, parent_id=spec.parent_id)
-    return Change(GrantIssued(grant=spec))
+    return Change(GrantIssued(grant=spec, by=ctx.req.actor))
 
 
 def _grant_expiry(ctx: Context) -> dict[str, Any]:
@@ -134,6 +136,16 @@ def _grant_expiry(ctx: Context) -> dict[str, Any]:
         else:
             expires = None
     return {**args, "expires_at": expires}
+
+
+def _creator(ctx: Context) -> dict[str, Any]:
+    """The mission's creator is who asks (bound as an owner by mission.created itself)."""
+    return {**ctx.req.args, "created_by": ctx.req.actor}
+
+
+def _binder(ctx: Context) -> dict[str, Any]:
+    """Who binds or unbinds: who asks, unless named (a fleet with identity names it)."""
+    return {"by": ctx.req.actor, **ctx.req.args}
 
 
 def _approval_version(ctx: Context) -> dict[str, Any]:
@@ -202,7 +214,7 @@ async def _record_effect(mgr: Manager, ctx: Context, payload: EffectObserved) ->
 
 
 HANDLERS: dict[ManageOp, Operation] = {
-    "mission.create": Operation(MissionCreated, _create_mission),
+    "mission.create": Operation(MissionCreated, _create_mission, prepare=_creator),
     "grant.issue": Operation(GrantSpec, _issue_grant, prepare=_grant_expiry),
     "grant.revoke": Operation(GrantRevoked, _record),
     "evidence.register": Operation(EvidenceRegistered, _record),
@@ -212,6 +224,8 @@ HANDLERS: dict[ManageOp, Operation] = {
     "approve": Operation(ApprovalGranted, _record, prepare=_approval_version),
     "overrun.treat": Operation(BudgetOverrunTreated, _treat_overrun),
     "effect.record": Operation(EffectObserved, _record_effect),
+    "role.bind": Operation(RoleBound, _record, prepare=_binder),
+    "role.unbind": Operation(RoleUnbound, _record, prepare=_binder),
 }
 
 
@@ -254,15 +268,13 @@ class Manager:
                             LEDGER_AGENT_ID: req.actor,
                         }
                     )
+                who = None
                 if self.principals is not None:  # who asks is who acts: never a free string
                     who = verify_request(
                         msg.headers, msg.subject, msg.data, self.principals(),
                         self.journal.clock.now(),
                     )  # fmt: skip
-                    req = req.model_copy(
-                        update={"actor": who.name, "args": check_acting_as(who, req.op, req.args)}
-                    )
-                reply = await self.manage(req)
+                reply = await self.manage(req, who)
             except ValidationError as exc:
                 err = InvalidInput(f"malformed request: {first_error(exc)}")
                 reply = ManageReply(ok=False, error=ErrorBody.of(err))
@@ -272,15 +284,21 @@ class Manager:
                 set_error(span, reply.error.message, reply.error.code)
             await msg.respond(reply.model_dump_json(exclude_none=True).encode())
 
-    async def manage(self, req: ManageRequest) -> ManageReply:
-        """Apply one change under the mission's lock; raise the ``FleetError`` refusing it."""
+    async def manage(self, req: ManageRequest, who: Principal | None = None) -> ManageReply:
+        """Apply one change under the mission's lock; raise the ``FleetError`` refusing it.
+        ``who``: the principal that signed it, who is then the actor (a person it names must be
+        itself, or one it acts for by a delegation bound in the mission)."""
         async with self.journal.lock(req.mission_id):
-            return await self._manage(req)
+            return await self._manage(req, who)
 
-    async def _manage(self, req: ManageRequest) -> ManageReply:
+    async def _manage(self, req: ManageRequest, who: Principal | None) -> ManageReply:
         journal = self.journal
         await journal.settle(req.mission_id)
-        ctx = Context(req, journal.state(req.mission_id), journal.clock.now())
+        state = journal.state(req.mission_id)
+        if who is not None:
+            args = check_acting_as(who, req.op, req.args, state.roles)
+            req = req.model_copy(update={"actor": who.name, "args": args})
+        ctx = Context(req, state, journal.clock.now())
         op = HANDLERS[req.op]
         args = req.args if op.prepare is None else op.prepare(ctx)
         try:

@@ -1,35 +1,57 @@
 """Replay: rebuild one mission's state from the ledger stream, up to any cut, and time it.
 
-Reads the stream with an ordered consumer filtered to the mission's subjects; the fold rejects
-exactly what ingest rejected (it is the same pure fold), so the result equals the coordinator's.
+Reads the stream with an ordered consumer filtered to the mission's subjects and admits each
+message as ingest does (``coordinator.ingest.fold_message``: subject, signature, producer
+permission, the fold), so the result equals the coordinator's; every event kept out is
+reported with the rule it broke, not folded.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NotFoundError
 
+from coordinator.ingest import fold_message
 from fleetbus.bus import connect
-from ledger.errors import FleetError, InvalidInput, Unreachable
-from ledger.events import Event, parse_events
-from ledger.identity import Principal, check_origin
+from ledger.errors import InvalidInput, RuleViolation, Unreachable
+from ledger.events import Event
+from ledger.identity import Principal
 from ledger.mission import MissionState
-from ledger.protocol import STREAM, check_message, mission_filter
+from ledger.protocol import STREAM, mission_filter
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """An event (or a whole message) replay kept out of the fold, and why."""
+
+    seq: int
+    event_id: str | None  # None: the message itself was refused (unparsable, wrong subject)
+    kind: str | None
+    code: str
+    rule: str | None
+    reason: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "seq": self.seq, "event_id": self.event_id, "kind": self.kind, "code": self.code,
+            "rule": self.rule, "reason": self.reason,
+        }  # fmt: skip
 
 
 @dataclass
 class ReplayResult:
     state: MissionState
     events: int
-    record: list[Event]  # every event read, in stream order (rejected ones included)
+    record: list[Event]  # every event folded, in stream order
     rejected: int
     last_seq: int
     seconds: float
+    rejections: list[Rejection] = field(default_factory=list)  # what was not folded, and why
 
 
 async def replay_mission(
@@ -48,9 +70,10 @@ async def replay_mission(
         raise InvalidInput(f"--cut {cut} must be a stream sequence ≥ 0")
     nc = await connect(nats_url, name="fleetledger-replay", seed=seed)
     started = time.perf_counter()
-    state = MissionState(mission_id)
-    events = rejected = last = 0
+    states = {mission_id: MissionState(mission_id)}
+    events = last = 0
     record: list[Event] = []
+    rejections: list[Rejection] = []
     try:
         js = nc.jetstream()
         try:
@@ -75,21 +98,23 @@ async def replay_mission(
                     seq = int(msg.metadata.sequence.stream)
                     if seq > end:
                         break
-                    try:
-                        batch = parse_events(msg.data)  # one event, or a decision's bundle
-                        check_message(msg.subject, batch)  # rejected at ingest: here too
-                    except FleetError:
-                        batch = ()
-                        rejected += 1
-                    for event in batch:
-                        try:
-                            check_origin(event, principals)
-                            state.apply(event)
-                        except FleetError:
-                            rejected += 1
+                    for event, problem in fold_message(states, msg.subject, msg.data, principals):
+                        if problem is None and event is not None:
+                            record.append(event)
+                            events += 1
                             continue
-                        record.append(event)
-                        events += 1
+                        assert problem is not None
+                        rule = problem.rule.value if isinstance(problem, RuleViolation) else None
+                        rejections.append(
+                            Rejection(
+                                seq=seq,
+                                event_id=str(event.event_id) if event is not None else None,
+                                kind=event.kind if event is not None else None,
+                                code=str(problem.code),
+                                rule=rule,
+                                reason=problem.message,
+                            )
+                        )
                     last = seq
                     if msg.metadata.num_pending == 0:
                         break
@@ -99,4 +124,7 @@ async def replay_mission(
         raise Unreachable(f"JetStream did not answer ({type(exc).__name__}): fail closed") from None
     finally:
         await nc.close()
-    return ReplayResult(state, events, record, rejected, last, time.perf_counter() - started)
+    return ReplayResult(
+        states[mission_id], events, record, len(rejections), last,
+        time.perf_counter() - started, rejections,
+    )  # fmt: skip

@@ -59,8 +59,9 @@ class Coordinator:
     ) -> None:
         """``telemetry``: default, built from the OTEL_* environment (off when none is set);
         ``budget_ping``: the readiness check of the budget store (default: none, ready);
-        ``principals``: the fleet's principal directory; with it, management requests must be
-        signed by a principal, who is the actor (default: none, an open fleet);
+        ``principals``: the fleet's principal directory; with it, management and authorize
+        requests must be signed by a principal, who is the actor (default: none, an open
+        fleet);
         ``kernel``: what decides an action (default ``decide``; the controlled experiment alone
         passes one with a control switched off: no setting, variable or flag reaches it)."""
         self.settings = s = settings or CoordinatorSettings()
@@ -87,8 +88,9 @@ class Coordinator:
         )
         undecided, unapplied = Undecided(), Unapplied(keep_s=s.duplicate_window_s)
         self.authorizer = Authorizer(
-            self.journal, budget, undecided, self.telemetry, lease_s=s.lease_s, kernel=kernel
-        )
+            self.journal, budget, undecided, self.telemetry, lease_s=s.lease_s,
+            principals=principals, kernel=kernel,
+        )  # fmt: skip
         self.manager = Manager(
             self.journal, budget, self.telemetry, unapplied, principals=principals
         )

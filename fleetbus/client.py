@@ -92,7 +92,9 @@ class FleetClient:
         self.timeout = timeout
         self.agent_id, self.node_id = agent_id, node_id
         self.last_seq = 0  # highest stream sequence this client has published or seen decided
-        self.seed = seed  # the principal this client signs its management requests as
+        # the principal this client signs its requests and events as: by default the one its
+        # connection authenticated as (one key per principal, for NATS and for signatures)
+        self.seed = seed if seed is not None else _connection_seed(nc)
         # with the fleet's directory, an answer counts only as a receipt a coordinator signed
         self.principals = principals
 
@@ -204,15 +206,17 @@ class FleetClient:
         # one subject per attempt, unguessable: no other client can answer for the
         # coordinator, and a late answer to an abandoned attempt reaches nobody
         subject = receipt_subject(body.mission_id, request.action_id, secrets.token_hex(12))
+        data = body.model_dump_json().encode()
+        if self.seed is not None:  # who asks: the coordinator checks the signer may ask
+            signed = sign_request(self.seed, AUTHORIZE_SUBJECT, data, datetime.now(UTC))
+            headers = {**headers, **signed} if headers else signed
         with self._fail_closed():
             sub = await self.nc.subscribe(subject)
             # SUB, UNSUB-after-one and PUB leave in one write; the server drops the interest
             # itself once the answer is delivered.
             await sub.unsubscribe(limit=1)
             try:
-                await self.nc.publish(
-                    AUTHORIZE_SUBJECT, body.model_dump_json().encode(), subject, headers
-                )
+                await self.nc.publish(AUTHORIZE_SUBJECT, data, subject, headers)
                 msg = await sub.next_msg(timeout=self.timeout)
             except BaseException:
                 with contextlib.suppress(nats.errors.Error):
@@ -305,6 +309,14 @@ class FleetClient:
             span.set_attribute(FLEET_STREAM_SEQ, seq)
         self.last_seq = max(self.last_seq, seq)
         return seq
+
+
+def _connection_seed(nc: Client) -> str | None:
+    """The nkey seed ``nc`` authenticated with (``fleetbus.bus.connect(seed=...)``), if any.
+    nats-py keeps it on the client; a client built around such a connection (a node's outbox)
+    then signs as the same principal without being told twice."""
+    seed = getattr(nc, "_nkeys_seed_str", None)
+    return seed if isinstance(seed, str) and seed else None
 
 
 def _record_reply(span: Span, reply: AuthorizeReply) -> None:

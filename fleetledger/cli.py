@@ -53,6 +53,7 @@ def _register_subcommands() -> None:
     register(app)
     register_trace(app)
     register_identity(app)
+    __import__("fleetledger.cli_roles", fromlist=["register"]).register(app)  # role bind|list
 
 
 _register_subcommands()
@@ -659,6 +660,7 @@ def replay(
         "mission_id": mission_id,
         "events": result.events,
         "rejected": result.rejected,
+        "rejections": [r.as_dict() for r in result.rejections],  # each with its rule
         "last_seq": result.last_seq,
         "seconds": round(result.seconds, 6),
     }
@@ -684,6 +686,10 @@ def replay(
                 str(r["action_id"]), str(r["verdict"]), "; ".join(r["reasons"]) or "-"
             )
         out.print(hindsight)
+    for r in result.rejections:  # reported, not folded: as ingest dead-lettered them
+        err.print(
+            f"[red]rejected[/] seq {r.seq} {r.kind or 'message'} {r.event_id or ''}: {r.reason}"
+        )
     err.print(
         f"replayed {result.events} events up to seq {result.last_seq} "
         f"in {result.seconds * 1000:.1f} ms "

@@ -48,6 +48,7 @@ class Rule(StrEnum):
     MISSION_VALIDITY = "mission_validity"
     PRODUCER_IDENTITY = "producer_identity"  # signed by a known, unrevoked principal
     PRODUCER_PERMISSION = "producer_permission"  # that principal may emit that kind there
+    ROLE_BINDING = "role_binding"  # who may bind or unbind a mission's roles
 
 
 RULE_TITLES: dict[Rule, str] = {
@@ -64,6 +65,7 @@ RULE_TITLES: dict[Rule, str] = {
     Rule.MISSION_VALIDITY: "mission validity",
     Rule.PRODUCER_IDENTITY: "producer identity",
     Rule.PRODUCER_PERMISSION: "producer permission",
+    Rule.ROLE_BINDING: "role binding",
 }
 
 

@@ -69,8 +69,10 @@ class MissionCreated(_Payload):
     ceiling: Micros
     expires_at: UtcDatetime | None = None
     policy: Authority | None = None  # organisational policy: every grant is intersected with it
-    risk_roles: Names = frozenset({"risk-officer"})  # may treat any risk
-    approver_roles: Names = frozenset()  # empty: any approver role is accepted
+    risk_roles: Names = frozenset({"risk-officer"})  # may treat any risk, when bound
+    approver_roles: Names = frozenset()  # empty: any bound approver role is accepted
+    # who created it (the authenticated principal); it and ``owner`` hold the owner role
+    created_by: Text | None = None
 
 
 class GrantSpec(BaseModel):
@@ -104,6 +106,9 @@ class GrantRequested(_Payload):
 class GrantIssued(_Payload):
     kind: Literal["grant.issued"] = "grant.issued"
     grant: GrantSpec
+    # who issued it: a holder of the mission's owner or grant-issuer role (None: recorded
+    # before role bindings, by a coordinator)
+    by: Text | None = None
 
 
 class GrantRejected(_Payload):
@@ -181,6 +186,37 @@ class ApprovalGranted(_Payload):
     evaluated_version: int = Field(ge=0)  # the ledger version the approver looked at
     conditions: ApprovalConditions = ApprovalConditions()
     expires_at: UtcDatetime
+
+
+# --- role bindings --------------------------------------------------------------------------
+
+OWNER_ROLE = "owner"  # binds and unbinds roles, issues grants (mission.created binds it)
+GRANT_ISSUER_ROLE = "grant-issuer"  # issues grants
+ACTS_FOR_PREFIX = "acts-for:"  # "acts-for:<principal>": may name that principal in by/approver
+# a role name, or a delegation naming the principal acted for
+ROLE_PATTERN = r"^(acts-for:)?[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
+RoleName = Annotated[str, Field(pattern=ROLE_PATTERN)]
+
+
+def acts_for(principal: str) -> str:
+    """The role that lets its holder act for ``principal`` (``--by``/``--approver``)."""
+    return f"{ACTS_FOR_PREFIX}{principal}"
+
+
+class RoleBound(_Payload):
+    """``principal`` holds ``role`` in this mission from now on; ``by`` bound it."""
+
+    kind: Literal["role.bound"] = "role.bound"
+    principal: Ident
+    role: RoleName
+    by: Text
+
+
+class RoleUnbound(_Payload):
+    kind: Literal["role.unbound"] = "role.unbound"
+    principal: Ident
+    role: RoleName
+    by: Text
 
 
 # --- budget ---------------------------------------------------------------------------------
@@ -436,6 +472,8 @@ Payload = Annotated[
     | RiskOpened
     | RiskTreated
     | ApprovalGranted
+    | RoleBound
+    | RoleUnbound
     | BudgetReserved
     | BudgetCommitted
     | BudgetSettled

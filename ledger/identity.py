@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -21,7 +22,8 @@ import nacl.signing
 from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.errors import InvalidInput, Rule, RuleViolation
-from ledger.events import ID_PATTERN, Event
+from ledger.events import ID_PATTERN, OWNER_ROLE, Event, acts_for
+from ledger.invariants import holds_role
 from ledger.protocol import NODE_KIND_PREFIXES
 
 # what a Branch orchestrator records of its own reservations (SPEC S7.4)
@@ -83,7 +85,10 @@ def _encode(body: bytes) -> str:
     return base64.b32encode(body + _crc16(body).to_bytes(2, "little")).decode().rstrip("=")
 
 
+@functools.lru_cache(maxsize=64)
 def _signing_key(seed: str) -> nacl.signing.SigningKey:
+    """The key of a user seed; decoded once per seed (this process holds the seed anyway):
+    signing is then one libsodium call, off the hot path's Python."""
     body = _decode(seed, "seed")
     if len(body) != 34 or (body[0] & 0xF8, ((body[0] & 0x07) << 5) | (body[1] >> 3)) != (
         _USER_SEED[0],
@@ -102,24 +107,39 @@ def seed_from_bytes(raw: bytes) -> str:
     return _encode(bytes([b1, b2]) + raw)
 
 
+@functools.lru_cache(maxsize=1024)
+def _verify_key(signer: str) -> nacl.signing.VerifyKey:
+    """The Ed25519 key of a public nkey, decoded (checksum included) once per key."""
+    return nacl.signing.VerifyKey(_decode(signer, "signer")[1:])
+
+
+@functools.lru_cache(maxsize=64)
+def _public_of(seed: str) -> str:
+    return _encode(bytes([_PREFIX_USER]) + bytes(_signing_key(seed).verify_key))
+
+
 def public_key(seed: str) -> str:
     """The public nkey (``U...``) of a user seed."""
-    return _encode(bytes([_PREFIX_USER]) + bytes(_signing_key(seed).verify_key))
+    return _public_of(seed)
 
 
 def canonical(event: Event) -> bytes:
     """The bytes a signature covers: the event's JSON without its signature. Field order is
     the model's and sets are sorted (``ledger.authority.Names``), so an event and its copy
     parsed back from the stream give the same bytes in any process."""
+    if event.signature is None:
+        return event.to_json()
     return event.model_copy(update={"signature": None}).to_json()
 
 
 def sign(event: Event, seed: str) -> Event:
     """``event`` signed by the holder of ``seed`` (its public key goes in ``signer``)."""
-    key = _signing_key(seed)
-    signer = _encode(bytes([_PREFIX_USER]) + bytes(key.verify_key))
-    unsigned = event.model_copy(update={"signer": signer, "signature": None})
-    sig = key.sign(canonical(unsigned)).signature
+    signer = _public_of(seed)
+    unsigned = event
+    if event.signer != signer or event.signature is not None:
+        unsigned = event.model_copy(update={"signer": signer, "signature": None})
+    # ``canonical`` of an event without a signature is its own JSON: no second copy
+    sig = _signing_key(seed).sign(unsigned.to_json()).signature
     return unsigned.model_copy(update={"signature": base64.urlsafe_b64encode(sig).decode()})
 
 
@@ -139,8 +159,9 @@ def verify(event: Event, principals: Mapping[str, Principal]) -> Principal:
             f"event {event.event_id} is signed by {who.name}, whose key is revoked",
         )
     try:
-        key = nacl.signing.VerifyKey(_decode(event.signer, "signer")[1:])
-        key.verify(canonical(event), base64.urlsafe_b64decode(event.signature))
+        _verify_key(event.signer).verify(
+            canonical(event), base64.urlsafe_b64decode(event.signature)
+        )
     except (InvalidInput, binascii.Error, ValueError, nacl.exceptions.BadSignatureError):
         raise RuleViolation(
             Rule.PRODUCER_IDENTITY,
@@ -166,7 +187,11 @@ REQUEST_SKEW = timedelta(minutes=5)  # a signed request older (or newer) than th
 # the authenticated principal, never a free string)
 ACTING_AS: dict[str, str] = {
     "risk.treat": "by", "approve": "approver", "overrun.treat": "by", "grant.revoke": "by",
+    "role.bind": "by", "role.unbind": "by",
 }  # fmt: skip
+# the ops in which a principal bound to ``acts-for:P`` may name P (binding roles is not one:
+# a delegate never hands on what it was given)
+DELEGABLE = frozenset({"risk.treat", "approve", "overrun.treat", "grant.revoke"})
 
 
 def _request_bytes(subject: str, body: bytes, signed_at: str) -> bytes:
@@ -179,7 +204,7 @@ def sign_request(seed: str, subject: str, body: bytes, at: datetime) -> dict[str
     signed_at = at.isoformat()
     sig = key.sign(_request_bytes(subject, body, signed_at)).signature
     return {
-        SIGNER_HEADER: _encode(bytes([_PREFIX_USER]) + bytes(key.verify_key)),
+        SIGNER_HEADER: _public_of(seed),
         SIGNED_AT_HEADER: signed_at,
         SIGNATURE_HEADER: base64.urlsafe_b64encode(sig).decode(),
     }
@@ -209,8 +234,9 @@ def verify_request(
         raise RuleViolation(Rule.PRODUCER_IDENTITY, f"the request is signed by a {state} key")
     try:
         at = datetime.fromisoformat(signed_at)
-        key = nacl.signing.VerifyKey(_decode(signer, "signer")[1:])
-        key.verify(_request_bytes(subject, body, signed_at), base64.urlsafe_b64decode(signature))
+        _verify_key(signer).verify(
+            _request_bytes(subject, body, signed_at), base64.urlsafe_b64decode(signature)
+        )
     except (InvalidInput, binascii.Error, ValueError, nacl.exceptions.BadSignatureError):
         raise RuleViolation(
             Rule.PRODUCER_IDENTITY, f"the request's signature of {who.name} does not match it"
@@ -224,9 +250,16 @@ def verify_request(
     return who
 
 
-def check_acting_as(who: Principal, op: str, args: Mapping[str, Any]) -> dict[str, Any]:
+def check_acting_as(
+    who: Principal,
+    op: str,
+    args: Mapping[str, Any],
+    roles: Mapping[str, frozenset[str]] | None = None,
+) -> dict[str, Any]:
     """``args`` with the acting person set to ``who`` (when omitted); a request naming someone
-    else is refused (producer_permission). Nodes may only record effects."""
+    else is refused (producer_permission) unless ``who`` holds ``acts-for:<them>`` in the
+    mission's ``roles`` (a delegation, itself a role event) and the op is ``DELEGABLE``.
+    Nodes may only record effects."""
     if who.role is Role.NODE and op != "effect.record":
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION, f"node {who.name} may record effects only, not {op}"
@@ -235,13 +268,55 @@ def check_acting_as(who: Principal, op: str, args: Mapping[str, Any]) -> dict[st
     if field is None:
         return dict(args)
     named = args.get(field)
-    if named is not None and named != who.name:
+    if named is None or named == who.name:
+        return {**args, field: who.name}
+    if op in DELEGABLE and holds_role(roles or {}, who.name, acts_for(str(named))):
+        return dict(args)
+    raise RuleViolation(
+        Rule.PRODUCER_PERMISSION,
+        f"{who.name} may not act as {named!r} ({op} {field}): each person acts with their own "
+        f"key (`fleetledger identity create NAME --role human`), or for another only through "
+        f"a delegation {named} binds (`fleetledger role bind {who.name} --role "
+        f"{acts_for(str(named))}`)",
+    )
+
+
+def check_requester(
+    who: Principal,
+    *,
+    mission_id: str,
+    node_id: str,
+    holder: str | None,
+    roles: Mapping[str, frozenset[str]],
+) -> None:
+    """May ``who`` ask for a decision on an action of the grant held by ``holder`` (None: no
+    such grant)? A node speaks for the agents it runs (its requests name it as their node); a
+    person or service for the grant it holds, for a holder that bound ``acts-for`` to it, or
+    as a holder of the mission's owner role. Coordinators do not ask."""
+    if not who.acts_in(mission_id):
         raise RuleViolation(
-            Rule.PRODUCER_PERMISSION,
-            f"{who.name} may not act as {named!r} ({op} {field}); each person acts with their "
-            "own key (`fleetledger identity create NAME --role human`)",
+            Rule.PRODUCER_PERMISSION, f"{who.role} {who.name} may not act in mission {mission_id}"
         )
-    return {**args, field: who.name}
+    if who.role is Role.NODE:
+        if node_id != who.name:
+            raise RuleViolation(
+                Rule.PRODUCER_PERMISSION,
+                f"node {who.name} signed an authorize request that claims node {node_id}",
+            )
+        return
+    if who.role is Role.COORDINATOR:
+        raise RuleViolation(
+            Rule.PRODUCER_PERMISSION, f"coordinator {who.name} decides; it does not ask"
+        )
+    if holder is not None and (who.name == holder or holds_role(roles, who.name, acts_for(holder))):
+        return
+    if holds_role(roles, who.name, OWNER_ROLE):
+        return
+    raise RuleViolation(
+        Rule.PRODUCER_PERMISSION,
+        f"{who.name} may not ask for decisions on the grant of {holder or 'nobody'}: not its "
+        f"holder, not bound to {acts_for(holder or '<holder>')!r} and not a mission owner",
+    )
 
 
 def check_producer(who: Principal, event: Event) -> None:
@@ -283,12 +358,14 @@ def check_producer(who: Principal, event: Event) -> None:
 __all__ = [
     "ACTING_AS",
     "BRANCH_KINDS",
+    "DELEGABLE",
     "Principal",
     "Role",
     "canonical",
     "check_acting_as",
     "check_origin",
     "check_producer",
+    "check_requester",
     "public_key",
     "seed_from_bytes",
     "sign",

@@ -13,7 +13,14 @@ from enum import StrEnum
 
 from ledger.authority import Authority, member, widenings
 from ledger.errors import Rule, RuleViolation
-from ledger.events import GrantSpec, LevelBudget, Outcome
+from ledger.events import (
+    ACTS_FOR_PREFIX,
+    GRANT_ISSUER_ROLE,
+    OWNER_ROLE,
+    GrantSpec,
+    LevelBudget,
+    Outcome,
+)
 from ledger.money import format_amount
 
 
@@ -279,16 +286,117 @@ def check_risks(action: str, chain: Sequence[str], risks: Iterable[RiskFact]) ->
 
 
 def check_risk_treatment(
-    risk: RiskFact, *, by: str, role: str | None, risk_roles: frozenset[str]
+    risk: RiskFact,
+    *,
+    by: str,
+    role: str | None,
+    risk_roles: frozenset[str],
+    roles: Mapping[str, frozenset[str]],
 ) -> None:
-    """Only the risk's owner or an authorised role may treat it, and only once."""
+    """Only the risk's owner, or a principal bound to one of the mission's risk roles (and
+    naming it), may treat it, and only once."""
     if not risk.open:
         raise RuleViolation(Rule.RISK_NON_ERASURE, f"risk {risk.risk_id} is already treated")
-    if by != risk.owner and (role is None or role not in risk_roles):
+    if by == risk.owner:
+        return
+    if role is None or role not in risk_roles:
         raise RuleViolation(
             Rule.RISK_NON_ERASURE,
-            f"{by} may not treat risk {risk.risk_id}: only its owner {risk.owner} or a role in "
-            f"{sorted(risk_roles)} may",
+            f"{by} may not treat risk {risk.risk_id}: only its owner {risk.owner} or a "
+            f"principal bound to a role in {sorted(risk_roles)} may",
+        )
+    if not holds_role(roles, by, role):
+        raise RuleViolation(
+            Rule.RISK_NON_ERASURE,
+            f"{by} may not treat risk {risk.risk_id} as {role!r}: {by} is not bound to that "
+            f"role in this mission (`fleetledger role bind {by} --role {role}`)",
+        )
+
+
+# --- roles ----------------------------------------------------------------------------------
+
+
+def holds_role(roles: Mapping[str, frozenset[str]], principal: str, role: str) -> bool:
+    """Does ``principal`` hold ``role`` in the mission whose bindings are ``roles``? The one
+    answer: the fold, the coordinator and the CLI all ask it."""
+    return role in roles.get(principal, frozenset())
+
+
+def check_role_change(
+    roles: Mapping[str, frozenset[str]], *, by: str, principal: str, role: str, bind: bool
+) -> None:
+    """Who may bind or unbind ``role``: a holder of the mission's owner role; a delegation
+    ``acts-for:P`` only P itself binds (an owner cannot make someone act for another), and P or
+    an owner may end it. Binding twice, unbinding what is not held, or unbinding the last owner
+    is refused."""
+    owner = holds_role(roles, by, OWNER_ROLE)
+    if role.startswith(ACTS_FOR_PREFIX):
+        delegator = role.removeprefix(ACTS_FOR_PREFIX)
+        allowed = by == delegator or (owner and not bind)
+        who = f"only {delegator} itself may {'bind' if bind else 'unbind (or an owner)'} it"
+    else:
+        allowed = owner
+        who = f"only a holder of the {OWNER_ROLE!r} role may"
+    if not allowed:
+        raise RuleViolation(
+            Rule.ROLE_BINDING,
+            f"{by} may not {'bind' if bind else 'unbind'} {role!r} for {principal}: {who}",
+        )
+    held = holds_role(roles, principal, role)
+    if bind and held:
+        raise RuleViolation(Rule.ROLE_BINDING, f"{principal} already holds {role!r}")
+    if not bind and not held:
+        raise RuleViolation(Rule.ROLE_BINDING, f"{principal} does not hold {role!r}")
+    if not bind and role == OWNER_ROLE:
+        owners = [p for p in roles if holds_role(roles, p, OWNER_ROLE)]
+        if owners == [principal]:
+            raise RuleViolation(
+                Rule.ROLE_BINDING, f"{principal} is the mission's last owner; bind another first"
+            )
+
+
+def check_grant_issuer(
+    roles: Mapping[str, frozenset[str]],
+    by: str,
+    grant_id: str,
+    *,
+    verb: str = "issue",
+    grant_owner: str | None = None,
+) -> None:
+    """A grant is issued (or revoked) only by a holder of the owner or the grant-issuer role;
+    a revocation also by the grant's own owner."""
+    if by == grant_owner:
+        return
+    if not (holds_role(roles, by, OWNER_ROLE) or holds_role(roles, by, GRANT_ISSUER_ROLE)):
+        owner = f", nor the grant's owner {grant_owner}" if grant_owner else ""
+        raise RuleViolation(
+            Rule.GRANT_AUTHORITY,
+            f"{by} may not {verb} grant {grant_id}: it holds neither the {OWNER_ROLE!r} nor the "
+            f"{GRANT_ISSUER_ROLE!r} role in this mission{owner}",
+        )
+
+
+def check_approver(
+    roles: Mapping[str, frozenset[str]],
+    *,
+    approver: str,
+    role: str,
+    approver_roles: frozenset[str],
+    mission_id: str,
+) -> None:
+    """An approval counts only from a principal bound to the role it approves as (and, when
+    the mission names approver roles, one of them)."""
+    if approver_roles and role not in approver_roles:
+        raise RuleViolation(
+            Rule.APPROVAL_REQUIRED,
+            f"role {role!r} may not approve in mission {mission_id}; "
+            f"allowed: {sorted(approver_roles)}",
+        )
+    if not holds_role(roles, approver, role):
+        raise RuleViolation(
+            Rule.APPROVAL_REQUIRED,
+            f"{approver} may not approve as {role!r}: it is not bound to that role in mission "
+            f"{mission_id} (`fleetledger role bind {approver} --role {role}`)",
         )
 
 

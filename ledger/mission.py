@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from ledger.authority import UNBOUNDED, Authority, intersect
 from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation
 from ledger.events import (
+    OWNER_ROLE,
     ActionRequested,
     ApprovalGranted,
     BudgetCommitted,
@@ -58,6 +59,8 @@ from ledger.events import (
     ResourceObserved,
     RiskOpened,
     RiskTreated,
+    RoleBound,
+    RoleUnbound,
     TreatmentStatus,
     TurnEnded,
     TurnReceipt,
@@ -67,11 +70,14 @@ from ledger.invariants import (
     ApprovalFact,
     EvidenceFact,
     RiskFact,
+    check_approver,
     check_attenuation,
     check_conservation,
     check_effect_transition,
+    check_grant_issuer,
     check_purpose_binding,
     check_risk_treatment,
+    check_role_change,
 )
 from ledger.items import ItemStatus, JudgedStatus
 
@@ -222,6 +228,9 @@ class MissionState:
     key_actions: dict[str, list[str]] = field(default_factory=dict)
     decisions: list[DecisionRecorded] = field(default_factory=list)
     items: dict[str, ItemProgress] = field(default_factory=dict)  # the agents' to-do items
+    # principal -> the roles it holds in this mission (role.bound / role.unbound events;
+    # mission.created binds the owner); ``invariants.holds_role`` answers from it
+    roles: dict[str, frozenset[str]] = field(default_factory=dict)
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -408,14 +417,39 @@ def _mission_created(s: MissionState, e: Event, p: MissionCreated) -> None:
         created_at=e.effective_at, expires_at=p.expires_at, policy=p.policy,
         risk_roles=p.risk_roles, approver_roles=p.approver_roles,
     )  # fmt: skip
+    for who in dict.fromkeys(x for x in (p.owner, p.created_by) if x):  # the common case: no
+        _bind(s, who, OWNER_ROLE)  # extra step before the creator issues grants
 
 
-def admit_grant(s: MissionState, spec: GrantSpec, now: datetime) -> None:
-    """Purpose binding and attenuation for a grant about to be issued (pure; raises)."""
+def _bind(s: MissionState, principal: str, role: str) -> None:
+    s.roles[principal] = s.roles.get(principal, frozenset()) | {role}
+
+
+@_folds(RoleBound)
+def _role_bound(s: MissionState, e: Event, p: RoleBound) -> None:
+    check_role_change(s.roles, by=p.by, principal=p.principal, role=p.role, bind=True)
+    _bind(s, p.principal, p.role)
+
+
+@_folds(RoleUnbound)
+def _role_unbound(s: MissionState, e: Event, p: RoleUnbound) -> None:
+    check_role_change(s.roles, by=p.by, principal=p.principal, role=p.role, bind=False)
+    left = s.roles[p.principal] - {p.role}
+    if left:
+        s.roles[p.principal] = left
+    else:
+        del s.roles[p.principal]
+
+
+def admit_grant(s: MissionState, spec: GrantSpec, now: datetime, *, by: str | None = None) -> None:
+    """Purpose binding and attenuation for a grant about to be issued, and (``by``) that its
+    issuer holds the owner or grant-issuer role (pure; raises)."""
     if s.mission is None:
         raise RuleViolation(Rule.MISSION_VALIDITY, f"mission {s.mission_id} does not exist")
     if spec.grant_id in s.grants:
         raise InvalidInput(f"grant {spec.grant_id} is already issued", code=ErrorCode.DUPLICATE)
+    if by is not None:
+        check_grant_issuer(s.roles, by, spec.grant_id)
     check_purpose_binding(
         what=f"grant {spec.grant_id}", mission_id=s.mission_id,
         purpose=spec.purpose, owner=spec.owner, expires_at=spec.expires_at,
@@ -475,7 +509,7 @@ def _grant_requested(s: MissionState, e: Event, p: GrantRequested) -> None:
 
 @_folds(GrantIssued)
 def _grant_issued(s: MissionState, e: Event, p: GrantIssued) -> None:
-    admit_grant(s, p.grant, e.effective_at)
+    admit_grant(s, p.grant, e.effective_at, by=p.by)
     s.grants[p.grant.grant_id] = Grant(spec=p.grant, issued_at=e.effective_at)
     s.requested_grants.pop(p.grant.grant_id, None)
 
@@ -491,6 +525,7 @@ def _grant_revoked(s: MissionState, e: Event, p: GrantRevoked) -> None:
     grant = s.grants.get(p.grant_id)
     if grant is None:
         raise InvalidInput(f"grant {p.grant_id} is not issued", code=ErrorCode.NOT_FOUND)
+    check_grant_issuer(s.roles, p.by, p.grant_id, verb="revoke", grant_owner=grant.spec.owner)
     grant.revoked = True
 
 
@@ -550,7 +585,9 @@ def _risk_treated(s: MissionState, e: Event, p: RiskTreated) -> None:
         raise InvalidInput(
             f"risk {p.risk_id} is not open in mission {s.mission_id}", code=ErrorCode.NOT_FOUND
         )
-    check_risk_treatment(risk, by=p.by, role=p.role, risk_roles=_mission(s).risk_roles)
+    check_risk_treatment(
+        risk, by=p.by, role=p.role, risk_roles=_mission(s).risk_roles, roles=s.roles
+    )
     s.risks[p.risk_id] = RiskFact(
         risk.risk_id, risk.blocks, risk.owner, risk.summary, risk.grant_id, open=False
     )
@@ -562,12 +599,10 @@ def _approval_granted(s: MissionState, e: Event, p: ApprovalGranted) -> None:
     mission = _mission(s)
     if p.approval_id in s.approvals:
         raise InvalidInput(f"approval {p.approval_id} already exists", code=ErrorCode.DUPLICATE)
-    if mission.approver_roles and p.role not in mission.approver_roles:
-        raise RuleViolation(
-            Rule.APPROVAL_REQUIRED,
-            f"role {p.role!r} may not approve in mission {s.mission_id}; "
-            f"allowed: {sorted(mission.approver_roles)}",
-        )
+    check_approver(
+        s.roles, approver=p.approver, role=p.role, approver_roles=mission.approver_roles,
+        mission_id=s.mission_id,
+    )  # fmt: skip
     if p.grant_id is not None and p.grant_id not in s.grants:
         raise InvalidInput(
             f"approval scope grant {p.grant_id} is not issued", code=ErrorCode.NOT_FOUND

@@ -244,6 +244,8 @@ ManageOp = Literal[
     "approve",
     "effect.record",
     "overrun.treat",
+    "role.bind",
+    "role.unbind",
 ]
 
 

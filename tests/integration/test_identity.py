@@ -220,3 +220,274 @@ async def test_a_fake_receipt_is_refused_by_the_client(tmp_path: Path) -> None:
         await sub.unsubscribe()
         await attacker.close()
         servers.stop()
+
+
+# --- role bindings, signed authorize requests, replay (issue 16, the coordinator's part) -----
+
+
+async def test_a_treatment_by_a_principal_without_the_role_is_refused(
+    secured: tuple[Path, str, Coordinator],
+) -> None:
+    """mallory names the mission's risk role; nobody bound it to her: refused. Once the owner
+    binds it, the same treatment is accepted."""
+    await open_risk(secured, "m-role-treat")
+    mallory = await as_person(secured, "mallory")
+    lead = await as_person(secured, "finance-lead")
+    try:
+        treat = {"risk_id": "k1", "status": "ACCEPTED", "role": "risk-officer"}
+        with pytest.raises(RuleViolation) as exc:
+            await mallory.manage("risk.treat", "m-role-treat", treat)
+        assert exc.value.rule is Rule.RISK_NON_ERASURE and "not bound" in exc.value.reason
+        with pytest.raises(RuleViolation) as exc:  # nor can she bind it to herself
+            await mallory.manage(
+                "role.bind", "m-role-treat", {"principal": "mallory", "role": "risk-officer"}
+            )
+        assert exc.value.rule is Rule.ROLE_BINDING
+        await lead.manage(
+            "role.bind", "m-role-treat", {"principal": "mallory", "role": "risk-officer"}
+        )
+        assert (await mallory.manage("risk.treat", "m-role-treat", treat)).ok
+    finally:
+        await mallory.close()
+        await lead.close()
+
+
+async def test_an_approval_by_a_principal_not_bound_to_the_approver_role_is_refused(
+    secured: tuple[Path, str, Coordinator],
+) -> None:
+    await open_risk(secured, "m-role-approve")
+    treasury = await as_person(secured, "treasury")
+    lead = await as_person(secured, "finance-lead")
+    try:
+        approval = {
+            "approval_id": "ap1", "role": "controller", "action": "credit.issue",
+            "expires_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat(),
+        }  # fmt: skip
+        with pytest.raises(RuleViolation) as exc:
+            await treasury.manage("approve", "m-role-approve", approval)
+        assert exc.value.rule is Rule.APPROVAL_REQUIRED
+        assert "treasury may not approve as 'controller'" in exc.value.reason
+        await lead.manage(
+            "role.bind", "m-role-approve", {"principal": "treasury", "role": "controller"}
+        )
+        assert (await treasury.manage("approve", "m-role-approve", approval)).ok
+    finally:
+        await treasury.close()
+        await lead.close()
+
+
+async def grant_mission(secured: tuple[Path, str, Coordinator], mission: str) -> None:
+    from ledger.authority import Authority
+
+    lead = await as_person(secured, "finance-lead")
+    try:
+        soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
+        await lead.manage(
+            "mission.create", mission,
+            {"purpose": "p", "owner": "finance-lead", "ceiling": 1_000_000, "expires_at": soon},
+        )  # fmt: skip
+        await lead.manage(
+            "grant.issue", mission,
+            {"grant_id": "g", "holder": "claude", "purpose": "release", "owner": "finance-lead",
+             "authority": Authority.of(["git.push"]).model_dump(mode="json"), "budget": 100_000},
+        )  # fmt: skip
+    finally:
+        await lead.close()
+
+
+async def test_an_unsigned_or_forged_authorize_request_is_refused_naming_the_rule(
+    secured: tuple[Path, str, Coordinator],
+) -> None:
+    """Connected with a valid key, but the request carries no signature, or another principal's
+    headers copied onto a changed request: refused as producer_identity, nothing recorded. A
+    signed request from a principal that may not ask for the grant: producer_permission."""
+    from ledger.identity import sign_request
+    from ledger.kernel import ActionRequest
+    from ledger.protocol import AUTHORIZE_SUBJECT, AuthorizeRequest
+
+    co = secured[2]
+    await grant_mission(secured, "m-auth-sig")
+    lead = await as_person(secured, "finance-lead")
+    mallory = await as_person(secured, "mallory")
+
+    def push(action_id: str) -> ActionRequest:
+        return ActionRequest(action_id=action_id, grant_id="g", action="git.push", cost=1,
+                             idempotency_key=action_id)  # fmt: skip
+
+    try:
+        assert (await lead.authorize("m-auth-sig", push("ok-1"))).decision.allowed  # type: ignore[union-attr]
+        seed, lead.seed = lead.seed, None
+        with pytest.raises(RuleViolation) as exc:
+            await lead.authorize("m-auth-sig", push("a-unsigned"))
+        assert exc.value.rule is Rule.PRODUCER_IDENTITY and "not signed" in exc.value.reason
+        # a signature over another request, carried by this one
+        assert seed is not None
+        other = AuthorizeRequest(mission_id="m-auth-sig", request=push("a-other"))
+        headers = sign_request(
+            seed, AUTHORIZE_SUBJECT, other.model_dump_json().encode(), datetime.now(UTC)
+        )
+        forged = AuthorizeRequest(mission_id="m-auth-sig", request=push("a-forged"))
+        reply = await lead.nc.request(
+            AUTHORIZE_SUBJECT, forged.model_dump_json().encode(), timeout=5, headers=headers
+        )
+        error = json.loads(reply.data)["error"]
+        assert error["rule"] == "producer_identity" and "does not match" in error["message"]
+        with pytest.raises(RuleViolation) as exc:
+            await mallory.authorize("m-auth-sig", push("a-mallory"))
+        assert exc.value.rule is Rule.PRODUCER_PERMISSION
+        actions = co.states["m-auth-sig"].actions
+        assert set(actions) == {"ok-1"}  # nothing of the refused requests was recorded
+    finally:
+        await lead.close()
+        await mallory.close()
+
+
+async def test_a_node_agent_signs_its_authorize_and_effect_requests(
+    secured: tuple[Path, str, Coordinator],
+) -> None:
+    """A consequential tool call through a node agent on the secured fleet: the gate's
+    authorize and its effect record are signed with the node's key, so both are accepted."""
+    import shutil
+    import tempfile
+
+    from node_agent.client import NodeClient
+    from node_agent.daemon import NodeAgent
+    from node_agent.hooks import handle
+    from node_agent.settings import NodeSettings
+
+    root, url, co = secured
+    await grant_mission(secured, "m-node-sig")
+    state_dir = Path(tempfile.mkdtemp(prefix="fl-id-", dir="/tmp"))
+    agent = NodeAgent(
+        NodeSettings(
+            state_dir=state_dir, node_id="node-1", nats_url=url, mission="m-node-sig",
+            grant_id="g", principal="node-1", identity_dir=root,
+        )
+    )  # fmt: skip
+    await agent.start()
+
+    async def hook(event: str, payload: dict[str, object]) -> str:
+        def call() -> str:
+            with NodeClient(agent.settings.socket_path) as client:
+                answer = handle("claude-code", event, json.dumps(payload),
+                                settings=agent.settings, client=client)  # type: ignore[arg-type]  # fmt: skip
+            return answer.stdout
+
+        return await asyncio.to_thread(call)
+
+    try:
+        async with asyncio.timeout(10):
+            while agent.outbox is None or agent.outbox.client is None:
+                await asyncio.sleep(0.02)
+        push = {"session_id": "s1", "tool_name": "Bash", "tool_use_id": "toolu_01",
+                "tool_input": {"command": "git push origin main"}}  # fmt: skip
+        assert await hook("PreToolUse", push) == ""  # allowed
+        await hook("PostToolUse", {**push, "tool_response": {"stdout": "ok"}})
+        state = co.states["m-node-sig"]
+        async with asyncio.timeout(10):
+            while not any(a.status.value == "verified_success" for a in state.actions.values()):
+                await asyncio.sleep(0.02)
+    finally:
+        await agent.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+async def test_replay_reports_a_forged_event_with_its_rule_and_does_not_fold_it(
+    secured: tuple[Path, str, Coordinator],
+) -> None:
+    from fleetbus.bus import publish_checked
+    from fleetbus.identity import KeyStore
+    from ledger.events import RoleBound, make_event
+    from ledger.identity import sign
+    from ledger.protocol import subject_of
+
+    root, url, co = secured
+    await open_risk(secured, "m-replay-forged")
+    keys = KeyStore(root)
+    coordinator_conn = await FleetClient.connect(url, seed=keys.seed("coordinator"))
+    try:  # mallory makes herself an owner, signing as herself, on the stream directly
+        bound = RoleBound(principal="mallory", role="owner", by="finance-lead")
+        forged = sign(make_event(bound, mission_id="m-replay-forged", at=datetime.now(UTC)),
+                      keys.seed("mallory"))  # fmt: skip
+        before = co.dead_letters
+        await publish_checked(
+            coordinator_conn.js, subject_of(forged), forged.to_json(), msg_id=str(forged.event_id)
+        )
+        async with asyncio.timeout(10):
+            while co.dead_letters < before + 1:
+                await asyncio.sleep(0.02)
+        from coordinator.replay import replay_mission
+
+        result = await replay_mission(
+            url, "m-replay-forged", seed=keys.seed("coordinator"), principals=keys.directory()
+        )
+        assert [(r.event_id, r.kind, r.rule) for r in result.rejections] == [
+            (str(forged.event_id), "role.bound", "producer_permission")
+        ]
+        assert "mallory" not in result.state.roles
+        assert "mallory" not in co.states["m-replay-forged"].roles
+        # `fleetledger replay` reports it the same way
+        from typer.testing import CliRunner
+
+        from fleetledger.cli import app
+
+        env = {"FLEET_NATS_URL": url, "FLEET_PRINCIPAL": "treasury",
+               "FLEET_IDENTITY_DIR": str(root)}  # fmt: skip
+        ran = await asyncio.to_thread(
+            CliRunner().invoke, app, ["replay", "m-replay-forged", "--json"], env=env
+        )
+        assert ran.exit_code == 0, ran.output
+        reported = json.loads(ran.stdout)["rejections"]
+        assert [(r["event_id"], r["rule"]) for r in reported] == [
+            (str(forged.event_id), "producer_permission")
+        ]
+        human = await asyncio.to_thread(
+            CliRunner().invoke, app, ["replay", "m-replay-forged"], env=env
+        )
+        assert human.exit_code == 0 and "rejected seq" in human.stderr, human.stderr
+        assert "role.bound" in human.stderr
+    finally:
+        await coordinator_conn.close()
+
+
+async def test_the_role_cli_binds_lists_and_refuses_bad_input(
+    secured: tuple[Path, str, Coordinator],
+) -> None:
+    """`fleetledger role bind|list|unbind` as a person of the secured fleet; `role list` reads
+    the signed record; an invalid role is exit 2 before anything connects; a non-owner's bind
+    is exit 3 naming the rule."""
+    from typer.testing import CliRunner
+
+    from fleetledger.cli import app
+
+    root, url, _ = secured
+    await open_risk(secured, "m-role-cli")
+
+    def cli(who: str, *args: str) -> tuple[int, str, str]:
+        env = {"FLEET_NATS_URL": url, "FLEET_PRINCIPAL": who, "FLEET_IDENTITY_DIR": str(root)}
+        result = CliRunner().invoke(app, list(args), env=env)
+        return result.exit_code, result.stdout, result.stderr
+
+    code, _, _ = await asyncio.to_thread(
+        cli, "finance-lead", "role", "bind", "treasury", "-m", "m-role-cli", "--role", "controller"
+    )
+    assert code == 0
+    code, stdout, _ = await asyncio.to_thread(
+        cli, "mallory", "role", "list", "m-role-cli", "--json"
+    )
+    assert code == 0
+    roles = json.loads(stdout)["roles"]
+    assert roles["treasury"] == ["controller"] and roles["finance-lead"] == ["owner"]
+    code, _, stderr = await asyncio.to_thread(
+        cli, "mallory", "role", "bind", "mallory", "-m", "m-role-cli", "--role", "owner"
+    )
+    assert code == 3 and "role binding" in stderr
+    code, _, stderr = await asyncio.to_thread(
+        cli, "finance-lead", "role", "bind", "treasury", "-m", "m-role-cli", "--role", "a b"
+    )
+    assert code == 2 and "not a role" in stderr
+    code, _, _ = await asyncio.to_thread(
+        cli, "finance-lead", "role", "unbind", "treasury", "-m", "m-role-cli", "--role",
+        "controller",
+    )  # fmt: skip
+    assert code == 0

@@ -45,6 +45,8 @@ from ledger.events import (
     Outcome,
     RiskOpened,
     RiskTreated,
+    RoleBound,
+    RoleUnbound,
     TreatmentStatus,
 )
 
@@ -195,7 +197,20 @@ class Ledger:
         )
         return risk_id
 
-    def treat(self, risk_id: str = "k1", *, by: str = "rita", role: str | None = None) -> None:
+    def bind(self, principal: str, role: str, *, by: str = OWNER) -> None:
+        """``principal`` holds ``role`` from now on (a role.bound event, by an owner)."""
+        self.apply(RoleBound(principal=principal, role=role, by=by))
+
+    def unbind(self, principal: str, role: str, *, by: str = OWNER) -> None:
+        self.apply(RoleUnbound(principal=principal, role=role, by=by))
+
+    def treat(
+        self, risk_id: str = "k1", *, by: str = "rita", role: str | None = None, bind: bool = True
+    ) -> None:
+        """Treat a risk; ``by`` is first bound to ``role`` (when one is named) unless ``bind``
+        is False or it already holds it."""
+        if role is not None and bind and role not in self.state.roles.get(by, frozenset()):
+            self.bind(by, role)
         self.apply(RiskTreated(risk_id=risk_id, status=TreatmentStatus.MITIGATED, by=by, role=role))
 
     def approve(
@@ -209,11 +224,17 @@ class Ledger:
         max_cost: int | None = None,
         evidence_ids: Iterable[str] = (),
         no_open_risks: bool = False,
+        approver: str = "hannah",
+        bind: bool = True,
     ) -> str:
+        """An approval by ``approver`` as ``role``; the approver is first bound to that role
+        (a role.bound event) unless ``bind`` is False or it already holds it."""
+        if bind and role not in self.state.roles.get(approver, frozenset()):
+            self.bind(approver, role)
         self.apply(
             ApprovalGranted(
                 approval_id=approval_id,
-                approver="hannah",
+                approver=approver,
                 role=role,
                 action=action,
                 grant_id=grant_id,

@@ -49,6 +49,8 @@ from ledger.events import (
     ResourceObserved,
     RiskOpened,
     RiskTreated,
+    RoleBound,
+    RoleUnbound,
     TraceContext,
     TreatmentStatus,
     TurnEnded,
@@ -92,6 +94,8 @@ SAMPLES: dict[str, Any] = {
             max_cost=50_000, evidence_ids=frozenset({"e1"}), no_open_risks=True
         ),
     ),
+    "role.bound": RoleBound(principal="hannah", role="controller", by="olga"),
+    "role.unbound": RoleUnbound(principal="asst", role="acts-for:rita", by="rita"),
     "budget.reserved": BudgetReserved(
         reservation_id="r1", grant_id="g1", amount=500_000, lease_until=T0 + timedelta(minutes=5)
     ),

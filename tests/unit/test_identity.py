@@ -191,3 +191,43 @@ def test_a_signed_request_verifies_and_a_replayed_or_altered_one_does_not() -> N
         check_acting_as(lead, "approve", {"approver": "owner"})
     with pytest.raises(RuleViolation, match="effects only"):
         check_acting_as(NODE, "risk.treat", {})
+
+
+# --- who may ask for a decision, and for whom a person may act ------------------------------
+
+
+def test_who_may_ask_for_a_decision_on_a_grant() -> None:
+    from ledger.identity import check_requester
+
+    def ask(who: Principal, node_id: str = "cli", roles: dict[str, frozenset[str]] | None = None,
+            holder: str | None = "agent-1") -> None:  # fmt: skip
+        check_requester(who, mission_id="m1", node_id=node_id, holder=holder, roles=roles or {})
+
+    holder = Principal(name="agent-1", role=Role.HUMAN, public_key=NODE.public_key)
+    other = Principal(name="mallory", role=Role.SERVICE, public_key=NODE.public_key)
+    ask(holder)
+    ask(NODE, node_id="node-1")  # a node, for the agents it runs
+    ask(other, roles={"mallory": frozenset({"acts-for:agent-1"})})  # a delegate of the holder
+    ask(other, roles={"mallory": frozenset({"owner"})}, holder=None)  # a mission owner
+    for who, kw, words in (
+        (other, {}, "mallory may not ask"),
+        (other, {"roles": {"mallory": frozenset({"acts-for:bob"})}}, "mallory may not ask"),
+        (NODE, {"node_id": "node-2"}, "claims node node-2"),
+        (CO, {}, "does not ask"),
+    ):
+        with pytest.raises(RuleViolation, match=words) as exc:
+            ask(who, **kw)  # type: ignore[arg-type]
+        assert exc.value.rule is Rule.PRODUCER_PERMISSION
+
+
+def test_a_person_names_another_only_through_a_delegation_bound_to_it() -> None:
+    from ledger.identity import check_acting_as
+
+    asst = Principal(name="asst", role=Role.HUMAN, public_key=CO.public_key)
+    delegation = {"asst": frozenset({"acts-for:treasury"})}
+    args = {"risk_id": "k", "by": "treasury"}
+    assert check_acting_as(asst, "risk.treat", args, delegation)["by"] == "treasury"
+    with pytest.raises(RuleViolation, match="asst may not act as 'treasury'"):
+        check_acting_as(asst, "risk.treat", args, {})
+    with pytest.raises(RuleViolation, match="may not act as 'treasury'"):  # not delegable
+        check_acting_as(asst, "role.bind", {"principal": "x", "role": "r", **args}, delegation)

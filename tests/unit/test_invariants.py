@@ -17,15 +17,19 @@ from ledger.invariants import (
     RiskFact,
     check_action_permitted,
     check_approval,
+    check_approver,
     check_attenuation,
     check_conservation,
     check_effect_transition,
     check_evidence,
+    check_grant_issuer,
     check_grant_valid,
     check_outcome,
     check_purpose_binding,
     check_risk_treatment,
     check_risks,
+    check_role_change,
+    holds_role,
 )
 from tests.unit.builders import HOUR, MID, T0, spec, violation
 
@@ -423,14 +427,17 @@ def test_treated_risk_no_longer_blocks_and_is_not_considered() -> None:
     assert check_risks("pay", CHAIN, [risk(open=False)]) == ()
 
 
+OFFICERS = frozenset({"risk-officer"})
+BOB_OFFICER = {"bob": frozenset({"risk-officer"})}
+
+
 def test_risk_owner_may_treat() -> None:
-    check_risk_treatment(risk(), by="rita", role=None, risk_roles=frozenset({"risk-officer"}))
+    check_risk_treatment(risk(), by="rita", role=None, risk_roles=OFFICERS, roles={})
 
 
-def test_authorised_role_may_treat() -> None:
-    check_risk_treatment(
-        risk(), by="bob", role="risk-officer", risk_roles=frozenset({"risk-officer"})
-    )
+def test_a_principal_bound_to_a_risk_role_may_treat() -> None:
+    check_risk_treatment(risk(), by="bob", role="risk-officer", risk_roles=OFFICERS,
+                         roles=BOB_OFFICER)  # fmt: skip
 
 
 @pytest.mark.parametrize("role", [None, "engineer"])
@@ -438,12 +445,71 @@ def test_others_may_not_treat_a_risk(role: str | None) -> None:
     with violation(
         Rule.RISK_NON_ERASURE, "bob may not treat risk k1", "owner rita", "risk-officer"
     ):
-        check_risk_treatment(risk(), by="bob", role=role, risk_roles=frozenset({"risk-officer"}))
+        check_risk_treatment(risk(), by="bob", role=role, risk_roles=OFFICERS, roles=BOB_OFFICER)
+
+
+def test_a_risk_role_claimed_but_not_bound_may_not_treat() -> None:
+    with violation(Rule.RISK_NON_ERASURE, "bob may not treat risk k1", "not bound"):
+        check_risk_treatment(risk(), by="bob", role="risk-officer", risk_roles=OFFICERS,
+                             roles={"carol": OFFICERS})  # fmt: skip
 
 
 def test_a_treated_risk_cannot_be_treated_again() -> None:
     with violation(Rule.RISK_NON_ERASURE, "risk k1 is already treated"):
-        check_risk_treatment(risk(open=False), by="rita", role=None, risk_roles=frozenset())
+        check_risk_treatment(risk(open=False), by="rita", role=None, risk_roles=frozenset(),
+                             roles={})  # fmt: skip
+
+
+# --- roles ----------------------------------------------------------------------------------
+
+OWNERS = {"olga": frozenset({"owner"}), "hannah": frozenset({"controller"})}
+
+
+def test_holds_role_answers_from_the_bindings_only() -> None:
+    assert holds_role(OWNERS, "olga", "owner")
+    assert not holds_role(OWNERS, "olga", "controller")
+    assert not holds_role(OWNERS, "mallory", "owner")
+
+
+def test_an_owner_may_bind_and_unbind_a_role() -> None:
+    check_role_change(OWNERS, by="olga", principal="bob", role="controller", bind=True)
+    check_role_change(OWNERS, by="olga", principal="hannah", role="controller", bind=False)
+
+
+@pytest.mark.parametrize("bind", [True, False])
+def test_a_non_owner_may_not_change_roles(bind: bool) -> None:
+    with violation(Rule.ROLE_BINDING, "hannah may not", "'owner' role"):
+        check_role_change(OWNERS, by="hannah", principal="hannah", role="controller", bind=bind)
+
+
+def test_only_the_delegator_binds_acts_for_itself() -> None:
+    check_role_change(OWNERS, by="rita", principal="asst", role="acts-for:rita", bind=True)
+    with violation(Rule.ROLE_BINDING, "olga may not bind 'acts-for:rita'", "only rita"):
+        check_role_change(OWNERS, by="olga", principal="asst", role="acts-for:rita", bind=True)
+
+
+def test_binding_twice_unbinding_what_is_not_held_and_the_last_owner_are_refused() -> None:
+    with violation(Rule.ROLE_BINDING, "hannah already holds 'controller'"):
+        check_role_change(OWNERS, by="olga", principal="hannah", role="controller", bind=True)
+    with violation(Rule.ROLE_BINDING, "bob does not hold 'controller'"):
+        check_role_change(OWNERS, by="olga", principal="bob", role="controller", bind=False)
+    with violation(Rule.ROLE_BINDING, "last owner"):
+        check_role_change(OWNERS, by="olga", principal="olga", role="owner", bind=False)
+
+
+def test_grants_are_issued_by_owners_and_grant_issuers_only() -> None:
+    check_grant_issuer(OWNERS, "olga", "g1")
+    check_grant_issuer({"ivan": frozenset({"grant-issuer"})}, "ivan", "g1")
+    with violation(Rule.GRANT_AUTHORITY, "hannah may not issue grant g1"):
+        check_grant_issuer(OWNERS, "hannah", "g1")
+
+
+def test_an_approval_needs_its_role_bound() -> None:
+    check_approver(OWNERS, approver="hannah", role="controller", approver_roles=frozenset(),
+                   mission_id="m1")  # fmt: skip
+    with violation(Rule.APPROVAL_REQUIRED, "olga may not approve as 'controller'", "not bound"):
+        check_approver(OWNERS, approver="olga", role="controller", approver_roles=frozenset(),
+                       mission_id="m1")  # fmt: skip
 
 
 # --- approvals ------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from ledger.events import (
     Outcome,
     RiskOpened,
     RiskTreated,
+    RoleBound,
     TreatmentStatus,
     TurnEnded,
 )
@@ -666,11 +667,13 @@ def test_approval_recorded_twice_is_a_duplicate() -> None:
 
 def test_approval_scoped_to_an_unknown_grant_is_rejected() -> None:
     led = base()
+    led.bind("hannah", "controller")
     invalid(led.state, approval_event(led, grant_id="g9"), ErrorCode.NOT_FOUND, "grant g9")
 
 
 def test_approval_expiring_before_it_is_granted_is_rejected() -> None:
     led = base()
+    led.bind("hannah", "controller")
     invalid(led.state, approval_event(led, expires_at=T0), ErrorCode.INVALID_INPUT, "approval ap1")
 
 
@@ -1196,3 +1199,68 @@ def test_item_standing_follows_the_nodes_observations_and_never_a_claim() -> Non
     # an observation about an item the stream never saw captured invents nothing
     apply(ItemClaimed(item_id="s-t9", status="done", by="coder"))
     assert "s-t9" not in items
+
+
+# --- role bindings --------------------------------------------------------------------------
+
+
+def test_mission_created_binds_its_owner_and_creator_as_owners() -> None:
+    led = Ledger()
+    led.apply(
+        MissionCreated(purpose="p", owner="olga", ceiling=1, expires_at=T0 + DAY, created_by="op")
+    )
+    assert led.state.roles == {"olga": frozenset({"owner"}), "op": frozenset({"owner"})}
+
+
+def test_a_role_bound_and_unbound_by_an_owner_is_folded() -> None:
+    led = base()
+    led.bind("hannah", "controller")
+    assert led.state.roles["hannah"] == frozenset({"controller"})
+    led.unbind("hannah", "controller")
+    assert "hannah" not in led.state.roles
+
+
+def test_a_role_bound_by_a_non_owner_is_rejected() -> None:
+    led = base()
+    ev = led.event(RoleBound(principal="mallory", role="controller", by="mallory"))
+    rejects(led.state, ev, Rule.ROLE_BINDING, "mallory may not bind 'controller'")
+
+
+def test_a_treatment_claiming_an_unbound_risk_role_is_rejected() -> None:
+    """The attack: a principal names a risk role it was never bound to."""
+    led = base(risk_roles=("cro",))
+    led.risk("k1")
+    ev = led.event(RiskTreated(risk_id="k1", status=TreatmentStatus.ACCEPTED, by="eve", role="cro"))
+    rejects(led.state, ev, Rule.RISK_NON_ERASURE, "eve may not treat risk k1", "not bound")
+    led.bind("eve", "cro")
+    led.apply(RiskTreated(risk_id="k1", status=TreatmentStatus.ACCEPTED, by="eve", role="cro"))
+    assert not led.state.risks["k1"].open
+
+
+def test_an_approval_by_a_principal_not_bound_to_the_approver_role_is_rejected() -> None:
+    led = base()
+    rejects(
+        led.state, approval_event(led), Rule.APPROVAL_REQUIRED,
+        "hannah may not approve as 'controller'", "not bound",
+    )  # fmt: skip
+    led.bind("hannah", "auditor")  # another role does not do
+    rejects(led.state, approval_event(led), Rule.APPROVAL_REQUIRED, "not bound")
+
+
+def test_a_grant_issued_by_a_principal_without_an_issuing_role_is_rejected() -> None:
+    led = Ledger().mission()
+    ev = led.event(GrantIssued(grant=spec("g1"), by="mallory"))
+    rejects(led.state, ev, Rule.GRANT_AUTHORITY, "mallory may not issue grant g1")
+    led.bind("ivan", "grant-issuer")
+    led.apply(GrantIssued(grant=spec("g1"), by="ivan"))
+    assert "g1" in led.state.grants
+
+
+def test_a_grant_is_revoked_only_by_an_owner_an_issuer_or_its_own_owner() -> None:
+    led = base()
+    led.grant("g2", owner="gina")
+    ev = led.event(GrantRevoked(grant_id="g1", by="mallory", reason="r"))
+    rejects(led.state, ev, Rule.GRANT_AUTHORITY, "mallory may not revoke grant g1")
+    led.apply(GrantRevoked(grant_id="g2", by="gina", reason="done"))  # its own owner
+    led.revoke("g1")  # a mission owner
+    assert led.state.grants["g1"].revoked and led.state.grants["g2"].revoked
