@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from ledger.items import Actor, ItemStatus
 from node_agent.autoledger import AutoLedger
@@ -35,7 +36,9 @@ class CountingJudge:
         self.calls = 0
         self.item = "t1"
 
-    async def generate(self, prompt: str, *, max_tokens: int, timeout: float) -> str:
+    async def generate(
+        self, prompt: str, *, schema: dict[str, Any], max_tokens: int, timeout: float
+    ) -> str:
         self.calls += 1
         first = next(line for line in prompt.splitlines() if line[:1] == "t" and ":" in line)
         return json.dumps({"item": first.split(":")[0], "status": "open", "next": "keep going"})
