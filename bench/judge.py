@@ -31,8 +31,8 @@ import json
 import os
 import re
 import sqlite3
-import subprocess
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
