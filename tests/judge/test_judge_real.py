@@ -123,6 +123,7 @@ async def test_a_timeout_shorter_than_the_model_trips_the_durable_breaker_and_fa
     assert all(t in result.reason for t in ("write hello.txt", "run the tests", "changelog"))
     assert all(s.item.stored_status is ItemStatus.OPEN for s in store.items("s1"))
     assert all(s.item.judged_status is None for s in store.items("s1"))
+    assert gate.cooldown_remaining() > 0
     store.close()
     # durable: a restarted node agent on the same database does not call the model again
     ledger2, gate2, _ = _ledger(tmp_path, llama.url)
@@ -131,4 +132,3 @@ async def test_a_timeout_shorter_than_the_model_trips_the_durable_breaker_and_fa
     again = await ledger2.turn_end("s2")
     assert again.judge.startswith("skipped: judge cooling down") and again.block
     assert len(llama.stats()) - before == 1
-    assert gate.cooldown_remaining() > 0
