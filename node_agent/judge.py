@@ -34,6 +34,7 @@ from node_agent.store import CachedVerdict, Session, Store, StoredItem
 BREAKER_KEY = "judge.cooldown_until"
 MAX_SUGGESTION = 120  # characters of ``next``: with the JSON around it, fits 64 tokens
 
+JUDGED = tuple(s.value for s in JudgedStatus)  # what a verdict's status may be, in order
 JudgeApi = Literal["ollama", "openai"]
 
 CONTRACT = """You are a progress judge for a coding agent. You only advise: you cannot change any
@@ -218,7 +219,7 @@ def verdict_schema(items: Sequence[StoredItem]) -> dict[str, Any]:
         "type": "object",
         "properties": {
             "item": {"type": "string", "enum": [s.short_id for s in items]},
-            "status": {"type": "string", "enum": [s.value for s in JudgedStatus]},
+            "status": {"type": "string", "enum": list(JUDGED)},
             "next": {"type": "string", "maxLength": MAX_SUGGESTION},
         },
         "required": ["item", "status", "next"],
@@ -227,24 +228,23 @@ def verdict_schema(items: Sequence[StoredItem]) -> dict[str, Any]:
 
 
 def parse_verdict(text: str, items: Sequence[StoredItem], model: str) -> Verdict | None:
-    """The expected small JSON naming an open item, or None (discarded)."""
+    """The verdict, when ``text`` is exactly what ``verdict_schema(items)`` admits (one JSON
+    object: an open item's short id, a judged status, a bounded ``next``, no other key); else
+    None (discarded). The server's constraint is trusted for nothing: this is the check."""
     if len(text) > 2000:
         return None
     try:
         data = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(data, dict) or not {"item", "status"} <= data.keys():
+    if not isinstance(data, dict) or data.keys() != {"item", "status", "next"}:
         return None
-    if not data.keys() <= {"item", "status", "next"}:
-        return None
-    ref, status, suggestion = data["item"], data["status"], data.get("next", "")
+    ref, status, suggestion = data["item"], data["status"], data["next"]
     if not (isinstance(ref, str) and isinstance(status, str) and isinstance(suggestion, str)):
         return None
-    if status not in set(JudgedStatus) or len(suggestion) > MAX_SUGGESTION:
+    if status not in JUDGED or len(suggestion) > MAX_SUGGESTION:
         return None
-    by_ref = {s.short_id: s for s in items} | {s.item_id: s for s in items}
-    found = by_ref.get(ref.strip())
+    found = next((s for s in items if s.short_id == ref), None)
     if found is None:
         return None
     return Verdict(found.item_id, found.short_id, status, " ".join(suggestion.split()), model)
