@@ -175,7 +175,9 @@ class ScriptedAgent:
         self.human_messages: list[str] = []
 
     async def prompt(self, text: str) -> None:
-        reply = await self.node.call("prompt", {"session_id": self.session, "text": text})
+        # the session's cwd, as the agent's hook sends it: where inferred checks look
+        body = {"session_id": self.session, "text": text, "cwd": str(self.ws.root)}
+        reply = await self.node.call("prompt", body)
         self.told |= _todo_lines(reply.get("context"))
 
     async def tool(self, tool: str, tool_input: dict[str, object]) -> None:
