@@ -10,11 +10,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY ledger ./ledger
+COPY fleetbus ./fleetbus
 COPY node_agent ./node_agent
 COPY coordinator ./coordinator
 COPY reservations ./reservations
 COPY telemetry ./telemetry
 COPY fleetledger ./fleetledger
+COPY fleetledger_hook ./fleetledger_hook
 RUN pip install . && rm -rf /src
 
 # The uid/gid the chart's podSecurityContext runs as; HOME in /tmp, which the chart mounts

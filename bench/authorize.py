@@ -33,7 +33,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from fleetbus.client import FleetClient  # noqa: E402
-from fleetledger.servers import EmbeddedServers, free_port  # noqa: E402
+from fleetledger.servers import REDIS_ADMIN, EmbeddedServers, free_port  # noqa: E402
 from ledger.authority import Authority  # noqa: E402
 from ledger.events import EvidenceRegistered, make_event  # noqa: E402
 from ledger.kernel import ActionRequest  # noqa: E402
@@ -244,12 +244,12 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
             )
             err.print("warming up…")
             await raw_request_reply(fleet.nats_url, 50)
-            await composite_floor(fleet.nats_url, fleet.redis_url, 50)
+            await composite_floor(fleet.nats_url, fleet.redis_url_for(REDIS_ADMIN), 50)
             await our_authorize(client, "bench-auth", 50)
             client.last_seq = 0
             err.print(f"(a) {n_lat} authorize round trips vs the composite floor…")
             raw = await raw_request_reply(fleet.nats_url, n_lat)
-            floor = await composite_floor(fleet.nats_url, fleet.redis_url, n_lat)
+            floor = await composite_floor(fleet.nats_url, fleet.redis_url_for(REDIS_ADMIN), n_lat)
             ours = []
             for i in range(n_lat):  # fresh action ids
                 req = ActionRequest(

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, Self
@@ -26,6 +27,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
+from fleetbus.settings import nats_tls_context
 from ledger.errors import ComponentTimeout, InvalidInput, Unreachable
 from ledger.protocol import (
     CONSUMER,
@@ -68,9 +70,14 @@ async def connect(
     holding that nkey. ``buffer_while_reconnecting=False``: a publish while disconnected fails
     at once instead of waiting in nats-py's buffer to land later, after its caller gave up on
     it (the coordinator's appends must never arrive behind a retry that recorded anew).
+    TLS follows this process's settings (``FLEET_NATS_TLS__*``, ``fleetbus.settings``) for
+    every caller; a certificate that does not verify is ``Unreachable`` naming TLS.
     """
+    tls = nats_tls_context()
+    last: list[Exception] = []
 
     async def quiet(exc: Exception) -> None:
+        last[:] = [exc]
         log.debug("nats %s: %s", url, exc)
 
     try:
@@ -85,10 +92,18 @@ async def connect(
                 error_cb=quiet,
                 nkeys_seed_str=seed,
                 pending_size=DEFAULT_PENDING if buffer_while_reconnecting else 0,
+                tls=tls,
             )
     except (OSError, TimeoutError, nats.errors.NoServersError) as exc:
+        cause = last[0] if last else exc
+        if isinstance(cause, ssl.SSLError):  # reachable, but not as configured
+            raise Unreachable(
+                f"TLS with NATS at {url} failed ({cause.reason or cause}); check "
+                "FLEET_NATS_TLS__CA (and __CERT/__KEY if the server verifies clients); "
+                "refused (fail closed)"
+            ) from None
         raise Unreachable(
-            f"NATS at {url} is unreachable ({type(exc).__name__}); refused (fail closed)"
+            f"NATS at {url} is unreachable ({type(cause).__name__}); refused (fail closed)"
         ) from None
 
 

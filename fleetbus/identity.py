@@ -2,8 +2,10 @@
 
 A state directory's ``identity/`` holds ``principals.json`` (every principal's name, role,
 missions and public nkey: safe to share) and one ``<name>.seed`` per principal whose secret this
-machine keeps (0600, in a 0700 directory). Signing and verifying are pure (``ledger.identity``);
-this module only draws keys and reads and writes those files, each write atomic.
+machine keeps (0600, in a 0700 directory), and one ``redis-<user>.password`` per Redis ACL
+user of an embedded fleet (0600, drawn at its first start). Signing and verifying are pure
+(``ledger.identity``); this module only draws keys and reads and writes those files, each
+write atomic.
 """
 
 from __future__ import annotations
@@ -102,6 +104,17 @@ class KeyStore:
                 f"`fleetledger identity create {name} --role ...`",
                 code=ErrorCode.NOT_FOUND,
             ) from None
+        if mode & 0o077:
+            raise InvalidInput(f"{path} is readable by others (mode {mode:o}); chmod 600 it")
+        return path.read_text().strip()
+
+    def redis_password(self, user: str) -> str:
+        """The password of Redis ACL user ``user``, drawn (and written 0600) the first time;
+        refused if others can read it, like a seed."""
+        path = self.root / f"redis-{user}.password"
+        if not path.exists():
+            self._write(path, secrets.token_urlsafe(32).encode(), mode=0o600)
+        mode = path.stat().st_mode & 0o777
         if mode & 0o077:
             raise InvalidInput(f"{path} is readable by others (mode {mode:o}); chmod 600 it")
         return path.read_text().strip()

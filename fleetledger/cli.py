@@ -93,7 +93,7 @@ def _servers_table(
     if servers.nats is not None:
         table.add_row("nats-server (JetStream)", servers.nats_url, "[green]healthy[/]")
     if servers.redis is not None:
-        table.add_row("redis-server", servers.redis_url, "[green]healthy[/]")
+        table.add_row("redis-server", servers.redis_address, "[green]healthy[/]")
     table.add_row("coordinator", f"http://127.0.0.1:{http_port}/readyz", "[green]ready[/]")
     for i, sock in enumerate(sockets, start=1):
         table.add_row(f"node agent node-{i}", str(sock), "[green]listening[/]")
@@ -609,15 +609,22 @@ def view(
     ] = "operator",
     as_json: JsonOpt = False,
 ) -> None:
-    """The team view of a mission: budget per level, grants, open risks, receipts."""
+    """The team view of a mission: budget per level, grants, open risks, receipts, and what
+    each agent has open, verified, claimed-unverified and waiting on a human."""
     from fleetbus.client import FleetClient
     from fleetledger.render import team_view
+    from ledger.protocol import ViewRequest
+
+    try:  # a role no view has is bad input (exit 2), even with no fleet to ask
+        request = ViewRequest.model_validate({"mission_id": mission_id, "role": as_})
+    except ValidationError as exc:
+        _fail(InvalidInput(f"invalid input: {first_error(exc)}"), as_json)
 
     async def call() -> dict[str, Any]:
         async with await FleetClient.connect(
             _nats_url(), seed=_seed(), principals=_principals()
         ) as client:
-            return await client.view(mission_id, as_)
+            return await client.view(request.mission_id, request.role)
 
     data = _run(call, as_json)
     if as_json:

@@ -3,12 +3,17 @@
 A principal is a name, a role and an Ed25519 key (a NATS nkey). Its public key goes in the
 fleet's directory (``principals.json``), its seed in a 0600 file beside it; `fleetledger up`
 creates the embedded fleet's own. `identity nats-config` prints the nats-server authorization
-block (one nkey user per principal, least-privilege subject permissions) for a real NATS.
+block (one nkey user per principal, least-privilege subject permissions) for a real NATS;
+`identity helm-values` writes what the Helm chart takes: the public directory and that block as
+values, and the coordinator's and the nodes' seeds as Secret manifests.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import secrets
 from pathlib import Path
 from typing import Annotated
 
@@ -22,7 +27,7 @@ from fleetbus.identity import KeyStore
 from fleetbus.permissions import authorization
 from fleetledger.settings import FleetSettings
 from ledger.errors import FleetError, InvalidInput
-from ledger.identity import Role
+from ledger.identity import Principal, Role
 from ledger.protocol import ErrorBody
 
 identity_app = typer.Typer(help="Principals: who may sign events and ask for decisions.")
@@ -130,6 +135,137 @@ def nats_config(directory: DirOpt = None) -> None:
     except FleetError as exc:
         raise _fail(exc, False) from None
     print(json.dumps({"authorization": block}, indent=2))
+
+
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS subdomain
+VALUES_FILE = "identity-values.json"
+SECRETS_FILE = "identity-secrets.json"
+
+
+def _coordinator_of(principals: list[Principal], name: str | None) -> Principal:
+    """The coordinator principal the chart's coordinator pods run as."""
+    live = [p for p in principals if p.role is Role.COORDINATOR and not p.revoked]
+    if name is not None:
+        found = [p for p in live if p.name == name]
+        if not found:
+            raise InvalidInput(f"--coordinator {name!r} is no unrevoked coordinator principal")
+        return found[0]
+    if len(live) != 1:
+        named = ", ".join(p.name for p in live) or "none"
+        raise InvalidInput(
+            f"the key store holds {len(live)} unrevoked coordinators ({named}); "
+            "create one (`identity create coordinator --role coordinator`) or pick one "
+            "with --coordinator"
+        )
+    return live[0]
+
+
+def _seed_to_export(store: KeyStore, name: str) -> str:
+    try:
+        return store.seed(name)
+    except InvalidInput:
+        raise
+    except FleetError as exc:  # not here: the export would leave that pod without a key
+        raise InvalidInput(f"cannot export the chart's seeds: {exc.message}") from None
+
+
+def _secret(name: str, namespace: str | None, seeds: dict[str, str]) -> dict[str, object]:
+    metadata: dict[str, object] = {
+        "name": name,
+        "labels": {"app.kubernetes.io/part-of": "fleetledger"},
+    }
+    if namespace:
+        metadata["namespace"] = namespace
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": "Opaque",
+            "stringData": {f"{who}.seed": seed for who, seed in sorted(seeds.items())}}  # fmt: skip
+
+
+def _write(path: Path, text: str, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@identity_app.command("helm-values")
+def helm_values(
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the two files into.")],
+    coordinator: Annotated[
+        str | None,
+        typer.Option(help="The coordinator principal of the pods (default: the only one)."),
+    ] = None,
+    coordinator_secret: Annotated[
+        str, typer.Option(help="Name of the Secret holding the coordinator's seed.")
+    ] = "fleetledger-coordinator-identity",
+    node_secret: Annotated[
+        str, typer.Option(help="Name of the Secret holding every node's seed.")
+    ] = "fleetledger-node-identity",
+    namespace: Annotated[
+        str | None, typer.Option(help="Namespace written into the Secret manifests.")
+    ] = None,
+    directory: DirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write the Helm chart's identity: values (public directory and the nats-server
+    authorization block) and Secret manifests (the coordinator's and every node's seed)."""
+    store = key_store(directory)
+    try:
+        principals = store.principals()
+        chosen = _coordinator_of(principals, coordinator)
+        nodes = [p.name for p in principals if p.role is Role.NODE and not p.revoked]
+        # every seed read before anything is written: a missing one changes nothing
+        coordinator_seeds = {chosen.name: _seed_to_export(store, chosen.name)}
+        node_seeds = {name: _seed_to_export(store, name) for name in nodes}
+        for flag, name in (("--coordinator-secret", coordinator_secret),
+                           ("--node-secret", node_secret)):  # fmt: skip
+            if not _SECRET_NAME.fullmatch(name):
+                raise InvalidInput(f"{flag} {name!r} is not a Kubernetes Secret name")
+        if coordinator_secret == node_secret:
+            raise InvalidInput("--coordinator-secret and --node-secret must differ")
+        if out_dir.exists() and not out_dir.is_dir():
+            raise InvalidInput(f"--out {out_dir} is not a directory")
+    except FleetError as exc:
+        raise _fail(exc, as_json) from None
+    values = {
+        "identity": {
+            "enabled": True,
+            "principals": [p.model_dump(mode="json") for p in principals],
+            "natsAuthorization": authorization(principals),
+            "coordinator": {"principal": chosen.name, "existingSecret": coordinator_secret},
+            "nodeAgent": {"existingSecret": node_secret},
+        }
+    }
+    manifests = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            _secret(coordinator_secret, namespace, coordinator_seeds),
+            _secret(node_secret, namespace, node_seeds),
+        ],
+    }
+    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    values_path, secrets_path = out_dir / VALUES_FILE, out_dir / SECRETS_FILE
+    _write(values_path, json.dumps(values, indent=2) + "\n", 0o644)
+    _write(secrets_path, json.dumps(manifests, indent=2) + "\n", 0o600)
+    if as_json:
+        print(json.dumps({"values": str(values_path), "secrets": str(secrets_path),
+                          "coordinator": chosen.name, "nodes": nodes}))  # fmt: skip
+        return
+    say = [
+        f"wrote {values_path} (public: directory and NATS authorization)",
+        f"wrote {secrets_path} (0600: seeds of {chosen.name} and {len(nodes)} node(s))",
+        f"  kubectl apply -n NAMESPACE -f {secrets_path}   # then delete the file",
+        f"  helm upgrade --install ... -f {values_path}",
+    ]
+    for line in say:
+        out.print(line, soft_wrap=True, highlight=False)
+    if not nodes:
+        err.print("[yellow]warning[/] no node principals: no node agent will start")
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -25,7 +26,14 @@ from fleetledger.runtime import run_loop, tune_gc
 from fleetledger_hook import forward
 from ledger.errors import FleetError, InvalidInput
 from ledger.protocol import ErrorBody
-from node_agent.checks import Check, CommandCheck, EvidenceCheck, FileCheck
+from node_agent.checks import (
+    Check,
+    CommandCheck,
+    EvidenceCheck,
+    FileCheck,
+    PassedCheck,
+    WrittenCheck,
+)
 from node_agent.claims import ClaimsCache
 from node_agent.client import NodeClient
 from node_agent.daemon import serve
@@ -160,16 +168,8 @@ def todo_add(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Add an item, optionally with a completion check the node agent verifies itself."""
-    check: Check | None = None
-    try:
-        if check_cmd:
-            check = CommandCheck(argv=tuple(shlex.split(check_cmd)), cwd=str(Path.cwd()))
-        elif check_file:
-            check = FileCheck(path=str(Path(check_file).resolve()), sha256=sha256)
-        elif check_evidence:
-            check = EvidenceCheck(evidence_id=check_evidence)
-    except ValueError as exc:
-        _fail(InvalidInput(str(exc)), as_json)
+    check = _check(as_json, command=check_cmd, file=check_file, sha256=sha256,
+                   evidence=check_evidence)  # fmt: skip
     reply = _ask(
         "todo.add", as_json, session_id=_session(agent, session) or "cli", text=text,
         check=check.model_dump(mode="json") if check else None, agent=agent,
@@ -179,6 +179,75 @@ def todo_add(
         return
     item = ItemReply.model_validate(reply).item
     out.print(f"added [bold]{item.short_id}[/] ({item.item_id}): {item.text}")
+
+
+def _check(
+    as_json: bool, *, command: str | None = None, file: str | None = None,
+    sha256: str | None = None, evidence: str | None = None, written: str | None = None,
+    passed: str | None = None,
+) -> Check | None:  # fmt: skip
+    """The one check the options name (relative to the current directory), or None."""
+    named = [o for o in (command, file, evidence, written, passed) if o]
+    if len(named) > 1:
+        _fail(InvalidInput("name one check: --command, --file, --evidence, --written or --passed"),
+              as_json)  # fmt: skip
+    cwd = str(Path.cwd())
+    try:
+        if command:
+            return CommandCheck(argv=tuple(shlex.split(command)), cwd=cwd)
+        if file:
+            return FileCheck(path=str(Path(file).resolve()), sha256=sha256)
+        if evidence:
+            return EvidenceCheck(evidence_id=evidence)
+        if written:
+            return WrittenCheck(pattern=written, cwd=cwd)
+        if passed:
+            re.compile(passed)
+            return PassedCheck(command=passed, cwd=cwd)
+    except (ValueError, re.error) as exc:
+        _fail(InvalidInput(str(exc)), as_json)
+    return None
+
+
+@todo_app.command("check")
+def todo_check(
+    item: Annotated[str, typer.Argument(help="The item (t3, or its full id).")],
+    command: Annotated[str | None, typer.Option(help="Closes when this command exits 0.")] = None,
+    file: Annotated[str | None, typer.Option(help="Closes when this file exists...")] = None,
+    sha256: Annotated[str | None, typer.Option(help="...with this sha256.")] = None,
+    evidence: Annotated[str | None, typer.Option(help="Closes when evidence is registered.")] = (
+        None
+    ),
+    written: Annotated[
+        str | None, typer.Option(help="Closes when a file matching this glob is written.")
+    ] = None,
+    passed: Annotated[
+        str | None,
+        typer.Option(
+            help="Closes when a recorded command matching this regex exited 0 and its "
+            "inputs are unchanged."
+        ),
+    ] = None,
+    by: Annotated[str, typer.Option(help="Who attaches it.")] = "cli",
+    agent: AgentOpt = None,
+    session: SessionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Attach a completion check to an item; the node agent verifies it itself."""
+    check = _check(as_json, command=command, file=file, sha256=sha256, evidence=evidence,
+                   written=written, passed=passed)  # fmt: skip
+    if check is None:
+        _fail(InvalidInput("name a check: --command, --file, --evidence, --written or --passed"),
+              as_json)  # fmt: skip
+    reply = _ask(
+        "todo.check", as_json, item=item, check=check.model_dump(mode="json"), by=by,
+        session_id=_session(agent, session),
+    )  # fmt: skip
+    if as_json:
+        print(json.dumps(reply))
+        return
+    stored = ItemReply.model_validate(reply).item
+    out.print(f"{stored.short_id} closes when: {stored.check}")
 
 
 def _set(

@@ -335,7 +335,7 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
         try:
             await asyncio.gather(*(w.start() for w in watchers))
             err.print(
-                f"fleet up: NATS {servers.nats_url}, Redis {servers.redis_url}, "
+                f"fleet up: NATS {servers.nats_url}, Redis {servers.redis_address}, "
                 f"coordinator, {len(NODES)} node agents watching risks"
             )
             steps = Steps(
@@ -441,6 +441,10 @@ def expected(figures: dict[str, Any]) -> list[str]:
         "session_silent_when_clear"
     ):
         problems.append("the node agent session did not refuse the false done and fall silent")
+    if figures.get("session_verified_by_checks") != 3 or not figures.get(
+        "session_one_note_for_a_human"
+    ):
+        problems.append("the session's checks did not close 3 items with one note for a human")
     if not figures.get("exec_stale_edit_blocked") or not figures.get("exec_cache_hit"):
         problems.append("the stale edit was not blocked or the cached command was not answered")
     if figures.get("exec_inference_avoided") != 19:

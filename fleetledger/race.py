@@ -9,6 +9,7 @@ script across the grant chain: exactly one branch runs.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,13 +17,14 @@ from typing import Any
 from rich.console import Console
 
 from fleetbus.client import FleetClient
-from fleetledger.servers import EmbeddedServers
+from fleetledger.servers import REDIS_BRANCH, REDIS_GATEWAY, EmbeddedServers
 from ledger.authority import Authority
 from ledger.events import make_event
 from ledger.money import format_amount, parse_amount
 from reservations import BranchContext, run_branches
 
 RAY_MISSION = "ray-race"
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 BRANCHES = 4
 EACH = "0.50"
 CEILING = "0.80"
@@ -85,6 +87,9 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
     started_ray = not ray.is_initialized()
     with err.status("starting Ray (local)…"):
         if started_ray:
+            # Ray's token authentication stays on (its default); only its notice that it is on
+            # is kept out of the middle of the demo's tables
+            logging.getLogger(RAY_AUTH_LOGGER).setLevel(logging.ERROR)
             ray.init(
                 num_cpus=BRANCHES,
                 include_dashboard=False,
@@ -95,9 +100,10 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
         with err.status(f"{BRANCHES} naive branches on Ray…"):
             naive = ray.remote(num_cpus=0)(naive_branch)
             key = f"naive:{{{RAY_MISSION}}}:spent"
+            gateway_url = servers.redis_url_for(REDIS_GATEWAY)  # its own counter, no more
             admitted = ray.get(
                 [
-                    naive.remote(servers.redis_url, key, ceiling, amount, BRANCHES)
+                    naive.remote(gateway_url, key, ceiling, amount, BRANCHES)
                     for _ in range(BRANCHES)
                 ],
                 timeout=120,
@@ -106,7 +112,7 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
             outcomes = await run_branches(
                 agent_work,
                 list(range(BRANCHES)),
-                redis_url=servers.redis_url,
+                redis_url=servers.redis_url_for(REDIS_BRANCH),  # the scripts, no more
                 mission_id=RAY_MISSION,
                 chain=["g-ray"],
                 amount_each=amount,

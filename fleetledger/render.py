@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
+from coordinator.views import digest
 from ledger.invariants import RiskStatus
 from ledger.kernel import Decision
+from ledger.mission import ItemStanding
 from ledger.money import format_amount
 
 
@@ -87,6 +91,138 @@ def team_view(view: dict[str, Any]) -> list[Table]:
                 str(d["cut"]),
             )
         tables.append(receipts)
+    tables.extend(progress_tables(view.get("progress") or {}))
+    return tables
+
+
+# The human view stays bounded however many items a mission has; --json carries every one.
+PROGRESS_ROWS = 40  # item rows across all agents' tables
+AGENT_ROWS = 15  # item rows in one agent's table
+AGENT_TABLES = 12  # agents that get an item table (every agent gets its line of counts)
+
+# Keyed by the enum: the wire's strings look them up as they are (a StrEnum is its value).
+STANDING_LABELS: dict[str, str] = {
+    ItemStanding.VERIFIED: "[green]verified[/]",
+    ItemStanding.DONE: "[green]done[/]",
+    ItemStanding.CANCELLED: "[dim]cancelled[/]",
+    ItemStanding.BLOCKED: "[red]blocked[/]",
+    ItemStanding.PAUSED: "[yellow]paused[/]",
+    ItemStanding.CLAIMED_UNVERIFIED: "[yellow]claimed, unverified[/]",
+    ItemStanding.WAITING_ON_HUMAN: "[magenta]waiting on a human[/]",
+    ItemStanding.OPEN: "open",
+}
+_NAMES: dict[str, str] = {
+    ItemStanding.CLAIMED_UNVERIFIED: "claimed unverified",
+    ItemStanding.WAITING_ON_HUMAN: "waiting on a human",
+}
+_SET_BY_SOMEONE = frozenset(ItemStanding) - {
+    ItemStanding.OPEN, ItemStanding.CLAIMED_UNVERIFIED, ItemStanding.WAITING_ON_HUMAN
+}  # fmt: skip
+_ALWAYS = (
+    ItemStanding.OPEN, ItemStanding.VERIFIED, ItemStanding.CLAIMED_UNVERIFIED,
+    ItemStanding.WAITING_ON_HUMAN,
+)  # fmt: skip
+
+
+def clip(text: str | None, width: int) -> str:
+    """One line of at most ``width`` characters, cut with an ellipsis, safe as rich markup."""
+    flat = " ".join((text or "").split())
+    if len(flat) > width:
+        flat = flat[: max(width - 1, 0)].rstrip() + "\u2026"
+    return escape(flat)
+
+
+def counts_line(counts: Mapping[str, int], total: int) -> str:
+    """'5 items: 1 open, 2 verified, 0 claimed unverified, 1 waiting on a human, 1 done'."""
+    parts = [f"{counts.get(s, 0)} {_NAMES.get(s, s)}" for s in _ALWAYS]
+    parts += [f"{n} {_NAMES.get(s, s)}" for s, n in counts.items() if n and s not in _ALWAYS]
+    return f"{total} item{'' if total == 1 else 's'}: " + ", ".join(parts)
+
+
+def _closes(item: Mapping[str, Any]) -> str:
+    """Who closed it (or set it blocked/paused), else how it will close."""
+    if item.get("closed_by") and item["standing"] in _SET_BY_SOMEONE:
+        kind, _, who = str(item["closed_by"]).partition(":")
+        return clip(f"check passed: {who}" if kind == "check" else f"{kind} {who}", 40)
+    if item.get("check"):
+        return clip(f"when {item['check']}", 40)
+    return "a human closes it"
+
+
+def _latest(item: Mapping[str, Any]) -> str:
+    """The last check run's result first (what the node saw), then any claim (what was said)."""
+    detail = f"check: {item['check_detail']}" if item.get("check_detail") else None
+    return clip("; ".join(p for p in (detail, item.get("claim")) if p), 48) or "-"
+
+
+def _short_id(item: Mapping[str, Any]) -> str:
+    """The id `fleetledger todo` takes (t3) when the item id is the session's, else the id."""
+    prefix = f"{item['session_id']}-"
+    item_id = str(item["item_id"])
+    return item_id[len(prefix) :] if item_id.startswith(prefix) else item_id
+
+
+def progress_tables(progress: Mapping[str, Any]) -> list[Table]:
+    """Each agent's counts on one line, then per agent a table of its items (bounded)."""
+    agents = progress.get("agents") or []
+    if not agents:  # a mission with no items: no empty tables
+        return []
+    summary = Table(
+        title=f"Mission progress: {counts_line(progress['counts'], progress['total'])}",
+        title_justify="left",
+    )
+    summary.add_column("agent")
+    summary.add_column("nodes")
+    for col in ("items", "open", "verified", "claimed unverified", "waiting on a human", "other"):
+        summary.add_column(col, justify="right")
+    for agent in agents:
+        counts = agent["counts"]
+        summary.add_row(
+            escape(agent["agent_id"]),
+            escape(", ".join(agent["nodes"])),
+            str(agent["total"]),
+            *(str(counts.get(s, 0)) for s in _ALWAYS),
+            ", ".join(
+                f"{n} {_NAMES.get(s, s)}" for s, n in counts.items() if n and s not in _ALWAYS
+            )
+            or "-",
+        )
+    detailed = [a for a in agents if "items" in a]  # the business view carries counts only
+    if len(detailed) > AGENT_TABLES:
+        summary.caption = (
+            f"items shown for the first {AGENT_TABLES} of {len(detailed)} agents; "
+            "--json carries every item"
+        )
+    tables = [summary]
+    shown_agents = detailed[:AGENT_TABLES]
+    limit = max(3, min(AGENT_ROWS, PROGRESS_ROWS // max(len(shown_agents), 1)))
+    for agent in shown_agents:
+        shown, hidden = digest(agent["items"], limit)
+        table = Table(
+            title=f"{escape(agent['agent_id'])}: {counts_line(agent['counts'], agent['total'])}",
+            title_justify="left",
+        )
+        sessions = len({i["session_id"] for i in agent["items"]}) > 1
+        table.add_column("item", no_wrap=True)
+        if sessions:  # one session per agent is the common case: no column that repeats it
+            table.add_column("session", no_wrap=True, max_width=12, overflow="ellipsis")
+        table.add_column("text", min_width=12, overflow="fold")
+        table.add_column("standing", min_width=8)
+        table.add_column("closes / closed by", max_width=36)
+        table.add_column("latest check or claim", max_width=40)
+        for item in shown:
+            table.add_row(
+                clip(_short_id(item), 12),
+                *([clip(item["session_id"], 12)] if sessions else []),
+                clip(item["text"], 60),
+                STANDING_LABELS.get(item["standing"], escape(item["standing"])),
+                _closes(item),
+                _latest(item),
+            )
+        if hidden:
+            rest = ", ".join(f"{n} {_NAMES.get(s, s)}" for s, n in hidden.items())
+            table.caption = f"{sum(hidden.values())} more not shown ({rest}); --json carries them"
+        tables.append(table)
     return tables
 
 

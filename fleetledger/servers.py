@@ -3,6 +3,10 @@
 One launcher serves `fleetledger up`, the demo and the pytest fixtures. Each server runs on a
 free loopback port with its data in a directory we own; we wait until it is healthy, and stop it
 cleanly on exit, on Ctrl-C, and (on Linux) when the parent process dies (PR_SET_PDEATHSIG).
+
+Redis always runs with ACL users (``REDIS_USERS``): ``default`` is off, and each user's
+password is drawn at the first start and kept 0600 in the identity directory; the ACL file
+holds only their SHA-256. NATS runs with TLS when given certificates (``NatsServerTls``).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import hashlib
 import os
 import shutil
 import signal
@@ -26,10 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import quote
 
 from fleetbus.identity import KeyStore, ensure_principals
 from fleetbus.permissions import authorization, write_server_config
-from ledger.errors import BinaryMissing, ComponentTimeout, FleetError
+from ledger.errors import BinaryMissing, ComponentTimeout, FleetError, InvalidInput
 from ledger.identity import Principal, Role
 
 STARTUP_TIMEOUT_S = 20.0
@@ -113,6 +119,25 @@ def _tcp_open(port: int) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class NatsServerTls:
+    """The embedded nats-server's certificate and key, and the CA it verifies clients against
+    (``verify``: every client must present a certificate that CA signed)."""
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+    verify: bool = False
+
+    def config(self) -> dict[str, Any]:
+        block: dict[str, Any] = {"cert_file": str(self.cert), "key_file": str(self.key)}
+        if self.ca is not None:
+            block["ca_file"] = str(self.ca)
+        if self.verify:
+            block["verify"] = True
+        return block
+
+
 def nats_config(
     *,
     port: int,
@@ -120,12 +145,14 @@ def nats_config(
     store: Path,
     principals: list[Principal] | None = None,
     fsync_every_write: bool = True,
+    tls: NatsServerTls | None = None,
 ) -> dict[str, Any]:
     """The embedded nats-server's configuration: loopback only, JetStream on a file store that
     fsyncs every write before its PubAck (``sync_interval: always``). JetStream's default
     interval can lose acknowledged writes on power failure (Jepsen, NATS 2.12.1, Dec 2025); a
     ledger that answers from acknowledged writes cannot afford that on one server. With
-    ``principals``, only their nkeys may connect, each with its role's permissions."""
+    ``principals``, only their nkeys may connect, each with its role's permissions; with
+    ``tls``, clients must speak TLS."""
     config: dict[str, Any] = {
         "host": "127.0.0.1",
         "port": port,
@@ -136,6 +163,8 @@ def nats_config(
         config["jetstream"]["sync_interval"] = "always"
     if principals is not None:
         config["authorization"] = authorization(principals)
+    if tls is not None:
+        config["tls"] = tls.config()
     return config
 
 
@@ -148,13 +177,58 @@ def _nats_healthy(monitor_port: int) -> bool:
         return False
 
 
-def _redis_healthy(port: int) -> bool:
+def _redis_healthy(port: int, user: str, password: str) -> bool:
+    """Authenticated PING answered (an unauthenticated one gets NOAUTH even while loading)."""
+    auth = _resp(["AUTH", user, password]) + _resp(["PING"])
     try:
         with socket.create_connection(("127.0.0.1", port), 0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+            sock.sendall(auth)
+            reply = b""
+            while b"\r\n" not in reply.partition(b"\r\n")[2]:
+                chunk = sock.recv(64)
+                if not chunk:
+                    return False
+                reply += chunk
+            return reply.startswith(b"+OK\r\n+PONG")
     except OSError:
         return False
+
+
+def _resp(args: list[str]) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(
+        b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args
+    )
+
+
+REDIS_ADMIN = "admin"  # the operator's and the tests' own: every command, every key
+REDIS_COORDINATOR = "coordinator"
+REDIS_BRANCH = "branch"  # Branch clients (orchestrators): the reservation scripts
+REDIS_GATEWAY = "gateway"  # the demo's naive check-then-spend gateway (fleetledger.race)
+
+# ACL rules per user (Redis 6.2 syntax). Redis checks a script's commands against its caller's
+# rules, so a user that runs a script holds that script's commands too: the branch user's are
+# exactly what reserve, commit, settle and release call, on our keys (reservations.keys) only.
+REDIS_USERS: dict[str, str] = {
+    REDIS_ADMIN: "allkeys allchannels +@all",
+    REDIS_COORDINATOR: (
+        "resetkeys ~fl:* resetchannels -@all +@read +@write +@transaction +ping +time "
+        "+evalsha +script|load +script|exists -@dangerous"
+    ),
+    REDIS_BRANCH: (
+        "resetkeys ~fl:* resetchannels -@all +ping +evalsha +time +hmget +hset +hincrby +zadd +zrem"
+    ),
+    REDIS_GATEWAY: "resetkeys ~naive:* resetchannels -@all +ping +get +incr +incrby",
+}
+
+
+def redis_acl(passwords: dict[str, str]) -> str:
+    """The ACL file: ``default`` off; each of ``REDIS_USERS`` on with its password's SHA-256
+    (the file never holds a password) and its rules."""
+    lines = ["user default off resetkeys resetchannels -@all"]
+    for user, rules in REDIS_USERS.items():
+        digest = hashlib.sha256(passwords[user].encode()).hexdigest()
+        lines.append(f"user {user} on resetpass #{digest} {rules}")
+    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -248,17 +322,23 @@ class EmbeddedServers:
         redis: bool = True,
         keys: KeyStore | None = None,
         fsync_every_write: bool = True,
+        nats_tls: NatsServerTls | None = None,
     ) -> None:
         """``keys``: run nats-server with one nkey user per principal of that store and the
         least-privilege permissions of its role (``fleetbus.permissions``); none: open.
-        ``fsync_every_write=False``: JetStream's default sync interval (benchmarks compare)."""
+        ``fsync_every_write=False``: JetStream's default sync interval (benchmarks compare).
+        ``nats_tls``: nats-server speaks TLS only (clients set ``FLEET_NATS_TLS__*``).
+        Redis runs with the ACL users of ``REDIS_USERS``, their passwords kept in ``keys``'s
+        directory (else ``<state_dir>/identity``)."""
         self.keys = keys
         self.fsync_every_write = fsync_every_write
+        self.nats_tls = nats_tls
         self._owns_dir = state_dir is None
         self.state_dir = (
             Path(tempfile.mkdtemp(prefix="fleetledger-")) if state_dir is None else state_dir
         )
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._secrets = keys if keys is not None else KeyStore(self.state_dir / "identity")
         self.nats: ManagedServer | None = None
         self.redis: ManagedServer | None = None
         self._want_nats = nats
@@ -270,13 +350,29 @@ class EmbeddedServers:
     def nats_url(self) -> str:
         if self.nats is None:
             raise FleetError("nats-server was not started")
-        return f"nats://127.0.0.1:{self.nats.port}"
+        scheme = "tls" if self.nats_tls is not None else "nats"
+        return f"{scheme}://127.0.0.1:{self.nats.port}"
 
     @property
-    def redis_url(self) -> str:
+    def redis_address(self) -> str:
+        """Where Redis listens, without credentials: what may be printed."""
         if self.redis is None:
             raise FleetError("redis-server was not started")
         return f"redis://127.0.0.1:{self.redis.port}/0"
+
+    @property
+    def redis_url(self) -> str:
+        """The coordinator's URL (user ``coordinator``, its password in it): never print it."""
+        return self.redis_url_for(REDIS_COORDINATOR)
+
+    def redis_url_for(self, user: str) -> str:
+        """The URL that connects as Redis ACL user ``user`` (one of ``REDIS_USERS``)."""
+        if user not in REDIS_USERS:
+            raise InvalidInput(
+                f"no Redis user {user!r}; the embedded fleet has {sorted(REDIS_USERS)}"
+            )
+        password = quote(self._secrets.redis_password(user), safe="")
+        return self.redis_address.replace("redis://", f"redis://{user}:{password}@", 1)
 
     def start(self) -> Self:
         atexit.register(self.stop)
@@ -321,6 +417,7 @@ class EmbeddedServers:
                 store=store,
                 principals=principals,
                 fsync_every_write=self.fsync_every_write,
+                tls=self.nats_tls,
             ),
         )
         self.nats_monitor_port = monitor
@@ -335,13 +432,17 @@ class EmbeddedServers:
         port = free_port()
         data = self.state_dir / "redis"
         data.mkdir(exist_ok=True)
+        passwords = {user: self._secrets.redis_password(user) for user in REDIS_USERS}
+        acl = self.state_dir / "redis-users.acl"
+        _write_private(acl, redis_acl(passwords))
         argv = [
             str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
             "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
-            "--daemonize", "no", "--protected-mode", "yes",
+            "--daemonize", "no", "--protected-mode", "yes", "--aclfile", str(acl),
         ]  # fmt: skip
+        admin = passwords[REDIS_ADMIN]
         return ManagedServer(
-            "redis-server", argv, port, lambda: _redis_healthy(port),
+            "redis-server", argv, port, lambda: _redis_healthy(port, REDIS_ADMIN, admin),
             self.state_dir / "redis-server.log",
         )  # fmt: skip
 
@@ -356,13 +457,14 @@ class EmbeddedServers:
             shutil.rmtree(self.state_dir, ignore_errors=True)
         atexit.unregister(self.stop)
 
-    def env(self) -> dict[str, str]:
-        """FLEET_* connection settings for a second terminal or a child process."""
+    def env(self, redis_user: str = REDIS_BRANCH) -> dict[str, str]:
+        """FLEET_* connection settings for a second terminal or a child process; its Redis URL
+        connects as ``redis_user`` (default: a Branch client's rights, not the coordinator's)."""
         out: dict[str, str] = {}
         if self.nats is not None:
             out["FLEET_NATS_URL"] = self.nats_url
         if self.redis is not None:
-            out["FLEET_REDIS_URL"] = self.redis_url
+            out["FLEET_REDIS_URL"] = self.redis_url_for(redis_user)
         return out
 
     def __enter__(self) -> Self:
@@ -400,9 +502,24 @@ def fleet_keys(directory: Path, nodes: Sequence[str], people: Sequence[str] = ()
 
 
 def write_env_file(path: Path, env: dict[str, str]) -> None:
-    """Write FLEET_* settings as a dotenv file (what `fleetledger up` leaves for others)."""
+    """Write FLEET_* settings as a dotenv file (what `fleetledger up` leaves for others): 0600,
+    since its Redis URL carries a password."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = "".join(f"{key}={value}\n" for key, value in sorted(env.items()))
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(body)
-    tmp.replace(path)
+    _write_private(path, "".join(f"{key}={value}\n" for key, value in sorted(env.items())))
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Atomically replace ``path`` with ``text``, mode 0600 from its creation (no moment in
+    which another user could open it)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

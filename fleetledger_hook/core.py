@@ -102,7 +102,10 @@ class Adapter:
             if os.environ.get(env):
                 who[key] = os.environ[env]
         if op == "prompt":
-            return Request("prompt", {**who, "text": prompt_text(payload)})
+            said = {**who, "text": prompt_text(payload)}
+            if isinstance(payload.get("cwd"), str):
+                said["cwd"] = payload["cwd"]  # where the items' inferred checks look
+            return Request("prompt", said)
         if op == "context":
             return Request("context", {"session_id": who["session_id"]})
         if op == "stop":

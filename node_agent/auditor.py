@@ -1,11 +1,18 @@
-"""The deterministic turn-end auditor: what is still open, and the reminder text. Pure.
+"""The deterministic turn-end auditor: what is still open, the reminder text, and whether a
+turn end blocks at all (the reminder policy, SPEC S5.1). Pure.
 
 Terminal (done, cancelled), blocked and paused items are resolved here with no model call.
 Only stored status counts; a model's "done" stays a claim and the item stays open.
+
+The policy: a turn end blocks only when it can tell the agent something new (an item it was
+not told of, a check that failed or a claim it could not verify since it was last told); a
+repeat is let go. What no check can close waits on a human: the stop is let through with one
+note for the human naming it, said once per state, never a block.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,8 +50,10 @@ def todo_lines(result: Audit) -> list[str]:
     for n, s in enumerate(result.actionable, 1):
         line = f"{n}. [{s.short_id}] {s.item.text}"
         if s.check is not None:
-            line += f" (done when {s.check.describe()}"
+            line += f" (closes when: {s.check.describe()}"
             line += f"; last check: {s.check_detail})" if s.check_detail else ")"
+        else:
+            line += " (closes when: a human closes it; no check can verify it)"
         if s.item.model_claim:
             line += f" (your {s.item.model_claim}; still open)"
         lines.append(line)
@@ -85,3 +94,83 @@ def context(result: Audit) -> str | None:
     if result.clear:
         return None
     return "\n".join(["fleetledger to-do (open, in order):", *todo_lines(result)])
+
+
+# --- the reminder policy ------------------------------------------------------------------
+
+
+def told(result: Audit) -> str:
+    """What the agent knows of its open items once shown them: per item its check, the
+    check's last detail and its claim; an item only a human can close, by its id alone (a
+    claim on it is for the human, not news to the agent)."""
+    entries = sorted(
+        [s.item_id, s.check.describe(), s.check_detail, s.item.model_claim]
+        if s.check is not None
+        else [s.item_id]
+        for s in result.actionable
+    )
+    return json.dumps(entries, separators=(",", ":"))
+
+
+def news(result: Audit, before: str | None) -> bool:
+    """Something the agent was not told: an item opened, a check failed, a claim unverified."""
+    known = {json.dumps(e) for e in json.loads(before)} if before else set()
+    return any(json.dumps(e) not in known for e in json.loads(told(result)))
+
+
+def human_note(result: Audit, *, capped: int | None = None) -> str | None:
+    """The one note for a human when the agent stops with items open: what is unverified, why."""
+    if result.clear:
+        return None
+    human = [s for s in result.actionable if s.check is None]
+    checked = [s for s in result.actionable if s.check is not None]
+    count = len(result.actionable)
+    head = f"fleetledger: the agent stopped with {count} item{'s' if count != 1 else ''} open"
+    head += f" after {capped} reminders." if capped else "."
+    lines = [head]
+    if human:
+        lines.append("Waiting on a human (no check can verify them):")
+        for s in human:
+            claim = f"; {s.item.model_claim}" if s.item.model_claim else ""
+            lines.append(f"- [{s.short_id}] {s.item.text}{claim}")
+    if checked:
+        lines.append("Not verified (their check has not passed):")
+        for s in checked:
+            assert s.check is not None
+            detail = f"; last check: {s.check_detail}" if s.check_detail else ""
+            closes = f"closes when: {s.check.describe()}{detail}"
+            lines.append(f"- [{s.short_id}] {s.item.text} ({closes})")
+    lines.append(
+        "Close one with `fleetledger todo done ID --by NAME`, or attach a check with "
+        "`fleetledger todo check ID`."
+    )
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Ruling:
+    """What a turn end does: block with ``reason``, or let go (with ``note`` for a human, said
+    once); ``told`` and ``noted`` are what to remember for the next turn end."""
+
+    block: bool
+    reason: str | None
+    note: str | None
+    told: str | None
+    noted: str | None
+
+
+def rule_turn(
+    result: Audit, *, told_before: str | None, noted_before: str | None, blocks: int, cap: int,
+    suggestion: str | None = None,
+) -> Ruling:  # fmt: skip
+    """The reminder policy at one turn end (``blocks``: consecutive blocks so far)."""
+    if result.clear:
+        return Ruling(False, None, None, None, None)
+    if news(result, told_before) and blocks < cap:
+        text = reminder(result, suggestion=suggestion)
+        return Ruling(True, text, None, told(result), noted_before)
+    capped = blocks if blocks >= cap and news(result, told_before) else None
+    note = human_note(result, capped=capped)
+    if note == noted_before:
+        return Ruling(False, None, None, told_before, noted_before)  # said once already
+    return Ruling(False, None, note, told_before, note)

@@ -1,8 +1,9 @@
 """The auto-ledger of one node: capture → watch → judge → remind → silent (SPEC S5.1).
 
-The imperative shell around the pure parts (``capture``, ``auditor``) and the store. Every
-status change goes through ``ledger.items.transition`` (the status firewall): a human, the
-coordinator, or a check this node ran and saw pass; never a model.
+The imperative shell around the pure parts (``capture``, ``completion``, ``auditor``) and the
+store. Every status change goes through ``ledger.items.transition`` (the status firewall): a
+human, the coordinator, or a check this node ran and saw pass; never a model. Capture gives each
+item the check its text allows (``completion``); a claim only makes the node verify.
 
 Capture and watch are synchronous store work (the daemon runs them on the store's thread);
 ``verify`` and ``turn_end`` wait on checks and the judge, so they hand each store call to that
@@ -11,16 +12,21 @@ thread themselves and never block the event loop on SQLite.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ledger.events import ReminderEmitted, TurnEnded
 from ledger.items import Actor, ItemStatus
-from node_agent.auditor import Audit, audit, context, reminder
+from node_agent import completion
+from node_agent.auditor import Audit, audit, context, rule_turn, told
 from node_agent.capture import match_item, parse_prompt
-from node_agent.checks import Check, EvidenceCheck, run_check
+from node_agent.checks import Check, EvidenceCheck, PassedCheck, WrittenCheck, run_check
+from node_agent.completion import CompletionRule
+from node_agent.execution import ExecutionState
 from node_agent.judge import JudgeGate, JudgeOutcome
 from node_agent.store import Session, Store, StoredItem, safe_id
 
@@ -47,7 +53,7 @@ class TurnResult:
     verified: list[str] = field(default_factory=list)
 
 
-Settled = tuple[str | None, bool, bool, str | None]  # reminder text, repeat, block, message
+Settled = tuple[str | None, bool, str | None]  # reminder text, block, message for a human
 
 
 class AutoLedger:
@@ -56,13 +62,17 @@ class AutoLedger:
         store: Store,
         *,
         gate: JudgeGate | None = None,
+        execution: ExecutionState | None = None,
+        rules: Sequence[CompletionRule] | None = None,
         stop_block_cap: int = 3,
         check_timeout_s: float = 30.0,
     ) -> None:
+        """``rules``: the completion rules (default: the shipped ones); ``execution``: the
+        node's execution state, which the inferred checks consult."""
         self.store, self.gate = store, gate
+        self.execution = execution or ExecutionState(store)
+        self.rules = tuple(completion.load() if rules is None else rules)
         self.stop_block_cap, self.check_timeout_s = stop_block_cap, check_timeout_s
-        self._tasks: dict[tuple[str, str], str] = {}  # (session, Claude task id) -> subject
-        self._reminded: dict[str, str] = {}  # session -> the reminder it was last blocked with
 
     def session(
         self, session_id: str, *, agent: str = "agent", mission: str | None = None,
@@ -74,11 +84,20 @@ class AutoLedger:
 
     # --- capture ----------------------------------------------------------------------------
 
+    def infer(self, text: str, cwd: str | None) -> Check | None:
+        """The check ``text`` closes on in ``cwd`` (a written check with its baseline now)."""
+        check = completion.infer(text, cwd, self.rules)
+        if isinstance(check, WrittenCheck):
+            baseline = self.execution.matching(check.cwd, check.pattern)
+            check = check.model_copy(update={"baseline": baseline})
+        return check
+
     def on_prompt(
         self, session_id: str, text: str, *, agent: str = "agent", mission: str | None = None,
-        grant: str | None = None,
+        grant: str | None = None, cwd: str | None = None,
     ) -> PromptResult:  # fmt: skip
-        """Capture items and corrections from a user/goal message; return the open to-do."""
+        """Capture items and corrections from a user/goal message; return the open to-do, each
+        item with how it closes (the agent is told it here: not news at its stop)."""
         session = self.session(session_id, agent=agent, mission=mission, grant=grant)
         self.store.set_blocks(session.session_id, 0)  # a new user turn: the stop loop restarts
         parsed = parse_prompt(text)
@@ -93,13 +112,11 @@ class AutoLedger:
                     target, ItemStatus.CANCELLED, Actor("human", f"user correction: {phrase}")
                 )
                 cancelled.append(target)
-        added = [s.item_id for s in self.store.add_items(session, list(parsed.items))]
-        return PromptResult(
-            session.session_id,
-            added,
-            cancelled,
-            context(audit(self.store.items(session.session_id))),
-        )
+        infer = (lambda t: self.infer(t, cwd)) if cwd else None
+        added = [s.item_id for s in self.store.add_items(session, list(parsed.items), infer=infer)]
+        result = audit(self.store.items(session.session_id))
+        self.store.set_reminded(session.session_id, told(result), None)
+        return PromptResult(session.session_id, added, cancelled, context(result))
 
     def add(
         self, session_id: str, text: str, *, check: Check | None = None, agent: str = "cli",
@@ -141,10 +158,10 @@ class AutoLedger:
             task = response.get("task") if isinstance(response, dict) else None
             if isinstance(task, dict) and task.get("id") is not None:
                 subject = str(task.get("subject") or tool_input.get("subject") or "")
-                self._tasks[(session.session_id, str(task["id"]))] = subject
+                self.store.save_task(session.session_id, str(task["id"]), subject)
         elif tool == "TaskUpdate" and tool_input.get("status") == "completed":
-            key = (session.session_id, str(tool_input.get("taskId", "")))
-            named = tool_input.get("subject") or self._tasks.get(key)
+            task_id = str(tool_input.get("taskId", ""))
+            named = tool_input.get("subject") or self.store.task(session.session_id, task_id)
             if named:
                 done.append(str(named))
         claimed: list[str] = []
@@ -156,12 +173,19 @@ class AutoLedger:
                 claimed.append(target)
         return claimed
 
-    def claim(
+    async def claim(
         self, item_ref: str, status: str, *, by: str, session_id: str | None = None
     ) -> StoredItem:
-        """An agent or model says ``status``: kept as a claim, the stored status unchanged."""
-        stored = self.store.find_item(item_ref, session_id)
-        return self.store.record_claim(stored.item_id, status, by)
+        """An agent or model says ``status``: kept as a claim, the stored status unchanged; a
+        "done" on an open item with a check makes the node verify it now (the check, not the
+        claim, may close it)."""
+        run = self.store.run
+        stored = await run(self.store.find_item, item_ref, session_id)
+        stored = await run(self.store.record_claim, stored.item_id, status, by)
+        if status == ItemStatus.DONE and stored.check is not None and not audit([stored]).clear:
+            await self.verify(stored)
+            stored = await run(self.store.find_item, stored.item_id)
+        return stored
 
     # --- checks -----------------------------------------------------------------------------
 
@@ -170,12 +194,17 @@ class AutoLedger:
         check, run = stored.check, self.store.run
         if check is None:
             return False
-        known = False
+        known, versions, last = False, None, None
         if isinstance(check, EvidenceCheck):
             known = await run(self.store.evidence_known, check.evidence_id)
+        elif isinstance(check, WrittenCheck):  # the workspace, off the event loop
+            versions = await asyncio.to_thread(self.execution.matching, check.cwd, check.pattern)
+        elif isinstance(check, PassedCheck):
+            last = await run(self.execution.last_run, check.command, check.cwd)
         result = await run_check(
-            check, evidence_known=lambda _: known, timeout=self.check_timeout_s
-        )
+            check, evidence_known=lambda _: known, versions=versions, last_run=last,
+            timeout=self.check_timeout_s,
+        )  # fmt: skip
         if result.passed:
             await run(
                 self.store.set_status,
@@ -194,12 +223,15 @@ class AutoLedger:
         return audit(self.store.items(safe_id(session_id)))
 
     async def turn_end(self, session_id: str, *, stop_hook_active: bool = False) -> TurnResult:
-        """Judge at turn end: checks, the deterministic auditor, then (maybe) advice; remind.
+        """Judge at turn end: checks, the deterministic auditor, then (maybe) advice; remind
+        only with news (``auditor.rule_turn``).
 
         The common turn end (nothing to verify, no advice to ask) is one trip to the store's
-        thread: read, audit, decide and record together."""
+        thread: read, audit, decide and record together. ``stop_hook_active`` (the agent goes
+        on because of our last block) needs no rule of its own: a block needs news, and the
+        block cap counts consecutive blocks."""
         started, run, sid = time.perf_counter(), self.store.run, safe_id(session_id)
-        got = await run(self._quick_turn, sid, stop_hook_active, self._reminded.get(sid))
+        got = await run(self._quick_turn, sid)
         if got is None:  # nothing captured for this session: nothing to say
             return TurnResult(sid, False, None, None, [], 0, "skipped: no ledger", 0.0)
         session, result, settled, early, admitted = got
@@ -228,23 +260,8 @@ class AutoLedger:
                     suggestion = f"[{v.short_id}] {v.suggestion}"
                 if outcome.source == "model":  # a new verdict is recorded as a claim
                     result = audit(await run(self.store.items, session.session_id))
-            settled = await run(
-                self._settle_turn, session.session_id, result, suggestion, stop_hook_active,
-                self._reminded.get(session.session_id),
-            )  # fmt: skip
-        text, repeat, block, message = settled
-        if repeat:
-            return TurnResult(
-                session.session_id, False, None,
-                f"fleetledger: {len(result.actionable)} item(s) still open, unchanged since the "
-                "last reminder; letting the agent stop (see `fleetledger todo list`).",
-                [s.item_id for s in result.actionable], calls, source,
-                (time.perf_counter() - started) * 1000, checks, verified,
-            )  # fmt: skip
-        if block and text is not None:
-            self._reminded[session.session_id] = text
-        elif text is None:
-            self._reminded.pop(session.session_id, None)
+            settled = await run(self._settle_turn, session.session_id, result, suggestion)
+        text, block, message = settled
         return TurnResult(
             session.session_id,
             block,
@@ -258,7 +275,7 @@ class AutoLedger:
             verified,
         )
 
-    def _quick_turn(self, session_id: str, stop_hook_active: bool, last_reminded: str | None) -> (
+    def _quick_turn(self, session_id: str) -> (
         tuple[Session, Audit, Settled | None, JudgeOutcome | None, tuple[Session, str] | None]
         | None
     ):  # fmt: skip
@@ -279,55 +296,35 @@ class AutoLedger:
             early = checked
             if early.verdict is not None and early.verdict.suggestion:
                 suggestion = f"[{early.verdict.short_id}] {early.verdict.suggestion}"
-        settled = self._settle_turn(session_id, result, suggestion, stop_hook_active, last_reminded)
+        settled = self._settle_turn(session_id, result, suggestion)
         return session, result, settled, early, None
 
-    def _settle_turn(
-        self,
-        session_id: str,
-        result: Audit,
-        suggestion: str | None,
-        stop_hook_active: bool,
-        last_reminded: str | None,
-    ) -> Settled:
-        """The reminder to give and the turn recorded: (text, repeat, block, message). A repeat
-        (the agent continues because of our reminder and nothing changed since) is let go:
-        blocking again would cost a turn and tell it nothing new."""
-        text = reminder(result, suggestion=suggestion)
-        if stop_hook_active and text is not None and last_reminded == text:
-            self._end_turn(session_id, result, False)
-            return text, True, False, None
-        block, message = self._end_turn(session_id, result, text is not None)
-        return text, False, block, message
-
-    def _end_turn(self, session_id: str, result: Audit, remind: bool) -> tuple[bool, str | None]:
-        """Count the turn and, unless the block cap is reached, block with the reminder."""
+    def _settle_turn(self, session_id: str, result: Audit, suggestion: str | None) -> Settled:
+        """On the store's thread: the policy's ruling (block with news, else let go with one
+        note for a human), the turn counted and what the agent was told remembered, in one
+        transaction. Returns (reminder, block, note for a human)."""
         session = self.store.session(session_id)
         assert session is not None
-        block, message = False, None
-        if remind:
-            if session.consecutive_blocks >= self.stop_block_cap:
-                message = (
-                    f"fleetledger: {len(result.actionable)} item(s) still open after "
-                    f"{session.consecutive_blocks} reminders; letting the agent stop "
-                    "(see `fleetledger todo list`)."
-                )
-            else:
-                block = True
+        told_before, noted_before = self.store.reminded(session_id)
+        ruling = rule_turn(
+            result, told_before=told_before, noted_before=noted_before,
+            blocks=session.consecutive_blocks, cap=self.stop_block_cap, suggestion=suggestion,
+        )  # fmt: skip
         with self.store.tx() as db:
             turn = session.turn + 1
             db.execute(
                 "UPDATE sessions SET turn = ?, consecutive_blocks = ? WHERE session_id = ?",
-                (turn, session.consecutive_blocks + 1 if block else 0, session.session_id),
+                (turn, session.consecutive_blocks + 1 if ruling.block else 0, session_id),
             )
-            self.store.emit(db, session, TurnEnded(session_id=session.session_id, turn=turn))
-            if block:
+            self.store.set_reminded(session_id, ruling.told, ruling.noted)
+            self.store.emit(db, session, TurnEnded(session_id=session_id, turn=turn))
+            if ruling.block:
                 self.store.emit(
                     db,
                     session,
                     ReminderEmitted(
-                        session_id=session.session_id,
+                        session_id=session_id,
                         open_items=tuple(s.item_id for s in result.actionable),
                     ),
                 )
-        return block, message
+        return ruling.reason, ruling.block, ruling.note

@@ -1,5 +1,6 @@
 """Completion checks the node agent verifies itself: a command exits 0, a file has a hash,
-evidence is registered. Only a check that ran here and passed can move an item to done.
+evidence is registered, a file was written since capture, a recorded test/lint run passed on the
+files as they are now. Only a check that ran here and passed can move an item to done.
 """
 
 from __future__ import annotations
@@ -7,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -46,13 +48,79 @@ class EvidenceCheck(BaseModel):
         return f"evidence {self.evidence_id} is registered"
 
 
-Check = Annotated[CommandCheck | FileCheck | EvidenceCheck, Field(discriminator="type")]
+class WrittenCheck(BaseModel):
+    """A file matching ``pattern`` (a glob relative to ``cwd``) was created or changed since
+    the item was captured: ``baseline`` holds the versions of the matches at capture."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["written"] = "written"
+    pattern: str = Field(min_length=1)
+    cwd: str
+    baseline: dict[str, str] = Field(default_factory=dict)  # relative path -> version
+
+    def describe(self) -> str:
+        return f"{self.pattern} is written (created or changed since this item was captured)"
+
+
+class PassedCheck(BaseModel):
+    """A command matching ``command`` (a regex) ran in ``cwd`` and exited 0, and none of the
+    files it read has changed since (the execution state's record rule, SPEC S5.3)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["passed"] = "passed"
+    command: str = Field(min_length=1)
+    cwd: str
+    what: str = "a matching command"  # in words: "a test run (pytest or unittest)"
+
+    def describe(self) -> str:
+        return f"{self.what} has exited 0 on the files as they are now"
+
+
+Check = Annotated[
+    CommandCheck | FileCheck | EvidenceCheck | WrittenCheck | PassedCheck,
+    Field(discriminator="type"),
+]
+AnyCheck = CommandCheck | FileCheck | EvidenceCheck | WrittenCheck | PassedCheck
 CHECK = TypeAdapter(Check)
 
 
 class CheckResult(BaseModel):
     passed: bool
     detail: str
+
+
+@dataclass(frozen=True)
+class Run:
+    """A recorded command run, as the execution state knows it (for a ``PassedCheck``)."""
+
+    command: str
+    exit_status: int
+    valid: bool  # none of the files it read has changed since
+
+
+def written(check: WrittenCheck, now: Mapping[str, str]) -> CheckResult:
+    """Pure: did a file matching the check's pattern (``now``: the matches and their versions)
+    change since capture?"""
+    changed = sorted(p for p, v in now.items() if check.baseline.get(p) != v)
+    if changed:
+        return CheckResult(passed=True, detail=f"{', '.join(changed[:3])} written")
+    if now:
+        return CheckResult(passed=False, detail=f"{check.pattern} unchanged since capture")
+    return CheckResult(passed=False, detail=f"no {check.pattern} in {check.cwd}")
+
+
+def passed(check: PassedCheck, run: Run | None) -> CheckResult:
+    """Pure: does the latest matching run still answer, and did it exit 0?"""
+    if run is None:
+        return CheckResult(passed=False, detail=f"{check.what} has not run in {check.cwd}")
+    if not run.valid:
+        return CheckResult(
+            passed=False, detail=f"`{run.command}` ran, but files it read changed since: rerun it"
+        )
+    ok = run.exit_status == 0
+    return CheckResult(passed=ok, detail=f"`{run.command}` exited {run.exit_status}")
 
 
 def sha256_file(path: Path) -> str:
@@ -64,12 +132,23 @@ def sha256_file(path: Path) -> str:
 
 
 async def run_check(
-    check: CommandCheck | FileCheck | EvidenceCheck,
+    check: AnyCheck,
     *,
     evidence_known: Callable[[str], bool],
+    versions: Mapping[str, str] | None = None,
+    last_run: Run | None = None,
     timeout: float = 30.0,
 ) -> CheckResult:
-    """Verify one check here, on this node; any error is a failed check, never a pass."""
+    """Verify one check here, on this node; any error is a failed check, never a pass.
+
+    ``versions``: the files matching a ``WrittenCheck`` now, with their versions; ``last_run``:
+    the execution state's latest run matching a ``PassedCheck``."""
+    if isinstance(check, WrittenCheck):
+        if versions is None:
+            return CheckResult(passed=False, detail="no workspace to look at")
+        return written(check, versions)
+    if isinstance(check, PassedCheck):
+        return passed(check, last_run)
     if isinstance(check, FileCheck):
         path = Path(check.path)
         if not path.is_file():

@@ -19,6 +19,7 @@ from fleetbus.http import HttpServer, Route
 from fleetbus.identity import KeyStore, seed_of
 from ledger.errors import InvalidInput
 from ledger.identity import Principal
+from node_agent import completion
 from node_agent.autoledger import AutoLedger
 from node_agent.claims import ClaimsCache
 from node_agent.execution import ExecutionState
@@ -50,6 +51,7 @@ class NodeAgent:
 
     def __init__(self, settings: NodeSettings, *, judge: Judge | None = None) -> None:
         self.settings = settings
+        rules = completion.load(settings.completion_rules)  # bad rules: refused before any write
         self.seed = seed_of(
             settings.principal, settings.identity_dir or settings.state_dir / "identity"
         )
@@ -73,18 +75,20 @@ class NodeAgent:
                 cooldown_s=settings.judge_cooldown_s,
                 verdict_ttl_s=settings.verdict_ttl_s,
             )
-        self.ledger = AutoLedger(
-            self.store,
-            gate=gate,
-            stop_block_cap=settings.stop_block_cap,
-            check_timeout_s=settings.check_timeout_s,
-        )
         self.execution = ExecutionState(
             self.store,
             rules=settings.cacheable,
             shared=settings.shared,
             scan_limit=settings.cache_scan_limit,
             cache_failures=settings.cache_failures,
+        )
+        self.ledger = AutoLedger(
+            self.store,
+            gate=gate,
+            execution=self.execution,
+            rules=rules,
+            stop_block_cap=settings.stop_block_cap,
+            check_timeout_s=settings.check_timeout_s,
         )
         self.claims = ClaimsCache(self.store)
         self.outbox: OutboxPublisher | None = None

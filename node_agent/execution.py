@@ -36,6 +36,7 @@ from ledger.events import (
     ResourceModified,
     ResourceObserved,
 )
+from node_agent.checks import Run
 from node_agent.settings import CacheRule, cache_rule
 from node_agent.store import Session, Store
 
@@ -530,6 +531,55 @@ class ExecutionState:
             )  # fmt: skip
         return fp
 
+    # --- what completion checks ask (checks.WrittenCheck, checks.PassedCheck) ----------------
+
+    def matching(self, cwd: str, pattern: str) -> dict[str, str]:
+        """The files under ``cwd`` matching ``pattern`` (a glob, case-insensitive) and their
+        versions now, by path relative to ``cwd``; a pattern without ``/`` looks at ``cwd`` only."""
+        found: dict[str, str] = {}
+        want = pattern.lower()
+        deep = "/" in pattern
+        for dirpath, dirnames, filenames in os.walk(cwd):
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS) if deep else []
+            for name in sorted(filenames):
+                rel = os.path.relpath(os.path.join(dirpath, name), cwd)
+                if not _matches(rel.lower(), want):
+                    continue
+                version = file_version(Path(cwd) / rel)
+                if version is not None and version != ABSENT:
+                    found[rel] = version
+                if len(found) >= self.scan_limit:
+                    return found
+        return found
+
+    def _valid(self, command: str, cwd: str, fp: str, inputs: Mapping[str, str]) -> bool:
+        """A recorded run still answers: the files its rule reads now fingerprint to it (new
+        files included), else (no rule now) every input it read is unchanged."""
+        rule = next((r for r in self.rules if re.search(r.pattern, command)), None)
+        if rule is not None:
+            now = self.inputs(rule, cwd)
+            return now is not None and fingerprint(command, cwd, now) == fp
+        return self.unchanged(inputs)
+
+    def unchanged(self, inputs: Mapping[str, str]) -> bool:
+        """Every input a recorded run read is at the version it read."""
+        return all(self.current(rid) == v for rid, v in inputs.items())
+
+    def last_run(self, pattern: str, cwd: str) -> Run | None:
+        """The latest recorded run in ``cwd`` whose command matches ``pattern``, and whether it
+        still answers (S5.3's rule: none of the files it read changed since)."""
+        rows = self.store.db.execute(
+            "SELECT fingerprint, command, inputs, exit_status FROM commands WHERE cwd = ? "
+            "ORDER BY rowid DESC LIMIT 200",
+            (cwd,),
+        ).fetchall()
+        for row in rows:
+            if re.search(pattern, row["command"]) is None:
+                continue
+            valid = self._valid(row["command"], cwd, row["fingerprint"], json.loads(row["inputs"]))
+            return Run(row["command"], int(row["exit_status"]), valid)
+        return None
+
     # --- the summary on the way in ----------------------------------------------------------
 
     def summary(self, session_id: str, *, limit: int = 5) -> str | None:
@@ -551,12 +601,12 @@ class ExecutionState:
                 stale.append(found)
         valid = []
         for row in self.store.db.execute(
-            "SELECT command, cwd, inputs, exit_status FROM commands WHERE session_id = ? "
-            "ORDER BY at DESC LIMIT ?",
+            "SELECT fingerprint, command, cwd, inputs, exit_status FROM commands "
+            "WHERE session_id = ? ORDER BY at DESC LIMIT ?",
             (session_id, limit),
         ):
             inputs = json.loads(row["inputs"])
-            if all(self.current(rid) == v for rid, v in inputs.items()):
+            if self.unchanged(inputs):  # cheap: no rescan for new files on every prompt
                 valid.append(f"`{row['command']}` (exit {row['exit_status']}, inputs unchanged)")
         if not rows and not valid:
             return None

@@ -44,6 +44,7 @@ RETRY: dict[str, Any] = {
     "wait_jitter": 0.05,
 }  # fmt: skip
 POLL_S = 0.5  # rows written by another process are found by polling
+DRAIN_ON_STOP_S = 3.0  # a graceful stop publishes what is pending for at most this long
 
 Connected = Callable[[FleetClient], Awaitable[None]]
 T = TypeVar("T")
@@ -69,6 +70,7 @@ class OutboxPublisher:
         self.published = 0
         self.last_error: str | None = None
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # set each time a drain finds nothing pending
         self._task: asyncio.Task[None] | None = None
 
     def wake(self) -> None:
@@ -113,6 +115,7 @@ class OutboxPublisher:
                 raise asyncio.CancelledError
             if await self._retrying(self._drain):
                 continue
+            self._idle.set()
             self._wake.clear()
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
             with contextlib.suppress(TimeoutError):
@@ -155,7 +158,14 @@ class OutboxPublisher:
         self.client.last_seq = max(self.client.last_seq, seq)
         return seq
 
-    async def stop(self) -> None:
+    async def stop(self, *, drain_s: float = DRAIN_ON_STOP_S) -> None:
+        """Stop publishing; connected, first publish what is pending (for up to ``drain_s``).
+
+        Whatever is left stays in the durable outbox for the next start: a graceful stop just
+        after a status change (a check that passed as the session ended) still tells the fleet."""
+        connected = self.client is not None and self.client.nc.is_connected
+        if self._task is not None and connected and not self._task.done():
+            await self._flush(drain_s)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -163,6 +173,14 @@ class OutboxPublisher:
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.close()
+
+    async def _flush(self, drain_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(drain_s):
+                while await self.store.run(self.store.pending, 1):
+                    self._idle.clear()
+                    self.wake()
+                    await self._idle.wait()  # the loop drained down to nothing once more
 
 
 def _envelope(data: bytes) -> tuple[dict[str, Any], TraceContext | None]:

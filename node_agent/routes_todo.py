@@ -1,4 +1,4 @@
-"""The to-do ledger over the local API: `todo.list|add|set`, an agent's `claim`, and
+"""The to-do ledger over the local API: `todo.list|add|set|check`, an agent's `claim`, and
 `evidence.register` (the status firewall applies: a human, or a check that passed here)."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from node_agent.wire import (
     Items,
     ItemView,
     TodoAdd,
+    TodoCheck,
     TodoList,
     TodoSet,
 )
@@ -36,6 +37,7 @@ class TodoRoutes:
             "todo.list": typed(TodoList, self.list),
             "todo.add": typed(TodoAdd, self.add),
             "todo.set": typed(TodoSet, self.set),
+            "todo.check": typed(TodoCheck, self.check),
             "claim": typed(ItemClaim, self.claim),
             "evidence.register": typed(Evidence, self.evidence),
         }
@@ -64,11 +66,22 @@ class TodoRoutes:
         self.wake()
         return ItemReply(item=ItemView.of(stored))
 
+    async def check(self, req: TodoCheck) -> ItemReply:
+        """Attach a check; the node verifies it at the next turn end (or `todo done`)."""
+
+        def attach() -> StoredItem:
+            session = safe_id(req.session_id) if req.session_id else None
+            stored = self.store.find_item(req.item, session)
+            return self.store.attach_check(stored.item_id, req.check, by=req.by)
+
+        stored = await self.store.run(attach)
+        self.wake()
+        return ItemReply(item=ItemView.of(stored))
+
     async def claim(self, req: ItemClaim) -> ItemReply:
-        """An agent says an item is done: kept as its claim, the stored status unchanged."""
-        stored = await self.store.run(
-            self.ledger.claim, req.item, req.status, by=req.by, session_id=req.session_id
-        )
+        """An agent says an item is done: kept as its claim; its check, run now, may close it."""
+        stored = await self.ledger.claim(req.item, req.status, by=req.by, session_id=req.session_id)
+        self.wake()
         return ItemReply(item=ItemView.of(stored))
 
     async def evidence(self, req: Evidence) -> Done:

@@ -61,6 +61,8 @@ class ToolRoutes:
         call = _call_key(req.session_id, req.tool, req.input, req.tool_use_id)
         if req.phase == "post":
             claimed = await self.store.run(self._after, req)
+            for item_id in claimed:  # a to-do tool's "completed": the node verifies it now
+                await self.ledger.verify(await self.store.run(self.store.find_item, item_id))
             self.wake()
             await self.gate.record_effect(call, _effect_outcome(req))
             return ToolRecorded(claimed=claimed)

@@ -44,7 +44,7 @@ class TurnRoutes:
             todo = context(self.ledger.audit(session.session_id))
             ctx = _join(todo, self.execution.summary(session.session_id))
             return Prompted(added=[], cancelled=[], context=ctx)
-        result = self.ledger.on_prompt(req.session_id, req.text, **who)
+        result = self.ledger.on_prompt(req.session_id, req.text, cwd=req.cwd, **who)
         ctx = _join(result.context, self.execution.summary(result.session_id))
         return Prompted(added=result.added, cancelled=result.cancelled, context=ctx)
 

@@ -1,5 +1,6 @@
-"""Scripted agent sessions for the demo. ``run``: capture, a Stop reminder, a model's false
-"done" refused, and silence once the checks pass. ``run_exec``: a stale edit blocked, a command
+"""Scripted agent sessions for the demo. ``run``: capture with the check each item closes on, a
+model's false "done" refused, items closed by checks the node ran itself, one note for the human
+an item waits on, and silence once it is clear. ``run_exec``: a stale edit blocked, a command
 answered from the record, and a claims replay that pays once for repeated work. Real hook
 payloads go through the Claude Code adapter to an in-process node agent over its Unix socket.
 """
@@ -7,9 +8,9 @@ payloads go through the Claude Code adapter to an in-process node agent over its
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from ledger.items import Actor, ItemStatus
-from node_agent.checks import FileCheck
 from node_agent.claims import ClaimKey, Completion, WorkingSet
 from node_agent.client import NodeClient
 from node_agent.daemon import NodeAgent
@@ -26,6 +26,34 @@ from node_agent.hooks import HookAnswer, handle
 from node_agent.settings import NodeSettings
 
 SESSION = "demo-session-1"
+NOTES_TEST = """import pathlib
+import unittest
+
+
+class Notes(unittest.TestCase):
+    def test_notes_exist(self) -> None:
+        self.assertTrue(pathlib.Path("notes.txt").read_text().strip())
+"""
+
+
+async def run_tests(hook: Any, work: Path) -> None:
+    """Run the project's tests for real and report them as Claude Code's Bash hooks would."""
+    command = "python -m unittest"
+    tool = {"tool_name": "Bash", "tool_input": {"command": command}, "cwd": str(work)}
+    await hook("PreToolUse", tool)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "unittest", cwd=work, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    output = (await proc.communicate())[0].decode(errors="replace")
+    if proc.returncode == 0:
+        await hook("PostToolUse", {**tool, "tool_response": {"stdout": output, "stderr": ""}})
+    else:
+        await hook(
+            "PostToolUseFailure", {**tool, "error": f"Exit code {proc.returncode}\n{output}"}
+        )
+
+
 DEMO_NODE = "node-demo"
 
 
@@ -61,15 +89,19 @@ async def run(
 
     figures: dict[str, Any] = {}
     try:
-        prompt = "Prepare the 0.2 release:\n1. Bump VERSION to 0.2.0\n2. Update the CHANGELOG"
-        answer = await hook("UserPromptSubmit", {"prompt": prompt})
+        (work / "test_notes.py").write_text(NOTES_TEST)
+        (work / "CHANGELOG.md").write_text("# Changelog\n")
+        prompt = (
+            "Prepare the 0.2 release:\n1. Write notes.txt\n2. Run the tests\n"
+            "3. Update the CHANGELOG\n4. Announce the release on the mailing list"
+        )
+        answer = await hook("UserPromptSubmit", {"prompt": prompt, "cwd": str(work)})
         context = json.loads(answer.stdout)["hookSpecificOutput"]["additionalContext"]
-        console.print("[bold]capture[/] UserPromptSubmit →", escape(context.replace("\n", " | ")))
+        console.print("[bold]capture[/] UserPromptSubmit (each item with how it closes) →")
+        console.print(escape("  " + context.replace("\n", "\n  ")))
         items = agent.store.items(SESSION)
         figures["captured"] = len(items)
-        version = work / "VERSION"
-        digest = hashlib.sha256(b"0.2.0\n").hexdigest()
-        agent.store.attach_check(items[0].item_id, FileCheck(path=str(version), sha256=digest))
+        figures["checks_inferred"] = sum(i.check is not None for i in items)
 
         todos = [{"content": i.item.text, "status": "completed", "activeForm": ""} for i in items]
         await hook("PostToolUse", {"tool_name": "TodoWrite", "tool_input": {"todos": todos}})
@@ -83,15 +115,38 @@ async def run(
             i.item.stored_status is ItemStatus.OPEN for i in agent.store.items(SESSION)
         )
 
-        version.write_text("0.2.0\n")  # the agent really does the work...
-        agent.store.set_status(  # ...and a human confirms the changelog
-            items[1].item_id, ItemStatus.DONE, Actor("human", "release-manager")
-        )
+        # the agent really does the work: writes notes.txt, runs the tests, edits the changelog
+        for name, text in (("notes.txt", "0.2: faster\n"), ("CHANGELOG.md", "# 0.2\n- faster\n")):
+            (work / name).write_text(text)
+            await hook("PostToolUse", {"tool_name": "Write", "cwd": str(work),
+                                       "tool_input": {"file_path": str(work / name)}})  # fmt: skip
+            if name == "notes.txt":
+                await run_tests(hook, work)
         answer = await hook("Stop", {"stop_hook_active": True})
+        note = json.loads(answer.stdout).get("systemMessage", "") if answer.stdout else ""
+        verified = [
+            i for i in agent.store.items(SESSION) if (i.item.stored_by or "").startswith("check:")
+        ]
+        figures["verified_by_checks"] = len(verified)
+        console.print(
+            f"[bold]work done[/] → {len(verified)} items closed by checks the node ran itself: "
+            + escape(", ".join(f"{i.short_id} ({i.check_detail})" for i in verified))
+        )
+        console.print("[bold]stop let through[/], one note for the human:")
+        console.print(escape("  " + note.replace("\n", "\n  ")))
+        again = await hook("Stop", {"stop_hook_active": False})
+        figures["one_note_for_a_human"] = (
+            "decision" not in note and "Announce the release" in note and again.stdout == ""
+        )
+
+        agent.store.set_status(  # a human confirms the announcement
+            items[3].item_id, ItemStatus.DONE, Actor("human", "release-manager")
+        )
+        answer = await hook("Stop", {"stop_hook_active": False})
         figures["silent_when_clear"] = answer.stdout == "" and answer.exit_code == 0
         closed = [(i.short_id, i.item.stored_by) for i in agent.store.items(SESSION)]
         console.print(
-            "[bold]checks pass[/] → Stop hook silent: "
+            "[bold]a human closes the last[/] → Stop hook silent: "
             + escape(", ".join(f"{s} done by {by}" for s, by in closed))
         )
         figures["events_in_outbox"] = agent.store.outbox_counts()[0]
@@ -181,7 +236,7 @@ async def run_exec(
         figures["cache_hit"] = cached is not None and "answered from the record" in cached
         console.print(
             "[bold]cache hit[/] bob's `python -m pytest -q`, inputs unchanged →",
-            escape(str(cached).split("\n", 1)[0]),
+            escape(_one_line(str(cached))),
         )
 
         model = ScriptedModel()
@@ -206,3 +261,9 @@ async def run_exec(
         await agent.stop()
         if own_dir:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    """A multi-line answer on one line (the recorded output follows its "Recorded output:")."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

@@ -78,6 +78,7 @@ DEFAULT_CACHEABLE: tuple[CacheRule, ...] = (
     CacheRule(pattern=r"^\s*(python3? -m )?ruff (check|format --check)\b", inputs=PY_INPUTS),
     CacheRule(pattern=r"^\s*(python3? -m )?(mypy|pyright|flake8)\b", inputs=PY_INPUTS),
     CacheRule(pattern=r"^\s*(python3? -m )?pytest\b", inputs=PY_INPUTS),
+    CacheRule(pattern=r"^\s*python3? -m unittest\b", inputs=PY_INPUTS),
 )
 
 
@@ -107,6 +108,8 @@ class NodeSettings(FleetBaseSettings):
     reminders_fail_open: bool = True  # node agent down: skip reminders (open) with a message
     consequential: list[ConsequentialRule] = Field(default_factory=lambda: list(DEFAULT_RULES))
     check_timeout_s: float = Field(default=30.0, gt=0)
+    # a TOML file of completion rules tried before the shipped ones (node_agent/completion.py)
+    completion_rules: Path | None = None
 
     # the execution state (S5.3): cacheable commands, shared roots, the fleet's modifications
     cacheable: list[CacheRule] = Field(default_factory=lambda: list(DEFAULT_CACHEABLE))

@@ -27,10 +27,18 @@ from typing import Any, ParamSpec, TypeVar
 
 from ledger.clock import Clock, SystemClock
 from ledger.errors import ErrorCode, InvalidInput
-from ledger.events import Event, ItemCaptured, ItemStatusChanged, make_event
+from ledger.events import (
+    Event,
+    ItemCaptured,
+    ItemCheckAttached,
+    ItemChecked,
+    ItemClaimed,
+    ItemStatusChanged,
+    make_event,
+)
 from ledger.identity import sign
 from ledger.invariants import RiskFact
-from ledger.items import Actor, Item, ItemStatus, record_judgement, transition
+from ledger.items import Actor, Item, ItemStatus, JudgedStatus, record_judgement, transition
 from ledger.protocol import subject_of
 from node_agent.checks import CHECK, Check
 
@@ -47,6 +55,15 @@ CREATE TABLE IF NOT EXISTS items (
     stored_by TEXT, judged_status TEXT, model_claim TEXT, check_json TEXT, check_detail TEXT
 );
 CREATE INDEX IF NOT EXISTS items_by_session ON items(session_id, ord);
+-- what the agent was last told of its open items, and the note for a human (autoledger.py)
+CREATE TABLE IF NOT EXISTS reminders (
+    session_id TEXT PRIMARY KEY, told TEXT, noted TEXT
+);
+-- an agent's to-do tool ids (Claude Code TaskCreate) -> the task's subject
+CREATE TABLE IF NOT EXISTS tasks (
+    session_id TEXT NOT NULL, task_id TEXT NOT NULL, subject TEXT NOT NULL,
+    PRIMARY KEY (session_id, task_id)
+);
 CREATE TABLE IF NOT EXISTS tool_events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, phase TEXT NOT NULL,
     tool TEXT NOT NULL, summary TEXT NOT NULL, at TEXT NOT NULL
@@ -376,9 +393,11 @@ class Store:
         return self._row_item(row)
 
     def add_items(
-        self, session: Session, texts: list[str], *, check: Check | None = None
-    ) -> list[StoredItem]:
-        """Capture items (skipping ones already present by text), emitting item.captured."""
+        self, session: Session, texts: list[str], *, check: Check | None = None,
+        infer: Callable[[str], Check | None] | None = None,
+    ) -> list[StoredItem]:  # fmt: skip
+        """Capture items (skipping ones already present by text), emitting item.captured with
+        how each closes: ``check``, else what ``infer`` finds in its text, else None (a human)."""
         added: list[str] = []
         with self.tx() as db:
             row = db.execute(
@@ -398,21 +417,23 @@ class Store:
                 existing.add(text.lower())
                 short = f"t{n}"
                 item_id = f"{session.session_id[:100]}-{short}"
+                closes = check if check is not None else (infer(text) if infer else None)
                 db.execute(
                     "INSERT INTO items (item_id, session_id, short_id, ord, text, stored_status,"
                     " check_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (
                         item_id, session.session_id, short, n, text, ItemStatus.OPEN.value,
-                        CHECK.dump_json(check).decode() if check is not None else None,
+                        CHECK.dump_json(closes).decode() if closes is not None else None,
                     ),
                 )  # fmt: skip
                 self.emit(
                     db,
                     session,
                     ItemCaptured(
-                        item_id=item_id, session_id=session.session_id, text=text, order=n
+                        item_id=item_id, session_id=session.session_id, text=text, order=n,
+                        check=closes.describe() if closes is not None else None,
                     ),
-                )
+                )  # fmt: skip
                 added.append(item_id)
                 n += 1
             db.execute(
@@ -422,11 +443,17 @@ class Store:
                 self._bump(db, session.session_id)
         return [self.find_item(i) for i in added]
 
+    def _session_of(self, stored: StoredItem) -> Session:
+        session = self.session(stored.session_id)
+        assert session is not None  # items are written with their session
+        return session
+
     def set_status(
         self, item_ref: str, to: ItemStatus, actor: Actor, *, session_id: str | None = None,
         detail: str | None = None,
     ) -> StoredItem:  # fmt: skip
-        """Move the stored status through the firewall (``ledger.items.transition``)."""
+        """Move the stored status through the firewall (``ledger.items.transition``). A check's
+        move carries its ``detail``, recorded as the item.checked that preceded it."""
         with self.tx() as db:
             stored = self.find_item(item_ref, session_id)
             moved = transition(stored.item, to, actor)  # raises RuleViolation for models
@@ -435,10 +462,14 @@ class Store:
                 "check_detail) WHERE item_id = ?",
                 (moved.stored_status.value, moved.stored_by, detail, stored.item_id),
             )
-            session = self.session(stored.session_id)
-            assert session is not None
+            session = self._session_of(stored)
             actor_kind = actor.kind
             assert actor_kind != "model"  # transition() refused it above
+            if actor_kind == "check" and detail is not None:
+                self.emit(
+                    db, session,
+                    ItemChecked(item_id=stored.item_id, passed=True, detail=detail[:2000]),
+                )  # fmt: skip
             self.emit(
                 db,
                 session,
@@ -449,28 +480,80 @@ class Store:
             self._bump(db, stored.session_id)
         return self.find_item(stored.item_id)
 
-    def attach_check(self, item_id: str, check: Check) -> StoredItem:
-        """Give an item a completion check (`todo add --check-*` does it at creation)."""
+    def attach_check(self, item_id: str, check: Check, *, by: str = "cli") -> StoredItem:
+        """Give an item a completion check after capture (by the agent or a human)."""
         with self.tx() as db:
+            stored = self.find_item(item_id)
             db.execute(
-                "UPDATE items SET check_json = ? WHERE item_id = ?",
-                (CHECK.dump_json(check).decode(), item_id),
+                "UPDATE items SET check_json = ?, check_detail = NULL WHERE item_id = ?",
+                (CHECK.dump_json(check).decode(), stored.item_id),
             )
-            self._bump(db, self.find_item(item_id).session_id)
-        return self.find_item(item_id)
+            self.emit(
+                db, self._session_of(stored),
+                ItemCheckAttached(item_id=stored.item_id, check=check.describe(), by=by or "cli"),
+            )  # fmt: skip
+            self._bump(db, stored.session_id)
+        return self.find_item(stored.item_id)
 
     def record_check_detail(self, item_id: str, detail: str) -> None:
-        self.db.execute("UPDATE items SET check_detail = ? WHERE item_id = ?", (detail, item_id))
+        """A check that did not pass: its detail kept, item.checked emitted when it changed."""
+        with self.tx() as db:
+            stored = self.find_item(item_id)
+            if stored.check_detail == detail:
+                return
+            db.execute("UPDATE items SET check_detail = ? WHERE item_id = ?", (detail, item_id))
+            self.emit(
+                db, self._session_of(stored),
+                ItemChecked(item_id=item_id, passed=False, detail=detail[:2000]),
+            )  # fmt: skip
 
     def record_claim(self, item_id: str, judged_status: str, model: str) -> StoredItem:
-        """Keep a model's view as a claim; the stored status is untouched by construction."""
-        stored = self.find_item(item_id)
-        judged = record_judgement(stored.item, judged_status, model)
-        self.db.execute(
-            "UPDATE items SET judged_status = ?, model_claim = ? WHERE item_id = ?",
-            (judged.judged_status, judged.model_claim, item_id),
-        )
+        """Keep a model's view as a claim (item.claimed); the stored status is untouched."""
+        try:
+            status = JudgedStatus(judged_status)
+        except ValueError:
+            allowed = ", ".join(s.value for s in JudgedStatus)
+            raise InvalidInput(
+                f"a claim's status is one of {allowed}, not {judged_status!r}"
+            ) from None
+        with self.tx() as db:
+            stored = self.find_item(item_id)
+            judged = record_judgement(stored.item, status.value, model)
+            db.execute(
+                "UPDATE items SET judged_status = ?, model_claim = ? WHERE item_id = ?",
+                (judged.judged_status, judged.model_claim, item_id),
+            )
+            self.emit(
+                db, self._session_of(stored),
+                ItemClaimed(item_id=item_id, status=status, by=model or "agent"),
+            )  # fmt: skip
         return self.find_item(item_id)
+
+    # --- what the agent was told, its to-do tool ids (kept across a restart) ------------------
+
+    def reminded(self, session_id: str) -> tuple[str | None, str | None]:
+        """(what the agent was last told of its open items, the last note for a human)."""
+        row = self.db.execute(
+            "SELECT told, noted FROM reminders WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return (None, None) if row is None else (row["told"], row["noted"])
+
+    def set_reminded(self, session_id: str, told: str | None, noted: str | None) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO reminders (session_id, told, noted) VALUES (?, ?, ?)",
+            (session_id, told, noted),
+        )
+
+    def save_task(self, session_id: str, task_id: str, subject: str) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO tasks VALUES (?, ?, ?)", (session_id, task_id, subject[:500])
+        )
+
+    def task(self, session_id: str, task_id: str) -> str | None:
+        row = self.db.execute(
+            "SELECT subject FROM tasks WHERE session_id = ? AND task_id = ?", (session_id, task_id)
+        ).fetchone()
+        return None if row is None else str(row[0])
 
     # --- watch: tool events -----------------------------------------------------------------
 

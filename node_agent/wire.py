@@ -14,6 +14,7 @@ by ``fleetbus.http`` as bad input naming the field, before any route runs. Every
     todo.list            TodoList          Items
     todo.add             TodoAdd           ItemReply
     todo.set             TodoSet           ItemReply
+    todo.check           TodoCheck         ItemReply (attach a completion check)
     evidence.register    Evidence          Done
     resource.observe     ResourceChange    ResourceVersion
     resource.modify      ResourceChange    ResourceVersion
@@ -77,6 +78,7 @@ class Who(SessionRef):
 
 class Prompt(Who):
     text: str = ""
+    cwd: str | None = None  # the session's working directory: where inferred checks look
 
 
 class Stop(SessionRef):
@@ -114,6 +116,15 @@ class TodoAdd(SessionRef):
     check: Check | None = None
     agent: str = "cli"
     mission: str | None = None
+
+
+class TodoCheck(Request):
+    """Attach a completion check to an item after capture (the agent or a human)."""
+
+    item: NonEmpty
+    check: Check
+    by: NonEmpty = "cli"
+    session_id: str | None = None
 
 
 class TodoSet(Request):

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
 
-__all__ = ["RedisAddress", "RespConnection", "RespConnectionError", "RespError"]
+__all__ = ["RedisAddress", "RespAuthError", "RespConnection", "RespConnectionError", "RespError"]
 
 
 class RespError(Exception):
@@ -33,6 +33,11 @@ class RespError(Exception):
 
 class RespConnectionError(ConnectionError):
     """The connection could not be made, or was lost with calls in flight."""
+
+
+class RespAuthError(RespConnectionError):
+    """Redis refused the connection's set-up (its credentials, or its database): sending the
+    same again cannot help."""
 
 
 _CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
@@ -237,7 +242,7 @@ class RespConnection:
         for reply in replies:
             if isinstance(reply, RespError):  # wrong password, unknown db: not as configured
                 protocol.fail(RespConnectionError(str(reply)))
-                raise RespConnectionError(f"Redis refused the connection set-up: {reply}")
+                raise RespAuthError(f"Redis refused the connection set-up: {reply}")
         return protocol
 
     async def _send(

@@ -23,7 +23,7 @@ from typing import Any, Protocol, Self
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation, Unreachable
 from ledger.money import check_micros, format_amount
 from reservations import keys as k
-from reservations.resp import RespConnection, RespConnectionError, RespError
+from reservations.resp import RespAuthError, RespConnection, RespConnectionError, RespError
 from reservations.results import (
     CommitResult,
     ExpiredReservation,
@@ -118,7 +118,7 @@ class ReservationStore(Budget, Protocol):
 
 
 class _Script:
-    """A Lua script and its SHA1, for EVALSHA (EVAL once if Redis lost it)."""
+    """A Lua script and its SHA1, for EVALSHA (loaded with SCRIPT LOAD when Redis lost it)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -177,14 +177,24 @@ def _noscript(reply: Any) -> bool:
     return isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT")
 
 
+def _denied(reply: Any) -> bool:
+    return isinstance(reply, RespError) and str(reply).startswith("NOPERM")
+
+
 class ReservationClient:
     """Async Redis client for mission-wide budget reservations (SPEC S7)."""
 
-    def __init__(self, connection: RespConnection, *, retries: int = 1) -> None:
-        """``retries``: how many times a call whose connection failed is sent again."""
+    def __init__(
+        self, connection: RespConnection, *, retries: int = 1, script_wait_s: float = 5.0
+    ) -> None:
+        """``retries``: how many times a call whose connection failed is sent again.
+        ``script_wait_s``: how long a user that may not load the scripts (a Branch client)
+        waits for a coordinator to load them after Redis lost them (a restart)."""
         self._conn = connection
         self._retries = retries
+        self._script_wait_s = script_wait_s
         self._scripts = {name: _Script(name) for name in _SCRIPTS}
+        self._may_load: bool | None = None  # learnt from Redis the first time it matters
 
     @classmethod
     def from_url(
@@ -195,13 +205,14 @@ class ReservationClient:
         timeout_s: float = 5.0,
         retries: int = 1,
         ssl_context: ssl.SSLContext | None = None,
+        script_wait_s: float = 5.0,
     ) -> Self:
         """A client on ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``; user and
         password and the database in the URL) with short timeouts and a bounded retry."""
         conn = RespConnection.from_url(
             url, ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s
         )
-        return cls(conn, retries=retries)
+        return cls(conn, retries=retries, script_wait_s=script_wait_s)
 
     @property
     def connection(self) -> RespConnection:
@@ -235,30 +246,54 @@ class ReservationClient:
 
     # --- plumbing: the one retry policy and error mapping ------------------------------------
 
+    @property
+    def _user(self) -> str:
+        return self._conn.address.username or "default"
+
     def _unreachable(self, exc: Exception) -> Unreachable:
+        if isinstance(exc, RespAuthError):
+            return Unreachable(
+                f"Redis at {self._conn.where} refused the connection set-up as user "
+                f"{self._user!r} ({str(exc).rsplit(': ', 1)[-1]}); check the user and password "
+                "in FLEET_REDIS_URL; nothing was admitted (fail closed)"
+            )
         return Unreachable(
             f"Redis at {self._conn.where} is unreachable ({type(exc).__name__}: {exc}); "
             "nothing was admitted (fail closed)"
         )
+
+    def _error(self, what: str, reply: RespError) -> FleetError:
+        """The error for an error reply: credentials missing or not enough, or ``what`` failed."""
+        text = str(reply)
+        if text.startswith("NOAUTH"):
+            return Unreachable(
+                f"Redis at {self._conn.where} requires credentials: put its user and password in "
+                "FLEET_REDIS_URL (redis://USER:PASSWORD@host:port/0); nothing was admitted "
+                "(fail closed)"
+            )
+        if text.startswith("NOPERM"):
+            return FleetError(f"Redis user {self._user!r} may not run {what}: {text}")
+        return FleetError(f"{what} failed: {text}")
 
     async def _reads(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         """Read commands; an error reply raises ``FleetError``."""
         replies = await self._commands(commands)
         for reply in replies:
             if isinstance(reply, RespError):
-                raise FleetError(f"reading reservations from Redis failed: {reply}")
+                raise self._error("reading reservations from Redis", reply)
         return replies
 
     async def _commands(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         """Send ``commands`` again after a lost connection or a timeout (the connection was
         reset, so no late reply can answer them), with backoff; then ``Unreachable``. Safe
-        because every command we send is idempotent by reservation id, or a read."""
+        because every command we send is idempotent by reservation id, or a read. Refused
+        credentials are not sent again."""
         attempt = 0
         while True:
             try:
                 return await self._conn.call_many(commands)
             except (RespConnectionError, TimeoutError, OSError) as exc:
-                if attempt >= self._retries:
+                if attempt >= self._retries or isinstance(exc, RespAuthError):
                     raise self._unreachable(exc) from exc
                 await asyncio.sleep(min(_BACKOFF_CAP_S, _BACKOFF_S * 2**attempt))
                 attempt += 1
@@ -269,31 +304,74 @@ class ReservationClient:
         (reply,) = await self._commands((("EVALSHA", script.sha, len(keys), *keys, *args),))
         if isinstance(reply, RespError):
             if not _noscript(reply):
-                raise FleetError(f"reservation script {name} failed: {reply}")
+                raise self._error(f"reservation script {name}", reply)
             (reply,) = await self._pipeline(name, [(keys, args)])
         return list(reply)
 
     async def _pipeline(
         self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
     ) -> list[Any]:
-        """Many calls of one script in one write: EVALSHA, and where Redis lost the script
-        (NOSCRIPT) EVAL for those calls; an error reply raises ``FleetError``."""
+        """Many calls of one script in one write (EVALSHA); those Redis answered NOSCRIPT are
+        sent again once it has the scripts (``_after_reload``); an error reply raises."""
         script = self._scripts[name]
-        replies = await self._commands(
-            [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
-        )
+        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+        replies = await self._commands(commands)
         lost = [i for i, r in enumerate(replies) if _noscript(r)]
         if lost:
-            again = await self._commands(
-                [("EVAL", script.source, len(calls[i][0]), *calls[i][0], *calls[i][1])
-                 for i in lost]
-            )  # fmt: skip
+            again = await self._after_reload([commands[i] for i in lost])
             for i, reply in zip(lost, again, strict=True):
                 replies[i] = reply
         for reply in replies:
             if isinstance(reply, RespError):
-                raise FleetError(f"reservation script {name} failed: {reply}")
+                raise self._error(f"reservation script {name}", reply)
         return replies
+
+    async def _after_reload(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Redis lost the scripts (a restart empties its script cache, or SCRIPT FLUSH): load
+        them all if this user may (the coordinator's), and send ``commands`` again. A user that
+        may not (a Branch client: EVALSHA only, never Lua of its own) waits for a coordinator
+        to load them, up to ``script_wait_s``, then ``Unreachable``: nothing ran."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._script_wait_s
+        out: list[Any] = [None] * len(commands)
+        pending = list(range(len(commands)))
+        delay = _BACKOFF_S
+        while True:
+            await self._load_scripts()
+            replies = await self._commands([commands[i] for i in pending])
+            still = []
+            for i, reply in zip(pending, replies, strict=True):
+                if _noscript(reply):
+                    still.append(i)
+                else:
+                    out[i] = reply
+            if not still:
+                return out
+            pending = still
+            if loop.time() >= deadline:
+                raise Unreachable(
+                    f"Redis at {self._conn.where} has lost the reservation scripts (restarted "
+                    f"or flushed) and user {self._user!r} may not load them; a coordinator "
+                    "loads them at its next call; nothing was admitted (fail closed)"
+                )
+            await asyncio.sleep(delay)  # waiting for another client to load them
+            delay = min(delay * 2, _BACKOFF_CAP_S)
+
+    async def _load_scripts(self) -> None:
+        """SCRIPT LOAD every script in one write, unless this user may not (learnt from its
+        first NOPERM: a Branch client's ACL has EVALSHA, not SCRIPT)."""
+        if self._may_load is False:
+            return
+        replies = await self._commands(
+            [("SCRIPT", "LOAD", s.source) for s in self._scripts.values()]
+        )
+        refused = [r for r in replies if isinstance(r, RespError)]
+        if refused and all(_denied(r) for r in refused):
+            self._may_load = False
+        elif refused:
+            raise self._error("loading the reservation scripts", refused[0])
+        else:
+            self._may_load = True
 
     # --- scopes ----------------------------------------------------------------------------
 

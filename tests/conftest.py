@@ -10,7 +10,7 @@ import pytest
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from fleetbus.client import FleetClient
-from fleetledger.servers import EmbeddedServers
+from fleetledger.servers import REDIS_ADMIN, REDIS_BRANCH, EmbeddedServers
 
 
 @pytest.fixture(scope="session")
@@ -28,12 +28,20 @@ def nats_url(servers: EmbeddedServers) -> str:
 
 @pytest.fixture(scope="session")
 def redis_url(servers: EmbeddedServers) -> str:
-    return servers.redis_url
+    """The session Redis as its admin user (every command and key): the tests' own tool."""
+    return servers.redis_url_for(REDIS_ADMIN)
+
+
+@pytest.fixture(scope="session")
+def redis_branch_url(servers: EmbeddedServers) -> str:
+    """The session Redis as a Branch client connects: the reservation scripts only."""
+    return servers.redis_url_for(REDIS_BRANCH)
 
 
 @pytest.fixture(scope="session")
 async def coordinator(servers: EmbeddedServers) -> AsyncIterator[Coordinator]:
-    """One in-process coordinator on the session's servers (tests use distinct mission ids)."""
+    """One in-process coordinator on the session's servers (tests use distinct mission ids),
+    connected to Redis as its ACL user ``coordinator``."""
     settings = CoordinatorSettings(
         nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0, sweep_interval_s=0.2
     )

@@ -19,9 +19,10 @@ SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
 class Rendered:
     """One scenario's manifests, parsed."""
 
-    def __init__(self, manifest: str, hooks: list[str]) -> None:
+    def __init__(self, manifest: str, hooks: list[str], notes: str = "") -> None:
         self.objects = [d for d in yaml.safe_load_all(manifest) if d]
         self.hooks = [d for h in hooks for d in yaml.safe_load_all(h) if d]
+        self.notes = notes
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [o for o in self.objects if o["kind"] == kind]
@@ -40,10 +41,14 @@ class Rendered:
                 yield o["metadata"]["name"], o["spec"]
 
 
-def run_helm(python: Path, chart: Path, out: Path, scenarios: list[Path]) -> dict[str, Any]:
-    """Lint `chart` and render each scenario with helm_render.py in the helm venv."""
+def run_helm(
+    python: Path, chart: Path, out: Path, scenarios: list[Path], base: Path | None = None
+) -> dict[str, Any]:
+    """Lint `chart` and render each scenario (over ``base`` values) with helm_render.py in
+    the helm venv."""
+    under = ["--base", str(base)] if base is not None else []
     done = subprocess.run(
-        [str(python), str(HELM_RENDER), str(chart), str(out)] + [str(s) for s in scenarios],
+        [str(python), str(HELM_RENDER), str(chart), str(out), *under, *map(str, scenarios)],
         capture_output=True,
         text=True,
         timeout=120,

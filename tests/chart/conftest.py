@@ -1,12 +1,14 @@
-"""Chart fixtures: a Python >= 3.12 virtualenv with helm-sdkpy, and the chart rendered once.
+"""Chart fixtures: a Python >= 3.12 virtualenv with helm-sdkpy, a fleet's identity made by the
+real `fleetledger identity create` and `identity helm-values`, and the chart rendered once.
 
-The venv lives outside the repository (~/.cache/fleetledger/venv-helm-<pin>, or
+The venv lives outside the repository (~/.cache/fleetledger/venv-helm-<pins>, or
 $FLEET_HELM_VENV) and is created on first use; later runs reuse it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -16,12 +18,23 @@ from typing import Any
 
 import pytest
 
-from tests.chart.chartlib import CHART, SCENARIOS, Rendered, run_helm
+from tests.chart.chartlib import CHART, ROOT, SCENARIOS, Rendered, run_helm
 
-HELM_REQUIREMENTS = ("helm-sdkpy==0.1.32", "pyyaml>=6")
+HELM_REQUIREMENTS = ("helm-sdkpy==0.1.32", "kubernetes-validate==1.37.0", "pyyaml>=6")
+# named by its pins, so a run with other pins builds its own venv instead of replacing one in use
 VENV = Path(
-    os.environ.get("FLEET_HELM_VENV") or Path.home() / ".cache" / "fleetledger" / "venv-helm-0.1.32"
+    os.environ.get("FLEET_HELM_VENV")
+    or Path.home() / ".cache" / "fleetledger" / "venv-helm-0.1.32-kv1.37.0"
 )
+# the fleet the chart is rendered for: its principals, made with the real CLI
+PRINCIPALS = {
+    "coordinator": "coordinator",
+    "node-a": "node",
+    "node-b": "node",
+    "lead": "human",
+    "orchestrator": "service",
+}
+REDIS_SECRET = "fleetledger-redis"
 
 
 def _is_312(python: str) -> bool:
@@ -77,11 +90,50 @@ def helm_python() -> Path:
     return _ensure_venv()
 
 
+def fleetledger(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI, as an operator runs it (this checkout first on the path)."""
+    return subprocess.run(
+        [sys.executable, "-m", "fleetledger", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
 @pytest.fixture(scope="session")
-def helm_report(helm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def identity_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A key store made with `fleetledger identity create` and exported with `identity
+    helm-values`: the directory holding identity-values.json and identity-secrets.json."""
+    root = tmp_path_factory.mktemp("identity")
+    for name, role in PRINCIPALS.items():
+        made = fleetledger("identity", "create", name, "--role", role, "--dir", str(root / "keys"))
+        assert made.returncode == 0, made.stderr
+    done = fleetledger(
+        "identity", "helm-values", "--dir", str(root / "keys"), "--out", str(root / "out")
+    )
+    assert done.returncode == 0, done.stderr
+    return root / "out"
+
+
+@pytest.fixture(scope="session")
+def base_values(identity_export: Path) -> Path:
+    """What an operator passes besides a scenario: the exported identity values, and the name
+    of the Secret holding the bundled Redis's password."""
+    values = json.loads((identity_export / "identity-values.json").read_text())
+    values["redis"] = {"auth": {"existingSecret": REDIS_SECRET}}
+    path = identity_export / "base-values.json"
+    path.write_text(json.dumps(values))
+    return path
+
+
+@pytest.fixture(scope="session")
+def helm_report(
+    helm_python: Path, base_values: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
     """Lint messages and rendered manifests (from the real Helm library) for every scenario."""
     out = tmp_path_factory.mktemp("helm") / "report.json"
-    return run_helm(helm_python, CHART, out, SCENARIOS)
+    return run_helm(helm_python, CHART, out, SCENARIOS, base_values)
 
 
 @pytest.fixture(scope="session")
@@ -89,5 +141,5 @@ def rendered(helm_report: dict[str, Any]) -> dict[str, Rendered]:
     out = {}
     for name, result in helm_report["renders"].items():
         assert "error" not in result, f"{name} did not render: {result['error']}"
-        out[name] = Rendered(result["manifest"], result["hooks"])
+        out[name] = Rendered(result["manifest"], result["hooks"], result["notes"])
     return out

@@ -1,7 +1,10 @@
 """Lint and render a chart with the real Helm library (helm-sdkpy), without a cluster.
 
 Runs inside the helm virtualenv (Python >= 3.12), not the project's: `python helm_render.py
-CHART OUT_JSON [VALUES_YAML ...]`. Writes {"lint": {...}, "renders": {name: {...}}} to OUT_JSON.
+CHART OUT_JSON [--base VALUES] [VALUES_YAML ...]`. Writes {"lint": {...}, "renders": {name:
+{...}}} to OUT_JSON. ``--base``: values under every scenario and the chart's own lint (the
+identity values `fleetledger identity helm-values` wrote). Every rendered object is validated
+against the Kubernetes schemas of KUBE_VERSION (kubernetes-validate, strict: unknown fields fail).
 
 helm-sdkpy has no `helm template`; its Install does the same rendering (schema validation,
 templates, hooks) and then talks to an API server. We give it a small in-process fake API server
@@ -26,7 +29,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import helm_sdkpy as helm
+import kubernetes_validate
 import yaml
+
+KUBE_VERSION = "1.32.0"
 
 # The API groups the chart's kinds live in (namespaced resources only).
 RESOURCES: dict[str, tuple[str, list[tuple[str, str]]]] = {
@@ -157,14 +163,33 @@ def render(config: helm.Configuration, chart: Path, values: dict[str, Any]) -> d
     except helm.HelmError as exc:
         return {"error": str(exc)}
     release = FakeApiServer.releases[-1]
-    return {
-        "manifest": release.get("manifest", ""),
-        "hooks": [h.get("manifest", "") for h in release.get("hooks") or []],
-    }
+    manifest = release.get("manifest", "")
+    hooks = [h.get("manifest", "") for h in release.get("hooks") or []]
+    notes = (release.get("info") or {}).get("notes", "")
+    return {"manifest": manifest, "hooks": hooks, "notes": notes,
+            "kube_errors": kube_errors([manifest, *hooks])}  # fmt: skip
+
+
+def kube_errors(documents: list[str]) -> list[str]:
+    """Each rendered object checked against the Kubernetes schemas; CRDs have none here."""
+    errors = []
+    for text in documents:
+        for obj in yaml.safe_load_all(text):
+            if not obj or obj["apiVersion"] == "monitoring.coreos.com/v1":
+                continue
+            try:
+                kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                errors.append(f"{obj['kind']} {obj['metadata']['name']}: {exc.message}")
+    return errors
 
 
 def main() -> None:
     chart, out, *scenarios = sys.argv[1:]
+    base: dict[str, Any] = {}
+    if scenarios[:1] == ["--base"]:
+        base = yaml.safe_load(Path(scenarios[1]).read_text()) or {}
+        scenarios = scenarios[2:]
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeApiServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     kubeconfig = yaml.safe_dump({
@@ -177,10 +202,13 @@ def main() -> None:
     })  # fmt: skip
     config = helm.Configuration(namespace="fleet", kubeconfig=kubeconfig)
     chart_path = Path(chart).resolve()
-    report: dict[str, Any] = {"lint": {"chart": lint(config, chart_path, None)}, "renders": {}}
+    report: dict[str, Any] = {
+        "lint": {"chart": lint(config, chart_path, base or None)},
+        "renders": {},
+    }
     for scenario in scenarios:
         name = Path(scenario).name
-        values = yaml.safe_load(Path(scenario).read_text()) or {}
+        values = merge(base, yaml.safe_load(Path(scenario).read_text()) or {})
         report["lint"][name] = lint(config, chart_path, values)
         report["renders"][name] = render(config, chart_path, values)
     server.shutdown()

@@ -456,7 +456,7 @@ async def test_money_redis_took_during_a_failed_authorize_returns_unless_retried
         proxy = await TcpProxy("127.0.0.1", own.redis.port).start()
         settings = CoordinatorSettings(
             nats_url=own.nats_url,
-            redis_url=f"redis://127.0.0.1:{proxy.port}/0",
+            redis_url=own.redis_url.replace(f":{own.redis.port}/", f":{proxy.port}/"),
             http_port=0,
             redis_timeout_s=0.2,
             lease_s=0.5,

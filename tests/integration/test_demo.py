@@ -10,6 +10,10 @@ import pytest
 
 
 def run_demo(*args: str) -> dict[str, object]:
+    return run_demo_output(*args)[0]
+
+
+def run_demo_output(*args: str) -> tuple[dict[str, object], str]:
     """Run the demo as a user does, in its own process (it starts its own fleet and Ray)."""
     result = subprocess.run(
         [sys.executable, "-m", "fleetledger", "demo", "--json", *args],
@@ -20,7 +24,7 @@ def run_demo(*args: str) -> dict[str, object]:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "demo complete" in result.stderr
     figures: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
-    return figures
+    return figures, result.stderr
 
 
 def test_demo_through_the_coordinator_stops_what_it_should() -> None:
@@ -38,7 +42,11 @@ def test_demo_through_the_coordinator_stops_what_it_should() -> None:
 
 @pytest.mark.slow
 def test_demo_ray_race_shows_naive_overspend_and_ours_none() -> None:
-    figures = run_demo()
+    figures, told = run_demo_output()
+    # a newcomer's output: no Ray notice among the tables, no recorded answer without its output
+    assert "Token authentication" not in told
+    flat = " ".join(told.split())
+    assert "passed" in flat.split("Recorded output:", 1)[1].split("claims cache", 1)[0]
     assert figures["naive_admitted"] == 4 and figures["naive_spend"] == "2.00"
     assert figures["ray_admitted"] == 1 and figures["ray_spend"] == "0.50"
     assert figures["ray_ledger_settled"] == "0.50"  # the branch's transitions are in the record

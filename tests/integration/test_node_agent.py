@@ -304,7 +304,8 @@ async def test_the_outbox_publishes_every_event_once_to_jetstream(
         total = agent.store.outbox_counts()[0]
         await wait_until(lambda: agent.store.outbox_counts() == (total, total))
         info = await fleet.js.stream_info(STREAM, subjects_filter=mission_filter(mission))
-        assert sum((info.state.subjects or {}).values()) == total == 4  # 2 captured, turn, reminder
+        # 2 captured, the turn; no reminder: items no check can close let the stop through
+        assert sum((info.state.subjects or {}).values()) == total == 3
     finally:
         await agent.stop()
 
@@ -447,3 +448,36 @@ async def test_a_risk_on_a_parent_grant_blocks_the_childs_action_on_the_node_eve
         assert "risk non-erasure" in reason and "r-parent" in reason, reason
     finally:
         await offline.stop()
+
+
+async def test_todo_check_attaches_a_check_that_the_node_verifies(
+    node: NodeAgent, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_STATE_DIR", str(state_dir))
+    app = _cli()
+    await cli(app, "todo", "add", "deploy it", "--agent", "ann")
+    target = state_dir / "deployed.txt"
+    both = await cli(app, "todo", "check", "t1", "--agent", "ann", "--file", str(target),
+                     "--command", "true")  # fmt: skip
+    assert both.exit_code == 2 and "name one check" in both.output
+    attached = await cli(app, "todo", "check", "t1", "--agent", "ann", "--file", str(target),
+                         "--by", "ann", "--json")  # fmt: skip
+    assert attached.exit_code == 0, attached.output
+    assert json.loads(attached.stdout)["item"]["check"] == f"{target} exists"
+    assert (await cli(app, "todo", "done", "t1", "--agent", "ann")).exit_code == 3  # not yet
+    target.write_text("ok\n")
+    done = await cli(app, "todo", "done", "t1", "--agent", "ann", "--json")
+    assert done.exit_code == 0 and json.loads(done.stdout)["item"]["stored_by"].startswith("check:")
+
+
+async def test_an_agents_claim_makes_the_node_verify_at_once(
+    node: NodeAgent, state_dir: Path
+) -> None:
+    target = state_dir / "built.txt"
+    node.ledger.add("s-claim", "build it", check=FileCheck(path=str(target)))
+    claimed = await node.call("claim", {"item": "t1", "session_id": "s-claim", "by": "bot"})
+    assert claimed["item"]["stored_status"] == "open"  # its check fails: a claim, no more
+    target.write_text("ok\n")
+    claimed = await node.call("claim", {"item": "t1", "session_id": "s-claim", "by": "bot"})
+    assert claimed["item"]["stored_status"] == "done"  # verified here, by the check
+    assert claimed["item"]["stored_by"].startswith("check:")

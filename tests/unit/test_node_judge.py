@@ -183,7 +183,8 @@ async def test_pending_item_with_a_model_done_and_no_evidence_stays_open(
     assert item.item.judged_status == "done" and "not independently verified" in (
         item.item.model_claim or ""
     )
-    assert result.block and result.reason and "deploy the fix" in result.reason
+    # no check can close it: the stop goes through with one note for a human naming it
+    assert not result.block and result.message and "deploy the fix" in result.message
 
 
 def test_a_model_actor_cannot_move_an_item_to_done(tmp_path: Path) -> None:
@@ -258,14 +259,15 @@ async def test_a_judge_failure_opens_a_cooldown_that_survives_a_restart(
     ledger, _gate, store = _ledger(tmp_path, ollama.url)
     ledger.on_prompt("s1", "- write the docs")
     failed = await ledger.turn_end("s1")
-    assert failed.judge.startswith("skipped: judge failed") and failed.block
+    # the deterministic answer holds without the judge (a human-only item: the note for one)
+    assert failed.judge.startswith("skipped: judge failed") and failed.message
     store.close()
     ollama.mode = "good"
     ledger2, gate2, _ = _ledger(tmp_path, ollama.url)  # a restarted node agent, same database
     assert gate2.cooldown_remaining() > 0
     ledger2.on_prompt("s2", "- fix the bug")
     later = await ledger2.turn_end("s2")
-    assert later.judge.startswith("skipped: judge cooling down") and later.block
+    assert later.judge.startswith("skipped: judge cooling down") and later.message
     assert ollama.calls == 1
 
 

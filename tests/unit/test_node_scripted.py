@@ -1,4 +1,5 @@
-"""The scripted demo session shows capture, a refused false done, and silence once clear."""
+"""The scripted demo session shows capture with inferred checks, a refused false done, items
+closed by the node's own checks, one note for a human, and silence once clear."""
 
 from __future__ import annotations
 
@@ -12,9 +13,15 @@ from node_agent import scripted
 async def test_the_scripted_session_refuses_a_false_done_and_ends_silent() -> None:
     buffer = io.StringIO()
     figures = await scripted.run(Console(file=buffer, width=200))
-    assert figures["captured"] == 2
+    assert (figures["captured"], figures["checks_inferred"], figures["verified_by_checks"]) == (
+        4,
+        3,
+        3,
+    )
     assert figures["false_done_refused"] and figures["silent_when_clear"]
+    assert figures["one_note_for_a_human"]
     assert "not independently verified" in buffer.getvalue()
+    assert "Waiting on a human" in buffer.getvalue()
 
 
 async def test_the_scripted_exec_session_blocks_a_stale_edit_and_answers_from_the_record() -> None:

@@ -68,7 +68,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{- define "fleetledger.redisUrl" -}}
-{{- if .Values.redis.enabled }}
+{{- if and .Values.redis.enabled .Values.redis.auth.enabled }}
+{{- printf "redis://%s:$(REDIS_PASSWORD)@%s:6379/0" .Values.redis.auth.username (include "fleetledger.component" (dict "root" . "component" "redis")) }}
+{{- else if .Values.redis.enabled }}
 {{- printf "redis://%s:6379/0" (include "fleetledger.component" (dict "root" . "component" "redis")) }}
 {{- else }}
 {{- required "redis.externalUrl is required when redis.enabled is false" .Values.redis.externalUrl }}
@@ -222,4 +224,139 @@ jetstream {
   store_dir: /data
   sync_interval: {{ .Values.nats.syncInterval }}
 }
+{{- if .Values.identity.enabled }}
+# One nkey user per principal with its role's permissions, as `fleetledger identity
+# helm-values` rendered them from fleetbus/permissions.py (JSON is nats.conf syntax too;
+# toJson escapes > < & as \u00XX, which nats.conf does not read, so they are put back).
+authorization: {{ toJson .Values.identity.natsAuthorization | replace "\\u003e" ">" | replace "\\u003c" "<" | replace "\\u0026" "&" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Identity (SPEC S12). Refuses to render a fleet whose identity values cannot work, before
+anything is applied: identity on without principals, an authorization block that is not the
+principals' (re-run `fleetledger identity helm-values`), no coordinator principal or Secret.
+*/}}
+{{- define "fleetledger.identityCheck" -}}
+{{- $id := .Values.identity }}
+{{- if $id.enabled }}
+{{- $fix := "run `fleetledger identity helm-values --out DIR` and pass -f DIR/identity-values.json (or set identity.enabled=false: INSECURE, anyone reaching NATS can forge events)" }}
+{{- if not $id.principals }}
+{{- fail (printf "identity.enabled is true but identity.principals is empty: %s" $fix) }}
+{{- end }}
+{{- $want := list }}
+{{- range $id.principals }}{{ if not .revoked }}{{ $want = append $want .public_key }}{{ end }}{{ end }}
+{{- $have := list }}
+{{- range (($id.natsAuthorization).users | default list) }}{{ $have = append $have .nkey }}{{ end }}
+{{- if ne (sortAlpha $want | join ",") (sortAlpha $have | join ",") }}
+{{- fail (printf "identity.natsAuthorization does not have one user per unrevoked principal of identity.principals: %s" $fix) }}
+{{- end }}
+{{- $c := $id.coordinator.principal }}
+{{- $found := false }}
+{{- range $id.principals }}{{ if and (eq .name $c) (eq .role "coordinator") (not .revoked) }}{{ $found = true }}{{ end }}{{ end }}
+{{- if not $found }}
+{{- fail (printf "identity.coordinator.principal %q is no unrevoked coordinator of identity.principals: %s" $c $fix) }}
+{{- end }}
+{{- if not $id.coordinator.existingSecret }}
+{{- fail (printf "identity.coordinator.existingSecret is empty: %s" $fix) }}
+{{- end }}
+{{- if and .Values.nodeAgent.enabled (not $id.nodeAgent.existingSecret) }}
+{{- fail (printf "identity.nodeAgent.existingSecret is empty: %s" $fix) }}
+{{- end }}
+{{- if not .Values.podSecurityContext.fsGroup }}
+{{- fail "identity.enabled needs podSecurityContext.fsGroup: the identity Secrets are mounted readable by that group only" }}
+{{- end }}
+{{- end }}
+{{- if and .Values.redis.enabled .Values.redis.auth.enabled (not .Values.redis.auth.existingSecret) }}
+{{- fail "redis.auth.existingSecret is empty: create a Secret with the coordinator's Redis password (kubectl create secret generic fleetledger-redis --from-literal=password=\"$(openssl rand -hex 32)\") and set redis.auth.existingSecret=fleetledger-redis (or redis.auth.enabled=false: INSECURE)" }}
+{{- end }}
+{{- end }}
+
+{{- define "fleetledger.identityDir" -}}
+/etc/fleetledger/identity
+{{- end }}
+
+{{/*
+Env of a pod that runs as a principal; call with (dict "root" $ "principal" "NAME" or
+"$(NODE_NAME)"). The bundled Redis's password comes with the coordinator's Redis URL.
+*/}}
+{{- define "fleetledger.identityEnv" -}}
+{{- if .root.Values.identity.enabled }}
+- name: FLEET_PRINCIPAL
+  value: {{ .principal | quote }}
+- name: FLEET_IDENTITY_DIR
+  value: {{ include "fleetledger.identityDir" .root | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+Copies this pod's own seed (and the public directory) from the mounted Secret into a memory
+emptyDir, owned by the pod's user with mode 0400: Secret files are root-owned and
+group-readable (fsGroup), which the key store refuses as readable by others, and a node
+agent must see its own node's seed only. Call with (dict "root" $ "principal" "..." "secret" "...").
+*/}}
+{{- define "fleetledger.identityInit" -}}
+- name: identity
+  image: {{ include "fleetledger.image" .root | quote }}
+  imagePullPolicy: {{ .root.Values.image.pullPolicy }}
+  command: ["/bin/sh", "-ec"]
+  args:
+    - |
+      umask 077
+      seed="/identity-source/$FLEET_PRINCIPAL.seed"
+      if [ ! -f "$seed" ]; then
+        echo "identity: no seed for principal '$FLEET_PRINCIPAL' in Secret {{ .secret }}: run 'fleetledger identity create $FLEET_PRINCIPAL --role ...', then 'fleetledger identity helm-values', apply its Secrets and upgrade with its values" >&2
+        exit 2
+      fi
+      rm -f "$FLEET_IDENTITY_DIR/$FLEET_PRINCIPAL.seed" "$FLEET_IDENTITY_DIR/principals.json"
+      cp "$seed" "$FLEET_IDENTITY_DIR/$FLEET_PRINCIPAL.seed"
+      cp /identity-source/principals.json "$FLEET_IDENTITY_DIR/principals.json"
+  env:
+    - name: NODE_NAME
+      valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+    {{- include "fleetledger.identityEnv" . | nindent 4 }}
+  resources:
+    requests: {cpu: 10m, memory: 16Mi}
+    limits: {cpu: 100m, memory: 64Mi}
+  securityContext:
+    {{- toYaml .root.Values.containerSecurityContext | nindent 4 }}
+  volumeMounts:
+    - name: identity-source
+      mountPath: /identity-source
+      readOnly: true
+    - name: identity
+      mountPath: {{ include "fleetledger.identityDir" .root }}
+{{- end }}
+
+{{/* The volumes of a pod that runs as a principal: (dict "root" $ "secret" "NAME"). */}}
+{{- define "fleetledger.identityVolumes" -}}
+# The public directory and the seeds, readable by fsGroup; only the init container mounts it.
+- name: identity-source
+  projected:
+    defaultMode: 0440
+    sources:
+      - configMap:
+          name: {{ include "fleetledger.component" (dict "root" .root "component" "identity") }}
+      - secret:
+          name: {{ .secret | quote }}
+# This pod's own seed, 0400, in memory.
+- name: identity
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+{{- end }}
+
+{{/* The identity directory mounted read-only into a container that runs as a principal. */}}
+{{- define "fleetledger.identityMount" -}}
+- name: identity
+  mountPath: {{ include "fleetledger.identityDir" . }}
+  readOnly: true
+{{- end }}
+
+{{/* The bundled Redis's ACL user and password (from redis.auth.existingSecret). */}}
+{{- define "fleetledger.redisAuthEnv" -}}
+- name: REDIS_USER
+  value: {{ .Values.redis.auth.username | quote }}
+- name: REDIS_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ .Values.redis.auth.existingSecret | quote }}, key: {{ .Values.redis.auth.passwordKey | quote }}}}
 {{- end }}
