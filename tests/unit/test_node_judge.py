@@ -111,7 +111,8 @@ async def test_each_binding_fails_once_into_the_breaker_with_the_same_error(
     ledger.on_prompt("s1", "- write the docs")
     result = await ledger.turn_end("s1")
     assert result.judge.startswith("skipped: judge failed") and says in result.judge
-    assert result.block and result.reason and "write the docs" in result.reason
+    # the deterministic answer stands (a human-only item: the stop's note for a human)
+    assert "write the docs" in (result.reason or result.message or "")
     assert ollama.calls == 1 and gate.cooldown_remaining() > 0
     assert store.items("s1")[0].item.stored_status is ItemStatus.OPEN
 
