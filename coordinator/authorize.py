@@ -21,7 +21,7 @@ from fleetbus.bus import Request, Stored
 from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
 from ledger.events import MAX_EVENT_BYTES, DecisionRecorded, Event
 from ledger.idempotency import check_same_terms
-from ledger.kernel import Decision, decide
+from ledger.kernel import Decision, Kernel, decide
 from ledger.mission import MISSION_SCOPE
 from ledger.protocol import (
     AUTHORIZE_SUBJECT,
@@ -74,8 +74,10 @@ class Authorizer:
         telemetry: Telemetry,
         *,
         lease_s: float,
+        kernel: Kernel = decide,
     ) -> None:
         self.journal, self.budget, self.undecided = journal, budget, undecided
+        self.kernel = kernel
         self.telemetry = telemetry
         self.lease_s = lease_s
 
@@ -171,7 +173,8 @@ class Authorizer:
                     )
             # Requested but undecided: a coordinator died mid-append. Decide it now.
         now = journal.clock.now()
-        decision = decide(state, action, now).model_copy(update={"cut_seq": journal.applied_seq})
+        decided = self.kernel(state, action, now)
+        decision = decided.model_copy(update={"cut_seq": journal.applied_seq})
         if state.mission is None:  # nothing to record it in: answer, append nothing
             return AuthorizeReply(decision=decision)
         requested = journal.event(

@@ -30,6 +30,7 @@ from fleetbus.bus import Bus, JetStreamBus
 from fleetbus.http import HttpServer
 from fleetbus.identity import KeyStore, seed_of
 from ledger.clock import Clock, SystemClock
+from ledger.kernel import Kernel, decide
 from ledger.mission import MissionState
 from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT
 from reservations import Budget, ReservationClient
@@ -54,11 +55,14 @@ class Coordinator:
         queue_group: str = "coordinators",
         budget_ping: Ping | None = None,
         principals: Directory | None = None,
+        kernel: Kernel = decide,
     ) -> None:
         """``telemetry``: default, built from the OTEL_* environment (off when none is set);
         ``budget_ping``: the readiness check of the budget store (default: none, ready);
         ``principals``: the fleet's principal directory; with it, management requests must be
-        signed by a principal, who is the actor (default: none, an open fleet)."""
+        signed by a principal, who is the actor (default: none, an open fleet);
+        ``kernel``: what decides an action (default ``decide``; the controlled experiment alone
+        passes one with a control switched off: no setting, variable or flag reaches it)."""
         self.settings = s = settings or CoordinatorSettings()
         self.bus, self.budget = bus, budget
         self.clock: Clock = clock or SystemClock()
@@ -83,7 +87,7 @@ class Coordinator:
         )
         undecided, unapplied = Undecided(), Unapplied(keep_s=s.duplicate_window_s)
         self.authorizer = Authorizer(
-            self.journal, budget, undecided, self.telemetry, lease_s=s.lease_s
+            self.journal, budget, undecided, self.telemetry, lease_s=s.lease_s, kernel=kernel
         )
         self.manager = Manager(
             self.journal, budget, self.telemetry, unapplied, principals=principals

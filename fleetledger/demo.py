@@ -384,6 +384,10 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
             out.print(race_table(figures))
             for table in team_view(await fleet.view(MISSION)):
                 out.print(table)
+            from fleetledger.experiment import run_experiment, short_table  # bench/ab.py's core
+
+            out.print(short_table(ab := await run_experiment(short=True)))
+            figures["ab_shortfalls"] = ab.verdict()  # empty: every control earned its keep
         finally:
             await asyncio.gather(*(w.stop() for w in watchers))
             for c in [*node_conns, *people.values()]:

@@ -7,11 +7,13 @@ receipt records: the cut, policy version, evidence set, risk set and budget stat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.authority import Authority, Names, intersect
+from ledger.controls import ALL_CONTROLS, Control
 from ledger.errors import Rule, RuleViolation
 from ledger.events import (
     ACTION_PATTERN,
@@ -89,8 +91,19 @@ class Decision(BaseModel):
         )  # fmt: skip
 
 
-def decide(state: MissionState, request: ActionRequest, now: datetime) -> Decision:
-    """Evaluate ``request`` against ``state`` at ``now``; never raises for a rule, denies."""
+def decide(
+    state: MissionState,
+    request: ActionRequest,
+    now: datetime,
+    *,
+    controls: frozenset[Control] = ALL_CONTROLS,
+) -> Decision:
+    """Evaluate ``request`` against ``state`` at ``now``; never raises for a rule, denies.
+
+    ``controls``: for the controlled experiment only (``fleetledger.experiment``); a kernel
+    control that is absent has exactly its check skipped (attenuation off: the leaf grant's own
+    authority instead of the chain's intersection). Production never passes it.
+    """
     evidence: tuple[str, ...] = ()
     risks: tuple[str, ...] = ()
     approval_id: str | None = None
@@ -123,7 +136,11 @@ def decide(state: MissionState, request: ActionRequest, now: datetime) -> Decisi
                 grant.grant_id, revoked=grant.revoked, effective_from=grant.effective_from,
                 expires_at=grant.spec.expires_at, now=now,
             )  # fmt: skip
-        effective = state.effective_authority(request.grant_id)
+        effective = (
+            state.effective_authority(request.grant_id)
+            if Control.ATTENUATION in controls
+            else chain[0].spec.authority
+        )
         if request.tool_contract is not None:
             effective = intersect(effective, request.tool_contract)
         check_action_permitted(
@@ -131,11 +148,14 @@ def decide(state: MissionState, request: ActionRequest, now: datetime) -> Decisi
             resource_class=request.resource_class, sensitivity=request.sensitivity,
             value=request.value, audience=request.audience,
         )  # fmt: skip
-        evidence = check_evidence(
-            action=request.action, required_for=effective.evidence_required_for,
-            cited=request.evidence_ids, known=state.evidence, mission_id=state.mission_id, now=now,
-        )  # fmt: skip
-        risks = check_risks(request.action, chain_ids, state.risks.values())
+        if Control.EVIDENCE_GATING in controls:
+            evidence = check_evidence(
+                action=request.action, required_for=effective.evidence_required_for,
+                cited=request.evidence_ids, known=state.evidence, mission_id=state.mission_id,
+                now=now,
+            )  # fmt: skip
+        if Control.RISK_NON_ERASURE in controls:
+            risks = check_risks(request.action, chain_ids, state.risks.values())
         approval_id = check_approval(
             action=request.action, required_for=effective.approval_required_for,
             chain=chain_ids, cost=request.cost, approvals=state.approvals.values(),
@@ -143,7 +163,8 @@ def decide(state: MissionState, request: ActionRequest, now: datetime) -> Decisi
             mission_id=state.mission_id, now=now,
         )  # fmt: skip
         check_outcome(request.idempotency_key, _prior(state, request.idempotency_key))
-        check_conservation(budget, request.cost, state.blocked_scopes)
+        if Control.SHARED_RESERVATIONS in controls:
+            check_conservation(budget, request.cost, state.blocked_scopes)
     except RuleViolation as exc:
         return deny(exc)
     return Decision(
@@ -151,6 +172,10 @@ def decide(state: MissionState, request: ActionRequest, now: datetime) -> Decisi
         action=request.action, grant_id=request.grant_id, cost=request.cost, cut=state.version,
         evidence=evidence, risks=risks, approval_id=approval_id, budget=budget,
     )  # fmt: skip
+
+
+# What the coordinator calls to decide: ``decide`` itself, or (the experiment) a partial of it.
+Kernel = Callable[[MissionState, ActionRequest, datetime], Decision]
 
 
 # The statuses that stop a key from executing again, most urgent first.
