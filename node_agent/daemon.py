@@ -26,7 +26,7 @@ from node_agent.execution import ExecutionState
 from node_agent.follower import FleetFollower
 from node_agent.gate import ActionGate
 from node_agent.hooks import write_policy
-from node_agent.judge import Judge, JudgeGate, OllamaJudge
+from node_agent.judge import HttpJudge, Judge, JudgeGate, http_judge
 from node_agent.outbox import OutboxPublisher
 from node_agent.routes_claims import ClaimRoutes
 from node_agent.routes_hook import HookRoutes
@@ -60,7 +60,8 @@ class NodeAgent:
             seed=self.seed,
         )  # fmt: skip
         if judge is None and settings.judge_url:
-            judge = OllamaJudge(settings.judge_url, settings.judge_model)  # refuses non-loopback
+            # refuses non-loopback
+            judge = http_judge(settings.judge_api, settings.judge_url, settings.judge_model)
         self.judge = judge
         gate = None
         if judge is not None:
@@ -131,7 +132,7 @@ class NodeAgent:
         await self.follower.stop()
         if self.outbox is not None:
             await self.outbox.stop()
-        if isinstance(self.judge, OllamaJudge):
+        if isinstance(self.judge, HttpJudge):
             await self.judge.aclose()
         self.store.close()
 

@@ -1,12 +1,16 @@
 """The loopback judge (SPEC S5.2): a small local model asked for advice, under hard caps.
 
-    Judge (Protocol)        the transport: ``generate(prompt, max_tokens, timeout) -> text``
-    └── OllamaJudge         Ollama ``/api/generate`` on a literal loopback address (httpx)
+    Judge (Protocol)        the transport: ``generate(prompt, *, schema, max_tokens, timeout)``
+    └── HttpJudge           one attempt on a literal loopback address (httpx), one error mapping
+        ├── OllamaJudge     Ollama ``/api/generate``, the schema as ``format``
+        └── OpenAIJudge     ``/v1/chat/completions``, the schema as ``response_format``
     JudgeGate               caps, per-run lock, durable breaker, verdict cache, shape check
 
 The judge only advises: a verdict is stored as a judged status / claim, never as the stored
-status. Anything but the small expected JSON naming an open item is discarded. The first
-transport failure opens a cooldown kept in SQLite, so a restart does not hammer a dead model.
+status. The model is constrained by a JSON schema naming the open items (``verdict_schema``);
+``parse_verdict`` still validates what comes back, and anything but the small expected JSON
+naming an open item is discarded. The first transport failure opens a cooldown kept in SQLite,
+so a restart does not hammer a dead model.
 """
 
 from __future__ import annotations
@@ -17,18 +21,21 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 
 from ledger.errors import ComponentTimeout, InvalidInput, Unreachable
 from ledger.events import JudgeVerdict
+from ledger.items import JudgedStatus
 from node_agent.store import CachedVerdict, Session, Store, StoredItem
 
 BREAKER_KEY = "judge.cooldown_until"
-JUDGED_STATUSES = frozenset({"open", "done", "blocked"})
-MAX_SUGGESTION = 200
+MAX_SUGGESTION = 120  # characters of ``next``: with the JSON around it, fits 64 tokens
+
+JUDGED = tuple(s.value for s in JudgedStatus)  # what a verdict's status may be, in order
+JudgeApi = Literal["ollama", "openai"]
 
 CONTRACT = """You are a progress judge for a coding agent. You only advise: you cannot change any
 item. Pick the one open item the agent should work on next and say what it should do.
@@ -68,32 +75,47 @@ def validate_endpoint(url: str) -> str:
 
 
 class Judge(Protocol):
-    """A model transport. ``generate`` makes exactly one attempt; it never retries."""
+    """A model transport. ``generate`` makes exactly one attempt; it never retries.
+
+    ``schema`` is the JSON schema the answer must match (``verdict_schema``); a transport
+    hands it to the model server, which constrains decoding with it.
+    """
 
     model: str
 
-    async def generate(self, prompt: str, *, max_tokens: int, timeout: float) -> str: ...
+    async def generate(
+        self, prompt: str, *, schema: dict[str, Any], max_tokens: int, timeout: float
+    ) -> str: ...
 
 
-class OllamaJudge:
-    """Ollama's ``/api/generate``, non-streaming; env proxies ignored, redirects refused."""
+class HttpJudge:
+    """One POST to a loopback model server: env proxies ignored, redirects refused, one attempt.
+
+    Subclasses say what the protocol sends (``body``) and where its text is (``text``); every
+    failure maps to ``ComponentTimeout`` or ``Unreachable`` here, the same for each protocol.
+    """
+
+    path = ""
+    protocol = ""
 
     def __init__(self, endpoint: str, model: str) -> None:
         self.endpoint = validate_endpoint(endpoint)
         self.model = model
         self._client = httpx.AsyncClient(trust_env=False, follow_redirects=False)
 
-    async def generate(self, prompt: str, *, max_tokens: int, timeout: float) -> str:
-        body = {
-            "model": self.model,
-            "prompt": prompt,  # the contract is folded in: small models have no system slot
-            "stream": False,
-            "format": "json",
-            "options": {"num_predict": max_tokens, "temperature": 0},
-        }
+    def body(self, prompt: str, schema: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def text(self, reply: Any) -> Any:
+        raise NotImplementedError
+
+    async def generate(
+        self, prompt: str, *, schema: dict[str, Any], max_tokens: int, timeout: float
+    ) -> str:
+        body = self.body(prompt, schema, max_tokens)
         try:
             reply = await self._client.post(
-                f"{self.endpoint}/api/generate", json=body, timeout=timeout
+                f"{self.endpoint}{self.path}", json=body, timeout=timeout
             )
         except httpx.TimeoutException:
             raise ComponentTimeout(f"the judge did not answer within {timeout}s") from None
@@ -104,15 +126,66 @@ class OllamaJudge:
         if reply.status_code != 200:
             raise Unreachable(f"the judge answered HTTP {reply.status_code}")
         try:
-            text = reply.json()["response"]
-        except (ValueError, KeyError, TypeError):
-            raise Unreachable("the judge's reply is not Ollama's generate JSON") from None
+            text = self.text(reply.json())
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise Unreachable(f"the judge's reply is not {self.protocol} JSON") from None
         if not isinstance(text, str):
             raise Unreachable("the judge's reply has no text response")
         return text
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+class OllamaJudge(HttpJudge):
+    """Ollama's ``/api/generate``, non-streaming, the verdict schema as ``format``."""
+
+    path = "/api/generate"
+    protocol = "Ollama's generate"
+
+    def body(self, prompt: str, schema: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "prompt": prompt,  # the contract is folded in: small models have no system slot
+            "stream": False,
+            "format": schema,
+            "options": {"num_predict": max_tokens, "temperature": 0},
+        }
+
+    def text(self, reply: Any) -> Any:
+        return reply["response"]
+
+
+class OpenAIJudge(HttpJudge):
+    """An OpenAI-compatible ``/v1/chat/completions`` (llama.cpp server, vLLM), non-streaming,
+    the verdict schema as a strict ``json_schema`` response format."""
+
+    path = "/v1/chat/completions"
+    protocol = "an OpenAI chat completion"
+
+    def body(self, prompt: str, schema: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],  # the contract folded in
+            "stream": False,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "verdict", "strict": True, "schema": schema},
+            },
+        }
+
+    def text(self, reply: Any) -> Any:
+        return reply["choices"][0]["message"]["content"]
+
+
+TRANSPORTS: dict[str, type[HttpJudge]] = {"ollama": OllamaJudge, "openai": OpenAIJudge}
+
+
+def http_judge(api: JudgeApi, endpoint: str, model: str) -> HttpJudge:
+    """The transport for ``api`` on ``endpoint`` (refused unless a literal loopback address)."""
+    return TRANSPORTS[api](endpoint, model)
 
 
 @dataclass(frozen=True)
@@ -139,25 +212,39 @@ def build_prompt(items: Sequence[StoredItem], recent: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def verdict_schema(items: Sequence[StoredItem]) -> dict[str, Any]:
+    """The JSON schema a verdict must match: one of these open items' short ids, a judged
+    status, a bounded ``next``, no other keys. The model server constrains decoding with it."""
+    return {
+        "type": "object",
+        "properties": {
+            "item": {"type": "string", "enum": [s.short_id for s in items]},
+            "status": {"type": "string", "enum": list(JUDGED)},
+            "next": {"type": "string", "maxLength": MAX_SUGGESTION},
+        },
+        "required": ["item", "status", "next"],
+        "additionalProperties": False,
+    }
+
+
 def parse_verdict(text: str, items: Sequence[StoredItem], model: str) -> Verdict | None:
-    """The expected small JSON naming an open item, or None (discarded)."""
+    """The verdict, when ``text`` is exactly what ``verdict_schema(items)`` admits (one JSON
+    object: an open item's short id, a judged status, a bounded ``next``, no other key); else
+    None (discarded). The server's constraint is trusted for nothing: this is the check."""
     if len(text) > 2000:
         return None
     try:
         data = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(data, dict) or not {"item", "status"} <= data.keys():
+    if not isinstance(data, dict) or data.keys() != {"item", "status", "next"}:
         return None
-    if not data.keys() <= {"item", "status", "next"}:
-        return None
-    ref, status, suggestion = data["item"], data["status"], data.get("next", "")
+    ref, status, suggestion = data["item"], data["status"], data["next"]
     if not (isinstance(ref, str) and isinstance(status, str) and isinstance(suggestion, str)):
         return None
-    if status not in JUDGED_STATUSES or len(suggestion) > MAX_SUGGESTION:
+    if status not in JUDGED or len(suggestion) > MAX_SUGGESTION:
         return None
-    by_ref = {s.short_id: s for s in items} | {s.item_id: s for s in items}
-    found = by_ref.get(ref.strip())
+    found = next((s for s in items if s.short_id == ref), None)
     if found is None:
         return None
     return Verdict(found.item_id, found.short_id, status, " ".join(suggestion.split()), model)
@@ -243,7 +330,10 @@ class JudgeGate:
         self.calls_made += 1
         try:
             text = await self.judge.generate(
-                prompt, max_tokens=self.max_tokens, timeout=self.timeout_s
+                prompt,
+                schema=verdict_schema(items),
+                max_tokens=self.max_tokens,
+                timeout=self.timeout_s,
             )
         except (Unreachable, ComponentTimeout, OSError) as exc:
             await run(self._trip)  # no automatic retry: the breaker opens on the first failure

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -95,6 +95,7 @@ class NodeSettings(FleetBaseSettings):
 
     # the loopback judge (S5.2); None: no model, the deterministic auditor only
     judge_url: str | None = None
+    judge_api: Literal["ollama", "openai"] = "ollama"  # /api/generate or /v1/chat/completions
     judge_model: str = "gemma3:1b"
     judge_calls_per_run: int = Field(default=2, ge=0)
     judge_max_tokens: int = Field(default=64, ge=1, le=512)

@@ -1,21 +1,40 @@
-"""The loopback judge and the status firewall: the regression list of issue 5, item 5.
+"""The loopback judge and the status firewall: the regression list of issue 5, item 5, and the
+constrained judge of issue 14, item 4.
 
-The model is a real local HTTP server speaking Ollama's /api/generate (tests/fixtures/ollama.py).
+The model is a real local HTTP server speaking Ollama's /api/generate and the OpenAI-compatible
+/v1/chat/completions (tests/fixtures/ollama.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ledger.errors import InvalidInput, RuleViolation
 from ledger.items import Actor, ItemStatus
 from node_agent.autoledger import AutoLedger
-from node_agent.judge import JudgeGate, OllamaJudge, validate_endpoint
-from node_agent.store import Store
+from node_agent.daemon import NodeAgent
+from node_agent.judge import (
+    MAX_SUGGESTION,
+    JudgeApi,
+    JudgeGate,
+    OllamaJudge,
+    OpenAIJudge,
+    http_judge,
+    parse_verdict,
+    validate_endpoint,
+    verdict_schema,
+)
+from node_agent.settings import NodeSettings
+from node_agent.store import Store, StoredItem
 from tests.fixtures.ollama import FakeOllama
 
 
@@ -25,10 +44,130 @@ def ollama() -> Iterator[FakeOllama]:
         yield server
 
 
-def _ledger(path: Path, url: str, **caps: float) -> tuple[AutoLedger, JudgeGate, Store]:
+def _ledger(
+    path: Path, url: str, api: JudgeApi = "ollama", **caps: float
+) -> tuple[AutoLedger, JudgeGate, Store]:
     store = Store(path / "node.sqlite3")
-    gate = JudgeGate(OllamaJudge(url, "fake"), store, timeout_s=0.5, **caps)  # type: ignore[arg-type]
+    gate = JudgeGate(http_judge(api, url, "fake"), store, timeout_s=0.5, **caps)  # type: ignore[arg-type]
     return AutoLedger(store, gate=gate), gate, store
+
+
+def _expected_schema(ids: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "item": {"type": "string", "enum": ids},
+            "status": {"type": "string", "enum": ["open", "done", "blocked"]},
+            "next": {"type": "string", "maxLength": MAX_SUGGESTION},
+        },
+        "required": ["item", "status", "next"],
+        "additionalProperties": False,
+    }
+
+
+async def test_ollama_is_sent_the_verdict_schema_of_the_open_items_as_format(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
+    ledger, _, store = _ledger(tmp_path, ollama.url)
+    ledger.on_prompt("s1", "- write the docs\n- update the changelog\n- tag the release")
+    store.set_status("t2", ItemStatus.DONE, Actor("human", "ann"), session_id="s1")
+    assert (await ledger.turn_end("s1")).judge == "model"
+    (request,) = ollama.requests
+    assert request["path"] == "/api/generate"
+    body = request["body"]
+    assert body["format"] == _expected_schema(["t1", "t3"])
+    assert (body["stream"], body["options"]) == (False, {"num_predict": 64, "temperature": 0})
+
+
+async def test_the_openai_binding_sends_a_strict_json_schema_with_max_tokens(
+    tmp_path: Path, ollama: FakeOllama
+) -> None:
+    ledger, _, store = _ledger(tmp_path, ollama.url, "openai", max_tokens=32)
+    ledger.on_prompt("s1", "- write the docs")
+    result = await ledger.turn_end("s1")
+    assert result.judge == "model" and store.items("s1")[0].item.judged_status == "done"
+    (request,) = ollama.requests
+    assert request["path"] == "/v1/chat/completions"
+    body = request["body"]
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "verdict", "strict": True, "schema": _expected_schema(["t1"])},
+    }
+    assert (body["max_tokens"], body["temperature"], body["stream"]) == (32, 0, False)
+    assert [m["role"] for m in body["messages"]] == ["user"]
+    assert "write the docs" in body["messages"][0]["content"]
+
+
+@pytest.mark.parametrize("api", ["ollama", "openai"])
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [("error", "HTTP 500"), ("redirect", "redirect"), ("slow", "did not answer")],
+)
+async def test_each_binding_fails_once_into_the_breaker_with_the_same_error(
+    tmp_path: Path, ollama: FakeOllama, api: JudgeApi, mode: str, says: str
+) -> None:
+    ollama.mode, ollama.delay_s = mode, 1.5  # type: ignore[assignment]
+    ledger, gate, store = _ledger(tmp_path, ollama.url, api)
+    ledger.on_prompt("s1", "- write the docs")
+    result = await ledger.turn_end("s1")
+    assert result.judge.startswith("skipped: judge failed") and says in result.judge
+    # the deterministic answer stands (a human-only item: the stop's note for a human)
+    assert "write the docs" in (result.reason or result.message or "")
+    assert ollama.calls == 1 and gate.cooldown_remaining() > 0
+    assert store.items("s1")[0].item.stored_status is ItemStatus.OPEN
+
+
+def test_the_judge_api_setting_selects_the_transport(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_JUDGE_API", "openai")
+    settings = NodeSettings(state_dir=tmp_path, judge_url="http://127.0.0.1:8080")
+    agent = NodeAgent(settings)
+    try:
+        assert isinstance(agent.judge, OpenAIJudge)
+        assert isinstance(http_judge("ollama", "http://127.0.0.1:1", "m"), OllamaJudge)
+    finally:
+        agent.store.close()
+
+
+def test_an_unknown_judge_api_is_refused_naming_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_JUDGE_API", "grpc")
+    with pytest.raises(ValueError, match="judge_api"):
+        NodeSettings(state_dir=tmp_path)
+
+
+def _items(tmp_path: Path, n: int) -> list[StoredItem]:
+    store = Store(tmp_path / "schema.sqlite3")
+    items = store.add_items(store.ensure_session("s1"), [f"step {i}" for i in range(n)])
+    store.close()
+    return items
+
+
+verdicts = st.fixed_dictionaries(
+    {},
+    optional={
+        "item": st.sampled_from(["t1", "t2", "t3", "t9", " t1", 1]),
+        "status": st.sampled_from(["open", "done", "blocked", "paused", "DONE", None]),
+        "next": st.one_of(st.text(max_size=MAX_SUGGESTION + 5), st.integers()),
+        "extra": st.just("x"),
+    },
+)
+
+
+def test_parse_verdict_accepts_exactly_what_the_schema_admits(tmp_path: Path) -> None:
+    items = _items(tmp_path, 2)
+    schema = verdict_schema(items)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+
+    @given(verdicts)
+    def same_answer(data: dict[str, Any]) -> None:
+        accepted = parse_verdict(json.dumps(data), items, "m") is not None
+        assert accepted == validator.is_valid(data), data
+
+    same_answer()
 
 
 async def test_pending_item_with_a_model_done_and_no_evidence_stays_open(
