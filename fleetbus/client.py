@@ -92,9 +92,9 @@ class FleetClient:
         self.timeout = timeout
         self.agent_id, self.node_id = agent_id, node_id
         self.last_seq = 0  # highest stream sequence this client has published or seen decided
-        # the principal this client signs its requests and events as: by default the one its
-        # connection authenticated as (one key per principal, for NATS and for signatures)
-        self.seed = seed if seed is not None else _connection_seed(nc)
+        # the principal this client signs its requests and events as: the one its connection
+        # authenticated as (one key per principal, for NATS and for signatures)
+        self.seed = seed
         # with the fleet's directory, an answer counts only as a receipt a coordinator signed
         self.principals = principals
 
@@ -309,14 +309,6 @@ class FleetClient:
             span.set_attribute(FLEET_STREAM_SEQ, seq)
         self.last_seq = max(self.last_seq, seq)
         return seq
-
-
-def _connection_seed(nc: Client) -> str | None:
-    """The nkey seed ``nc`` authenticated with (``fleetbus.bus.connect(seed=...)``), if any.
-    nats-py keeps it on the client; a client built around such a connection (a node's outbox)
-    then signs as the same principal without being told twice."""
-    seed = getattr(nc, "_nkeys_seed_str", None)
-    return seed if isinstance(seed, str) and seed else None
 
 
 def _record_reply(span: Span, reply: AuthorizeReply) -> None:

@@ -102,8 +102,9 @@ class OutboxPublisher:
     async def _connect(self) -> FleetClient:
         nc = await connect(self.nats_url, name=f"fleetledger-node-{self.node_id}", seed=self.seed)
         client = FleetClient(
-            nc, node_id=self.node_id, agent_id="node-agent", principals=self.principals
-        )
+            nc, node_id=self.node_id, agent_id="node-agent", seed=self.seed,
+            principals=self.principals,
+        )  # fmt: skip
         if self.on_connect is not None:
             await self.on_connect(client)
         return client
