@@ -179,6 +179,7 @@ class Secured:
     anonymous_refused: bool  # nats-server refused a connection that presented no key
     node_events: int  # the node agent's observations, each verified as ingest verifies
     node_refusals: tuple[str, ...] = ()  # ...and those verification refused ("kind: rule")
+    node_published: int = 0  # what its outbox says it published (each must be found verified)
 
     def problems(self) -> list[str]:
         out = []
@@ -186,6 +187,11 @@ class Secured:
             out.append("identity: nats-server let a connection without a key in (an open NATS)")
         if not self.node_events:
             out.append("identity: no signed observation of the node agent reached the stream")
+        elif self.node_events < self.node_published:
+            out.append(
+                f"identity: the node agent published {self.node_published} events, "
+                f"{self.node_events} were read back verified"
+            )
         out += [f"identity: a node agent event was refused: {r}" for r in self.node_refusals]
         return out
 
@@ -239,6 +245,7 @@ class Results:
             "principals": self.secured.principals,
             "anonymous_refused": self.secured.anonymous_refused,
             "node_events_verified": self.secured.node_events,
+            "node_events_published": self.secured.node_published,
             "node_refusals": list(self.secured.node_refusals),
         }
         out["shortfalls"] = self.verdict()
@@ -1115,9 +1122,7 @@ async def _verify_node(
         nats_url, NODE_MISSION, seed=keys.seed(OPERATOR_PRINCIPAL), principals=keys.directory()
     )
     refusals = tuple(f"{r.kind}: {r.rule or r.code}: {r.reason}" for r in replayed.rejections)
-    if published and not replayed.events and not refusals:
-        refusals = (f"{published} published, none found under mission {NODE_MISSION}",)
-    return Secured(len(keys.principals()), anonymous_refused, replayed.events, refusals)
+    return Secured(len(keys.principals()), anonymous_refused, replayed.events, refusals, published)
 
 
 def table(results: Results) -> Table:

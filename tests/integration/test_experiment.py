@@ -29,6 +29,7 @@ def test_the_quick_experiment_shows_each_control_earns_its_keep() -> None:
     identity = figures["identity"]
     assert identity["anonymous_refused"] is True and identity["principals"] >= 14
     assert identity["node_events_verified"] > 0 and identity["node_refusals"] == []
+    assert identity["node_events_verified"] == identity["node_events_published"]
     for control in Control:
         row = figures[control.value]
         on, off = row["on"], row["off"]

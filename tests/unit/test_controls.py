@@ -234,3 +234,11 @@ def test_a_run_on_an_open_nats_or_with_unverified_node_events_falls_short() -> N
         "identity: no signed observation of the node agent reached the stream",
         "identity: a node agent event was refused: turn.ended: producer_identity: unsigned",
     ]
+
+
+def test_node_events_published_but_not_read_back_verified_fall_short() -> None:
+    results = _results()
+    results.secured = Secured(16, anonymous_refused=True, node_events=30, node_published=34)
+    assert results.verdict() == [
+        "identity: the node agent published 34 events, 30 were read back verified"
+    ]
