@@ -4,8 +4,11 @@ Each scripted mission runs on the real stack (nats-server, redis-server, an in-p
 coordinator, a real node agent through the hook command) with every control on, then with one
 control off at a time; the table counts missed blocks, false blocks, overspend and wrong
 completions, the time to replay a decision's cut, and the latency each control adds (the
-kernel with and without it, and authorize end to end, measured in the same run). The core is
-``fleetledger.experiment``. ``--quick`` is under a minute. The last line is one JSON object.
+kernel with and without it, and authorize end to end, measured in the same run). Every arm
+runs on the secure default (nkey NATS with per-role permissions, a key per person, agent, node
+and coordinator, signed requests, verified receipts), checked by the run (``identity`` in the
+JSON). The core is ``fleetledger.experiment``. ``--quick`` is under a minute. The last line is
+one JSON object.
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ def main() -> int:
     results = asyncio.run(run_experiment(quick=args.quick, err=err))
     out = Console() if sys.stdout.isatty() else Console(width=200)
     out.print(table(results))
+    secured = results.secured
+    out.print(
+        f"On the secure default: {secured.principals} principals, a connection without a key "
+        f"{'refused' if secured.anonymous_refused else '[red]ADMITTED[/]'}, "
+        f"{secured.node_events} node agent events verified as ingest verifies them"
+    )
     if args.steps:
         for control, arms in steps_of(results).items():
             for arm, steps in arms.items():

@@ -18,6 +18,14 @@ instead of taking the record); what went wrong is read from the world (the file,
 
 Every step is scripted as a violation (should be stopped) or legitimate (should go through), so
 a control that stops a legitimate step counts a false block. ``bench/ab.py`` is the CLI.
+
+Every arm runs on the secure default, as ``fleetledger up`` and the demo do: nats-server with
+one nkey user per principal and its role's permissions; each arm's coordinator with its own key
+and the principal directory; every person and agent of the missions a principal of its own,
+whose client signs its requests and believes an answer only as a receipt a coordinator signed;
+the bindings the rules need as role events (the owner binds delegating agents ``grant-issuer``;
+the risk's owner treats it); the node agent as its node principal. A step that identity itself
+refuses is reported with its rule (``identity_refusals``), never counted as a control's catch.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import nats
 from rich.console import Console
 from rich.table import Table
 
@@ -49,10 +58,18 @@ from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from fleetbus.bus import JetStreamBus
 from fleetbus.client import FleetClient
-from fleetledger.servers import EmbeddedServers
+from fleetbus.identity import KeyStore
+from fleetledger.servers import (
+    COORDINATOR_PRINCIPAL,
+    OPERATOR_PRINCIPAL,
+    ORCHESTRATOR_PRINCIPAL,
+    EmbeddedServers,
+    fleet_keys,
+)
 from ledger.authority import Authority
 from ledger.controls import ALL_CONTROLS, KERNEL_CONTROLS, Control
-from ledger.errors import RuleViolation
+from ledger.errors import Rule, RuleViolation
+from ledger.events import GRANT_ISSUER_ROLE
 from ledger.kernel import ActionRequest, Decision, decide
 from ledger.mission import MissionState
 from ledger.money import format_amount, parse_amount
@@ -75,6 +92,20 @@ from reservations import (
 CEILING = parse_amount("0.80")
 COST = parse_amount("0.05")
 EXPERIMENT_PREFIX = "ab"
+OWNER = "finance-lead"  # every mission's owner: creates it, issues its root grants, binds roles
+# the people and agents of the missions, each a principal with its own key (agents send
+# requests only, like people; the orchestrator is the fleet's own service principal)
+PEOPLE = (
+    OWNER, "treasury", "ap-agent", "helper-agent", "analyst", "writer-agent",
+    "branch-0", "branch-1", "branch-2", "branch-3",
+)  # fmt: skip
+NODE = "node-ab"  # the node agent's principal
+NODE_MISSION = "ab-node"  # the mission its observations are recorded under
+# refusals that come from identity (who signed, what they may do, their role bindings), not
+# from a control under test; a grant refused under grant_authority: its issuer holds no role
+# (in a decision, grant_authority is the grant's own scope, a check of the kernel's)
+IDENTITY_RULES = frozenset({Rule.PRODUCER_IDENTITY, Rule.PRODUCER_PERMISSION, Rule.ROLE_BINDING})
+ISSUER_RULES = IDENTITY_RULES | {Rule.GRANT_AUTHORITY}
 
 # Which mission exercises which control (SPEC S1's failures).
 MISSIONS: dict[Control, str] = {
@@ -106,12 +137,23 @@ class Tally:
     dead_letters: int = 0  # events the ledger's fold refused after the fact (the record's check)
     replay_ms: float | None = None  # replay to the cut of the mission's first violation
     replay_agrees: bool | None = None  # the replayed state gives the recorded verdict
+    # steps identity refused (signature, permission, an issuer's or a binder's role): not a
+    # control's catch; the verdict names each
+    identity_refusals: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
 
-    def step(self, what: str, *, violation: bool, stopped: bool) -> None:
+    def step(
+        self, what: str, *, violation: bool, stopped: bool, rule: str | None = None,
+        identity: frozenset[Rule] = IDENTITY_RULES,
+    ) -> None:  # fmt: skip
+        """One scripted step; ``rule``: the rule that stopped it (one of ``identity``: a
+        refusal by identity, recorded apart and not counted as caught)."""
+        by_identity = stopped and rule in identity
+        if by_identity:
+            self.identity_refusals.append(f"{what}: {rule}")
         if violation:
             self.violations += 1
-            self.caught += stopped
+            self.caught += stopped and not by_identity
             self.missed += not stopped
         else:
             self.legit += 1
@@ -121,12 +163,37 @@ class Tally:
             if violation
             else ("FALSE BLOCK" if stopped else "ok")
         )
-        self.steps.append(f"{what}: {mark}")
+        self.steps.append(f"{what}: {mark}" + (f" ({rule})" if stopped and rule else ""))
 
     @property
     def harm(self) -> int:
         """What went wrong: let-through violations and their consequences."""
         return self.missed + self.wrong_completions + (self.overspend > 0)
+
+
+@dataclass(frozen=True)
+class Secured:
+    """What shows a run was on the secure default: measured on its fleet, not assumed."""
+
+    principals: int  # in the directory nats-server, the coordinators and the clients used
+    anonymous_refused: bool  # nats-server refused a connection that presented no key
+    node_events: int  # the node agent's observations, each verified as ingest verifies
+    node_refusals: tuple[str, ...] = ()  # ...and those verification refused ("kind: rule")
+    node_published: int = 0  # what its outbox says it published (each must be found verified)
+
+    def problems(self) -> list[str]:
+        out = []
+        if not self.anonymous_refused:
+            out.append("identity: nats-server let a connection without a key in (an open NATS)")
+        if not self.node_events:
+            out.append("identity: no signed observation of the node agent reached the stream")
+        elif self.node_events < self.node_published:
+            out.append(
+                f"identity: the node agent published {self.node_published} events, "
+                f"{self.node_events} were read back verified"
+            )
+        out += [f"identity: a node agent event was refused: {r}" for r in self.node_refusals]
+        return out
 
 
 @dataclass
@@ -136,6 +203,7 @@ class Results:
     authorize_p50_ms: dict[str, float]  # end to end over NATS: "all" and "without <control>"
     seconds: float
     cross_effects: list[str]  # an arm that changed a mission it is not about (expected: none)
+    secured: Secured
 
     def tally(self, control: Control, off: bool) -> Tally:
         want = control if off else None
@@ -152,7 +220,10 @@ class Results:
                 problems.append(f"{control}: nothing went wrong with it off")
             if on.false_blocks:
                 problems.append(f"{control}: {on.false_blocks} false block(s) with it on")
-        return problems
+            for t in (on, off):
+                arm = "off" if t.off else "on"
+                problems += [f"{control} {arm}: identity refused {r}" for r in t.identity_refusals]
+        return problems + self.secured.problems()
 
     def figures(self) -> dict[str, Any]:
         out: dict[str, Any] = {"bench": "ab", "seconds": round(self.seconds, 2)}
@@ -170,6 +241,13 @@ class Results:
         out["kernel_us_all"] = self.kernel_us.get("all")
         out["authorize_p50_ms"] = self.authorize_p50_ms
         out["cross_effects"] = self.cross_effects
+        out["identity"] = {
+            "principals": self.secured.principals,
+            "anonymous_refused": self.secured.anonymous_refused,
+            "node_events_verified": self.secured.node_events,
+            "node_events_published": self.secured.node_published,
+            "node_refusals": list(self.secured.node_refusals),
+        }
         out["shortfalls"] = self.verdict()
         return out
 
@@ -185,7 +263,7 @@ def _brief(t: Tally) -> dict[str, Any]:
         "overspend": format_amount(t.overspend), "wrong_completions": t.wrong_completions,
         "repeated_runs": t.repeated_runs, "lost_updates": t.lost_updates,
         "replay_ms": t.replay_ms, "replay_agrees": t.replay_agrees,
-        "dead_letters": t.dead_letters,
+        "dead_letters": t.dead_letters, "identity_refusals": t.identity_refusals,
     }  # fmt: skip
 
 
@@ -282,45 +360,93 @@ def _grant(
     parent = kw.pop("parent", None)
     return {
         "grant_id": gid, "parent_id": parent, "holder": holder, "purpose": purpose,
-        "owner": kw.pop("owner", "finance-lead"),
+        "owner": kw.pop("owner", OWNER),
         "authority": Authority.of(actions, **kw).model_dump(mode="json"), "budget": budget,
     }  # fmt: skip
 
 
+class Principals:
+    """A client per principal of the experiment, each connected with its own key and the
+    fleet's directory: its requests are signed, and an ALLOWED counts only as a receipt a
+    coordinator signed. They outlive the arms (a coordinator per arm comes and goes)."""
+
+    def __init__(self, clients: dict[str, FleetClient]) -> None:
+        self.clients = clients
+
+    @classmethod
+    async def connect(cls, nats_url: str, keys: KeyStore, names: Sequence[str]) -> Principals:
+        clients = {}
+        try:
+            for name in names:
+                clients[name] = await FleetClient.connect(
+                    nats_url, seed=keys.seed(name), principals=keys.directory
+                )
+        except BaseException:
+            await asyncio.gather(*(c.close() for c in clients.values()))
+            raise
+        return cls(clients)
+
+    def __getitem__(self, name: str) -> FleetClient:
+        return self.clients[name]
+
+    @property
+    def last_seq(self) -> int:
+        """The highest stream sequence any of them published or saw decided."""
+        return max((c.last_seq for c in self.clients.values()), default=0)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self.clients.values()))
+
+
 @dataclass
 class Run:
-    """One coordinator mission in one arm: asks, and remembers its first violation's decision."""
+    """One coordinator mission in one arm: asks, and remembers its first violation's decision.
+    Every step is sent by the principal who takes it, with its own key; an action is asked
+    for by its grant's holder."""
 
-    fleet: FleetClient
+    people: Principals
     mission: str
     tally: Tally
     controls: frozenset[Control]
     first_violation: tuple[ActionRequest, Decision] | None = None
     admitted: int = 0  # micro-units allowed by decisions
+    holders: dict[str, str] = field(default_factory=dict)  # grant -> its holder, who asks
 
     @property
     def off(self) -> Control | None:
         return self.tally.off
 
     async def create(self, ceiling: int = CEILING) -> None:
+        """The owner creates the mission (mission.created binds it as owner)."""
         expires = (datetime.now(UTC) + timedelta(days=1)).isoformat()
-        await self.fleet.manage(
-            "mission.create", self.mission,
-            {"purpose": MISSIONS[self.tally.control], "owner": "finance-lead",
-             "ceiling": ceiling, "expires_at": expires},
+        await self.manage(
+            "mission.create",
+            {"purpose": MISSIONS[self.tally.control], "owner": OWNER, "ceiling": ceiling,
+             "expires_at": expires},
         )  # fmt: skip
 
-    async def manage(self, op: ManageOp, args: dict[str, Any], *, actor: str = "cli") -> None:
-        """A management step of the script (a refusal here is a broken script: it raises)."""
-        await self.fleet.manage(op, self.mission, args, actor=actor)
+    async def manage(self, op: ManageOp, args: dict[str, Any], *, by: str = OWNER) -> None:
+        """A management step of the script, sent by ``by`` (a refusal here is a broken
+        script: it raises)."""
+        await self.people[by].manage(op, self.mission, args)
+        if op == "grant.issue":
+            self.holders[args["grant_id"]] = args["holder"]
 
-    async def refused(self, op: ManageOp, args: dict[str, Any]) -> str | None:
-        """A management step under test: the rule that refused it, or None."""
+    async def bind(self, principal: str, role: str) -> None:
+        """The owner binds ``principal`` to ``role`` in the mission."""
+        await self.manage("role.bind", {"principal": principal, "role": role})
+
+    async def issue(self, what: str, grant: dict[str, Any], *, by: str, violation: bool) -> bool:
+        """A grant issued under test, by ``by``: was it refused?"""
+        self.holders[grant["grant_id"]] = grant["holder"]  # who would ask under it, either way
         try:
-            await self.fleet.manage(op, self.mission, args)
+            await self.manage("grant.issue", grant, by=by)
         except RuleViolation as exc:
-            return exc.rule.value
-        return None
+            self.tally.step(what, violation=violation, stopped=True, rule=exc.rule.value,
+                            identity=ISSUER_RULES)  # fmt: skip
+            return True
+        self.tally.step(what, violation=violation, stopped=False)
+        return False
 
     def request(self, action_id: str, grant: str, action: str, **kw: Any) -> ActionRequest:
         kw.setdefault("cost", COST)
@@ -330,7 +456,15 @@ class Run:
         )  # fmt: skip
 
     async def decided(self, req: ActionRequest) -> Decision:
-        reply = await self.fleet.authorize(self.mission, req)
+        try:
+            reply = await self.people[self.holders[req.grant_id]].authorize(self.mission, req)
+        except RuleViolation as exc:  # refused before any decision: who asked may not ask
+            if exc.rule not in IDENTITY_RULES:
+                raise
+            return Decision(
+                allowed=False, rule=exc.rule, reason=exc.reason, action_id=req.action_id,
+                action=req.action, grant_id=req.grant_id, cost=req.cost, cut=0,
+            )  # fmt: skip
         assert reply.decision is not None
         if reply.decision.allowed:
             self.admitted += req.cost
@@ -342,7 +476,8 @@ class Run:
         return decision
 
     def note(self, what: str, req: ActionRequest, d: Decision, *, violation: bool) -> None:
-        self.tally.step(what, violation=violation, stopped=not d.allowed)
+        rule = d.rule.value if d.rule is not None else None
+        self.tally.step(what, violation=violation, stopped=not d.allowed, rule=rule)
         if violation and self.first_violation is None:
             self.first_violation = (req, d)
 
@@ -364,8 +499,9 @@ async def invoice_exception(run: Run) -> None:
     for ev, claim in (("ev-inv-1042", "ACME billed twice"), ("ev-old", "Globex overbilled"),
                       ("ev-new", "Globex billed correctly after all")):  # fmt: skip
         await run.manage("evidence.register", {"evidence_id": ev, "source": "billing-db",
-                                               "claim": claim})  # fmt: skip
-    await run.manage("evidence.supersede", {"evidence_id": "ev-old", "by": "ev-new"})
+                                               "claim": claim}, by="ap-agent")  # fmt: skip
+    await run.manage("evidence.supersede", {"evidence_id": "ev-old", "by": "ev-new"},
+                     by="ap-agent")  # fmt: skip
     await run.ask(
         "credit.issue citing registered evidence",
         run.request("a-credit-1", "g-ap", "credit.issue", evidence_ids=frozenset({"ev-inv-1042"})),
@@ -400,13 +536,14 @@ async def covenant_risk(run: Run) -> None:
     await run.manage("risk.open", {
         "risk_id": "risk-covenant", "blocks": ["credit.finalize"], "owner": "treasury",
         "summary": "the covenant amendment may narrow the debt basket", "grant_id": "g-analyst",
-    }, actor="analyst")  # fmt: skip
+    }, by="analyst")  # fmt: skip
+    await run.bind("analyst", GRANT_ISSUER_ROLE)  # so the analyst may delegate, as itself
     await run.manage("grant.issue", _grant(
         "g-writer", "writer-agent",
         "finalise the ACME credit (note from analyst: covenant looked at, probably fine)",
         ["credit.finalize", "memo.write"], parse_amount("0.20"), parent="g-analyst",
         owner="analyst",
-    ))  # fmt: skip
+    ), by="analyst")  # fmt: skip
     await run.ask(
         "child credit.finalize under the open risk",
         run.request("a-final-0", "g-writer", "credit.finalize"),
@@ -422,8 +559,10 @@ async def covenant_risk(run: Run) -> None:
         run.request("a-final-1", "g-analyst", "credit.finalize"),
         violation=True,
     )
-    await run.manage(
-        "risk.treat", {"risk_id": "risk-covenant", "status": "MITIGATED", "by": "treasury"}
+    await run.manage(  # the risk's owner, with its own key
+        "risk.treat",
+        {"risk_id": "risk-covenant", "status": "MITIGATED", "by": "treasury"},
+        by="treasury",
     )
     await run.ask(
         "child credit.finalize once treasury treated it",
@@ -440,23 +579,25 @@ async def widening_delegation(run: Run) -> None:
         "g-ap", "ap-agent", "issue October credits", ["credit.propose", "credit.issue"],
         parse_amount("0.60"), may_delegate=True,
     ))  # fmt: skip
+    await run.bind("ap-agent", GRANT_ISSUER_ROLE)  # ap-agent delegates, signing as itself
     wide = ["credit.issue", "payment.send"]
     if Control.ATTENUATION in run.controls:
-        refused = await run.refused("grant.issue", _grant(
+        spec = _grant(
             "g-helper", "helper-agent", "draft and pay credit memos", wide, parse_amount("0.20"),
             parent="g-ap", owner="ap-agent",
-        ))  # fmt: skip
+        )  # fmt: skip
     else:  # no attenuation: a delegation mints a grant with what was asked, bounded by the mission
-        refused = await run.refused("grant.issue", _grant(
+        spec = _grant(
             "g-helper", "helper-agent", "draft and pay credit memos (delegated by g-ap)", wide,
             parse_amount("0.20"), owner="ap-agent",
-        ))  # fmt: skip
-    run.tally.step("delegate credit.issue + payment.send", violation=True, stopped=bool(refused))
-    narrow = await run.refused("grant.issue", _grant(
+        )  # fmt: skip
+    refused = await run.issue(
+        "delegate credit.issue + payment.send", spec, by="ap-agent", violation=True
+    )
+    await run.issue("delegate credit.issue only", _grant(
         "g-helper2", "helper-agent", "draft credit memos", ["credit.issue"],
         parse_amount("0.20"), parent="g-ap", owner="ap-agent",
-    ))  # fmt: skip
-    run.tally.step("delegate credit.issue only", violation=False, stopped=bool(narrow))
+    ), by="ap-agent", violation=False)  # fmt: skip
     grant = "g-helper2" if refused else "g-helper"
     await run.ask(
         "helper payment.send (outside ap-agent's authority)",
@@ -475,14 +616,15 @@ async def budget_race(run: Run) -> None:
     0.20 that fits what is left."""
     await run.create()
     await run.manage("grant.issue", _grant(
-        "g-fanout", "orchestrator", "fan out research", ["research.run"], CEILING,
-        owner="platform", may_delegate=True,
+        "g-fanout", ORCHESTRATOR_PRINCIPAL, "fan out research", ["research.run"], CEILING,
+        may_delegate=True,
     ))  # fmt: skip
+    await run.bind(ORCHESTRATOR_PRINCIPAL, GRANT_ISSUER_ROLE)  # it issues its branches' grants
     for i in range(4):
         await run.manage("grant.issue", _grant(
             f"g-branch-{i}", f"branch-{i}", "one research branch", ["research.run"],
-            parse_amount("0.50"), parent="g-fanout", owner="orchestrator",
-        ))  # fmt: skip
+            parse_amount("0.50"), parent="g-fanout", owner=ORCHESTRATOR_PRINCIPAL,
+        ), by=ORCHESTRATOR_PRINCIPAL)  # fmt: skip
     half = parse_amount("0.50")
     reqs = [
         run.request(f"branch-{i}", f"g-branch-{i}", "research.run", cost=half) for i in range(4)
@@ -491,8 +633,9 @@ async def budget_race(run: Run) -> None:
     # ground truth: the mission affords one 0.50; the first decided (lowest cut) is legitimate
     order = sorted(range(4), key=lambda i: (decisions[i].cut_seq or 0, not decisions[i].allowed))
     legit_admitted = 0
-    for rank, i in enumerate(order):
-        run.note(f"branch-{i} asks 0.50", reqs[i], decisions[i], violation=rank > 0)
+    for rank, i in enumerate(order):  # named by rank: which branch wins the race varies
+        run.note(f"branch decided {rank + 1} of 4 asks 0.50", reqs[i], decisions[i],
+                 violation=rank > 0)  # fmt: skip
         if rank == 0 and decisions[i].allowed:
             legit_admitted += half
     # the orchestrator's own 0.20 under the root grant: legitimate while what was rightly
@@ -512,60 +655,77 @@ COORDINATOR_MISSIONS: dict[Control, Callable[[Run], Awaitable[None]]] = {
 }
 
 
-async def _start_coordinator(servers: EmbeddedServers, off: Control | None) -> Coordinator:
+async def _start_coordinator(
+    servers: EmbeddedServers, keys: KeyStore, off: Control | None
+) -> Coordinator:
     """A coordinator whose kernel lacks ``off`` (and, for shared reservations, whose budget
-    store gives each branch its own counters)."""
+    store gives each branch its own counters), as the fleet's coordinator principal: its own
+    key, and the directory it verifies requests and events against."""
     s = CoordinatorSettings(
         nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0,
-        node_id=f"coordinator-{off or 'all'}",
+        node_id=f"coordinator-{off or 'all'}", principal=COORDINATOR_PRINCIPAL,
+        identity_dir=keys.root,
     )  # fmt: skip
     controls = ALL_CONTROLS - {off} if off else ALL_CONTROLS
     bus = await JetStreamBus.connect(
         s.nats_url, name=f"fleetledger-ab-{off or 'all'}", replicas=s.stream_replicas,
-        duplicate_window_s=s.duplicate_window_s,
+        duplicate_window_s=s.duplicate_window_s, seed=keys.seed(COORDINATOR_PRINCIPAL),
     )  # fmt: skip
     client = ReservationClient.from_url(s.redis_url, timeout_s=s.redis_timeout_s)
     budget: Budget = IndependentCounters(client) if off is Control.SHARED_RESERVATIONS else client
     kernel = decide if off is None else functools.partial(decide, controls=controls)
-    coordinator = Coordinator(bus, budget, settings=s, kernel=kernel)
+    coordinator = Coordinator(bus, budget, settings=s, kernel=kernel, principals=keys.directory)
     await coordinator.start()
+    # start() returns once it has subscribed, not once nats-server knows it: the principals'
+    # connections outlive the arms and would ask the instant it returns (no responders)
+    await bus.nc.flush()
     return coordinator
 
 
-async def _reconstruct(nats_url: str, run: Run) -> None:
-    """Replay the mission to its first violation's cut, time it, and decide again on it."""
+async def _reconstruct(nats_url: str, keys: KeyStore, run: Run) -> None:
+    """Replay the mission to its first violation's cut (as the operator, verifying every event
+    as ingest does), time it, and decide again on it."""
     if run.first_violation is None:
         return
     req, recorded = run.first_violation
-    replayed = await replay_mission(nats_url, run.mission, cut=recorded.cut_seq)
+    replayed = await replay_mission(
+        nats_url, run.mission, cut=recorded.cut_seq, seed=keys.seed(OPERATOR_PRINCIPAL),
+        principals=keys.directory(),
+    )  # fmt: skip
+    run.tally.identity_refusals += [  # the record's own events failed verification
+        f"replay: {r.kind}: {r.rule}" for r in replayed.rejections if r.rule in IDENTITY_RULES
+    ]
     again = decide(replayed.state, req, datetime.now(UTC), controls=run.controls)
     run.tally.replay_ms = round(replayed.seconds * 1000, 2)
     # The race decides concurrently: the cut is what each saw, so the verdict must agree.
     run.tally.replay_agrees = again.allowed == recorded.allowed
 
 
-async def _authorize_p50(fleet: FleetClient, mission: str, n: int) -> float:
+async def _authorize_p50(people: Principals, mission: str, n: int) -> float:
     """Sequential authorize round trips of an allowed, evidence-gated, risk-checked action under
-    a two-level chain (every kernel check runs)."""
+    a two-level chain (every kernel check runs), each signed by the leaf's holder and its
+    receipt verified."""
     expires = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    fleet, holder = people[OWNER], people["helper-agent"]
     await fleet.manage("mission.create", mission, {
-        "purpose": "latency", "owner": "o", "ceiling": 10**12, "expires_at": expires})  # fmt: skip
+        "purpose": "latency", "owner": OWNER, "ceiling": 10**12,
+        "expires_at": expires})  # fmt: skip
     await fleet.manage("grant.issue", mission, _grant(
-        "g-root", "a", "latency", ["pay", "wire"], 10**11, owner="o", may_delegate=True,
+        "g-root", "ap-agent", "latency", ["pay", "wire"], 10**11, may_delegate=True,
         evidence_required_for=["pay"]))  # fmt: skip
     await fleet.manage("grant.issue", mission, _grant(
-        "g-leaf", "b", "latency", ["pay"], 10**10, owner="o", parent="g-root",
+        "g-leaf", "helper-agent", "latency", ["pay"], 10**10, parent="g-root",
         evidence_required_for=["pay"]))  # fmt: skip
     await fleet.manage("evidence.register", mission,
                        {"evidence_id": "ev", "source": "s", "claim": "c"})  # fmt: skip
-    risk = {"risk_id": "r", "blocks": ["wire"], "owner": "o", "summary": "s"}
+    risk = {"risk_id": "r", "blocks": ["wire"], "owner": "treasury", "summary": "s"}
     await fleet.manage("risk.open", mission, risk)
     times = []
     for i in range(n + 10):
         req = ActionRequest(action_id=f"lat-{i}", grant_id="g-leaf", action="pay", cost=1,
                             idempotency_key=f"lat-{i}", evidence_ids=frozenset({"ev"}))  # fmt: skip
         t = time.perf_counter()
-        reply = await fleet.authorize(mission, req)
+        reply = await holder.authorize(mission, req)
         if i >= 10:  # the first ten warm up
             times.append(time.perf_counter() - t)
         assert reply.decision is not None and reply.decision.allowed, reply
@@ -613,19 +773,26 @@ def _quiet_coordinators() -> Iterator[None]:
 
 
 async def coordinator_side(
-    servers: EmbeddedServers, *, latency_n: int, kernel_n: int, short: bool, err: Console | None
-) -> tuple[list[Tally], dict[str, float], dict[str, float], list[str]]:
+    servers: EmbeddedServers, keys: KeyStore, *, latency_n: int, kernel_n: int, short: bool,
+    err: Console | None,
+) -> tuple[list[Tally], dict[str, float], dict[str, float], list[str]]:  # fmt: skip
     """Every coordinator mission in every arm (``short``: each off arm runs its own mission
     only); ``latency_n``/``kernel_n`` 0: no latency figures."""
-    with _quiet_coordinators():
-        return await _coordinator_arms(
-            servers, latency_n=latency_n, kernel_n=kernel_n, short=short, err=err
-        )
+    people = await Principals.connect(servers.nats_url, keys, [*PEOPLE, ORCHESTRATOR_PRINCIPAL])
+    try:
+        with _quiet_coordinators():
+            return await _coordinator_arms(
+                servers, keys, people, latency_n=latency_n, kernel_n=kernel_n, short=short,
+                err=err,
+            )  # fmt: skip
+    finally:
+        await people.close()
 
 
 async def _coordinator_arms(
-    servers: EmbeddedServers, *, latency_n: int, kernel_n: int, short: bool, err: Console | None
-) -> tuple[list[Tally], dict[str, float], dict[str, float], list[str]]:
+    servers: EmbeddedServers, keys: KeyStore, people: Principals, *, latency_n: int,
+    kernel_n: int, short: bool, err: Console | None,
+) -> tuple[list[Tally], dict[str, float], dict[str, float], list[str]]:  # fmt: skip
     # every control on, each kernel control off, then every control on again (latency only):
     # the end-to-end figure for "all" is the later one, measured on a warmed-up stack
     arms: list[Control | None] = [None, *sorted(KERNEL_CONTROLS)] + ([None] if latency_n else [])
@@ -639,8 +806,7 @@ async def _coordinator_arms(
         name = "all" if off is None else f"without {off}"
         if err is not None:
             err.print(f"[dim]coordinator arm: {name}[/]")
-        coordinator = await _start_coordinator(servers, off)
-        fleet = await FleetClient.connect(servers.nats_url)
+        coordinator = await _start_coordinator(servers, keys, off)
         try:
             controls = ALL_CONTROLS - {off} if off else ALL_CONTROLS
             tag = f"{EXPERIMENT_PREFIX}-{off or 'all'}{'-again' if last else ''}".replace("_", "-")
@@ -648,13 +814,13 @@ async def _coordinator_arms(
                 if (last and latency_n) or (short and off not in (None, control)):
                     continue  # the last arm measures latency only; a short run, its own mission
                 run = Run(
-                    fleet, f"{tag}-{control}".replace("_", "-"), Tally(control, off), controls
+                    people, f"{tag}-{control}".replace("_", "-"), Tally(control, off), controls
                 )
                 before = coordinator.dead_letters
                 await mission(run)
-                await coordinator.wait_applied(fleet.last_seq, timeout=10)
+                await coordinator.wait_applied(people.last_seq, timeout=10)
                 run.tally.dead_letters = coordinator.dead_letters - before
-                await _reconstruct(servers.nats_url, run)
+                await _reconstruct(servers.nats_url, keys, run)
                 if off is None:
                     baseline[control] = run.tally.steps
                     tallies.append(run.tally)
@@ -666,11 +832,10 @@ async def _coordinator_arms(
                 lat_mission = f"{tag}-latency"
                 if name in p50:
                     p50["all (first)"] = p50[name]
-                p50[name] = await _authorize_p50(fleet, lat_mission, latency_n)
+                p50[name] = await _authorize_p50(people, lat_mission, latency_n)
                 if off is None and not last and kernel_n:
                     kernel_us = kernel_latency(coordinator.states[lat_mission], kernel_n)
         finally:
-            await fleet.close()
             await coordinator.stop()
     return tallies, p50, kernel_us, cross
 
@@ -679,14 +844,22 @@ async def _coordinator_arms(
 
 
 class Node:
-    """A real node agent (`fleetledger node-agent run`) and the hook command an agent CLI runs."""
+    """A real node agent (`fleetledger node-agent run`) and the hook command an agent CLI runs.
 
-    def __init__(self, state: Path) -> None:
+    It runs as the node principal ``NODE`` on the fleet's NATS (its key, its role's
+    permissions), so its observations reach the stream signed, as `fleetledger up`'s do."""
+
+    def __init__(self, state: Path, nats_url: str, keys: KeyStore) -> None:
         self.state = state
         self.socket = state / "node-agent.sock"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
         root = str(Path(__file__).resolve().parents[1])
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, self.env.get("PYTHONPATH")]))
+        self.env.update({
+            "FLEET_STATE_DIR": str(state), "FLEET_NATS_URL": nats_url, "FLEET_NODE_ID": NODE,
+            "FLEET_PRINCIPAL": NODE, "FLEET_IDENTITY_DIR": str(keys.root),
+            "FLEET_MISSION": NODE_MISSION,
+        })  # fmt: skip
         self._command = functools.partial(hook_command, "claude-code", socket=self.socket)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fleetledger", "node-agent", "run", "--state-dir", str(state)],
@@ -716,6 +889,19 @@ class Node:
     def todo_add(self, session: str, text: str, check: dict[str, Any]) -> None:
         with NodeClient(self.socket) as client:
             client.call("todo.add", session_id=session, text=text, check=check, agent=session)
+
+    def drained(self, timeout: float = 30) -> int:
+        """Wait until the node agent is connected and its outbox has published everything;
+        how many events it published."""
+        deadline = time.monotonic() + timeout
+        with NodeClient(self.socket) as client:
+            while True:
+                ready = client.get("/readyz")
+                if ready.get("nats") == "connected" and ready.get("outbox_pending") == 0:
+                    return int(ready.get("outbox_published", 0))
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the node agent's outbox did not drain: {ready}")
+                time.sleep(0.05)  # polling the agent's readiness for a condition, bounded
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -852,11 +1038,14 @@ NODE_MISSIONS: dict[Control, Callable[[Node, Path, Tally], None]] = {
 }
 
 
-def node_side(directory: Path, err: Console | None) -> list[Tally]:
+def node_side(
+    directory: Path, nats_url: str, keys: KeyStore, err: Console | None
+) -> tuple[list[Tally], int]:
+    """Every node mission on and off; and how many events the node agent published."""
     if err is not None:
         err.print("[dim]node arms: a node agent, hooks as Claude Code runs them[/]")
     t = time.perf_counter()
-    node = Node(directory / "node")
+    node = Node(directory / "node", nats_url, keys)
     if err is not None:
         err.print(f"[dim]node agent up in {time.perf_counter() - t:.1f}s[/]")
     tallies = []
@@ -870,9 +1059,10 @@ def node_side(directory: Path, err: Console | None) -> list[Tally]:
                     took = time.perf_counter() - t
                     err.print(f"[dim]{control} {'off' if off else 'on'}: {took:.1f}s[/]")
                 tallies.append(tally)
+        published = node.drained()
     finally:
         node.stop()
-    return tallies
+    return tallies, published
 
 
 # --- the whole experiment ---------------------------------------------------------------------
@@ -889,14 +1079,50 @@ async def run_experiment(
     directory = Path(tempfile.mkdtemp(prefix="fl-ab-", dir="/tmp"))
     latency_n, kernel_n = (0, 0) if short else (50, 10_000) if quick else (500, 100_000)
     try:
-        with EmbeddedServers(directory / "servers") as servers:
+        # the secure default, as `fleetledger up` and the demo run: a key per principal
+        keys = fleet_keys(directory, [NODE], people=PEOPLE)
+        with EmbeddedServers(directory / "servers", keys=keys) as servers:
+            anonymous_refused = await _refuses_anonymous(servers.nats_url)
             tallies, p50, kernel_us, cross = await coordinator_side(
-                servers, latency_n=latency_n, kernel_n=kernel_n, short=short, err=err
+                servers, keys, latency_n=latency_n, kernel_n=kernel_n, short=short, err=err
             )
-        tallies += await asyncio.to_thread(node_side, directory, err)
+            node_tallies, published = await asyncio.to_thread(
+                node_side, directory, servers.nats_url, keys, err
+            )
+            tallies += node_tallies
+            secured = await _verify_node(servers.nats_url, keys, published, anonymous_refused)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    return Results(tallies, kernel_us, p50, time.perf_counter() - started, cross)
+    return Results(tallies, kernel_us, p50, time.perf_counter() - started, cross, secured)
+
+
+async def _refuses_anonymous(nats_url: str) -> bool:
+    """Does nats-server refuse a connection that presents no key?"""
+
+    async def quiet(_: Exception) -> None:
+        return None
+
+    try:
+        nc = await nats.connect(
+            nats_url, allow_reconnect=False, connect_timeout=2, error_cb=quiet,
+            max_reconnect_attempts=0,
+        )  # fmt: skip
+    except (nats.errors.Error, OSError, TimeoutError):
+        return True
+    await nc.close()
+    return False
+
+
+async def _verify_node(
+    nats_url: str, keys: KeyStore, published: int, anonymous_refused: bool
+) -> Secured:
+    """Read the node agent's observations back as ingest admits them (signature, producer
+    permission, fold): each must be its node principal's."""
+    replayed = await replay_mission(
+        nats_url, NODE_MISSION, seed=keys.seed(OPERATOR_PRINCIPAL), principals=keys.directory()
+    )
+    refusals = tuple(f"{r.kind}: {r.rule or r.code}: {r.reason}" for r in replayed.rejections)
+    return Secured(len(keys.principals()), anonymous_refused, replayed.events, refusals, published)
 
 
 def table(results: Results) -> Table:

@@ -25,6 +25,11 @@ def test_the_quick_experiment_shows_each_control_earns_its_keep() -> None:
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["bench"] == "ab" and figures["shortfalls"] == []
     assert figures["cross_effects"] == []  # an arm changes only the mission of its control
+    # on the secure default: nkey NATS, signed requests and observations, verified
+    identity = figures["identity"]
+    assert identity["anonymous_refused"] is True and identity["principals"] >= 14
+    assert identity["node_events_verified"] > 0 and identity["node_refusals"] == []
+    assert identity["node_events_verified"] == identity["node_events_published"]
     for control in Control:
         row = figures[control.value]
         on, off = row["on"], row["off"]
@@ -32,6 +37,7 @@ def test_the_quick_experiment_shows_each_control_earns_its_keep() -> None:
         assert on["missed"] == 0 and on["false_blocks"] == 0, (control, on)
         assert on["caught"] == row["violations"], (control, on)
         assert on["overspend"] == "0.00" and on["wrong_completions"] == 0
+        assert on["identity_refusals"] == off["identity_refusals"] == [], (control, on, off)
         harm = off["missed"] + off["wrong_completions"] + (off["overspend"] != "0.00")
         assert harm >= 1, (control, off)
         if control in KERNEL_CONTROLS:  # a decision's state is rebuilt from the stream

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleetledger.experiment import Results, Tally, short_table
+from fleetledger.experiment import ISSUER_RULES, Results, Secured, Tally, short_table
 from ledger import Authority, Outcome, Rule, decide
 from ledger.controls import ALL_CONTROLS, KERNEL_CONTROLS, NODE_CONTROLS, Control
 from ledger.kernel import ActionRequest, Decision
@@ -181,7 +181,10 @@ def _results(**off_harm: int) -> Results:
         on.step("legitimate", violation=False, stopped=False)
         off.step("violation", violation=True, stopped=not off_harm.get(control.value, 1))
         tallies += [on, off]
-    return Results(tallies, {"all": 1.0}, {"all": 1.0}, 1.0, [])
+    return Results(tallies, {"all": 1.0}, {"all": 1.0}, 1.0, [], SECURED)
+
+
+SECURED = Secured(principals=16, anonymous_refused=True, node_events=30)
 
 
 def test_the_experiment_passes_when_every_control_off_lets_harm_through() -> None:
@@ -198,3 +201,44 @@ def test_a_false_block_with_the_control_on_is_a_shortfall() -> None:
     results = _results()
     results.tally(Control.EVIDENCE_GATING, False).step("legit", violation=False, stopped=True)
     assert results.verdict() == ["evidence_gating: 1 false block(s) with it on"]
+
+
+def test_a_step_identity_refuses_is_not_a_catch_and_the_verdict_names_it() -> None:
+    results = _results()
+    on = results.tally(Control.RISK_NON_ERASURE, False)
+    on.step("treasury treats the risk", violation=True, stopped=True, rule="producer_permission")
+    assert (on.violations, on.caught, on.missed) == (2, 1, 0)
+    assert results.verdict() == [
+        "risk_non_erasure on: identity refused treasury treats the risk: producer_permission"
+    ]
+
+
+def test_grant_authority_is_identitys_at_issuance_and_the_kernels_in_a_decision() -> None:
+    decided, issued = Tally(Control.ATTENUATION, None), Tally(Control.ATTENUATION, None)
+    decided.step("pay outside the grant", violation=True, stopped=True, rule="grant_authority")
+    issued.step("delegate as a non-issuer", violation=True, stopped=True, rule="grant_authority",
+                identity=ISSUER_RULES)  # fmt: skip
+    assert (decided.caught, decided.identity_refusals) == (1, [])
+    assert (issued.caught, issued.identity_refusals) == (
+        0,
+        ["delegate as a non-issuer: grant_authority"],
+    )
+
+
+def test_a_run_on_an_open_nats_or_with_unverified_node_events_falls_short() -> None:
+    results = _results()
+    refused = ("turn.ended: producer_identity: unsigned",)
+    results.secured = Secured(16, anonymous_refused=False, node_events=0, node_refusals=refused)
+    assert results.verdict() == [
+        "identity: nats-server let a connection without a key in (an open NATS)",
+        "identity: no signed observation of the node agent reached the stream",
+        "identity: a node agent event was refused: turn.ended: producer_identity: unsigned",
+    ]
+
+
+def test_node_events_published_but_not_read_back_verified_fall_short() -> None:
+    results = _results()
+    results.secured = Secured(16, anonymous_refused=True, node_events=30, node_published=34)
+    assert results.verdict() == [
+        "identity: the node agent published 34 events, 30 were read back verified"
+    ]
