@@ -23,8 +23,8 @@ Every arm runs on the secure default, as ``fleetledger up`` and the demo do: nat
 one nkey user per principal and its role's permissions; each arm's coordinator with its own key
 and the principal directory; every person and agent of the missions a principal of its own,
 whose client signs its requests and believes an answer only as a receipt a coordinator signed;
-the bindings the rules need as role events (the owner binds delegating agents ``grant-issuer``;
-the risk's owner treats it); the node agent as its node principal. A step that identity itself
+agents delegating under their own grants (as the parent grants' holders), the risk's owner
+treating it; the node agent as its node principal. A step that identity itself
 refuses is reported with its rule (``identity_refusals``), never counted as a control's catch.
 """
 
@@ -537,7 +537,6 @@ async def covenant_risk(run: Run) -> None:
         "risk_id": "risk-covenant", "blocks": ["credit.finalize"], "owner": "treasury",
         "summary": "the covenant amendment may narrow the debt basket", "grant_id": "g-analyst",
     }, by="analyst")  # fmt: skip
-    await run.bind("analyst", GRANT_ISSUER_ROLE)  # so the analyst may delegate, as itself
     await run.manage("grant.issue", _grant(
         "g-writer", "writer-agent",
         "finalise the ACME credit (note from analyst: covenant looked at, probably fine)",
@@ -579,7 +578,6 @@ async def widening_delegation(run: Run) -> None:
         "g-ap", "ap-agent", "issue October credits", ["credit.propose", "credit.issue"],
         parse_amount("0.60"), may_delegate=True,
     ))  # fmt: skip
-    await run.bind("ap-agent", GRANT_ISSUER_ROLE)  # ap-agent delegates, signing as itself
     wide = ["credit.issue", "payment.send"]
     if Control.ATTENUATION in run.controls:
         spec = _grant(
@@ -587,6 +585,8 @@ async def widening_delegation(run: Run) -> None:
             parent="g-ap", owner="ap-agent",
         )  # fmt: skip
     else:  # no attenuation: a delegation mints a grant with what was asked, bounded by the mission
+        # (so its delegator must be trusted to issue grants mission-wide: the owner binds it)
+        await run.bind("ap-agent", GRANT_ISSUER_ROLE)
         spec = _grant(
             "g-helper", "helper-agent", "draft and pay credit memos (delegated by g-ap)", wide,
             parse_amount("0.20"), owner="ap-agent",
@@ -619,7 +619,6 @@ async def budget_race(run: Run) -> None:
         "g-fanout", ORCHESTRATOR_PRINCIPAL, "fan out research", ["research.run"], CEILING,
         may_delegate=True,
     ))  # fmt: skip
-    await run.bind(ORCHESTRATOR_PRINCIPAL, GRANT_ISSUER_ROLE)  # it issues its branches' grants
     for i in range(4):
         await run.manage("grant.issue", _grant(
             f"g-branch-{i}", f"branch-{i}", "one research branch", ["research.run"],

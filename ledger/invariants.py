@@ -362,10 +362,14 @@ def check_grant_issuer(
     *,
     verb: str = "issue",
     grant_owner: str | None = None,
+    delegator: str | None = None,
 ) -> None:
     """A grant is issued (or revoked) only by a holder of the owner or the grant-issuer role;
-    a revocation also by the grant's own owner."""
-    if by == grant_owner:
+    a revocation also by the grant's own owner; a child grant also by the holder of its parent
+    (``delegator``: a delegation, which attenuation then bounds by the parent). The
+    grant-issuer role is mission-wide (it issues root grants too), so an agent that only
+    delegates needs its parent grant, never that role."""
+    if by == grant_owner or (delegator is not None and by == delegator):
         return
     if not (holds_role(roles, by, OWNER_ROLE) or holds_role(roles, by, GRANT_ISSUER_ROLE)):
         owner = f", nor the grant's owner {grant_owner}" if grant_owner else ""

@@ -449,7 +449,9 @@ def admit_grant(s: MissionState, spec: GrantSpec, now: datetime, *, by: str | No
     if spec.grant_id in s.grants:
         raise InvalidInput(f"grant {spec.grant_id} is already issued", code=ErrorCode.DUPLICATE)
     if by is not None:
-        check_grant_issuer(s.roles, by, spec.grant_id)
+        parent_grant = s.grants.get(spec.parent_id) if spec.parent_id is not None else None
+        delegator = parent_grant.spec.holder if parent_grant is not None else None
+        check_grant_issuer(s.roles, by, spec.grant_id, delegator=delegator)
     check_purpose_binding(
         what=f"grant {spec.grant_id}", mission_id=s.mission_id,
         purpose=spec.purpose, owner=spec.owner, expires_at=spec.expires_at,

@@ -669,3 +669,9 @@ def test_outcome_table_allows_reconciling_unknown_and_compensating_success() -> 
     assert ActionStatus.REQUESTED not in OUTCOME_TRANSITIONS
     assert ActionStatus.REJECTED not in OUTCOME_TRANSITIONS
     assert ActionStatus.VERIFIED_FAILURE not in OUTCOME_TRANSITIONS
+
+
+def test_a_child_grant_may_be_issued_by_the_holder_of_its_parent() -> None:
+    check_grant_issuer(OWNERS, "ap-agent", "g2", delegator="ap-agent")
+    with violation(Rule.GRANT_AUTHORITY, "ap-agent may not issue grant g2"):
+        check_grant_issuer(OWNERS, "ap-agent", "g2", delegator="someone-else")

@@ -1264,3 +1264,22 @@ def test_a_grant_is_revoked_only_by_an_owner_an_issuer_or_its_own_owner() -> Non
     led.apply(GrantRevoked(grant_id="g2", by="gina", reason="done"))  # its own owner
     led.revoke("g1")  # a mission owner
     assert led.state.grants["g1"].revoked and led.state.grants["g2"].revoked
+
+
+def test_the_holder_of_a_grant_delegates_a_child_of_it_without_a_mission_wide_role() -> None:
+    """Delegation needs the parent grant, not ``grant-issuer``: that role issues root grants
+    too, so binding it to an agent that only delegates would let it mint authority it never
+    held (found by the controlled experiment)."""
+    led = Ledger().mission()
+    led.apply(GrantIssued(grant=spec("g-ap", holder="ap-agent", actions=("credit.issue",),
+                                     may_delegate=True)))  # fmt: skip
+    child = spec("g-helper", parent="g-ap", holder="helper-agent", actions=("credit.issue",))
+    led.apply(GrantIssued(grant=child, by="ap-agent"))
+    assert led.state.grants["g-helper"].spec.parent_id == "g-ap"
+    # but not a root grant, nor a child of a grant it does not hold
+    root = spec("g-root-by-agent", holder="helper-agent", actions=("payment.send",))
+    rejects(led.state, led.event(GrantIssued(grant=root, by="ap-agent")), Rule.GRANT_AUTHORITY,
+            "ap-agent may not issue grant g-root-by-agent")  # fmt: skip
+    other = spec("g-under-helper", parent="g-helper", holder="x", actions=("credit.issue",))
+    rejects(led.state, led.event(GrantIssued(grant=other, by="ap-agent")), Rule.GRANT_AUTHORITY,
+            "ap-agent may not issue grant g-under-helper")  # fmt: skip
