@@ -351,7 +351,8 @@ class Bus(Protocol):
         ...
 
     async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> None:
-        """Answer requests on ``subject`` (one member of the queue group gets each)."""
+        """Answer requests on ``subject`` (one member of the queue group gets each), from the
+        moment this returns: a request sent after it is answered, never "no responders"."""
         ...
 
     async def last_seq(self) -> int:
@@ -415,6 +416,9 @@ class JetStreamBus:
 
     async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> None:
         await self.nc.subscribe(subject, queue=queue, cb=handler)
+        # the server registers the interest when it has read the SUB: a PING/PONG round trip
+        # proves it did, so a client asking right after start is answered
+        await self.nc.flush()
 
     async def last_seq(self) -> int:
         try:

@@ -674,10 +674,7 @@ async def _start_coordinator(
     budget: Budget = IndependentCounters(client) if off is Control.SHARED_RESERVATIONS else client
     kernel = decide if off is None else functools.partial(decide, controls=controls)
     coordinator = Coordinator(bus, budget, settings=s, kernel=kernel, principals=keys.directory)
-    await coordinator.start()
-    # start() returns once it has subscribed, not once nats-server knows it: the principals'
-    # connections outlive the arms and would ask the instant it returns (no responders)
-    await bus.nc.flush()
+    await coordinator.start()  # answering from here on (the principals' clients ask at once)
     return coordinator
 
 
