@@ -416,8 +416,11 @@ class JetStreamBus:
 
     async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> None:
         await self.nc.subscribe(subject, queue=queue, cb=handler)
-        # the server registers the interest when it has read the SUB: a PING/PONG round trip
-        # proves it did, so a client asking right after start is answered
+        # The server registers the interest when it has read the SUB, and a PONG proves it read
+        # what came before its PING. nats-py writes a PING to the socket at once but the SUB
+        # from its pending buffer a moment later, so the first PONG can come before the SUB is
+        # read (1-5% of starts here); the second PING follows the SUB out.
+        await self.nc.flush()
         await self.nc.flush()
 
     async def last_seq(self) -> int:

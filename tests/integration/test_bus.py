@@ -19,10 +19,13 @@ async def test_a_request_sent_the_moment_serve_returns_is_answered(nats_url: str
         async def echo(msg: nats.aio.msg.Msg) -> None:
             await msg.respond(msg.data)
 
-        for n in range(40):
+        for n in range(200):
             subject = f"test.serve.{new_id().hex}"
             await bus.serve(subject, echo, queue="q")
-            reply = await asker.request(subject, b"%d" % n, timeout=2)
+            try:
+                reply = await asker.request(subject, b"%d" % n, timeout=2)
+            except Exception as exc:
+                raise AssertionError(f"request {n}: {exc!r}") from None
             assert reply.data == b"%d" % n
     finally:
         await asker.close()
