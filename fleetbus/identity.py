@@ -124,17 +124,23 @@ class KeyStore:
 
     def _write(self, path: Path, data: bytes, *, mode: int) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            tmp.replace(path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_private(path, data, mode=mode)
+
+
+def write_private(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """Atomically replace ``path`` with ``data``, with ``mode`` from its creation (no moment in
+    which another user could open a secret), fsynced before it takes the name."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def directory_json(principals: list[Principal]) -> str:
@@ -160,4 +166,11 @@ def ensure_principals(store: KeyStore, wanted: dict[str, Role]) -> None:
             store.create(name, role)
 
 
-__all__ = ["DIRECTORY_FILE", "KeyStore", "directory_json", "ensure_principals", "seed_of"]
+__all__ = [
+    "DIRECTORY_FILE",
+    "KeyStore",
+    "directory_json",
+    "ensure_principals",
+    "seed_of",
+    "write_private",
+]

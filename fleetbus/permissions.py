@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fleetbus.identity import write_private
 from ledger.identity import BRANCH_KINDS, Principal, Role
 from ledger.protocol import (
     AUTHORIZE_SUBJECT,
@@ -85,10 +86,7 @@ def authorization(principals: list[Principal]) -> dict[str, Any]:
 
 def write_server_config(path: Path, config: dict[str, Any]) -> None:
     """nats-server reads JSON as its configuration syntax; written 0600 (it names keys)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(config, indent=2))
-    tmp.chmod(0o600)
-    tmp.replace(path)
+    write_private(path, json.dumps(config, indent=2).encode())
 
 
 __all__ = ["authorization", "permissions", "write_server_config"]

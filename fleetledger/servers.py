@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
 
-from fleetbus.identity import KeyStore, ensure_principals
+from fleetbus.identity import KeyStore, ensure_principals, write_private
 from fleetbus.permissions import authorization, write_server_config
 from ledger.errors import BinaryMissing, ComponentTimeout, FleetError, InvalidInput
 from ledger.identity import Principal, Role
@@ -434,7 +434,7 @@ class EmbeddedServers:
         data.mkdir(exist_ok=True)
         passwords = {user: self._secrets.redis_password(user) for user in REDIS_USERS}
         acl = self.state_dir / "redis-users.acl"
-        _write_private(acl, redis_acl(passwords))
+        write_private(acl, redis_acl(passwords).encode())
         argv = [
             str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
             "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
@@ -505,21 +505,4 @@ def write_env_file(path: Path, env: dict[str, str]) -> None:
     """Write FLEET_* settings as a dotenv file (what `fleetledger up` leaves for others): 0600,
     since its Redis URL carries a password."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_private(path, "".join(f"{key}={value}\n" for key, value in sorted(env.items())))
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Atomically replace ``path`` with ``text``, mode 0600 from its creation (no moment in
-    which another user could open it)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_private(path, "".join(f"{key}={value}\n" for key, value in sorted(env.items())).encode())
