@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from coordinator.journal import Journal
 from fleetbus.bus import cancel_requested
 from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
-from ledger.events import MAX_BUNDLE_EVENTS, BudgetExpired, Event
+from ledger.events import MAX_BUNDLE_EVENTS, BudgetExpired, BudgetReleased, Event
 from ledger.mission import MissionState, ReservationState
 from reservations import Budget
 from telemetry import Telemetry
@@ -42,24 +42,45 @@ def authorize_reservation_id(action_id: str) -> str:
     return f"{AUTHORIZE_RESERVATION_PREFIX}{action_id}"
 
 
-async def return_unrecorded(
+async def unrecorded_return(
     journal: Journal, budget: Budget, mission_id: str, reservation_id: str
 ) -> list[Event]:
-    """Give back what Redis holds for a reservation the ledger does not record, and the events
-    that record what Redis did (reserve, commit, release): none if it holds nothing. Raises
-    ``Unreachable`` while Redis cannot say (the caller keeps it undecided)."""
+    """What Redis holds for a reservation the ledger does not record, as the events that record
+    it (reserve, commit) and its return (released); none if it holds nothing. Nothing is freed
+    here: a return frees money, so it is recorded first, and Redis frees it (``follow``) only
+    once these events are on the record. A record that drops them (a duplicate of a stored
+    decision that counts the reservation) frees nothing. Raises ``Unreachable`` while Redis
+    cannot say (the caller keeps it undecided)."""
     found = await budget.reservation(mission_id, reservation_id)
     if found is None:  # the script never ran
         return []
     reserved, committed, held = found
     if held not in ("held", "committed"):  # resolved, or expiring: the sweeper has it
         return []
-    released = await budget.release(mission_id, reservation_id)
-    return [
-        journal.event(r.ledger_payload(), mission_id, at=r.at, grant_id=reserved.grant_id)
-        for r in (reserved, committed, released)
+    grant_id = reserved.grant_id
+    events = [
+        journal.event(r.ledger_payload(), mission_id, at=r.at, grant_id=grant_id)
+        for r in (reserved, committed)
         if r is not None
     ]
+    released = BudgetReleased(reservation_id=reservation_id)
+    return [*events, journal.event(released, mission_id, grant_id=grant_id)]
+
+
+async def return_unrecorded(
+    journal: Journal, budget: Budget, mission_id: str, reservation_id: str
+) -> bool:
+    """Give back what Redis holds for a reservation the ledger does not record: record what
+    Redis did and the release, then free it in Redis. True if money was returned, False if
+    Redis held none. Raises ``FleetError`` (Redis or the stream cannot answer): the caller
+    keeps it undecided, and the next attempt finds the return on the record if it landed.
+    Call under the mission's lock."""
+    events = await unrecorded_return(journal, budget, mission_id, reservation_id)
+    if not events:
+        return False
+    await journal.commit(events)
+    await follow(journal, budget, mission_id, reservation_id)
+    return True
 
 
 async def follow(journal: Journal, budget: Budget, mission_id: str, reservation_id: str) -> bool:
@@ -302,23 +323,26 @@ class Reconciler:
 
     async def settle_undecided(self) -> int:
         """Return the money of undecided reservations whose time is up, recording what Redis
-        did (reserve, commit, release) once it answers; a reservation Redis never made is
-        simply forgotten. Returns how many were returned."""
+        did (reserve, commit, release) first, then freeing it; a reservation Redis never made
+        is simply forgotten, one the record holds follows the record. Returns how many were
+        returned."""
         journal = self.journal
         returned = 0
         for mission_id, rid, action_id in self.undecided.due(journal.clock.now()):
             async with journal.lock(mission_id):
                 await journal.settle(mission_id)
                 state = journal.states.get(mission_id)
-                if state is None or rid in state.reservations:  # a retry recorded it
+                known = state.reservations.get(rid) if state is not None else None
+                if state is None or known is not None:  # a retry recorded it, or its return
+                    if known is not None and known.state.resolved:
+                        self.unapplied.add(mission_id, rid, journal.clock.now())
                     self.undecided.discard(mission_id, rid)
                     continue
                 try:
-                    events = await return_unrecorded(journal, self.budget, mission_id, rid)
+                    done = await return_unrecorded(journal, self.budget, mission_id, rid)
                 except Unreachable:
-                    continue  # still down: try again next round
-                if events:
-                    await journal.commit(events)
+                    continue  # still down: try again next round (the record says if it landed)
+                if done:
                     returned += 1
                     log.warning(
                         "returned reservation %s of mission %s: Redis held it for action %s, "
@@ -355,4 +379,12 @@ def _reservation_of(event: Event) -> str:
     return payload.reservation_id
 
 
-__all__ = ["Reconciler", "Unapplied", "Undecided", "authorize_reservation_id", "follow"]
+__all__ = [
+    "Reconciler",
+    "Unapplied",
+    "Undecided",
+    "authorize_reservation_id",
+    "follow",
+    "return_unrecorded",
+    "unrecorded_return",
+]

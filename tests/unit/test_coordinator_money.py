@@ -7,10 +7,12 @@ that finds it is denied.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation
-from tests.unit.test_coordinator_decisions import MID, Fleet, fleet
+from tests.unit.test_coordinator_decisions import LEASE_S, MID, Fleet, fleet
 
 __all__ = ["fleet"]  # the fixture, shared with the decision tests
 
@@ -249,3 +251,43 @@ async def test_an_effect_an_earlier_attempt_stored_is_the_one_on_the_record(
     assert state.actions["a1"].effect is not None and state.actions["a1"].effect.actual == 50
     assert state.reservations["r-a1"].actual == 50
     assert fleet.co.dead_letters == 0
+
+
+async def test_money_a_stored_decision_counts_is_never_returned_by_a_retry_deduplicated_against_it(
+    fleet: Fleet,
+) -> None:
+    """The chaos checker's "Redis and the ledger disagreed on committed" (seed 15, loaded
+    machine). A decision is stored, but the coordinator's fold lags (its consumer stalls, as
+    after a NATS restart) and the wait for it times out; retries are then decided on a state
+    without it. One finds Redis unreachable (undecided), the next is denied and returns what
+    Redis holds for the action. Its message is a duplicate of the stored decision, so the
+    stream drops it, return and all: Redis must not have freed the money the record counts."""
+    import asyncio
+
+    from ledger.errors import Unreachable
+
+    fleet.bus.delivering.clear()  # stored and acknowledged, not yet folded
+    with pytest.raises(Unreachable, match="not yet"):
+        await fleet.authorize("a1", cost=100)  # recorded allowed, r-a1 committed
+    fleet.budget.failing = {"reserve_committed"}
+    with pytest.raises(Unreachable, match="budget store unreachable"):
+        await fleet.authorize("a1", cost=100)  # decided again on the stale state
+    assert (MID, "r-a1") in fleet.co.reconciler.undecided
+    fleet.budget.failing = set()
+    fleet.budget.calls.clear()
+    retry = asyncio.create_task(fleet.authorize("a1", cost=900))  # denied: over the grant
+    for _ in range(1000):  # until the retry has asked Redis what it holds for a1
+        if "reservation" in fleet.budget.calls or retry.done():
+            break
+        await asyncio.sleep(0)
+    fleet.bus.delivering.set()  # the fold catches up: the stored decision stands
+    reply = await retry
+    assert reply.decision is not None and reply.decision.allowed and reply.replayed
+    state = fleet.co.states[MID]
+    assert state.reservations["r-a1"].state == "committed"  # the record counts it
+    assert fleet.budget.reservations[(MID, "r-a1")].state == "committed"  # so does Redis
+    assert fleet.budget.used[(MID, "mission")] == state.level("mission").used == 100
+    fleet.clock.advance(timedelta(seconds=LEASE_S + 1))
+    await fleet.co.sweep_once()  # the undecided entry is settled by the record, not returned
+    assert fleet.budget.reservations[(MID, "r-a1")].state == "committed"
+    assert (MID, "r-a1") not in fleet.co.reconciler.undecided
