@@ -9,7 +9,8 @@ ledger still counts, and what is left to reconcile is always Redis holding too m
   applies the recorded transition in Redis. At start they are found from what Redis holds.
 - ``Undecided``: authorize calls whose reservation failed ambiguously (Redis may have run the
   script and committed money with no lease). A retry of the action decides it; otherwise, once
-  its time is up, the money is returned and what Redis did is recorded.
+  its time is up, what Redis did and the return are recorded, then Redis frees the money (a
+  return frees money too: never before its record stands).
 - At start, reservations Redis holds committed for an authorize the ledger never recorded (a
   coordinator died between Redis and the stream) become undecided.
 - The sweeper expires held reservations whose lease passed in two steps: Redis marks them
