@@ -186,48 +186,58 @@ class Reconciler:
         self._scanned = True  # what Redis holds was compared with the record (or not yet)
 
     async def find_undecided(self) -> None:
-        """At start (nothing in flight yet), from what Redis still holds: committed authorize
-        reservations the ledger never recorded are settled like an ambiguous failure (a retry
-        within the lease decides it; else it is returned); reservations the ledger records as
-        resolved are made to follow the record. If Redis cannot say, the second part is tried
-        again each sweep round until it can."""
-        await self._scan(at_start=True)
+        """At start, from what Redis still holds: committed authorize reservations the ledger
+        never recorded are settled like an ambiguous failure (a retry within the lease decides
+        it; else it is returned); reservations the ledger records as resolved are made to
+        follow the record. If Redis cannot say, both are tried again each sweep round until it
+        can (a coordinator started while Redis was down must not keep what nobody recorded)."""
+        await self._scan()
 
-    async def _scan(self, *, at_start: bool) -> None:
-        until = self.journal.clock.now() + timedelta(seconds=self.lease_s)
-        for mission_id, state in list(self.journal.states.items()):
-            if state.mission is None:
-                continue
-            try:
-                holding = await self.budget.holding(mission_id)
-            except FleetError as exc:
-                log.warning("reconciliation with Redis postponed: %s", exc.message)
-                self._scanned = False
-                return
-            for rid, held in holding.items():
-                known = state.reservations.get(rid)
-                if known is not None and known.state.resolved:
-                    self.unapplied.add(mission_id, rid, self.journal.clock.now())
-                    log.warning(
-                        "reservation %s of mission %s is %s on the record but %s in Redis; "
-                        "Redis follows the record",
-                        rid,
-                        mission_id,
-                        known.state,
-                        held,
-                    )
-                elif (
-                    at_start and known is None and held == "committed"
-                    and rid.startswith(AUTHORIZE_RESERVATION_PREFIX)
-                ):  # fmt: skip
-                    action_id = rid.removeprefix(AUTHORIZE_RESERVATION_PREFIX)
-                    self.undecided.add(mission_id, rid, action_id, until)
-                    log.warning(
-                        "reservation %s of mission %s is committed in Redis but not recorded; "
-                        "it is returned unless its action is retried",
-                        rid,
-                        mission_id,
-                    )
+    async def _scan(self) -> None:
+        """One pass over what Redis holds, mission by mission under the mission's lock with its
+        state settled: then no authorize of it is between Redis and the stream, so a committed
+        ``r-`` reservation the record does not know is one a coordinator left there (died, or
+        gave up appending)."""
+        journal = self.journal
+        for mission_id in list(journal.states):
+            async with journal.lock(mission_id):
+                try:
+                    await journal.settle(mission_id)
+                    state = journal.state(mission_id)
+                    if state.mission is None:
+                        continue
+                    holding = await self.budget.holding(mission_id)
+                except FleetError as exc:
+                    log.warning("reconciliation with Redis postponed: %s", exc.message)
+                    self._scanned = False
+                    return
+                now = journal.clock.now()
+                for rid, held in holding.items():
+                    known = state.reservations.get(rid)
+                    if known is not None and known.state.resolved:
+                        self.unapplied.add(mission_id, rid, now)
+                        log.warning(
+                            "reservation %s of mission %s is %s on the record but %s in "
+                            "Redis; Redis follows the record",
+                            rid,
+                            mission_id,
+                            known.state,
+                            held,
+                        )
+                    elif (
+                        known is None and held == "committed"
+                        and rid.startswith(AUTHORIZE_RESERVATION_PREFIX)
+                        and (mission_id, rid) not in self.undecided
+                    ):  # fmt: skip
+                        action_id = rid.removeprefix(AUTHORIZE_RESERVATION_PREFIX)
+                        until = now + timedelta(seconds=self.lease_s)
+                        self.undecided.add(mission_id, rid, action_id, until)
+                        log.warning(
+                            "reservation %s of mission %s is committed in Redis but not "
+                            "recorded; it is returned unless its action is retried",
+                            rid,
+                            mission_id,
+                        )
         self._scanned = True
 
     async def follow_ledger(self) -> int:
@@ -259,7 +269,7 @@ class Reconciler:
         """
         journal = self.journal
         if not self._scanned:
-            await self._scan(at_start=False)
+            await self._scan()
         await self.follow_ledger()
         expired = await self.settle_undecided()
         for mission_id, state in list(journal.states.items()):
