@@ -17,7 +17,13 @@ from pydantic import ValidationError
 
 from coordinator.journal import Journal
 from coordinator.manage import Directory
-from coordinator.reconcile import Undecided, authorize_reservation_id, return_unrecorded
+from coordinator.reconcile import (
+    Undecided,
+    authorize_reservation_id,
+    follow,
+    return_unrecorded,
+    unrecorded_return,
+)
 from fleetbus.bus import Request, Stored
 from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
 from ledger.events import MAX_EVENT_BYTES, DecisionRecorded, Event
@@ -236,12 +242,18 @@ class Authorizer:
                             causal_parent=parent,
                         )
                     )
+        returning = False
         if reservation_id is None and (mid, rid) in self.undecided:
             # An earlier attempt failed ambiguously and this one does not spend: whatever Redis
-            # took then is returned now, and recorded with this decision (one message).
+            # took then is returned, recorded with this decision (one message) and freed in
+            # Redis only once that message is stored (a duplicate of a stored decision that
+            # counts it frees nothing; the undecided entry then follows the record)
             with contextlib.suppress(Unreachable):  # still unknown: the reconciler retries
-                events.extend(await return_unrecorded(journal, self.budget, mid, rid))
-                self.undecided.discard(mid, rid)
+                back = await unrecorded_return(journal, self.budget, mid, rid)
+                events.extend(back)
+                returning = bool(back)
+                if not returning:
+                    self.undecided.discard(mid, rid)
         else:
             self.undecided.discard(mid, rid)
         self._count(decision)
@@ -258,6 +270,11 @@ class Authorizer:
         )
         if seq.duplicate:  # another attempt's decision for this action is stored: it stands
             return await self._answer_stored(req, seq, reservation_id)
+        if returning:  # on the record now: Redis follows it (else the reconciler makes it)
+            with contextlib.suppress(FleetError):
+                await journal.wait_applied(seq)
+                if await follow(journal, self.budget, mid, rid):
+                    self.undecided.discard(mid, rid)
         # The same reply a requester builds from the republished receipt.
         return reply_from_receipt(receipt, seq, action)
 
@@ -271,10 +288,11 @@ class Authorizer:
         await journal.wait_applied(seq)
         state = journal.state(mid)
         if reservation_id is not None and reservation_id not in state.reservations:
-            with contextlib.suppress(Unreachable):  # else the reconciler returns it
-                returned = await return_unrecorded(journal, self.budget, mid, reservation_id)
-                if returned:
-                    await journal.commit(returned)
+            # undecided until returned (recorded, then freed): if that fails, the reconciler does
+            self.undecided.add(mid, reservation_id, action.action_id, journal.clock.now())
+            with contextlib.suppress(FleetError):
+                await return_unrecorded(journal, self.budget, mid, reservation_id)
+                self.undecided.discard(mid, reservation_id)
         existing = state.actions[action.action_id]
         stored = journal.receipts.get((mid, action.action_id), (None, None))
         prior = next(d for d in reversed(state.decisions) if d.action_id == action.action_id)

@@ -82,6 +82,8 @@ class Journal:
         self._own: dict[bytes, tuple[Event, ...]] = {}
         # missions whose last append failed ambiguously (the server may have stored it)
         self._unsure: set[str] = set()
+        # per mission, the last sequence this coordinator appended (acknowledged)
+        self._appended: dict[str, int] = {}
 
     # --- applied state ---------------------------------------------------------------------
 
@@ -95,10 +97,13 @@ class Journal:
     async def settle(self, mission_id: str) -> None:
         """Before deciding anything more for a mission whose last append failed ambiguously,
         fold the stream up to its end: what that append stored is then in the state, so a
-        retry is answered from it instead of recorded a second time. Call under the lock."""
+        retry is answered from it instead of recorded a second time. Likewise up to this
+        coordinator's last acknowledged append of the mission (a wait for its fold may have
+        timed out: the consumer lagging after a NATS restart). Call under the lock."""
         if mission_id in self._unsure:
             await self.wait_applied(await self.bus.last_seq())
             self._unsure.discard(mission_id)
+        await self.wait_applied(self._appended.get(mission_id, 0))
 
     def is_own(self, data: bytes) -> bool:
         return data in self._own
@@ -178,6 +183,8 @@ class Journal:
                 raise
             if seq.duplicate:  # the stream holds an earlier message under this id, not ours
                 self._own.pop(body, None)
+            mid = last.mission_id
+            self._appended[mid] = max(self._appended.get(mid, 0), int(seq))
             if span.is_recording():
                 span.set_attributes(
                     {**self._new_attributes(span, events[-1]), FLEET_STREAM_SEQ: seq}

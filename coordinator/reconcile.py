@@ -9,7 +9,8 @@ ledger still counts, and what is left to reconcile is always Redis holding too m
   applies the recorded transition in Redis. At start they are found from what Redis holds.
 - ``Undecided``: authorize calls whose reservation failed ambiguously (Redis may have run the
   script and committed money with no lease). A retry of the action decides it; otherwise, once
-  its time is up, the money is returned and what Redis did is recorded.
+  its time is up, what Redis did and the return are recorded, then Redis frees the money (a
+  return frees money too: never before its record stands).
 - At start, reservations Redis holds committed for an authorize the ledger never recorded (a
   coordinator died between Redis and the stream) become undecided.
 - The sweeper expires held reservations whose lease passed in two steps: Redis marks them
@@ -26,7 +27,7 @@ from datetime import datetime, timedelta
 from coordinator.journal import Journal
 from fleetbus.bus import cancel_requested
 from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
-from ledger.events import MAX_BUNDLE_EVENTS, BudgetExpired, Event
+from ledger.events import MAX_BUNDLE_EVENTS, BudgetExpired, BudgetReleased, Event
 from ledger.mission import MissionState, ReservationState
 from reservations import Budget
 from telemetry import Telemetry
@@ -42,24 +43,45 @@ def authorize_reservation_id(action_id: str) -> str:
     return f"{AUTHORIZE_RESERVATION_PREFIX}{action_id}"
 
 
-async def return_unrecorded(
+async def unrecorded_return(
     journal: Journal, budget: Budget, mission_id: str, reservation_id: str
 ) -> list[Event]:
-    """Give back what Redis holds for a reservation the ledger does not record, and the events
-    that record what Redis did (reserve, commit, release): none if it holds nothing. Raises
-    ``Unreachable`` while Redis cannot say (the caller keeps it undecided)."""
+    """What Redis holds for a reservation the ledger does not record, as the events that record
+    it (reserve, commit) and its return (released); none if it holds nothing. Nothing is freed
+    here: a return frees money, so it is recorded first, and Redis frees it (``follow``) only
+    once these events are on the record. A record that drops them (a duplicate of a stored
+    decision that counts the reservation) frees nothing. Raises ``Unreachable`` while Redis
+    cannot say (the caller keeps it undecided)."""
     found = await budget.reservation(mission_id, reservation_id)
     if found is None:  # the script never ran
         return []
     reserved, committed, held = found
     if held not in ("held", "committed"):  # resolved, or expiring: the sweeper has it
         return []
-    released = await budget.release(mission_id, reservation_id)
-    return [
-        journal.event(r.ledger_payload(), mission_id, at=r.at, grant_id=reserved.grant_id)
-        for r in (reserved, committed, released)
+    grant_id = reserved.grant_id
+    events = [
+        journal.event(r.ledger_payload(), mission_id, at=r.at, grant_id=grant_id)
+        for r in (reserved, committed)
         if r is not None
     ]
+    released = BudgetReleased(reservation_id=reservation_id)
+    return [*events, journal.event(released, mission_id, grant_id=grant_id)]
+
+
+async def return_unrecorded(
+    journal: Journal, budget: Budget, mission_id: str, reservation_id: str
+) -> bool:
+    """Give back what Redis holds for a reservation the ledger does not record: record what
+    Redis did and the release, then free it in Redis. True if money was returned, False if
+    Redis held none. Raises ``FleetError`` (Redis or the stream cannot answer): the caller
+    keeps it undecided, and the next attempt finds the return on the record if it landed.
+    Call under the mission's lock."""
+    events = await unrecorded_return(journal, budget, mission_id, reservation_id)
+    if not events:
+        return False
+    await journal.commit(events)
+    await follow(journal, budget, mission_id, reservation_id)
+    return True
 
 
 async def follow(journal: Journal, budget: Budget, mission_id: str, reservation_id: str) -> bool:
@@ -164,48 +186,58 @@ class Reconciler:
         self._scanned = True  # what Redis holds was compared with the record (or not yet)
 
     async def find_undecided(self) -> None:
-        """At start (nothing in flight yet), from what Redis still holds: committed authorize
-        reservations the ledger never recorded are settled like an ambiguous failure (a retry
-        within the lease decides it; else it is returned); reservations the ledger records as
-        resolved are made to follow the record. If Redis cannot say, the second part is tried
-        again each sweep round until it can."""
-        await self._scan(at_start=True)
+        """At start, from what Redis still holds: committed authorize reservations the ledger
+        never recorded are settled like an ambiguous failure (a retry within the lease decides
+        it; else it is returned); reservations the ledger records as resolved are made to
+        follow the record. If Redis cannot say, both are tried again each sweep round until it
+        can (a coordinator started while Redis was down must not keep what nobody recorded)."""
+        await self._scan()
 
-    async def _scan(self, *, at_start: bool) -> None:
-        until = self.journal.clock.now() + timedelta(seconds=self.lease_s)
-        for mission_id, state in list(self.journal.states.items()):
-            if state.mission is None:
-                continue
-            try:
-                holding = await self.budget.holding(mission_id)
-            except FleetError as exc:
-                log.warning("reconciliation with Redis postponed: %s", exc.message)
-                self._scanned = False
-                return
-            for rid, held in holding.items():
-                known = state.reservations.get(rid)
-                if known is not None and known.state.resolved:
-                    self.unapplied.add(mission_id, rid, self.journal.clock.now())
-                    log.warning(
-                        "reservation %s of mission %s is %s on the record but %s in Redis; "
-                        "Redis follows the record",
-                        rid,
-                        mission_id,
-                        known.state,
-                        held,
-                    )
-                elif (
-                    at_start and known is None and held == "committed"
-                    and rid.startswith(AUTHORIZE_RESERVATION_PREFIX)
-                ):  # fmt: skip
-                    action_id = rid.removeprefix(AUTHORIZE_RESERVATION_PREFIX)
-                    self.undecided.add(mission_id, rid, action_id, until)
-                    log.warning(
-                        "reservation %s of mission %s is committed in Redis but not recorded; "
-                        "it is returned unless its action is retried",
-                        rid,
-                        mission_id,
-                    )
+    async def _scan(self) -> None:
+        """One pass over what Redis holds, mission by mission under the mission's lock with its
+        state settled: then no authorize of it is between Redis and the stream, so a committed
+        ``r-`` reservation the record does not know is one a coordinator left there (died, or
+        gave up appending)."""
+        journal = self.journal
+        for mission_id in list(journal.states):
+            async with journal.lock(mission_id):
+                try:
+                    await journal.settle(mission_id)
+                    state = journal.state(mission_id)
+                    if state.mission is None:
+                        continue
+                    holding = await self.budget.holding(mission_id)
+                except FleetError as exc:
+                    log.warning("reconciliation with Redis postponed: %s", exc.message)
+                    self._scanned = False
+                    return
+                now = journal.clock.now()
+                for rid, held in holding.items():
+                    known = state.reservations.get(rid)
+                    if known is not None and known.state.resolved:
+                        self.unapplied.add(mission_id, rid, now)
+                        log.warning(
+                            "reservation %s of mission %s is %s on the record but %s in "
+                            "Redis; Redis follows the record",
+                            rid,
+                            mission_id,
+                            known.state,
+                            held,
+                        )
+                    elif (
+                        known is None and held == "committed"
+                        and rid.startswith(AUTHORIZE_RESERVATION_PREFIX)
+                        and (mission_id, rid) not in self.undecided
+                    ):  # fmt: skip
+                        action_id = rid.removeprefix(AUTHORIZE_RESERVATION_PREFIX)
+                        until = now + timedelta(seconds=self.lease_s)
+                        self.undecided.add(mission_id, rid, action_id, until)
+                        log.warning(
+                            "reservation %s of mission %s is committed in Redis but not "
+                            "recorded; it is returned unless its action is retried",
+                            rid,
+                            mission_id,
+                        )
         self._scanned = True
 
     async def follow_ledger(self) -> int:
@@ -237,7 +269,7 @@ class Reconciler:
         """
         journal = self.journal
         if not self._scanned:
-            await self._scan(at_start=False)
+            await self._scan()
         await self.follow_ledger()
         expired = await self.settle_undecided()
         for mission_id, state in list(journal.states.items()):
@@ -302,23 +334,26 @@ class Reconciler:
 
     async def settle_undecided(self) -> int:
         """Return the money of undecided reservations whose time is up, recording what Redis
-        did (reserve, commit, release) once it answers; a reservation Redis never made is
-        simply forgotten. Returns how many were returned."""
+        did (reserve, commit, release) first, then freeing it; a reservation Redis never made
+        is simply forgotten, one the record holds follows the record. Returns how many were
+        returned."""
         journal = self.journal
         returned = 0
         for mission_id, rid, action_id in self.undecided.due(journal.clock.now()):
             async with journal.lock(mission_id):
                 await journal.settle(mission_id)
                 state = journal.states.get(mission_id)
-                if state is None or rid in state.reservations:  # a retry recorded it
+                known = state.reservations.get(rid) if state is not None else None
+                if state is None or known is not None:  # a retry recorded it, or its return
+                    if known is not None and known.state.resolved:
+                        self.unapplied.add(mission_id, rid, journal.clock.now())
                     self.undecided.discard(mission_id, rid)
                     continue
                 try:
-                    events = await return_unrecorded(journal, self.budget, mission_id, rid)
+                    done = await return_unrecorded(journal, self.budget, mission_id, rid)
                 except Unreachable:
-                    continue  # still down: try again next round
-                if events:
-                    await journal.commit(events)
+                    continue  # still down: try again next round (the record says if it landed)
+                if done:
                     returned += 1
                     log.warning(
                         "returned reservation %s of mission %s: Redis held it for action %s, "
@@ -355,4 +390,12 @@ def _reservation_of(event: Event) -> str:
     return payload.reservation_id
 
 
-__all__ = ["Reconciler", "Unapplied", "Undecided", "authorize_reservation_id", "follow"]
+__all__ = [
+    "Reconciler",
+    "Unapplied",
+    "Undecided",
+    "authorize_reservation_id",
+    "follow",
+    "return_unrecorded",
+    "unrecorded_return",
+]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from fleetledger.servers import EmbeddedServers, ManagedServer
+from fleetledger.servers import REDIS_BRANCH, EmbeddedServers, ManagedServer
 from tests.chaos.history import History
 
 FAULTS = ("kill", "pause")
@@ -171,7 +171,14 @@ class Cluster:
 
     @property
     def redis_url(self) -> str:
+        """The coordinator's Redis URL (ACL user ``coordinator``)."""
         return self.servers.redis_url
+
+    @property
+    def redis_branch_url(self) -> str:
+        """The Redis URL a Branch client connects with (ACL user ``branch``: the
+        reservation scripts only, never loading them)."""
+        return self.servers.redis_url_for(REDIS_BRANCH)
 
     def heal(self) -> None:
         """Every paused process continued, every dead one started (servers first)."""

@@ -109,7 +109,9 @@ class Client:
         self.fleet = await FleetClient.connect(
             self.cluster.nats_url, timeout=self.timeout, agent_id=self.name, node_id=self.name
         )
-        self.store = ReservationClient.from_url(self.cluster.redis_url, timeout_s=1.0)
+        # a Branch connects as the ``branch`` ACL user, as fleetledger.servers.redis_url_for
+        # gives it (the scripts only; after a Redis restart it waits for a coordinator to load them)
+        self.store = ReservationClient.from_url(self.cluster.redis_branch_url, timeout_s=1.0)
 
     async def close(self) -> None:
         if self.fleet is not None:

@@ -32,6 +32,10 @@ class FakeBus:
         self.handlers: dict[str, RequestHandler] = {}
         self.fail_next: list[FleetError] = []  # raised by the next publishes, in order
         self.lose_acks = 0  # the next publishes are stored, then their PubAck is lost
+        # cleared: stored messages wait for delivery, as a JetStream consumer that lags (e.g.
+        # re-subscribing after a NATS restart) while publishes are acknowledged
+        self.delivering = asyncio.Event()
+        self.delivering.set()
         self._ids: dict[str, int] = {}
         self._queue: asyncio.Queue[StreamMessage] = asyncio.Queue()
         self._consumer: asyncio.Task[None] | None = None
@@ -85,7 +89,9 @@ class FakeBus:
 
         async def deliver() -> None:
             while True:
-                await handler(await self._queue.get())
+                msg = await self._queue.get()
+                await self.delivering.wait()
+                await handler(msg)
 
         self._consumer = asyncio.create_task(deliver())
 

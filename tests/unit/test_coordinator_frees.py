@@ -227,3 +227,34 @@ async def test_an_effect_append_that_lands_late_is_still_applied_in_redis(late: 
     assert redis_state(late, "r-a1") == "settled"
     assert late.budget.used[(MID, "mission")] == 60
     assert len(late.co.reconciler.unapplied) == 0
+
+
+async def test_money_the_ledger_never_recorded_is_returned_when_redis_was_down_at_start(
+    fleet: Fleet,
+) -> None:
+    """The chaos checker's "Redis and the ledger disagreed on committed" (seed 15, loaded
+    machine): a coordinator killed between Redis committing an authorize's reservation and the
+    stream storing it; its successor started while Redis was down, so its start-up
+    reconciliation was postponed, and the postponed one only made Redis follow resolved
+    records: the committed money nobody recorded stayed in Redis for good."""
+    from tests.unit.test_coordinator_decisions import new_coordinator
+
+    await fleet.budget.reserve_committed(MID, ["g"], "r-a9", 100, LEASE_S)
+    await fleet.co.stop()
+    fleet.bus.connected = True
+    fleet.budget.down = True  # Redis killed as the successor starts
+    second = new_coordinator(fleet.bus, fleet.budget, fleet.clock)
+    await second.start()
+    try:
+        assert (MID, "r-a9") not in second.reconciler.undecided  # Redis could not say
+        fleet.budget.down = False
+        await second.sweep_once()  # the postponed reconciliation
+        assert (MID, "r-a9") in second.reconciler.undecided  # returned unless retried
+        fleet.clock.advance(timedelta(seconds=LEASE_S + 1))
+        assert await second.sweep_once() == 1
+        assert second.states[MID].reservations["r-a9"].state == "released"
+        assert redis_state(fleet, "r-a9") == "released"
+        assert fleet.budget.used[(MID, "mission")] == second.states[MID].level("mission").used
+    finally:
+        await second.stop()
+        fleet.co = second  # the fixture stops it again: harmless

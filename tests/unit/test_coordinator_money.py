@@ -7,10 +7,13 @@ that finds it is denied.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
+from ledger.authority import Authority
 from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation
-from tests.unit.test_coordinator_decisions import MID, Fleet, fleet
+from tests.unit.test_coordinator_decisions import LEASE_S, MID, Fleet, fleet
 
 __all__ = ["fleet"]  # the fixture, shared with the decision tests
 
@@ -248,4 +251,96 @@ async def test_an_effect_an_earlier_attempt_stored_is_the_one_on_the_record(
     state = fleet.co.states[MID]
     assert state.actions["a1"].effect is not None and state.actions["a1"].effect.actual == 50
     assert state.reservations["r-a1"].actual == 50
+    assert fleet.co.dead_letters == 0
+
+
+async def test_money_a_stored_decision_counts_is_never_returned_by_a_retry_deduplicated_against_it(
+    fleet: Fleet,
+) -> None:
+    """The chaos checker's "Redis and the ledger disagreed on committed" (seed 15, loaded
+    machine). An earlier attempt (a coordinator that died with its append in flight) reserved
+    r-a1 in Redis and stored its decision, which reaches this coordinator's fold late; retries
+    are decided meanwhile on a state without it. One finds Redis unreachable (undecided), the
+    next is denied and returns what Redis holds for the action. Its message is a duplicate of
+    the stored decision, so the stream drops it, return and all: Redis must not have freed the
+    money the record counts."""
+    import asyncio
+
+    from coordinator.authorize import decision_msg_id
+    from ledger.errors import Unreachable
+    from ledger.events import ActionRequested, DecisionRecorded, bundle_json, make_event
+    from ledger.protocol import receipt_stream_subject
+
+    reserved, committed = await fleet.budget.reserve_committed(MID, ["g"], "r-a1", 100, LEASE_S)
+    at = fleet.clock.now()
+    earlier = [
+        make_event(ActionRequested(action_id="a1", action="pay", cost=100), mission_id=MID,
+                   at=at, grant_id="g", idempotency_key="k-a1"),
+        *(make_event(r.ledger_payload(), mission_id=MID, at=r.at, grant_id="g")
+          for r in (reserved, committed)),
+        make_event(DecisionRecorded(action_id="a1", action="pay", allowed=True, reason="ok",
+                                    cut_seq=2, cut=2, policy_version="p", reservation_id="r-a1"),
+                   mission_id=MID, at=at, grant_id="g"),
+    ]  # fmt: skip
+    fleet.bus.delivering.clear()  # stored, not yet folded here
+    await fleet.bus.publish(
+        receipt_stream_subject(MID, "a1", None), bundle_json(earlier),
+        msg_id=decision_msg_id(earlier),
+    )  # fmt: skip
+    fleet.budget.failing = {"reserve_committed"}
+    with pytest.raises(Unreachable, match="budget store unreachable"):
+        await fleet.authorize("a1", cost=100)  # decided again on the state without it
+    assert (MID, "r-a1") in fleet.co.reconciler.undecided
+    fleet.budget.failing = set()
+    fleet.budget.calls.clear()
+    retry = asyncio.create_task(fleet.authorize("a1", cost=900))  # denied: over the grant
+    for _ in range(1000):  # until the retry has asked Redis what it holds for a1
+        if "reservation" in fleet.budget.calls or retry.done():
+            break
+        await asyncio.sleep(0)
+    fleet.bus.delivering.set()  # the fold catches up: the stored decision stands
+    reply = await retry
+    assert reply.decision is not None and reply.decision.allowed and reply.replayed
+    state = fleet.co.states[MID]
+    assert state.reservations["r-a1"].state == "committed"  # the record counts it
+    assert fleet.budget.reservations[(MID, "r-a1")].state == "committed"  # so does Redis
+    assert fleet.budget.used[(MID, "mission")] == state.level("mission").used == 100
+    fleet.clock.advance(timedelta(seconds=LEASE_S + 1))
+    await fleet.co.sweep_once()  # the undecided entry is settled by the record, not returned
+    assert fleet.budget.reservations[(MID, "r-a1")].state == "committed"
+    assert (MID, "r-a1") not in fleet.co.reconciler.undecided
+    assert fleet.co.dead_letters == 0
+
+
+async def test_a_change_after_an_append_whose_fold_timed_out_waits_for_that_append(
+    fleet: Fleet,
+) -> None:
+    """The chaos checker's seed-5 run (loaded machine, NATS killed twice): ``grant.issued`` was
+    stored twice and the fold dead-lettered the second. The first append was acknowledged but
+    the coordinator's consumer lagged, so the wait for its fold timed out; the client's retry
+    was then decided on a state without it. A coordinator decides nothing more for a mission
+    until its own acknowledged appends are folded."""
+    from ledger.errors import Unreachable
+
+    spec = {
+        "grant_id": "g2",
+        "holder": "agent-1",
+        "purpose": "pay invoices",
+        "owner": "olga",
+        "authority": Authority.of(["pay"]).model_dump(mode="json"),
+        "budget": 100,
+    }
+    fleet.bus.delivering.clear()  # stored and acknowledged, not yet folded
+    with pytest.raises(Unreachable, match="not yet"):
+        await fleet.manage("grant.issue", spec)
+    before = len(fleet.bus.messages)
+    with pytest.raises(Unreachable, match="not yet"):  # fail closed: not decided on that state
+        await fleet.manage("grant.issue", spec)
+    assert len(fleet.bus.messages) == before  # nothing appended a second time
+    fleet.bus.delivering.set()
+    await fleet.co.wait_applied(before)
+    with pytest.raises(InvalidInput, match="already issued") as exc:
+        await fleet.manage("grant.issue", spec)  # the retry now sees the first
+    assert exc.value.code is ErrorCode.DUPLICATE
+    assert fleet.kinds(before - 1) == [["grant.issued"]]
     assert fleet.co.dead_letters == 0
