@@ -228,6 +228,9 @@ class MissionState:
     key_actions: dict[str, list[str]] = field(default_factory=dict)
     decisions: list[DecisionRecorded] = field(default_factory=list)
     items: dict[str, ItemProgress] = field(default_factory=dict)  # the agents' to-do items
+    # every event id applied: a verbatim copy published again (under another message id, or
+    # after JetStream's duplicate window) is refused, never applied twice (SPEC S12)
+    applied: set[uuid.UUID] = field(default_factory=set)
     # principal -> the roles it holds in this mission (role.bound / role.unbound events;
     # mission.created binds the owner); ``invariants.holds_role`` answers from it
     roles: dict[str, frozenset[str]] = field(default_factory=dict)
@@ -296,6 +299,7 @@ class MissionState:
         from dataclasses import asdict
 
         data = asdict(self)
+        del data["applied"]  # bookkeeping of the fold, not state a reader compares
         data["decisions"] = [d.model_dump(mode="json") for d in self.decisions]
         return data
 
@@ -315,10 +319,18 @@ class MissionState:
                 f"(kind {event.kind!r}); nothing was applied",
                 code=ErrorCode.UNKNOWN_KIND,
             )
+        if event.event_id in self.applied:
+            raise InvalidInput(
+                f"event {event.event_id} ({event.kind}) was applied already: a replayed copy "
+                "changes nothing",
+                code=ErrorCode.DUPLICATE,
+            )
         if step.needs_mission:
             _mission(self)
         if step.apply(self, event, p) is UNCHANGED:  # validates fully, then mutates
+            self.applied.add(event.event_id)
             return
+        self.applied.add(event.event_id)
         self.version += 1
 
 

@@ -1,0 +1,37 @@
+"""A verbatim copy of an applied event changes nothing (SPEC S12: replayed events are refused).
+
+Found by review: a node's old ``item.status_changed``, republished under a new message id
+(JetStream de-duplicates by message id within its window only), rolled an item from done back
+to open."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.errors import ErrorCode, InvalidInput
+from ledger.events import ItemCaptured, ItemStatusChanged, make_event
+from ledger.items import ItemStatus
+from ledger.mission import MissionState
+from tests.unit.builders import T0
+
+
+def test_a_replayed_copy_of_an_applied_event_is_refused_and_changes_nothing() -> None:
+    state = MissionState("m-replay")
+
+    def event(payload: object) -> object:
+        return make_event(payload, mission_id="m-replay", at=T0, node_id="node-2")
+
+    opened = event(ItemStatusChanged(item_id="s-t1", status="open", actor_kind="human",
+                                     actor="ann"))  # fmt: skip
+    for e in (
+        event(ItemCaptured(item_id="s-t1", session_id="s", text="ship it", order=0)),
+        opened,
+        event(ItemStatusChanged(item_id="s-t1", status="done", actor_kind="human", actor="ann")),
+    ):
+        state.apply(e)  # type: ignore[arg-type]
+    before = (state.version, state.snapshot())
+    with pytest.raises(InvalidInput) as exc:
+        state.apply(opened)  # type: ignore[arg-type]
+    assert exc.value.code is ErrorCode.DUPLICATE and "applied already" in str(exc.value)
+    assert (state.version, state.snapshot()) == before
+    assert state.items["s-t1"].status is ItemStatus.DONE
