@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ledger.errors import InvalidInput, Rule, RuleViolation
 from ledger.events import ID_PATTERN, OWNER_ROLE, Event, acts_for
 from ledger.invariants import holds_role
-from ledger.protocol import NODE_KIND_PREFIXES
+from ledger.protocol import AUTHORIZE_RESERVATION_PREFIX, NODE_KIND_PREFIXES
 
 # what a Branch orchestrator records of its own reservations (SPEC S7.4)
 BRANCH_KINDS = frozenset(
@@ -347,7 +347,15 @@ def check_producer(who: Principal, event: Event) -> None:
                 f"coordinator {who.name} may not emit the node observation {event.kind}",
             )
     elif who.role is Role.SERVICE and event.kind in BRANCH_KINDS:
-        return  # an orchestrator records its own branches' reservations (Redis admitted them)
+        # an orchestrator records its own branches' reservations (Redis admitted them), never
+        # the coordinator's authorize reservations
+        rid = str(getattr(event.payload, "reservation_id", ""))
+        if rid.startswith(AUTHORIZE_RESERVATION_PREFIX):
+            raise RuleViolation(
+                Rule.PRODUCER_PERMISSION,
+                f"service {who.name} may not emit {event.kind} for reservation {rid}: ids "
+                f"starting {AUTHORIZE_RESERVATION_PREFIX!r} are the coordinator's",
+            )
     else:
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION,

@@ -167,6 +167,17 @@ def test_an_orchestrator_records_its_branches_budget_and_nothing_else() -> None:
         check_producer(svc, treatment())
 
 
+def test_an_orchestrator_may_not_record_the_coordinators_authorize_reservations() -> None:
+    from ledger.events import BudgetReleased
+
+    svc = Principal(name="orchestrator", role=Role.SERVICE, public_key=NODE.public_key)
+    forged = make_event(BudgetReleased(reservation_id="r-a1"), mission_id="m1", at=T0)
+    with pytest.raises(RuleViolation) as exc:
+        check_producer(svc, forged)
+    assert exc.value.rule is Rule.PRODUCER_PERMISSION
+    assert "r-a1" in exc.value.reason and "coordinator's" in exc.value.reason
+
+
 def test_a_signed_request_verifies_and_a_replayed_or_altered_one_does_not() -> None:
     from datetime import timedelta
 
