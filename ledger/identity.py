@@ -319,6 +319,27 @@ def check_requester(
     )
 
 
+def check_effect_recorder(
+    who: Principal,
+    *,
+    mission_id: str,
+    holder: str | None,
+    roles: Mapping[str, frozenset[str]],
+) -> None:
+    """May ``who`` record the effect of an action of the grant held by ``holder``? A
+    coordinator; a node (for now any node in the mission: there is no node-to-agent binding
+    yet to tell which node ran the action); otherwise whoever may ask for decisions on that
+    grant (``check_requester``: its holder, a delegate of the holder, a mission owner)."""
+    if who.role in (Role.COORDINATOR, Role.NODE):
+        if not who.acts_in(mission_id):
+            raise RuleViolation(
+                Rule.PRODUCER_PERMISSION,
+                f"{who.role} {who.name} may not act in mission {mission_id}",
+            )
+        return
+    check_requester(who, mission_id=mission_id, node_id="", holder=holder, roles=roles)
+
+
 def check_producer(who: Principal, event: Event) -> None:
     """May ``who`` emit ``event``? Nodes: observations of their own node; coordinators:
     decision state; services: their branches' budget records; humans: nothing directly
@@ -371,6 +392,7 @@ __all__ = [
     "Role",
     "canonical",
     "check_acting_as",
+    "check_effect_recorder",
     "check_origin",
     "check_producer",
     "check_requester",
