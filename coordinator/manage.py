@@ -303,7 +303,7 @@ class Manager:
         await journal.settle(req.mission_id)
         state = journal.state(req.mission_id)
         if who is not None:
-            args = check_acting_as(who, req.op, req.args, state.roles)
+            args = check_acting_as(who, req.op, req.args, state.roles, mission_id=req.mission_id)
             req = req.model_copy(update={"actor": who.name, "args": args})
         ctx = Context(req, state, journal.clock.now(), who)
         op = HANDLERS[req.op]

@@ -255,11 +255,17 @@ def check_acting_as(
     op: str,
     args: Mapping[str, Any],
     roles: Mapping[str, frozenset[str]] | None = None,
+    *,
+    mission_id: str,
 ) -> dict[str, Any]:
     """``args`` with the acting person set to ``who`` (when omitted); a request naming someone
     else is refused (producer_permission) unless ``who`` holds ``acts-for:<them>`` in the
     mission's ``roles`` (a delegation, itself a role event) and the op is ``DELEGABLE``.
-    Nodes may only record effects."""
+    Nodes may only record effects; nobody acts in a mission outside its ``missions``."""
+    if not who.acts_in(mission_id):
+        raise RuleViolation(
+            Rule.PRODUCER_PERMISSION, f"{who.role} {who.name} may not act in mission {mission_id}"
+        )
     if who.role is Role.NODE and op != "effect.record":
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION, f"node {who.name} may record effects only, not {op}"
