@@ -46,7 +46,7 @@ from ledger.events import (
     RoleBound,
     RoleUnbound,
 )
-from ledger.identity import Principal, check_acting_as, verify_request
+from ledger.identity import Principal, check_acting_as, check_effect_recorder, verify_request
 from ledger.mission import MissionState, ReservationState, admit_grant, evolve
 from ledger.protocol import MANAGE_SUBJECT, ErrorBody, ManageOp, ManageReply, ManageRequest
 from reservations import Budget
@@ -84,6 +84,7 @@ class Context:
     req: ManageRequest
     state: MissionState
     now: datetime
+    who: Principal | None = None  # the signer, when requests are signed
 
 
 Handler = Callable[["Manager", Context, Any], Awaitable[Change]]
@@ -169,6 +170,12 @@ async def _record_effect(mgr: Manager, ctx: Context, payload: EffectObserved) ->
             f"action {payload.action_id} was never requested in mission {state.mission_id}",
             code=ErrorCode.NOT_FOUND,
         )
+    if ctx.who is not None:
+        grant = state.grants.get(record.grant_id) if record.grant_id else None
+        check_effect_recorder(
+            ctx.who, mission_id=state.mission_id, roles=state.roles,
+            holder=grant.spec.holder if grant is not None else None,
+        )  # fmt: skip
     if record.effect == payload and record.effect_event_id is not None:
         # the same effect again (a retry whose answer was lost): harmless, nothing new
         rid = record.reservation_id
@@ -296,9 +303,9 @@ class Manager:
         await journal.settle(req.mission_id)
         state = journal.state(req.mission_id)
         if who is not None:
-            args = check_acting_as(who, req.op, req.args, state.roles)
+            args = check_acting_as(who, req.op, req.args, state.roles, mission_id=req.mission_id)
             req = req.model_copy(update={"actor": who.name, "args": args})
-        ctx = Context(req, state, journal.clock.now())
+        ctx = Context(req, state, journal.clock.now(), who)
         op = HANDLERS[req.op]
         args = req.args if op.prepare is None else op.prepare(ctx)
         try:

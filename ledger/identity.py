@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ledger.errors import InvalidInput, Rule, RuleViolation
 from ledger.events import ID_PATTERN, OWNER_ROLE, Event, acts_for
 from ledger.invariants import holds_role
-from ledger.protocol import NODE_KIND_PREFIXES
+from ledger.protocol import AUTHORIZE_RESERVATION_PREFIX, NODE_KIND_PREFIXES
 
 # what a Branch orchestrator records of its own reservations (SPEC S7.4)
 BRANCH_KINDS = frozenset(
@@ -255,11 +255,17 @@ def check_acting_as(
     op: str,
     args: Mapping[str, Any],
     roles: Mapping[str, frozenset[str]] | None = None,
+    *,
+    mission_id: str,
 ) -> dict[str, Any]:
     """``args`` with the acting person set to ``who`` (when omitted); a request naming someone
     else is refused (producer_permission) unless ``who`` holds ``acts-for:<them>`` in the
     mission's ``roles`` (a delegation, itself a role event) and the op is ``DELEGABLE``.
-    Nodes may only record effects."""
+    Nodes may only record effects; nobody acts in a mission outside its ``missions``."""
+    if not who.acts_in(mission_id):
+        raise RuleViolation(
+            Rule.PRODUCER_PERMISSION, f"{who.role} {who.name} may not act in mission {mission_id}"
+        )
     if who.role is Role.NODE and op != "effect.record":
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION, f"node {who.name} may record effects only, not {op}"
@@ -319,6 +325,27 @@ def check_requester(
     )
 
 
+def check_effect_recorder(
+    who: Principal,
+    *,
+    mission_id: str,
+    holder: str | None,
+    roles: Mapping[str, frozenset[str]],
+) -> None:
+    """May ``who`` record the effect of an action of the grant held by ``holder``? A
+    coordinator; a node (for now any node in the mission: there is no node-to-agent binding
+    yet to tell which node ran the action); otherwise whoever may ask for decisions on that
+    grant (``check_requester``: its holder, a delegate of the holder, a mission owner)."""
+    if who.role in (Role.COORDINATOR, Role.NODE):
+        if not who.acts_in(mission_id):
+            raise RuleViolation(
+                Rule.PRODUCER_PERMISSION,
+                f"{who.role} {who.name} may not act in mission {mission_id}",
+            )
+        return
+    check_requester(who, mission_id=mission_id, node_id="", holder=holder, roles=roles)
+
+
 def check_producer(who: Principal, event: Event) -> None:
     """May ``who`` emit ``event``? Nodes: observations of their own node; coordinators:
     decision state; services: their branches' budget records; humans: nothing directly
@@ -347,7 +374,15 @@ def check_producer(who: Principal, event: Event) -> None:
                 f"coordinator {who.name} may not emit the node observation {event.kind}",
             )
     elif who.role is Role.SERVICE and event.kind in BRANCH_KINDS:
-        return  # an orchestrator records its own branches' reservations (Redis admitted them)
+        # an orchestrator records its own branches' reservations (Redis admitted them), never
+        # the coordinator's authorize reservations
+        rid = str(getattr(event.payload, "reservation_id", ""))
+        if rid.startswith(AUTHORIZE_RESERVATION_PREFIX):
+            raise RuleViolation(
+                Rule.PRODUCER_PERMISSION,
+                f"service {who.name} may not emit {event.kind} for reservation {rid}: ids "
+                f"starting {AUTHORIZE_RESERVATION_PREFIX!r} are the coordinator's",
+            )
     else:
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION,
@@ -363,6 +398,7 @@ __all__ = [
     "Role",
     "canonical",
     "check_acting_as",
+    "check_effect_recorder",
     "check_origin",
     "check_producer",
     "check_requester",

@@ -299,7 +299,8 @@ def check_risk_treatment(
         raise RuleViolation(Rule.RISK_NON_ERASURE, f"risk {risk.risk_id} is already treated")
     if by == risk.owner:
         return
-    if role is None or role not in risk_roles:
+    if role is None or role not in risk_roles or role.startswith(ACTS_FOR_PREFIX):
+        # a delegation (acts-for:P) is never a risk role, whatever the mission names
         raise RuleViolation(
             Rule.RISK_NON_ERASURE,
             f"{by} may not treat risk {risk.risk_id}: only its owner {risk.owner} or a "
@@ -332,6 +333,11 @@ def check_role_change(
     owner = holds_role(roles, by, OWNER_ROLE)
     if role.startswith(ACTS_FOR_PREFIX):
         delegator = role.removeprefix(ACTS_FOR_PREFIX)
+        if bind and principal == delegator:
+            raise RuleViolation(
+                Rule.ROLE_BINDING,
+                f"{by} may not bind {role!r} to {principal} itself: a delegation names another",
+            )
         allowed = by == delegator or (owner and not bind)
         who = f"only {delegator} itself may {'bind' if bind else 'unbind (or an owner)'} it"
     else:
@@ -389,7 +395,13 @@ def check_approver(
     mission_id: str,
 ) -> None:
     """An approval counts only from a principal bound to the role it approves as (and, when
-    the mission names approver roles, one of them)."""
+    the mission names approver roles, one of them). A delegation (``acts-for:P``) is never an
+    approval role."""
+    if role.startswith(ACTS_FOR_PREFIX):
+        raise RuleViolation(
+            Rule.APPROVAL_REQUIRED,
+            f"{approver} may not approve as {role!r}: a delegation is not an approval role",
+        )
     if approver_roles and role not in approver_roles:
         raise RuleViolation(
             Rule.APPROVAL_REQUIRED,

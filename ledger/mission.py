@@ -755,7 +755,15 @@ def _budget_overrun_treated(s: MissionState, e: Event, p: BudgetOverrunTreated) 
     mission = _mission(s)
     if p.scope not in s.blocked_scopes:
         raise InvalidInput(f"scope {p.scope} has no untreated overrun", code=ErrorCode.NOT_FOUND)
-    owner = mission.owner if p.scope == MISSION_SCOPE else s.grants[p.scope].spec.owner
+    grant = None if p.scope == MISSION_SCOPE else s.grants[p.scope].spec
+    owner = mission.owner if grant is None else grant.owner
+    if grant is not None and p.by == grant.holder:
+        # a holder that made itself its child's owner would otherwise lift its own block
+        raise RuleViolation(
+            Rule.BUDGET_CONSERVATION,
+            f"{p.by} may not treat the overrun on {p.scope}: it holds that grant; the "
+            f"mission owner {mission.owner} (or a grant owner that is not its holder) may",
+        )
     if p.by not in (owner, mission.owner):
         raise RuleViolation(
             Rule.BUDGET_CONSERVATION,

@@ -83,6 +83,10 @@ def subject_of(event: Event) -> str:
 
 # Kinds node agents publish (their observations). Everything else is decision state, which
 # only the coordinator writes; subject permissions can tell them apart (README, Security).
+# the coordinator's authorize reserves ``r-<action id>`` (coordinator/reconcile.py builds them);
+# no service may record budget for such an id
+AUTHORIZE_RESERVATION_PREFIX = "r-"
+
 NODE_KIND_PREFIXES = ("item.", "judge.", "reminder.", "turn.", "resource.", "command.", "claim.")
 
 

@@ -216,3 +216,29 @@ async def test_by_names_another_principal_only_through_its_delegation(secured: S
                                                    "role": "acts-for:treasury", "by": "treasury"}),
         "producer_permission",
     )  # fmt: skip
+
+
+# --- management: effects --------------------------------------------------------------------
+
+
+async def test_only_the_holder_its_delegate_an_owner_or_a_node_records_an_effect(
+    secured: Secured,
+) -> None:
+    for action_id in ("a1", "a2", "a3"):
+        reply = await secured.authorize("agent-1", action_id)
+        assert reply.decision is not None and reply.decision.allowed, reply
+    failure = {"action_id": "a1", "outcome": "verified_failure"}
+    for stranger in ("mallory", "asst"):
+        refused(await secured.manage(stranger, "effect.record", failure), "producer_permission",
+                f"{stranger} may not")  # fmt: skip
+    assert secured.co.states[MID].actions["a1"].effect is None
+    assert (await secured.manage("agent-1", "effect.record", failure)).ok
+    bound = await secured.manage(
+        "agent-1", "role.bind", {"principal": "asst", "role": "acts-for:agent-1"}
+    )
+    assert bound.ok, bound
+    for signer, action_id in (("asst", "a2"), ("node-1", "a3")):
+        reply = await secured.manage(
+            signer, "effect.record", {"action_id": action_id, "outcome": "verified_failure"}
+        )
+        assert reply.ok, (signer, reply)

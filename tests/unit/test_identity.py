@@ -167,6 +167,17 @@ def test_an_orchestrator_records_its_branches_budget_and_nothing_else() -> None:
         check_producer(svc, treatment())
 
 
+def test_an_orchestrator_may_not_record_the_coordinators_authorize_reservations() -> None:
+    from ledger.events import BudgetReleased
+
+    svc = Principal(name="orchestrator", role=Role.SERVICE, public_key=NODE.public_key)
+    forged = make_event(BudgetReleased(reservation_id="r-a1"), mission_id="m1", at=T0)
+    with pytest.raises(RuleViolation) as exc:
+        check_producer(svc, forged)
+    assert exc.value.rule is Rule.PRODUCER_PERMISSION
+    assert "r-a1" in exc.value.reason and "coordinator's" in exc.value.reason
+
+
 def test_a_signed_request_verifies_and_a_replayed_or_altered_one_does_not() -> None:
     from datetime import timedelta
 
@@ -186,11 +197,11 @@ def test_a_signed_request_verifies_and_a_replayed_or_altered_one_does_not() -> N
     with pytest.raises(RuleViolation, match="not signed"):
         verify_request({}, "fleet.v1.manage", body, DIRECTORY, T0)
     lead = Principal(name="lead", role=Role.HUMAN, public_key=CO.public_key)
-    assert check_acting_as(lead, "risk.treat", {"risk_id": "k"})["by"] == "lead"
+    assert check_acting_as(lead, "risk.treat", {"risk_id": "k"}, mission_id="m1")["by"] == "lead"
     with pytest.raises(RuleViolation, match="may not act as 'owner'"):
-        check_acting_as(lead, "approve", {"approver": "owner"})
+        check_acting_as(lead, "approve", {"approver": "owner"}, mission_id="m1")
     with pytest.raises(RuleViolation, match="effects only"):
-        check_acting_as(NODE, "risk.treat", {})
+        check_acting_as(NODE, "risk.treat", {}, mission_id="m1")
 
 
 # --- who may ask for a decision, and for whom a person may act ------------------------------
@@ -220,14 +231,30 @@ def test_who_may_ask_for_a_decision_on_a_grant() -> None:
         assert exc.value.rule is Rule.PRODUCER_PERMISSION
 
 
+def test_a_principal_bound_to_missions_sends_requests_only_there() -> None:
+    from ledger.identity import check_acting_as
+
+    lead = Principal(name="lead", role=Role.HUMAN, public_key=NODE.public_key,
+                     missions=frozenset({"m2"}))  # fmt: skip
+    with pytest.raises(RuleViolation) as exc:
+        check_acting_as(lead, "risk.open", {"risk_id": "k"}, mission_id="m1")
+    assert exc.value.rule is Rule.PRODUCER_PERMISSION
+    assert "may not act in mission m1" in exc.value.reason
+    assert check_acting_as(lead, "risk.treat", {}, mission_id="m2")["by"] == "lead"
+
+
 def test_a_person_names_another_only_through_a_delegation_bound_to_it() -> None:
     from ledger.identity import check_acting_as
 
     asst = Principal(name="asst", role=Role.HUMAN, public_key=CO.public_key)
     delegation = {"asst": frozenset({"acts-for:treasury"})}
     args = {"risk_id": "k", "by": "treasury"}
-    assert check_acting_as(asst, "risk.treat", args, delegation)["by"] == "treasury"
+    assert (
+        check_acting_as(asst, "risk.treat", args, delegation, mission_id="m1")["by"] == "treasury"
+    )
     with pytest.raises(RuleViolation, match="asst may not act as 'treasury'"):
-        check_acting_as(asst, "risk.treat", args, {})
+        check_acting_as(asst, "risk.treat", args, {}, mission_id="m1")
     with pytest.raises(RuleViolation, match="may not act as 'treasury'"):  # not delegable
-        check_acting_as(asst, "role.bind", {"principal": "x", "role": "r", **args}, delegation)
+        check_acting_as(
+            asst, "role.bind", {"principal": "x", "role": "r", **args}, delegation, mission_id="m1"
+        )

@@ -488,6 +488,21 @@ def test_only_the_delegator_binds_acts_for_itself() -> None:
         check_role_change(OWNERS, by="olga", principal="asst", role="acts-for:rita", bind=True)
 
 
+def test_nobody_binds_acts_for_a_principal_to_itself() -> None:
+    with violation(Rule.ROLE_BINDING, "may not bind 'acts-for:rita' to rita itself"):
+        check_role_change(OWNERS, by="rita", principal="rita", role="acts-for:rita", bind=True)
+
+
+def test_a_delegation_is_neither_an_approval_nor_a_risk_role() -> None:
+    bound = {"asst": frozenset({"acts-for:rita"})}
+    with violation(Rule.APPROVAL_REQUIRED, "asst may not approve as 'acts-for:rita'", "delegation"):
+        check_approver(bound, approver="asst", role="acts-for:rita", approver_roles=frozenset(),
+                       mission_id="m1")  # fmt: skip
+    with violation(Rule.RISK_NON_ERASURE, "asst may not treat risk k1"):
+        check_risk_treatment(risk(), by="asst", role="acts-for:rita",
+                             risk_roles=frozenset({"acts-for:rita"}), roles=bound)  # fmt: skip
+
+
 def test_binding_twice_unbinding_what_is_not_held_and_the_last_owner_are_refused() -> None:
     with violation(Rule.ROLE_BINDING, "hannah already holds 'controller'"):
         check_role_change(OWNERS, by="olga", principal="hannah", role="controller", bind=True)

@@ -869,6 +869,17 @@ def test_overrun_treated_by_someone_else_is_rejected() -> None:
     )
 
 
+def test_the_grant_holder_may_not_treat_its_own_overrun_even_as_owner() -> None:
+    led = Ledger().mission()
+    led.grant("g1", owner="gina", holder="gina")
+    led.reserve("r1", 100, grant_id="g1")
+    led.overrun("r1", 150)
+    ev = led.event(BudgetOverrunTreated(scope="g1", by="gina"))
+    rejects(led.state, ev, Rule.BUDGET_CONSERVATION, "gina may not treat", "it holds that grant")
+    led.treat_overrun("g1", by=OWNER)
+    assert led.state.blocked_scopes == {}
+
+
 def test_mission_scope_overrun_is_treated_by_the_mission_owner() -> None:
     led = Ledger().mission()
     led.reserve("r1", 100)
