@@ -29,6 +29,7 @@ from fleetbus.bus import cancel_requested
 from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
 from ledger.events import MAX_BUNDLE_EVENTS, BudgetExpired, BudgetReleased, Event
 from ledger.mission import MissionState, ReservationState
+from ledger.protocol import AUTHORIZE_RESERVATION_PREFIX  # authorize reserves r-<action id>
 from reservations import Budget
 from telemetry import Telemetry
 from telemetry.conventions import FLEET_RESERVATION_OUTCOME
@@ -36,7 +37,6 @@ from telemetry.conventions import FLEET_RESERVATION_OUTCOME
 log = logging.getLogger("fleetledger.coordinator.reconcile")
 
 ORPHAN_SWEEP_EVERY = 30  # sweep rounds between sweeps of missions with nothing held on record
-AUTHORIZE_RESERVATION_PREFIX = "r-"  # authorize reserves ``r-<action id>``
 
 
 def authorize_reservation_id(action_id: str) -> str:

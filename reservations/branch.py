@@ -16,6 +16,7 @@ from typing import Any, Literal, Self
 
 from ledger.errors import InvalidInput, RuleViolation
 from ledger.ids import new_id
+from ledger.protocol import AUTHORIZE_RESERVATION_PREFIX
 from reservations.results import CommitResult, ReleaseResult, ReserveResult, SettleResult
 from reservations.store import ReservationClient, ReservationStore
 
@@ -101,9 +102,10 @@ def _not_authorize_id(reservation_id: str) -> None:
     """``r-<action>`` names the coordinator's authorize reservations; a committed one the
     ledger does not know is returned when a coordinator starts. A branch must not look like
     one."""
-    if reservation_id.startswith("r-"):
+    if reservation_id.startswith(AUTHORIZE_RESERVATION_PREFIX):
         raise InvalidInput(
-            f"reservation id {reservation_id!r}: ids starting 'r-' are the coordinator's"
+            f"reservation id {reservation_id!r}: ids starting "
+            f"{AUTHORIZE_RESERVATION_PREFIX!r} are the coordinator's"
         )
 
 
