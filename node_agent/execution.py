@@ -219,15 +219,22 @@ _GEMINI_SHELL = re.compile(r"^\s*(Output|Process Group PGID):", re.M)
 _GEMINI_TROUBLE = re.compile(r"^\s*(Error|Signal):\s*(?!\(none\))\S", re.M)
 
 
+# Claude Code's Bash result for a call that did not finish in the foreground (run_in_background,
+# moved to the background by the user, or timed out): its stdout is not a finished run's
+STILL_RUNNING = ("backgroundTaskId", "backgroundedByUser", "timedOutAfterMs")
+
+
 def exit_status(response: Any, *, failed: bool | None = None) -> int | None:
     """The exit status the agent reported for a shell call, or None when it did not say.
 
     Never invented: Codex's plain-string result carries no status, so it is unknown (not
     cached, not "passing"). Claude Code's PostToolUse fires only on success (``failed`` False)
     and its PostToolUseFailure says "Exit code N"; Gemini writes "Exit Code: N" into llmContent
-    only when it is not 0.
+    only when it is not 0. A call still running (``STILL_RUNNING``) has no status yet: None.
     """
     if isinstance(response, dict):
+        if any(response.get(k) for k in STILL_RUNNING):
+            return None  # backgrounded or timed out: it has not finished, nothing passed
         for key in ("exit_code", "exitCode", "returncode", "exit_status"):
             value = response.get(key)
             if isinstance(value, int) and not isinstance(value, bool):

@@ -324,3 +324,20 @@ async def test_a_task_marked_completed_is_verified_at_once(node: NodeAgent, proj
                tool_input={"taskId": "1", "status": "completed"}, tool_response={})  # fmt: skip
     (item,) = await items(node)
     assert (item["stored_status"], item["stored_by"].split(":")[0]) == ("done", "check")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"backgroundTaskId": "b1"}, {"backgroundedByUser": True}, {"timedOutAfterMs": 1000}],
+)
+async def test_a_backgrounded_or_timed_out_run_neither_passes_nor_is_cached(
+    node: NodeAgent, project: Path, extra: dict[str, Any]
+) -> None:
+    await prompt(node, project, "1. run the tests")
+    tool = {"tool_name": "Bash", "tool_input": {"command": "pytest"}, "cwd": str(project)}
+    response = {"stdout": "", "stderr": "", "interrupted": False, **extra}
+    await hook(node, "PreToolUse", **tool)
+    await hook(node, "PostToolUse", **tool, tool_response=response)
+    assert node.execution.last_run("^pytest", str(project)) is None
+    assert (await stop(node)).json["decision"] == "block"
+    assert (await items(node))[0]["stored_status"] == "open"
