@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -111,10 +112,52 @@ def written(check: WrittenCheck, now: Mapping[str, str]) -> CheckResult:
     return CheckResult(passed=False, detail=f"no {check.pattern} in {check.cwd}")
 
 
+# Flags with which a test/lint/type run exits 0 without checking the work (it prints a version
+# or help, collects without running, narrows or skips what runs, or reads another config): a
+# run with any of them never satisfies a ``PassedCheck``. Long flags match argparse-style
+# abbreviations too (``--collect`` is ``--collect-only``).
+TRIVIAL_LONG = ("--version", "--help", "--co", "--collect-only", "--exit-zero", "--deselect",
+                "--ignore", "--ignore-glob", "--rootdir", "--config-file", "--keyword")  # fmt: skip
+TRIVIAL_SHORT = frozenset("hVkcp")  # -h, -V, -k EXPR, -c FILE, -p PLUGIN
+_SHORT_WITH_VALUE = frozenset("Wmorn")  # the rest of the word is their value
+
+
+def trivial_flag(command: str, cwd: str) -> str | None:
+    """Pure: the word of ``command`` that makes its exit 0 say nothing about the work (a
+    ``TRIVIAL_*`` flag, or a path outside ``cwd``), or None."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    root = os.path.normpath(cwd)
+    for word in words[1:]:
+        if word.startswith("--"):
+            name = word.split("=", 1)[0]
+            if len(name) >= 4 and any(flag.startswith(name) for flag in TRIVIAL_LONG):
+                return word
+        elif word.startswith("-") and len(word) > 1:
+            for ch in word[1:]:
+                if ch in TRIVIAL_SHORT:
+                    return word
+                if ch in _SHORT_WITH_VALUE:
+                    break
+        elif "/" in word or word.startswith(("~", "..")):
+            path = os.path.normpath(os.path.join(root, os.path.expanduser(word.split("::")[0])))
+            if path != root and not path.startswith(root + os.sep):
+                return word
+    return None
+
+
 def passed(check: PassedCheck, run: Run | None) -> CheckResult:
-    """Pure: does the latest matching run still answer, and did it exit 0?"""
+    """Pure: does the latest matching run still answer, check the work, and did it exit 0?"""
     if run is None:
         return CheckResult(passed=False, detail=f"{check.what} has not run in {check.cwd}")
+    flag = trivial_flag(run.command, check.cwd)
+    if flag is not None:
+        return CheckResult(
+            passed=False,
+            detail=f"`{run.command}` does not check the work ({flag}): run it without that",
+        )
     if not run.valid:
         return CheckResult(
             passed=False, detail=f"`{run.command}` ran, but files it read changed since: rerun it"

@@ -341,3 +341,38 @@ async def test_a_backgrounded_or_timed_out_run_neither_passes_nor_is_cached(
     assert node.execution.last_run("^pytest", str(project)) is None
     assert (await stop(node)).json["decision"] == "block"
     assert (await items(node))[0]["stored_status"] == "open"
+
+
+@pytest.mark.parametrize(
+    ("command", "trivial"),
+    [
+        ("pytest --version", "--version"), ("pytest -V", "-V"), ("mypy --version", "--version"),
+        ("ruff check --exit-zero", "--exit-zero"), ("pytest --co", "--co"),
+        ("pytest --collect-only", "--collect-only"), ("pytest --collect", "--collect"),
+        ("pytest --help", "--help"), ("pytest -h", "-h"), ("pytest -k nothing", "-k"),
+        ("pytest -qk nothing", "-qk"), ("pytest --deselect tests/t.py", "--deselect"),
+        ("pytest --ignore=tests", "--ignore=tests"), ("pytest -c /dev/null", "-c"),
+        ("pytest --rootdir=/tmp", "--rootdir=/tmp"), ("pytest -p no:x", "-p"),
+        ("pytest /tmp/elsewhere", "/tmp/elsewhere"), ("pytest ../other/tests", "../other/tests"),
+        ("pytest", None), ("python -m pytest -q -x tests/unit", None), ("ruff check .", None),
+        ("pytest -W error::DeprecationWarning", None), ("pytest -n 2 --cov=app", None),
+        ("pytest tests/test_app.py::test_one", None), ("mypy --strict app.py", None),
+    ],
+)  # fmt: skip
+def test_a_run_that_trivially_exits_0_does_not_pass(command: str, trivial: str | None) -> None:
+    from node_agent.checks import PassedCheck, Run, passed, trivial_flag
+
+    assert trivial_flag(command, "/work/p") == trivial
+    check = PassedCheck(command="^", cwd="/work/p")
+    assert passed(check, Run(command, 0, valid=True)).passed is (trivial is None)
+
+
+async def test_version_and_exit_zero_runs_leave_the_items_open(
+    node: NodeAgent, project: Path
+) -> None:
+    await prompt(node, project, "1. run the tests 2. make the linter pass 3. type check with mypy")
+    for command in ("pytest --version", "ruff check --exit-zero", "mypy --version"):
+        await bash(node, project, command)
+    answer = await stop(node)
+    assert answer.json["decision"] == "block" and "does not check the work" in answer.json["reason"]
+    assert [i["stored_status"] for i in await items(node)] == ["open"] * 3
