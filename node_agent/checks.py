@@ -50,7 +50,8 @@ class EvidenceCheck(BaseModel):
 
 
 class WrittenCheck(BaseModel):
-    """A file matching ``pattern`` (a glob relative to ``cwd``) was created or changed since
+    """A file matching ``pattern`` (globs relative to ``cwd``, ``|`` between alternatives; a
+    non-empty regular file inside ``cwd``, not a symlink) was created or changed since
     the item was captured: ``baseline`` holds the versions of the matches at capture."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -61,7 +62,8 @@ class WrittenCheck(BaseModel):
     baseline: dict[str, str] = Field(default_factory=dict)  # relative path -> version
 
     def describe(self) -> str:
-        return f"{self.pattern} is written (created or changed since this item was captured)"
+        names = " or ".join(self.pattern.split("|"))
+        return f"{names} is written (created or changed since this item was captured)"
 
 
 class PassedCheck(BaseModel):

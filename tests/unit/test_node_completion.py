@@ -90,7 +90,7 @@ async def test_the_prompt_context_says_how_each_item_closes(node: NodeAgent, pro
     context = said.json["hookSpecificOutput"]["additionalContext"]
     assert "write hello.txt (closes when: hello.txt is written" in context
     assert "run the tests (closes when: a test run (pytest or unittest) has exited 0" in context
-    assert "update the changelog (closes when: CHANGELOG* is written" in context
+    assert "update the changelog (closes when: CHANGELOG or CHANGELOG.md or" in context
     assert "deploy it to production (closes when: a human closes it" in context
     captured = [e for e in outbox(node) if e["kind"] == "item.captured"]
     assert [e.get("check") is not None for e in captured] == [True, True, True, False]
@@ -300,7 +300,7 @@ async def test_each_agent_has_its_own_block_cap(tmp_path: Path, project: Path) -
     [
         ("write hello.txt", "hello.txt is written"),
         ("Update `docs/usage.md`", "docs/usage.md is written"),
-        ("update the CHANGELOG.md", "CHANGELOG* is written"),
+        ("update the CHANGELOG.md", "CHANGELOG or CHANGELOG.md or CHANGELOG.rst or CHANGELOG.txt"),
         ("make the linter pass", "a lint run (ruff check or flake8) has exited 0"),
         ("fix the failing tests", "a test run (pytest or unittest) has exited 0"),
         ("update the version to 0.2.0", None),  # a version number is not a file name
@@ -376,3 +376,24 @@ async def test_version_and_exit_zero_runs_leave_the_items_open(
     answer = await stop(node)
     assert answer.json["decision"] == "block" and "does not check the work" in answer.json["reason"]
     assert [i["stored_status"] for i in await items(node)] == ["open"] * 3
+
+
+async def test_an_empty_file_a_symlink_or_a_loose_changelog_name_is_not_written(
+    node: NodeAgent, project: Path, tmp_path: Path
+) -> None:
+    await prompt(node, project, "1. write hello.txt with a greeting 2. update the changelog")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not in the workspace\n")
+    (project / "hello.txt").symlink_to(outside)
+    (project / "changelog.bak").write_text("old\n")
+    answer = await stop(node)
+    assert answer.json["decision"] == "block"
+    (project / "hello.txt").unlink()
+    (project / "hello.txt").write_text("")
+    await stop(node)
+    assert [i["stored_status"] for i in await items(node)] == ["open", "open"]
+    (project / "hello.txt").write_text("hello\n")
+    (project / "changes.log").write_text("x\n")
+    (project / "changelog.md").write_text("# Changelog\n\n- hello\n")  # another case: fine
+    await stop(node)
+    assert [i["stored_status"] for i in await items(node)] == ["done", "done"]
