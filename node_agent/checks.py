@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 
 class CommandCheck(BaseModel):
@@ -76,6 +77,15 @@ class PassedCheck(BaseModel):
     command: str = Field(min_length=1)
     cwd: str
     what: str = "a matching command"  # in words: "a test run (pytest or unittest)"
+
+    @field_validator("command")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"command {value!r} is not a regular expression ({exc})") from None
+        return value
 
     def describe(self) -> str:
         return f"{self.what} has exited 0 on the files as they are now"

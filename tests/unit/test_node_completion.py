@@ -397,3 +397,41 @@ async def test_an_empty_file_a_symlink_or_a_loose_changelog_name_is_not_written(
     (project / "changelog.md").write_text("# Changelog\n\n- hello\n")  # another case: fine
     await stop(node)
     assert [i["stored_status"] for i in await items(node)] == ["done", "done"]
+
+
+async def test_a_passed_check_whose_command_is_not_a_regex_is_refused(
+    node: NodeAgent, project: Path, tmp_path: Path
+) -> None:
+    from pydantic import ValidationError
+
+    from ledger.errors import FleetError
+    from node_agent.checks import PassedCheck
+
+    with pytest.raises(ValidationError, match="not a regular expression"):
+        PassedCheck(command="(", cwd=str(project))
+    await prompt(node, project, "1. deploy to staging")
+    (item,) = await items(node)
+    bad = {"type": "passed", "command": "(", "cwd": str(project)}
+    with pytest.raises((FleetError, ValidationError)):
+        await node.call("todo.check", {"item": item["item_id"], "check": bad})
+    assert (await stop(node)).stdout is not None  # the stop still answers
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT),
+           "FLEET_STATE_DIR": str(tmp_path / "cli")}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetledger", "todo", "check", "t1", "--passed", "("],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "not a regular expression" in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
+
+
+async def test_a_check_that_raises_is_a_failed_check_not_an_exception(
+    node: NodeAgent, project: Path
+) -> None:
+    check = {"type": "written", "pattern": "x.txt", "cwd": "/no\x00where"}
+    await node.call("todo.add", {"session_id": "s-1", "text": "write x.txt", "check": check})
+    for _ in range(2):  # every stop answers (the check's error is its detail)
+        assert (await stop(node)).exit_code == 0
+    (item,) = await items(node)
+    assert item["stored_status"] == "open" and "failed to run" in item["check_detail"]
