@@ -94,9 +94,13 @@ class AutoLedger:
     def infer(self, text: str, cwd: str | None) -> Check | None:
         """The check ``text`` closes on in ``cwd`` (a written check with its baseline now)."""
         check = completion.infer(text, cwd, self.rules)
+        return None if check is None else self.baselined(check)
+
+    def baselined(self, check: Check) -> Check:
+        """A written check with its baseline taken here, now (any baseline given is ignored)."""
         if isinstance(check, WrittenCheck):
             baseline = self.execution.matching(check.cwd, check.pattern)
-            check = check.model_copy(update={"baseline": baseline})
+            return check.model_copy(update={"baseline": baseline})
         return check
 
     def on_prompt(

@@ -435,3 +435,31 @@ async def test_a_check_that_raises_is_a_failed_check_not_an_exception(
         assert (await stop(node)).exit_code == 0
     (item,) = await items(node)
     assert item["stored_status"] == "open" and "failed to run" in item["check_detail"]
+
+
+async def test_a_written_check_attached_later_takes_its_own_baseline(
+    node: NodeAgent, project: Path
+) -> None:
+    await prompt(node, project, "1. deploy to staging")  # no check inferred
+    check = {"type": "written", "pattern": "CHANGELOG.md", "cwd": str(project),
+             "baseline": {"CHANGELOG.md": "sha256:0000000000000000"}}  # fmt: skip
+    await node.call("todo.check", {"item": "t1", "session_id": "s-1", "check": check})
+    answer = await stop(node)  # CHANGELOG.md is untouched: the caller's baseline is ignored
+    assert answer.json["decision"] == "block" and "unchanged since capture" in answer.json["reason"]
+    (project / "CHANGELOG.md").write_text("# Changelog\n\n- staging\n")
+    await stop(node)
+    assert (await items(node))[0]["stored_status"] == "done"
+
+
+async def test_an_items_check_cannot_be_replaced(node: NodeAgent, project: Path) -> None:
+    from ledger.errors import InvalidInput as Refused
+
+    await prompt(node, project, "1. run the tests 2. deploy to staging")
+    easy = {"type": "command", "argv": ["true"]}
+    with pytest.raises(Refused, match=r"t1 already closes when: a test run .*cancel and re-add"):
+        await node.call("todo.check", {"item": "t1", "session_id": "s-1", "check": easy})
+    await node.call("todo.check", {"item": "t2", "session_id": "s-1", "check": easy})
+    with pytest.raises(Refused, match=r"t2 already closes when: `true` exits 0"):
+        await node.call("todo.check", {"item": "t2", "session_id": "s-1", "check": easy})
+    await stop(node)
+    assert [i["stored_status"] for i in await items(node)] == ["open", "done"]
