@@ -213,9 +213,14 @@ def test_bad_rules_are_refused_naming_the_problem(text: str, problem: str) -> No
     assert problem in raised.value.message
 
 
-def test_the_node_agent_refuses_bad_rules_at_start_with_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "content", [b"[[rule]]\nname = 'x'\nwhen = 'x'\ncheck = 'written'\n", b"name = '\xff\xfe'\n"]
+)
+def test_the_node_agent_refuses_bad_rules_at_start_with_exit_2(
+    tmp_path: Path, content: bytes
+) -> None:
     bad = tmp_path / "rules.toml"
-    bad.write_text("[[rule]]\nname = 'x'\nwhen = 'x'\ncheck = 'written'\n")
+    bad.write_bytes(content)
     state = tmp_path / "state"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "FLEET_COMPLETION_RULES": str(bad)}
     done = subprocess.run(
