@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -202,9 +202,10 @@ def _check(
         if written:
             return WrittenCheck(pattern=written, cwd=cwd)
         if passed:
-            re.compile(passed)
             return PassedCheck(command=passed, cwd=cwd)
-    except (ValueError, re.error) as exc:
+    except ValidationError as exc:
+        _fail(InvalidInput(exc.errors()[0]["msg"].removeprefix("Value error, ")), as_json)
+    except ValueError as exc:
         _fail(InvalidInput(str(exc)), as_json)
     return None
 

@@ -24,7 +24,14 @@ from ledger.items import Actor, ItemStatus
 from node_agent import completion
 from node_agent.auditor import Audit, audit, context, rule_turn, told
 from node_agent.capture import match_item, parse_prompt
-from node_agent.checks import Check, EvidenceCheck, PassedCheck, WrittenCheck, run_check
+from node_agent.checks import (
+    Check,
+    CheckResult,
+    EvidenceCheck,
+    PassedCheck,
+    WrittenCheck,
+    run_check,
+)
 from node_agent.completion import CompletionRule
 from node_agent.execution import ExecutionState
 from node_agent.judge import JudgeGate, JudgeOutcome
@@ -87,9 +94,13 @@ class AutoLedger:
     def infer(self, text: str, cwd: str | None) -> Check | None:
         """The check ``text`` closes on in ``cwd`` (a written check with its baseline now)."""
         check = completion.infer(text, cwd, self.rules)
+        return None if check is None else self.baselined(check)
+
+    def baselined(self, check: Check) -> Check:
+        """A written check with its baseline taken here, now (any baseline given is ignored)."""
         if isinstance(check, WrittenCheck):
             baseline = self.execution.matching(check.cwd, check.pattern)
-            check = check.model_copy(update={"baseline": baseline})
+            return check.model_copy(update={"baseline": baseline})
         return check
 
     def on_prompt(
@@ -195,16 +206,21 @@ class AutoLedger:
         if check is None:
             return False
         known, versions, last = False, None, None
-        if isinstance(check, EvidenceCheck):
-            known = await run(self.store.evidence_known, check.evidence_id)
-        elif isinstance(check, WrittenCheck):  # the workspace, off the event loop
-            versions = await asyncio.to_thread(self.execution.matching, check.cwd, check.pattern)
-        elif isinstance(check, PassedCheck):
-            last = await run(self.execution.last_run, check.command, check.cwd)
-        result = await run_check(
-            check, evidence_known=lambda _: known, versions=versions, last_run=last,
-            timeout=self.check_timeout_s,
-        )  # fmt: skip
+        try:  # any error is a failed check with its detail, never an exception
+            if isinstance(check, EvidenceCheck):
+                known = await run(self.store.evidence_known, check.evidence_id)
+            elif isinstance(check, WrittenCheck):  # the workspace, off the event loop
+                versions = await asyncio.to_thread(
+                    self.execution.matching, check.cwd, check.pattern
+                )
+            elif isinstance(check, PassedCheck):
+                last = await run(self.execution.last_run, check.command, check.cwd)
+            result = await run_check(
+                check, evidence_known=lambda _: known, versions=versions, last_run=last,
+                timeout=self.check_timeout_s,
+            )  # fmt: skip
+        except Exception as exc:
+            result = CheckResult(passed=False, detail=f"the check failed to run ({exc})")
         if result.passed:
             await run(
                 self.store.set_status,

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 
 class CommandCheck(BaseModel):
@@ -49,7 +51,8 @@ class EvidenceCheck(BaseModel):
 
 
 class WrittenCheck(BaseModel):
-    """A file matching ``pattern`` (a glob relative to ``cwd``) was created or changed since
+    """A file matching ``pattern`` (globs relative to ``cwd``, ``|`` between alternatives; a
+    non-empty regular file inside ``cwd``, not a symlink) was created or changed since
     the item was captured: ``baseline`` holds the versions of the matches at capture."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -60,7 +63,8 @@ class WrittenCheck(BaseModel):
     baseline: dict[str, str] = Field(default_factory=dict)  # relative path -> version
 
     def describe(self) -> str:
-        return f"{self.pattern} is written (created or changed since this item was captured)"
+        names = " or ".join(self.pattern.split("|"))
+        return f"{names} is written (created or changed since this item was captured)"
 
 
 class PassedCheck(BaseModel):
@@ -73,6 +77,15 @@ class PassedCheck(BaseModel):
     command: str = Field(min_length=1)
     cwd: str
     what: str = "a matching command"  # in words: "a test run (pytest or unittest)"
+
+    @field_validator("command")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"command {value!r} is not a regular expression ({exc})") from None
+        return value
 
     def describe(self) -> str:
         return f"{self.what} has exited 0 on the files as they are now"
@@ -111,10 +124,52 @@ def written(check: WrittenCheck, now: Mapping[str, str]) -> CheckResult:
     return CheckResult(passed=False, detail=f"no {check.pattern} in {check.cwd}")
 
 
+# Flags with which a test/lint/type run exits 0 without checking the work (it prints a version
+# or help, collects without running, narrows or skips what runs, or reads another config): a
+# run with any of them never satisfies a ``PassedCheck``. Long flags match argparse-style
+# abbreviations too (``--collect`` is ``--collect-only``).
+TRIVIAL_LONG = ("--version", "--help", "--co", "--collect-only", "--exit-zero", "--deselect",
+                "--ignore", "--ignore-glob", "--rootdir", "--config-file", "--keyword")  # fmt: skip
+TRIVIAL_SHORT = frozenset("hVkcp")  # -h, -V, -k EXPR, -c FILE, -p PLUGIN
+_SHORT_WITH_VALUE = frozenset("Wmorn")  # the rest of the word is their value
+
+
+def trivial_flag(command: str, cwd: str) -> str | None:
+    """Pure: the word of ``command`` that makes its exit 0 say nothing about the work (a
+    ``TRIVIAL_*`` flag, or a path outside ``cwd``), or None."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    root = os.path.normpath(cwd)
+    for word in words[1:]:
+        if word.startswith("--"):
+            name = word.split("=", 1)[0]
+            if len(name) >= 4 and any(flag.startswith(name) for flag in TRIVIAL_LONG):
+                return word
+        elif word.startswith("-") and len(word) > 1:
+            for ch in word[1:]:
+                if ch in TRIVIAL_SHORT:
+                    return word
+                if ch in _SHORT_WITH_VALUE:
+                    break
+        elif "/" in word or word.startswith(("~", "..")):
+            path = os.path.normpath(os.path.join(root, os.path.expanduser(word.split("::")[0])))
+            if path != root and not path.startswith(root + os.sep):
+                return word
+    return None
+
+
 def passed(check: PassedCheck, run: Run | None) -> CheckResult:
-    """Pure: does the latest matching run still answer, and did it exit 0?"""
+    """Pure: does the latest matching run still answer, check the work, and did it exit 0?"""
     if run is None:
         return CheckResult(passed=False, detail=f"{check.what} has not run in {check.cwd}")
+    flag = trivial_flag(run.command, check.cwd)
+    if flag is not None:
+        return CheckResult(
+            passed=False,
+            detail=f"`{run.command}` does not check the work ({flag}): run it without that",
+        )
     if not run.valid:
         return CheckResult(
             passed=False, detail=f"`{run.command}` ran, but files it read changed since: rerun it"

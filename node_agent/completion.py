@@ -75,13 +75,15 @@ def parse(text: str, source: str) -> tuple[CompletionRule, ...]:
 
 def load(user: Path | None = None) -> tuple[CompletionRule, ...]:
     """The user's rules (tried first), then the shipped defaults."""
-    rules = parse(SHIPPED.read_text(), str(SHIPPED))
+    rules = parse(SHIPPED.read_text(encoding="utf-8"), str(SHIPPED))
     if user is None:
         return rules
     try:
-        text = user.read_text()
+        text = user.read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidInput(f"completion rules {user}: cannot read ({exc.strerror})") from None
+    except ValueError as exc:  # UnicodeDecodeError
+        raise InvalidInput(f"completion rules {user}: not UTF-8 text ({exc})") from None
     return parse(text, str(user)) + rules
 
 

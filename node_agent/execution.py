@@ -22,6 +22,7 @@ import os
 import re
 import shlex
 import sqlite3
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,15 +220,22 @@ _GEMINI_SHELL = re.compile(r"^\s*(Output|Process Group PGID):", re.M)
 _GEMINI_TROUBLE = re.compile(r"^\s*(Error|Signal):\s*(?!\(none\))\S", re.M)
 
 
+# Claude Code's Bash result for a call that did not finish in the foreground (run_in_background,
+# moved to the background by the user, or timed out): its stdout is not a finished run's
+STILL_RUNNING = ("backgroundTaskId", "backgroundedByUser", "timedOutAfterMs")
+
+
 def exit_status(response: Any, *, failed: bool | None = None) -> int | None:
     """The exit status the agent reported for a shell call, or None when it did not say.
 
     Never invented: Codex's plain-string result carries no status, so it is unknown (not
     cached, not "passing"). Claude Code's PostToolUse fires only on success (``failed`` False)
     and its PostToolUseFailure says "Exit code N"; Gemini writes "Exit Code: N" into llmContent
-    only when it is not 0.
+    only when it is not 0. A call still running (``STILL_RUNNING``) has no status yet: None.
     """
     if isinstance(response, dict):
+        if any(response.get(k) for k in STILL_RUNNING):
+            return None  # backgrounded or timed out: it has not finished, nothing passed
         for key in ("exit_code", "exitCode", "returncode", "exit_status"):
             value = response.get(key)
             if isinstance(value, int) and not isinstance(value, bool):
@@ -534,16 +542,19 @@ class ExecutionState:
     # --- what completion checks ask (checks.WrittenCheck, checks.PassedCheck) ----------------
 
     def matching(self, cwd: str, pattern: str) -> dict[str, str]:
-        """The files under ``cwd`` matching ``pattern`` (a glob, case-insensitive) and their
-        versions now, by path relative to ``cwd``; a pattern without ``/`` looks at ``cwd`` only."""
+        """The files under ``cwd`` matching ``pattern`` (globs, case-insensitive, ``|`` between
+        alternatives) and their versions now, by path relative to ``cwd``; a pattern without
+        ``/`` looks at ``cwd`` only. Only a non-empty regular file (not a symlink) whose real
+        path is inside ``cwd`` counts as written."""
         found: dict[str, str] = {}
         want = pattern.lower()
         deep = "/" in pattern
+        root = os.path.realpath(cwd)
         for dirpath, dirnames, filenames in os.walk(cwd):
             dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS) if deep else []
             for name in sorted(filenames):
                 rel = os.path.relpath(os.path.join(dirpath, name), cwd)
-                if not _matches(rel.lower(), want):
+                if not _matches(rel.lower(), want) or not _own_file(Path(cwd) / rel, root):
                     continue
                 version = file_version(Path(cwd) / rel)
                 if version is not None and version != ABSENT:
@@ -625,6 +636,21 @@ class ExecutionState:
 
 
 def _matches(rel: str, pattern: str) -> bool:
+    return any(_glob(rel, p) for p in pattern.split("|") if p)
+
+
+def _glob(rel: str, pattern: str) -> bool:
     if pattern.startswith("**/"):
         return fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(rel, pattern[3:])
     return fnmatch.fnmatch(rel, pattern)
+
+
+def _own_file(path: Path, root: str) -> bool:
+    """A non-empty regular file, not a symlink, whose real path is inside ``root``."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    real = os.path.realpath(path)
+    inside = real.startswith(root + os.sep)
+    return stat.S_ISREG(st.st_mode) and st.st_size > 0 and inside

@@ -72,7 +72,13 @@ class TodoRoutes:
         def attach() -> StoredItem:
             session = safe_id(req.session_id) if req.session_id else None
             stored = self.store.find_item(req.item, session)
-            return self.store.attach_check(stored.item_id, req.check, by=req.by)
+            if stored.check is not None:  # an agent may not swap a check for an easier one
+                raise InvalidInput(
+                    f"{stored.short_id} already closes when: {stored.check.describe()}; "
+                    "cancel and re-add the item to change it"
+                )
+            check = self.ledger.baselined(req.check)  # the versions now, never the caller's
+            return self.store.attach_check(stored.item_id, check, by=req.by)
 
         stored = await self.store.run(attach)
         self.wake()

@@ -90,7 +90,7 @@ async def test_the_prompt_context_says_how_each_item_closes(node: NodeAgent, pro
     context = said.json["hookSpecificOutput"]["additionalContext"]
     assert "write hello.txt (closes when: hello.txt is written" in context
     assert "run the tests (closes when: a test run (pytest or unittest) has exited 0" in context
-    assert "update the changelog (closes when: CHANGELOG* is written" in context
+    assert "update the changelog (closes when: CHANGELOG or CHANGELOG.md or" in context
     assert "deploy it to production (closes when: a human closes it" in context
     captured = [e for e in outbox(node) if e["kind"] == "item.captured"]
     assert [e.get("check") is not None for e in captured] == [True, True, True, False]
@@ -213,9 +213,14 @@ def test_bad_rules_are_refused_naming_the_problem(text: str, problem: str) -> No
     assert problem in raised.value.message
 
 
-def test_the_node_agent_refuses_bad_rules_at_start_with_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "content", [b"[[rule]]\nname = 'x'\nwhen = 'x'\ncheck = 'written'\n", b"name = '\xff\xfe'\n"]
+)
+def test_the_node_agent_refuses_bad_rules_at_start_with_exit_2(
+    tmp_path: Path, content: bytes
+) -> None:
     bad = tmp_path / "rules.toml"
-    bad.write_text("[[rule]]\nname = 'x'\nwhen = 'x'\ncheck = 'written'\n")
+    bad.write_bytes(content)
     state = tmp_path / "state"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "FLEET_COMPLETION_RULES": str(bad)}
     done = subprocess.run(
@@ -300,7 +305,7 @@ async def test_each_agent_has_its_own_block_cap(tmp_path: Path, project: Path) -
     [
         ("write hello.txt", "hello.txt is written"),
         ("Update `docs/usage.md`", "docs/usage.md is written"),
-        ("update the CHANGELOG.md", "CHANGELOG* is written"),
+        ("update the CHANGELOG.md", "CHANGELOG or CHANGELOG.md or CHANGELOG.rst or CHANGELOG.txt"),
         ("make the linter pass", "a lint run (ruff check or flake8) has exited 0"),
         ("fix the failing tests", "a test run (pytest or unittest) has exited 0"),
         ("update the version to 0.2.0", None),  # a version number is not a file name
@@ -324,3 +329,142 @@ async def test_a_task_marked_completed_is_verified_at_once(node: NodeAgent, proj
                tool_input={"taskId": "1", "status": "completed"}, tool_response={})  # fmt: skip
     (item,) = await items(node)
     assert (item["stored_status"], item["stored_by"].split(":")[0]) == ("done", "check")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"backgroundTaskId": "b1"}, {"backgroundedByUser": True}, {"timedOutAfterMs": 1000}],
+)
+async def test_a_backgrounded_or_timed_out_run_neither_passes_nor_is_cached(
+    node: NodeAgent, project: Path, extra: dict[str, Any]
+) -> None:
+    await prompt(node, project, "1. run the tests")
+    tool = {"tool_name": "Bash", "tool_input": {"command": "pytest"}, "cwd": str(project)}
+    response = {"stdout": "", "stderr": "", "interrupted": False, **extra}
+    await hook(node, "PreToolUse", **tool)
+    await hook(node, "PostToolUse", **tool, tool_response=response)
+    assert node.execution.last_run("^pytest", str(project)) is None
+    assert (await stop(node)).json["decision"] == "block"
+    assert (await items(node))[0]["stored_status"] == "open"
+
+
+@pytest.mark.parametrize(
+    ("command", "trivial"),
+    [
+        ("pytest --version", "--version"), ("pytest -V", "-V"), ("mypy --version", "--version"),
+        ("ruff check --exit-zero", "--exit-zero"), ("pytest --co", "--co"),
+        ("pytest --collect-only", "--collect-only"), ("pytest --collect", "--collect"),
+        ("pytest --help", "--help"), ("pytest -h", "-h"), ("pytest -k nothing", "-k"),
+        ("pytest -qk nothing", "-qk"), ("pytest --deselect tests/t.py", "--deselect"),
+        ("pytest --ignore=tests", "--ignore=tests"), ("pytest -c /dev/null", "-c"),
+        ("pytest --rootdir=/tmp", "--rootdir=/tmp"), ("pytest -p no:x", "-p"),
+        ("pytest /tmp/elsewhere", "/tmp/elsewhere"), ("pytest ../other/tests", "../other/tests"),
+        ("pytest", None), ("python -m pytest -q -x tests/unit", None), ("ruff check .", None),
+        ("pytest -W error::DeprecationWarning", None), ("pytest -n 2 --cov=app", None),
+        ("pytest tests/test_app.py::test_one", None), ("mypy --strict app.py", None),
+    ],
+)  # fmt: skip
+def test_a_run_that_trivially_exits_0_does_not_pass(command: str, trivial: str | None) -> None:
+    from node_agent.checks import PassedCheck, Run, passed, trivial_flag
+
+    assert trivial_flag(command, "/work/p") == trivial
+    check = PassedCheck(command="^", cwd="/work/p")
+    assert passed(check, Run(command, 0, valid=True)).passed is (trivial is None)
+
+
+async def test_version_and_exit_zero_runs_leave_the_items_open(
+    node: NodeAgent, project: Path
+) -> None:
+    await prompt(node, project, "1. run the tests 2. make the linter pass 3. type check with mypy")
+    for command in ("pytest --version", "ruff check --exit-zero", "mypy --version"):
+        await bash(node, project, command)
+    answer = await stop(node)
+    assert answer.json["decision"] == "block" and "does not check the work" in answer.json["reason"]
+    assert [i["stored_status"] for i in await items(node)] == ["open"] * 3
+
+
+async def test_an_empty_file_a_symlink_or_a_loose_changelog_name_is_not_written(
+    node: NodeAgent, project: Path, tmp_path: Path
+) -> None:
+    await prompt(node, project, "1. write hello.txt with a greeting 2. update the changelog")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not in the workspace\n")
+    (project / "hello.txt").symlink_to(outside)
+    (project / "changelog.bak").write_text("old\n")
+    answer = await stop(node)
+    assert answer.json["decision"] == "block"
+    (project / "hello.txt").unlink()
+    (project / "hello.txt").write_text("")
+    await stop(node)
+    assert [i["stored_status"] for i in await items(node)] == ["open", "open"]
+    (project / "hello.txt").write_text("hello\n")
+    (project / "changes.log").write_text("x\n")
+    (project / "changelog.md").write_text("# Changelog\n\n- hello\n")  # another case: fine
+    await stop(node)
+    assert [i["stored_status"] for i in await items(node)] == ["done", "done"]
+
+
+async def test_a_passed_check_whose_command_is_not_a_regex_is_refused(
+    node: NodeAgent, project: Path, tmp_path: Path
+) -> None:
+    from pydantic import ValidationError
+
+    from ledger.errors import FleetError
+    from node_agent.checks import PassedCheck
+
+    with pytest.raises(ValidationError, match="not a regular expression"):
+        PassedCheck(command="(", cwd=str(project))
+    await prompt(node, project, "1. deploy to staging")
+    (item,) = await items(node)
+    bad = {"type": "passed", "command": "(", "cwd": str(project)}
+    with pytest.raises((FleetError, ValidationError)):
+        await node.call("todo.check", {"item": item["item_id"], "check": bad})
+    assert (await stop(node)).stdout is not None  # the stop still answers
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT),
+           "FLEET_STATE_DIR": str(tmp_path / "cli")}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetledger", "todo", "check", "t1", "--passed", "("],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "not a regular expression" in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
+
+
+async def test_a_check_that_raises_is_a_failed_check_not_an_exception(
+    node: NodeAgent, project: Path
+) -> None:
+    check = {"type": "written", "pattern": "x.txt", "cwd": "/no\x00where"}
+    await node.call("todo.add", {"session_id": "s-1", "text": "write x.txt", "check": check})
+    for _ in range(2):  # every stop answers (the check's error is its detail)
+        assert (await stop(node)).exit_code == 0
+    (item,) = await items(node)
+    assert item["stored_status"] == "open" and "failed to run" in item["check_detail"]
+
+
+async def test_a_written_check_attached_later_takes_its_own_baseline(
+    node: NodeAgent, project: Path
+) -> None:
+    await prompt(node, project, "1. deploy to staging")  # no check inferred
+    check = {"type": "written", "pattern": "CHANGELOG.md", "cwd": str(project),
+             "baseline": {"CHANGELOG.md": "sha256:0000000000000000"}}  # fmt: skip
+    await node.call("todo.check", {"item": "t1", "session_id": "s-1", "check": check})
+    answer = await stop(node)  # CHANGELOG.md is untouched: the caller's baseline is ignored
+    assert answer.json["decision"] == "block" and "unchanged since capture" in answer.json["reason"]
+    (project / "CHANGELOG.md").write_text("# Changelog\n\n- staging\n")
+    await stop(node)
+    assert (await items(node))[0]["stored_status"] == "done"
+
+
+async def test_an_items_check_cannot_be_replaced(node: NodeAgent, project: Path) -> None:
+    from ledger.errors import InvalidInput as Refused
+
+    await prompt(node, project, "1. run the tests 2. deploy to staging")
+    easy = {"type": "command", "argv": ["true"]}
+    with pytest.raises(Refused, match=r"t1 already closes when: a test run .*cancel and re-add"):
+        await node.call("todo.check", {"item": "t1", "session_id": "s-1", "check": easy})
+    await node.call("todo.check", {"item": "t2", "session_id": "s-1", "check": easy})
+    with pytest.raises(Refused, match=r"t2 already closes when: `true` exits 0"):
+        await node.call("todo.check", {"item": "t2", "session_id": "s-1", "check": easy})
+    await stop(node)
+    assert [i["stored_status"] for i in await items(node)] == ["open", "done"]
