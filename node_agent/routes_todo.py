@@ -52,10 +52,14 @@ class TodoRoutes:
         return Items(items=[ItemView.of(i) for s in sessions for i in self.store.items(s)])
 
     async def add(self, req: TodoAdd) -> ItemReply:
-        stored = await self.store.run(
-            self.ledger.add, req.session_id, req.text, check=req.check, agent=req.agent,
-            mission=req.mission,
-        )  # fmt: skip
+        def add() -> StoredItem:
+            # a written check's baseline is the versions now, never the caller's
+            check = self.ledger.baselined(req.check) if req.check is not None else None
+            return self.ledger.add(
+                req.session_id, req.text, check=check, agent=req.agent, mission=req.mission
+            )
+
+        stored = await self.store.run(add)
         self.wake()
         return ItemReply(item=ItemView.of(stored))
 

@@ -468,3 +468,20 @@ async def test_an_items_check_cannot_be_replaced(node: NodeAgent, project: Path)
         await node.call("todo.check", {"item": "t2", "session_id": "s-1", "check": easy})
     await stop(node)
     assert [i["stored_status"] for i in await items(node)] == ["open", "done"]
+
+
+async def test_a_written_check_given_with_a_new_item_takes_its_own_baseline(
+    node: NodeAgent, project: Path
+) -> None:
+    """`todo.add` with a written check and no (or a made-up) baseline: an existing, untouched
+    CHANGELOG.md must not close it at once (found by review, after the same fix in todo.check)."""
+    await prompt(node, project, "1. deploy to staging")
+    (project / "CHANGELOG.md").write_text("# Changelog\n")
+    check = {"type": "written", "pattern": "CHANGELOG.md", "cwd": str(project)}
+    await node.call("todo.add", {"session_id": "s-1", "text": "note it in the changelog",
+                                 "check": check})  # fmt: skip
+    await stop(node)
+    assert [i["stored_status"] for i in await items(node)] == ["open", "open"]
+    (project / "CHANGELOG.md").write_text("# Changelog\n\n- staging\n")
+    await stop(node)
+    assert [i["stored_status"] for i in await items(node)] == ["open", "done"]
