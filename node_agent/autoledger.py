@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ledger.errors import InvalidInput
 from ledger.events import ReminderEmitted, TurnEnded
 from ledger.items import Actor, ItemStatus
 from node_agent import completion
@@ -99,7 +100,10 @@ class AutoLedger:
     def baselined(self, check: Check) -> Check:
         """A written check with its baseline taken here, now (any baseline given is ignored)."""
         if isinstance(check, WrittenCheck):
-            baseline = self.execution.matching(check.cwd, check.pattern)
+            try:
+                baseline = self.execution.matching(check.cwd, check.pattern)
+            except (OSError, ValueError) as exc:  # a cwd that is no path (a NUL byte, ...)
+                raise InvalidInput(f"check: its working directory cannot be read ({exc})") from None
             return check.model_copy(update={"baseline": baseline})
         return check
 

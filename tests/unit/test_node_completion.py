@@ -434,8 +434,14 @@ async def test_a_passed_check_whose_command_is_not_a_regex_is_refused(
 async def test_a_check_that_raises_is_a_failed_check_not_an_exception(
     node: NodeAgent, project: Path
 ) -> None:
+    from ledger.errors import InvalidInput as Refused
+    from node_agent.checks import CHECK
+
     check = {"type": "written", "pattern": "x.txt", "cwd": "/no\x00where"}
-    await node.call("todo.add", {"session_id": "s-1", "text": "write x.txt", "check": check})
+    with pytest.raises(Refused, match="working directory cannot be read"):  # bad input, refused
+        await node.call("todo.add", {"session_id": "s-1", "text": "write x.txt", "check": check})
+    # a check that raises when it runs (here stored without the route's baseline) fails, safely
+    await node.store.run(node.ledger.add, "s-1", "write x.txt", check=CHECK.validate_python(check))
     for _ in range(2):  # every stop answers (the check's error is its detail)
         assert (await stop(node)).exit_code == 0
     (item,) = await items(node)
