@@ -19,9 +19,10 @@ import asyncio
 import ipaddress
 import json
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -88,26 +89,28 @@ class Judge(Protocol):
     ) -> str: ...
 
 
-class HttpJudge:
+class HttpJudge(ABC):
     """One POST to a loopback model server: env proxies ignored, redirects refused, one attempt.
 
     Subclasses say what the protocol sends (``body``) and where its text is (``text``); every
     failure maps to ``ComponentTimeout`` or ``Unreachable`` here, the same for each protocol.
     """
 
-    path = ""
-    protocol = ""
+    path: ClassVar[str]  # where the protocol's endpoint is, below the server's address
+    protocol: ClassVar[str]  # its name, for errors
 
     def __init__(self, endpoint: str, model: str) -> None:
         self.endpoint = validate_endpoint(endpoint)
         self.model = model
         self._client = httpx.AsyncClient(trust_env=False, follow_redirects=False)
 
+    @abstractmethod
     def body(self, prompt: str, schema: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-        raise NotImplementedError
+        """The request body: the prompt, the verdict schema and the token cap in its terms."""
 
+    @abstractmethod
     def text(self, reply: Any) -> Any:
-        raise NotImplementedError
+        """The model's text in the decoded reply (a KeyError/IndexError: not this protocol)."""
 
     async def generate(
         self, prompt: str, *, schema: dict[str, Any], max_tokens: int, timeout: float
