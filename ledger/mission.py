@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
@@ -231,6 +231,19 @@ class MissionState:
     # every event id applied: a verbatim copy published again (under another message id, or
     # after JetStream's duplicate window) is refused, never applied twice (SPEC S12)
     applied: set[uuid.UUID] = field(default_factory=set)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> MissionState:
+        """A deep copy (``evolve`` checks on one) in which the applied ids, immutable values that
+        grow with every event, are copied as a set, not one by one (a UUID's deep copy costs
+        16 µs: 1.6 s for a mission of 100,000 events, paid by every management request)."""
+        new = object.__new__(MissionState)
+        memo[id(self)] = new
+        for f in fields(self):
+            value = getattr(self, f.name)
+            copied = set(value) if f.name == "applied" else copy.deepcopy(value, memo)
+            object.__setattr__(new, f.name, copied)
+        return new
+
     # principal -> the roles it holds in this mission (role.bound / role.unbound events;
     # mission.created binds the owner); ``invariants.holds_role`` answers from it
     roles: dict[str, frozenset[str]] = field(default_factory=dict)
