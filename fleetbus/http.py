@@ -6,6 +6,9 @@ JSON over HTTP/1.1 on loopback TCP, any TCP address (a coordinator's probes) or 
 small, and a web framework would cost more start-up time than it saves. Every request gets a
 JSON answer: a route's ``FleetError`` is 422 with its error body, a pydantic ``ValidationError``
 is 400 bad input naming the field, and anything unexpected is 500, never an empty reply.
+A body is read only within its limits: at most ``MAX_BODY`` bytes (413) and ``MAX_DEPTH``
+levels of nesting (400, checked before parsing: a parser recursing 5,000 levels deep fails
+with no answer).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from pathlib import Path
@@ -26,6 +30,9 @@ from ledger.errors import FleetError, InvalidInput
 from ledger.protocol import ErrorBody
 
 MAX_BODY = 1 << 20  # 1 MiB: hook payloads are small; larger is refused unread
+MAX_DEPTH = 64  # levels of JSON nesting (arrays and objects); hook payloads nest a few
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 Route = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 Probe = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
@@ -117,6 +124,8 @@ class HttpServer:
         if length > MAX_BODY:
             return 413, _err(InvalidInput(f"request body of {length} bytes exceeds {MAX_BODY}"))
         raw = await reader.readexactly(length) if length else b"{}"
+        if too_deep(raw):
+            return 400, _err(InvalidInput(f"request body nests deeper than {MAX_DEPTH} levels"))
         try:
             body = json.loads(raw)
         except ValueError:
@@ -139,6 +148,28 @@ class HttpServer:
             await server.wait_closed()
         if self.socket_path is not None:
             self.socket_path.unlink(missing_ok=True)
+
+
+def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether JSON text nests arrays/objects deeper than ``limit``, without parsing it.
+
+    Strings are dropped, then each pass deletes the innermost ``[]``/``{}`` pairs (in C): a
+    body of depth d is gone after d passes. Only a body still there after ``limit`` passes
+    (deep, or malformed) has its depth counted one bracket at a time.
+    """
+    brackets = rest = _STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
+    if re.search(rb"[\[{]{%d}" % (limit + 1), brackets):
+        return True  # the usual deep body: more than ``limit`` openers in a row
+    for _ in range(limit):
+        if not rest:
+            return False
+        rest = rest.replace(b"[]", b"").replace(b"{}", b"")
+    depth = 0
+    for byte in brackets:
+        depth += 1 if byte in b"[{" else -1
+        if depth > limit:
+            return True
+    return False
 
 
 def first_error(exc: ValidationError) -> str:

@@ -20,7 +20,7 @@ import os
 import sys
 
 from fleetledger_hook import policy
-from fleetledger_hook.forward import deadline_s, socket_path
+from fleetledger_hook.forward import CONTEXT_VARS, agent_context, deadline_s, socket_path
 from fleetledger_hook.transport import NodeDown, NodeError, SocketTransport
 
 # Only the stdlib, and only what a call needs: no `typing` or `dataclasses` at run time (each
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 
 MAX_STDIN = 1 << 20
+MAX_ID = 100  # the node's id limit (store.safe_id): a longer mission would be cut, so refused
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 RULES_FILE = "node-agent.hook.json"  # written by the node agent and `hooks install`
 
 
@@ -60,6 +62,26 @@ class HookAnswer:
 
     def __repr__(self) -> str:
         return f"HookAnswer(stdout={self.stdout!r}, stderr={self.stderr!r}, exit={self.exit_code})"
+
+
+def session_context(env: dict[str, str]) -> dict[str, str]:
+    """The agent's context as the node uses it (``mission``, ``grant``), from the variables the
+    hook forwards; raises ``ValueError`` naming the variable and what it must be."""
+    unknown = sorted(set(env) - set(CONTEXT_VARS))
+    if unknown:
+        raise ValueError(
+            f"unknown context variable {unknown[0]} (the hook forwards {', '.join(CONTEXT_VARS)})"
+        )
+    context = {}
+    for name, value in env.items():
+        if not (0 < len(value) <= MAX_ID and set(value) <= _ID_CHARS and value[0] not in "-_"):
+            raise ValueError(
+                f"{name} in the agent's environment must be 1 to {MAX_ID} letters, digits, "
+                f"'-' or '_', starting with a letter or digit (got {len(value)} characters: "
+                f"{value[:40]!r})"
+            )
+        context[CONTEXT_VARS[name]] = value
+    return context
 
 
 class Request:
@@ -96,11 +118,11 @@ class Adapter:
     def session(self, event: str, payload: dict[str, Any]) -> str:
         return str(payload.get("session_id") or payload.get("sessionId") or "default")
 
-    def request(self, event: str, op: Op, payload: dict[str, Any]) -> Request:
-        who = {"session_id": self.session(event, payload), "agent": self.name}
-        for key, env in (("mission", "FLEET_MISSION"), ("grant", "FLEET_GRANT_ID")):
-            if os.environ.get(env):
-                who[key] = os.environ[env]
+    def request(
+        self, event: str, op: Op, payload: dict[str, Any], context: dict[str, str] | None = None
+    ) -> Request:
+        """``context``: the agent's mission and grant (``session_context``), if it names them."""
+        who = {"session_id": self.session(event, payload), "agent": self.name, **(context or {})}
         if op == "prompt":
             said = {**who, "text": prompt_text(payload)}
             if isinstance(payload.get("cwd"), str):
@@ -193,8 +215,12 @@ class Call:
         self.answer: HookAnswer | None = None
 
 
-def plan(adapter: Adapter, event: str, raw: str | bytes | dict[str, Any]) -> Call:
-    """Read one hook call's input: what to ask the node agent, or the answer without asking."""
+def plan(
+    adapter: Adapter, event: str, raw: str | bytes | dict[str, Any],
+    context: dict[str, str] | None = None,
+) -> Call:  # fmt: skip
+    """Read one hook call's input: what to ask the node agent, or the answer without asking.
+    ``context`` is the agent's (``session_context``): the node's defaults fill what it lacks."""
     call = Call(adapter, event)
     if call.op is None:
         known = ", ".join(sorted(adapter.events))
@@ -218,6 +244,8 @@ def plan(adapter: Adapter, event: str, raw: str | bytes | dict[str, Any]) -> Cal
                 problem = "hook input is not a JSON object"
         except ValueError:
             problem = "hook input is not JSON"
+        except RecursionError:
+            problem = "hook input nests deeper than the JSON parser can read"
     if problem is not None:
         if call.op == "pre":  # we cannot tell what the tool would do: refuse it (fail closed)
             call.answer = adapter.fail_closed(event, f"fleetledger: {problem}; tool call refused")
@@ -227,7 +255,7 @@ def plan(adapter: Adapter, event: str, raw: str | bytes | dict[str, Any]) -> Cal
             )
         return call
     try:
-        call.request = adapter.request(event, call.op, call.payload)
+        call.request = adapter.request(event, call.op, call.payload, context)
     except Exception as exc:
         call.answer = unreachable(call, exc, Policy())
     return call
@@ -246,8 +274,14 @@ def handle(
     adapter: Adapter, event: str, raw: str | bytes, *, transport: Transport | None,
     policy_: Policy,
 ) -> HookAnswer:  # fmt: skip
-    """Map one hook call to the node agent and back; never raises."""
-    call = plan(adapter, event, raw)
+    """Map one hook call to the node agent and back, in the agent's own process (its
+    environment is the agent's context); never raises."""
+    try:
+        context = session_context(agent_context())
+    except ValueError as exc:
+        call = plan(adapter, event, raw)
+        return call.answer or unreachable(call, NodeError("FL-INPUT", str(exc)), policy_)
+    call = plan(adapter, event, raw, context)
     if call.answer is not None or call.request is None:
         return call.answer or HookAnswer()
     try:

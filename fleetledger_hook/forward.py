@@ -6,6 +6,11 @@ Unix socket with ``_socket`` (the C module; ``socket``, ``json`` and ``typing`` 
 as much as the whole hop), and prints the answer, decoded with ``_json.scanstring``. Anything
 unexpected (no socket, refused, timed out, a reply of another shape) goes to the slow path in
 ``core``, which answers as if the node agent were down: blocked for a consequential action.
+
+The node agent is another process with its own environment, so the per-agent context it needs
+(``CONTEXT_VARS``: the mission and grant the agent works under) travels with each call, taken
+from this process's environment (the agent's); the node validates it and uses it for that
+session only.
 """
 
 import _json
@@ -20,6 +25,11 @@ TIMEOUT_S = 10.0  # a tool or prompt call; the agent's own hook timeout is set w
 STOP_TIMEOUT_S = 60.0  # a turn end may run completion checks (a test suite)
 STOP_EVENTS = frozenset({"Stop", "SubagentStop", "AfterAgent"})
 _NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+# What the agent's environment tells the node about its session: an allowlist (nothing else of
+# the agent's environment leaves this process), each value cut past MAX_CONTEXT_VALUE (the node
+# refuses anything over its own, smaller limit, naming it).
+CONTEXT_VARS = {"FLEET_MISSION": "mission", "FLEET_GRANT_ID": "grant"}  # -> the node's field
+MAX_CONTEXT_VALUE = 256
 
 
 def socket_path(default: str | None) -> str | None:
@@ -41,10 +51,27 @@ def deadline_s(stop: bool) -> float:
     return STOP_TIMEOUT_S if stop else TIMEOUT_S
 
 
+def agent_context() -> dict[str, str]:
+    """The allowlisted per-agent variables set (non-empty) in this process's environment."""
+    found = {}
+    for name in CONTEXT_VARS:
+        value = os.environ.get(name)
+        if value:
+            found[name] = value[: MAX_CONTEXT_VALUE + 1]
+    return found
+
+
+def _context_json(context: dict[str, str]) -> bytes:
+    """``{"NAME": "value", ...}`` without ``json`` (names are ours; values JSON-escaped)."""
+    pairs = [f'"{k}": {_json.encode_basestring_ascii(v)}' for k, v in context.items()]
+    return ("{" + ", ".join(pairs) + "}").encode()
+
+
 def ask(path: str, agent: str, event: str, raw: bytes, timeout_s: float) -> tuple[int, str, str]:
     """POST /v1/hook; the answer (exit code, stdout, stderr). Raises on anything unexpected."""
-    body = b'{"agent": "%s", "event": "%s", "payload": %s}' % (
-        agent.encode(), event.encode(), raw.strip() or b"null")  # fmt: skip
+    body = b'{"agent": "%s", "event": "%s", "context": %s, "payload": %s}' % (
+        agent.encode(), event.encode(), _context_json(agent_context()),
+        raw.strip() or b"null")  # fmt: skip
     head = b"POST /v1/hook HTTP/1.1\r\nHost: node-agent\r\nContent-Type: application/json\r\n"
     head += b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
     deadline = time.monotonic() + timeout_s
@@ -66,9 +93,13 @@ def ask(path: str, agent: str, event: str, raw: bytes, timeout_s: float) -> tupl
     finally:
         conn.close()
     reply = b"".join(chunks)
-    if not reply.startswith(b"HTTP/1.1 200 "):
-        raise ValueError(reply.split(b"\r\n", 1)[0].decode("latin-1") or "empty reply")
     text = reply.partition(b"\r\n\r\n")[2].decode()
+    if not reply.startswith(b"HTTP/1.1 200 "):
+        status = reply.split(b"\r\n", 1)[0].decode("latin-1") or "empty reply"
+        at = text.find('"message": "')  # the node's error body names what it refused
+        if at >= 0:
+            status += ": " + _json.scanstring(text, at + len('"message": "'))[0]
+        raise ValueError(status)
     # {"exit_code": N, "stdout": "...", "stderr": "..."}: the node's HookAnswer, in this order
     lead = '{"exit_code": '
     if not text.startswith(lead):
@@ -83,7 +114,26 @@ def ask(path: str, agent: str, event: str, raw: bytes, timeout_s: float) -> tupl
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``fleetledger-hook AGENT EVENT [--socket PATH]``: answer one hook call."""
+    """``fleetledger-hook AGENT EVENT [--socket PATH]``: answer one hook call.
+
+    Any failure of the hook itself exits 2, the one refusal all three agents honour (Claude
+    Code takes any other code as a non-blocking error): it never depends on the installed
+    ``|| exit 2`` wrapper."""
+    try:
+        code = _answer(argv)
+        sys.stdout.flush()  # a write that fails fails here, inside the guard
+        return code
+    except BaseException as exc:  # a hook that cannot answer must refuse, whatever happened
+        import contextlib  # the error path only: not a cost of every call
+
+        with contextlib.suppress(BaseException):  # no stderr left: the exit code still says it
+            sys.stderr.write(
+                f"fleetledger-hook: internal error ({type(exc).__name__}: {exc}); refused\n"
+            )
+        return 2
+
+
+def _answer(argv: list[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     default_socket = None
     if "--socket" in args:

@@ -106,7 +106,7 @@ class NodeAgent:
             **ResourceRoutes(settings, self.ledger, self.execution, wake).routes(),
             **ClaimRoutes(settings, self.ledger, self.claims, wake).routes(),
         }
-        self.routes.update(HookRoutes(settings, self.routes).routes())
+        self.routes.update(HookRoutes(settings, self.store, self.routes).routes())
         self.api = HttpServer(routes=self.routes, live=self._live, ready=self._ready)
 
     # --- lifecycle --------------------------------------------------------------------------

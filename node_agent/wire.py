@@ -181,6 +181,11 @@ class HookCall(Request):
 
     agent: Literal["claude-code", "codex", "gemini"]
     event: NonEmpty
+    # the agent's own FLEET_MISSION / FLEET_GRANT_ID (fleetledger_hook.forward.CONTEXT_VARS),
+    # checked by the hook route (core.session_context) and used for this session only
+    context: dict[str, Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=dict, max_length=8
+    )
     payload: Any = None  # the agent's hook JSON; anything but an object is answered as bad
 
 
