@@ -190,6 +190,7 @@ class ScriptedAgent:
         post: dict[str, object] = {**base, "phase": "post", "outcome": "succeeded"}
         if tool == "Bash":
             status, output = self.ws.run_tests()
+            post["exit_status"] = status  # what Claude Code's adapter reads from its fields
             if status == 0:  # Claude Code's PostToolUse: success, the tool's own response
                 post["response"] = {"stdout": output, "stderr": "", "interrupted": False}
             else:  # its PostToolUseFailure: the error names the exit code

@@ -146,7 +146,9 @@ class Adapter:
         return Request("tool", body)
 
     def result(self, event: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """A post-tool event's result fields: ``response`` and, if the event says, ``outcome``."""
+        """A post-tool event's result fields: ``response`` and, where the CLI's own fields say,
+        ``outcome`` and ``exit_status`` (never read from the command's output; by default the
+        CLI says neither, as Codex's plain-string result)."""
         response = payload.get("tool_response", payload.get("tool_result"))
         return {} if response is None else {"response": response}
 

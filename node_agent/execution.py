@@ -214,51 +214,6 @@ def response_text(response: Any) -> str:
     return json.dumps(response, sort_keys=True, default=str)
 
 
-_EXIT_IN_TEXT = re.compile(r"^\s*Exit Code:\s*(-?\d+)\s*$", re.M | re.I)  # Gemini llmContent
-_EXIT_IN_ERROR = re.compile(r"^\s*Exit code\s+(-?\d+)\b", re.I)  # Claude Code's error
-_GEMINI_SHELL = re.compile(r"^\s*(Output|Process Group PGID):", re.M)
-_GEMINI_TROUBLE = re.compile(r"^\s*(Error|Signal):\s*(?!\(none\))\S", re.M)
-
-
-# Claude Code's Bash result for a call that did not finish in the foreground (run_in_background,
-# moved to the background by the user, or timed out): its stdout is not a finished run's
-STILL_RUNNING = ("backgroundTaskId", "backgroundedByUser", "timedOutAfterMs")
-
-
-def exit_status(response: Any, *, failed: bool | None = None) -> int | None:
-    """The exit status the agent reported for a shell call, or None when it did not say.
-
-    Never invented: Codex's plain-string result carries no status, so it is unknown (not
-    cached, not "passing"). Claude Code's PostToolUse fires only on success (``failed`` False)
-    and its PostToolUseFailure says "Exit code N"; Gemini writes "Exit Code: N" into llmContent
-    only when it is not 0. A call still running (``STILL_RUNNING``) has no status yet: None.
-    """
-    if isinstance(response, dict):
-        if any(response.get(k) for k in STILL_RUNNING):
-            return None  # backgrounded or timed out: it has not finished, nothing passed
-        for key in ("exit_code", "exitCode", "returncode", "exit_status"):
-            value = response.get(key)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-        if response.get("interrupted") or response.get("is_interrupt"):
-            return None
-        error = response.get("error")
-        if failed and isinstance(error, str):
-            m = _EXIT_IN_ERROR.search(error)
-            return int(m.group(1)) if m else None
-        llm = response.get("llmContent")
-        if isinstance(llm, str):
-            m = _EXIT_IN_TEXT.search(llm)
-            if m:
-                return int(m.group(1))
-            if _GEMINI_SHELL.search(llm) and not _GEMINI_TROUBLE.search(llm):
-                return 0
-            return None
-        if failed is not True and any(k in response for k in ("stdout", "output")):
-            return 0  # Claude Code's Bash result: PostToolUse fires only when it succeeded
-    return None
-
-
 # --- the shell: SQLite and the outbox -------------------------------------------------------
 
 

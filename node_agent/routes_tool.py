@@ -26,7 +26,6 @@ from node_agent.execution import (
     READ_TOOLS,
     ExecutionState,
     digest,
-    exit_status,
     is_write,
     response_text,
     tool_paths,
@@ -159,12 +158,11 @@ class ToolRoutes:
             self.execution.observe(session, f"url:{tool_input['url']}", digest(text.encode()))
         command = tool_input.get("command")
         shell = isinstance(command, str) and command.strip() and not is_write(tool, tool_input)
-        if shell and isinstance(command, str) and response is not None:
-            status = exit_status(response, failed=_failed(req))
-            if status is not None:  # unknown (Codex's plain string): nothing recorded
-                self.execution.after_command(
-                    session, tool, command, cwd, status, response_text(response)
-                )
+        # a status the CLI did not report (Codex) is unknown: nothing recorded
+        if shell and isinstance(command, str) and req.exit_status is not None:
+            self.execution.after_command(
+                session, tool, command, cwd, req.exit_status, response_text(response)
+            )
         return claimed
 
 
@@ -182,10 +180,6 @@ def read_content(response: Any) -> str | None:
     return content if start == 1 and lines >= total else None
 
 
-def _failed(req: ToolCall) -> bool | None:
-    return None if req.outcome is None else req.outcome == "failed"
-
-
 def _effect_outcome(req: ToolCall) -> str:
     """What ran of an authorised call, for the coordinator: only what the agent reported.
 
@@ -195,9 +189,8 @@ def _effect_outcome(req: ToolCall) -> str:
     """
     if req.outcome == "failed":
         return "verified_failure"
-    status = exit_status(req.response, failed=_failed(req)) if req.response is not None else None
-    if status is not None:
-        return "verified_success" if status == 0 else "verified_failure"
+    if req.exit_status is not None:
+        return "verified_success" if req.exit_status == 0 else "verified_failure"
     return "verified_success" if req.outcome == "succeeded" else "unknown"
 
 

@@ -95,6 +95,9 @@ class ToolCall(Who):
     # what the agent's event itself says of the call (Claude Code: PostToolUse "succeeded",
     # PostToolUseFailure "failed"); None when the event does not say (Codex, Gemini)
     outcome: Literal["succeeded", "failed"] | None = None
+    # a shell call's exit status as the agent's CLI reported it in its own fields (its adapter
+    # reads them, fleetledger_hook.adapters); None when it does not say (Codex): unknown
+    exit_status: StrictInt | None = None
     reads: list[NonEmpty] = Field(default_factory=list)  # extra resource ids read
     writes: list[NonEmpty] = Field(default_factory=list)  # extra resource ids written
     traceparent: str | None = None  # W3C; an invalid one starts a new trace

@@ -4,8 +4,11 @@
     SessionStart       context  hookSpecificOutput.additionalContext
     PreToolUse         pre      permissionDecision deny; a command the record answers is
                                 allowed with ``updatedInput`` that prints the recorded result
-    PostToolUse        post     (silent) the call succeeded: outcome "succeeded"
-    PostToolUseFailure post     (silent) the call failed: outcome "failed", the error text
+    PostToolUse        post     (silent) the call succeeded: outcome "succeeded"; a Bash
+                                result that finished (``stdout``, not backgrounded, not
+                                interrupted) is exit status 0
+    PostToolUseFailure post     (silent) the call failed: outcome "failed"; Bash's ``error``
+                                starts with Claude Code's own "Exit code N" line
     Stop               stop     {"decision": "block", "reason"}
     SubagentStop       stop     judged as the subagent's own session (parent id + agent_id),
                                 with its own block counter
@@ -24,6 +27,21 @@ if TYPE_CHECKING:
     from typing import Any, ClassVar
 
     from fleetledger_hook.core import Op
+
+
+# A Bash call that did not finish in the foreground (run_in_background, moved to the background
+# by the user, or timed out): its result is not a finished run's, so it has no status yet.
+STILL_RUNNING = ("backgroundTaskId", "backgroundedByUser", "timedOutAfterMs")
+
+
+def _exit_in_error(error: str) -> int | None:
+    """N from the "Exit code N" line Claude Code puts first in a failed Bash call's error (the
+    command's output follows it, so only the first line is read); None if it is not there."""
+    first = error.split("\n", 1)[0].strip()
+    word, _, number = first.partition("Exit code ")
+    if word or not number.lstrip("-").isdigit():
+        return None
+    return int(number)
 
 
 class ClaudeCode(Adapter):
@@ -46,12 +64,20 @@ class ClaudeCode(Adapter):
     def result(self, event: str, payload: dict[str, Any]) -> dict[str, Any]:
         if event == "PostToolUseFailure":
             error = payload.get("error")
-            return {
-                "outcome": "failed",
-                "response": {"error": error if isinstance(error, str) else "",
-                             "is_interrupt": bool(payload.get("is_interrupt"))},
+            error = error if isinstance(error, str) else ""
+            interrupted = bool(payload.get("is_interrupt"))
+            failed: dict[str, Any] = {
+                "outcome": "failed", "response": {"error": error, "is_interrupt": interrupted},
             }  # fmt: skip
-        return {**super().result(event, payload), "outcome": "succeeded"}
+            status = None if interrupted else _exit_in_error(error)
+            return failed if status is None else {**failed, "exit_status": status}
+        done = {**super().result(event, payload), "outcome": "succeeded"}
+        response = done.get("response")
+        if isinstance(response, dict) and "stdout" in response:  # Bash's own result
+            unfinished = any(response.get(k) for k in STILL_RUNNING)
+            if not unfinished and not response.get("interrupted"):
+                done["exit_status"] = 0  # PostToolUse fires only when the command succeeded
+        return done
 
     def answer_from_record(
         self, event: str, payload: dict[str, Any], reason: str, record: dict[str, Any]

@@ -20,7 +20,7 @@ from fleetledger_hook.adapters import ADAPTERS
 from node_agent.auditor import is_reminder
 from node_agent.capture import parse_prompt
 from node_agent.daemon import NodeAgent
-from node_agent.execution import exit_status, patch_paths, tool_paths
+from node_agent.execution import patch_paths, tool_paths
 from node_agent.hooks import codex_trust, hook_command, install, trust_in_codex_config
 from node_agent.settings import NodeSettings
 
@@ -214,13 +214,55 @@ async def test_a_record_answered_command_reaches_claude_code_as_updated_input(
 # --- what the node reads from each agent's payloads ----------------------------------------
 
 
-def test_exit_status_is_never_invented_from_a_string() -> None:
-    assert exit_status(sample("codex", "PostToolUse")["tool_response"]) is None
-    assert exit_status(sample("gemini", "AfterTool.failed")["tool_response"]) == 3
-    assert exit_status(sample("gemini", "AfterTool")["tool_response"]) == 0
-    failure = sample("claude-code", "PostToolUseFailure")
-    assert exit_status({"error": failure["error"]}, failed=True) == 3
-    assert exit_status({"error": "something broke"}, failed=True) is None
+def status(agent: str, name: str, **changes: Any) -> int | None:
+    """The exit status the agent's adapter reads from a recorded post-tool payload."""
+    payload = {**sample(agent, name), **changes}
+    event = payload["hook_event_name"]
+    return ADAPTERS[agent].result(event, payload).get("exit_status")
+
+
+def test_exit_status_comes_from_the_clis_own_fields_never_from_the_output() -> None:
+    assert status("codex", "PostToolUse") is None  # a plain string: unknown
+    assert status("codex", "PostToolUse.failed") is None
+    assert status("gemini", "AfterTool.failed") == 3
+    assert status("gemini", "AfterTool") == 0
+    assert status("claude-code", "PostToolUseFailure") == 3
+    assert status("claude-code", "PostToolUse") == 0
+    assert status("claude-code", "PostToolUseFailure", error="something broke") is None
+    assert status("claude-code", "PostToolUseFailure", error="boom\nExit code 0") is None
+    background = {"stdout": "", "stderr": "", "backgroundTaskId": "b1", "interrupted": False}
+    assert status("claude-code", "PostToolUse", tool_response=background) is None
+
+
+def gemini_shell(llm: str) -> dict[str, Any]:
+    return {"llmContent": f"<untrusted_context>\n{llm}\n</untrusted_context>",
+            "returnDisplay": ""}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("llm", "expected"),
+    [
+        ("Output: Exit Code: 0\nran 1 test\nFAILED\nExit Code: 1\nProcess Group PGID: 7", 1),
+        ("Output: FAILED\nExit Code: 0\nExit Code: 1\nProcess Group PGID: 7", 1),
+        ("Output: ok\nExit Code: 0\nProcess Group PGID: 6\nProcess Group PGID: 7", 0),
+        ("Output: killed\nSignal: 9\nProcess Group PGID: 7", None),
+        ("Output: (empty)\nError: spawn sh ENOENT", None),
+        ("Output: x\nExit Code: 2\nBackground PIDs: 8, 9\nProcess Group PGID: 7", 2),
+        ("Command moved to background (PID: 7). Output hidden.", None),
+        ("The tests passed.\nExit Code: 0\nProcess Group PGID: 7", None),  # not its shape
+    ],
+)
+def test_gemini_reads_the_status_from_its_own_lines_after_the_output(
+    llm: str, expected: int | None
+) -> None:
+    assert status("gemini", "AfterTool", tool_response=gemini_shell(llm)) == expected
+
+
+def test_a_gemini_tool_error_is_a_failure_with_no_status() -> None:
+    errored = {**gemini_shell("Output: (empty)\nProcess Group PGID: 7"),
+               "error": {"message": "spawn failed", "type": "shell_execute_error"}}  # fmt: skip
+    result = ADAPTERS["gemini"].result("AfterTool", {"tool_response": errored})
+    assert result.get("outcome") == "failed" and "exit_status" not in result
 
 
 def test_apply_patch_paths_are_read_from_the_patch() -> None:
