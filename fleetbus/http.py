@@ -1,8 +1,13 @@
 """The one small HTTP server: probes for Kubernetes and the node agent's local API.
 
-JSON over HTTP/1.1 on loopback TCP, any TCP address (a coordinator's probes) or a Unix socket
-(0600). Two GET probes (`/healthz` alive, `/readyz` can serve) and, where routes are given,
-`POST /v1/<op>` with a JSON object body. A tiny asyncio responder: the routes are few, requests
+JSON over HTTP/1.1 on a Unix socket (0600: its file permissions are its protection), on any TCP
+address for probes only (a coordinator's), or on loopback TCP for the API itself, guarded as
+Jupyter guards its server: each request needs ``Authorization: Bearer <token>`` (the token lives
+in a 0600 file its owner reads; else 401), a POST must be ``application/json`` (else 415: no
+form or text/plain "simple request" a web page can send), and a request whose ``Origin``,
+``Sec-Fetch-Site`` or ``Host`` names another origin is refused (403). Two GET probes
+(`/healthz` alive, `/readyz` can serve) and, where routes are given, `POST /v1/<op>` with a
+JSON object body. A tiny asyncio responder: the routes are few, requests
 small, and a web framework would cost more start-up time than it saves. Every request gets a
 JSON answer: a route's ``FleetError`` is 422 with its error body, a pydantic ``ValidationError``
 is 400 bad input naming the field, and anything unexpected is 500, never an empty reply.
@@ -15,6 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -77,16 +85,27 @@ class HttpServer:
         self.socket_path = path
         self._servers.append(server)
 
-    async def listen_tcp(self, port: int, host: str = "127.0.0.1") -> None:
-        """Listen on ``host:port`` (0: a free port, then in ``http_port``)."""
-        server = await asyncio.start_server(self._serve, host, port)
+    async def listen_tcp(
+        self, port: int, host: str = "127.0.0.1", *, token: str | None = None
+    ) -> None:
+        """Listen on ``host:port`` (0: a free port, then in ``http_port``). A server with routes
+        needs ``token`` and a loopback ``host``; one with probes only may listen anywhere."""
+        if self.routes and token is None:
+            raise InvalidInput("the local API over TCP needs a bearer token")
+        if token is not None:
+            host = loopback_host(host)
+        serve = functools.partial(self._serve, token=token)
+        server = await asyncio.start_server(serve, host, port)
         self.http_port = int(server.sockets[0].getsockname()[1])
         self._servers.append(server)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        token: str | None = None,
+    ) -> None:  # fmt: skip
         try:
             async with asyncio.timeout(60):
-                status, body = await self._handle(reader)
+                status, body = await self._handle(reader, token)
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             status, body = 400, {"error": {"code": "FL-INPUT", "message": "incomplete request"}}
         data = json.dumps(body).encode()
@@ -102,7 +121,9 @@ class HttpServer:
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
 
-    async def _handle(self, reader: asyncio.StreamReader) -> tuple[int, dict[str, Any]]:
+    async def _handle(
+        self, reader: asyncio.StreamReader, token: str | None
+    ) -> tuple[int, dict[str, Any]]:
         request = (await reader.readline()).decode("latin-1").split()
         headers: dict[str, str] = {}
         while True:
@@ -114,6 +135,10 @@ class HttpServer:
         if len(request) < 2:
             return 400, _err(InvalidInput("malformed HTTP request line"))
         method, path = request[0], request[1].split("?", 1)[0]
+        if token is not None:
+            refused = guard(method, headers, token, self.http_port)
+            if refused is not None:
+                return refused[0], _err(InvalidInput(refused[1]))
         if method == "GET" and path in ("/healthz", "/readyz"):
             ok, body = await (self.live if path == "/healthz" else self.ready)()
             return (200 if ok else 503), body
@@ -148,6 +173,49 @@ class HttpServer:
             await server.wait_closed()
         if self.socket_path is not None:
             self.socket_path.unlink(missing_ok=True)
+
+
+def loopback_host(host: str) -> str:
+    """``host`` if it is a loopback address literal (127.0.0.0/8, ::1); else ``InvalidInput``."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise InvalidInput(
+            f"the node agent's HTTP API binds loopback only (127.0.0.1 or ::1), not {host!r}: "
+            "it answers every session's to-do; reach it from elsewhere through an SSH tunnel"
+        )
+    return host
+
+
+_LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def guard(
+    method: str, headers: dict[str, str], token: str, port: int | None
+) -> tuple[int, str] | None:
+    """Why a request on the guarded loopback API is refused (status, message), or None."""
+    ours = {f"{name}:{port}" for name in _LOOPBACK_NAMES}
+    origin = headers.get("origin")
+    if origin is not None and origin.removeprefix("http://") not in ours:
+        return 403, f"cross-origin request refused (Origin {origin[:80]!r})"
+    if headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return 403, f"cross-origin request refused (Sec-Fetch-Site {headers['sec-fetch-site']!r})"
+    if headers.get("host") not in ours:  # a rebound DNS name is another origin
+        return 403, f"request for another host refused (Host {headers.get('host', '')[:80]!r})"
+    scheme, _, given = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode("utf-8", "replace"), token.encode()
+    ):
+        return 401, (
+            "the node agent's HTTP API needs `Authorization: Bearer <token>` (the token is in "
+            "the node's http-token file, readable by its owner only)"
+        )
+    kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if method == "POST" and kind != "application/json":
+        return 415, f"the node agent's HTTP API takes application/json only, not {kind!r}"
+    return None
 
 
 def too_deep(raw: bytes, limit: int = MAX_DEPTH) -> bool:

@@ -35,7 +35,7 @@ from node_agent.checks import (
     WrittenCheck,
 )
 from node_agent.claims import ClaimsCache
-from node_agent.client import NodeClient
+from node_agent.client import NodeClient, token_path
 from node_agent.daemon import serve
 from node_agent.execution import ExecutionState
 from node_agent.hooks import (
@@ -78,7 +78,13 @@ def _agent(value: str) -> Agent:
 @node_app.command("run")
 def node_run(
     state_dir: Annotated[Path | None, typer.Option(help="SQLite state and the socket.")] = None,
-    http_port: Annotated[int | None, typer.Option(help="Also serve loopback HTTP.")] = None,
+    http_port: Annotated[
+        int | None,
+        typer.Option(help="Also serve the API on loopback HTTP (bearer token in a 0600 file)."),
+    ] = None,
+    http_host: Annotated[
+        str | None, typer.Option(help="Loopback address for --http-port (127.0.0.1 or ::1).")
+    ] = None,
 ) -> None:
     """Run the node agent in the foreground (Unix socket API, outbox to JetStream)."""
     overrides: dict[str, Any] = {}
@@ -86,6 +92,8 @@ def node_run(
         overrides["state_dir"] = state_dir
     if http_port is not None:
         overrides["http_port"] = http_port
+    if http_host is not None:
+        overrides["http_host"] = http_host
     try:
         settings = NodeSettings.load(**overrides)
     except FleetError as exc:
@@ -95,6 +103,11 @@ def node_run(
     err.print(
         f"node agent {settings.node_id}: socket {settings.socket_path}, db {settings.db_path}"
     )
+    if settings.http_port is not None:
+        err.print(
+            f"loopback HTTP API on {settings.http_host}:{settings.http_port or '(a free port)'}"
+            f"; its bearer token is written to {token_path(settings.socket_path)} (0600)"
+        )
 
     async def serve_tuned() -> None:
         ready = asyncio.Event()

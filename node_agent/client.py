@@ -15,21 +15,47 @@ import httpx
 from ledger.errors import ComponentTimeout, FleetError, Unreachable
 from ledger.protocol import ErrorBody
 
+TOKEN_FILE = "node-agent.http-token"  # beside the socket, 0600: the loopback API's bearer token
+
+
+def token_path(socket_path: Path) -> Path:
+    """Where the node agent serving ``socket_path`` keeps its loopback API's token."""
+    return socket_path.parent / TOKEN_FILE
+
+
+def read_token(path: Path) -> str:
+    """The bearer token in ``path``; ``Unreachable`` naming the file if it cannot be read."""
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise Unreachable(
+            f"cannot read the node agent's HTTP token {path} ({exc.strerror or exc}): only the "
+            "user running the node agent can, while it serves --http-port"
+        ) from None
+    if not token:
+        raise Unreachable(f"the node agent's HTTP token file {path} is empty")
+    return token
+
 
 class NodeClient:
     def __init__(
         self, socket_path: Path | None = None, *, http_port: int | None = None,
-        timeout: float = 10.0,
+        token_file: Path | None = None, timeout: float = 10.0,
     ) -> None:  # fmt: skip
-        if socket_path is None and http_port is None:
-            raise ValueError("a socket path or a loopback port is needed")
+        """Over the Unix socket, or over loopback ``http_port`` with the token in
+        ``token_file`` (the node writes it at start, `token_path`)."""
+        if socket_path is None and (http_port is None or token_file is None):
+            raise ValueError("a socket path, or a loopback port and its token file, is needed")
         transport = httpx.HTTPTransport(uds=str(socket_path)) if socket_path else None
         base = "http://node-agent" if socket_path else f"http://127.0.0.1:{http_port}"
+        headers = {}
+        if socket_path is None and token_file is not None:
+            headers["Authorization"] = f"Bearer {read_token(token_file)}"
         self.where = str(socket_path) if socket_path else base
         self.socket_path = socket_path
         self._http = httpx.Client(
             base_url=base, transport=transport, timeout=timeout, trust_env=False,
-            follow_redirects=False,
+            follow_redirects=False, headers=headers,
         )  # fmt: skip
 
     def close(self) -> None:

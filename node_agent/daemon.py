@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from fleetbus.client import FleetClient
@@ -22,6 +25,7 @@ from ledger.identity import Principal
 from node_agent import completion
 from node_agent.autoledger import AutoLedger
 from node_agent.claims import ClaimsCache
+from node_agent.client import token_path
 from node_agent.execution import ExecutionState
 from node_agent.follower import FleetFollower
 from node_agent.gate import ActionGate
@@ -108,6 +112,7 @@ class NodeAgent:
         }
         self.routes.update(HookRoutes(settings, self.store, self.routes).routes())
         self.api = HttpServer(routes=self.routes, live=self._live, ready=self._ready)
+        self.token_file: Path | None = None  # the loopback API's token, while it serves one
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -115,7 +120,13 @@ class NodeAgent:
         await self.api.listen_unix(self.settings.socket_path)
         write_policy(self.settings)  # what the hooks fall back on if we go away
         if self.settings.http_port is not None:
-            await self.api.listen_tcp(self.settings.http_port)
+            token = secrets.token_urlsafe(32)
+            self.token_file = write_token(token_path(self.settings.socket_path), token)
+            await self.api.listen_tcp(self.settings.http_port, self.settings.http_host, token=token)
+            log.info(
+                "loopback HTTP API on %s:%s; bearer token in %s (0600)",
+                self.settings.http_host, self.api.http_port, self.token_file,
+            )  # fmt: skip
         if self.settings.nats_url:
             self.outbox = OutboxPublisher(
                 self.store,
@@ -129,6 +140,8 @@ class NodeAgent:
 
     async def stop(self) -> None:
         await self.api.stop()
+        if self.token_file is not None:
+            self.token_file.unlink(missing_ok=True)
         await self.follower.stop()
         if self.outbox is not None:
             await self.outbox.stop()
@@ -171,6 +184,19 @@ class NodeAgent:
             "outbox_published": published,
             "judge": "configured" if self.judge is not None else "off",
         }
+
+
+def write_token(path: Path, token: str) -> Path:
+    """Write ``token`` to ``path``, born 0600 (never readable by another user), replacing any
+    earlier one; the directory is the socket's (0700)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    tmp.replace(path)
+    return path
 
 
 async def serve(settings: NodeSettings, ready: asyncio.Event | None = None) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from fleetbus.http import loopback_host
 from fleetbus.settings import FleetBaseSettings, default_state_dir
 from fleetledger_hook import policy
 from fleetledger_hook.policy import SHELL_TOOLS
@@ -91,7 +92,8 @@ class NodeSettings(FleetBaseSettings):
     grant_id: str | None = None  # the grant consequential actions are authorised under
     nats_url: str | None = None
     socket: Path | None = None  # default: <state_dir>/node-agent.sock
-    http_port: int | None = None  # loopback HTTP API (127.0.0.1) when set; 0 picks a free port
+    http_port: int | None = None  # loopback HTTP API when set (bearer token); 0: a free port
+    http_host: Annotated[str, AfterValidator(loopback_host)] = "127.0.0.1"  # loopback only
 
     # the loopback judge (S5.2); None: no model, the deterministic auditor only
     judge_url: str | None = None

@@ -27,7 +27,7 @@ from ledger.errors import InvalidInput
 from ledger.ids import new_id
 from ledger.protocol import STREAM, mission_filter
 from node_agent.checks import FileCheck, sha256_file
-from node_agent.client import NodeClient
+from node_agent.client import NodeClient, token_path
 from node_agent.daemon import NodeAgent
 from node_agent.hooks import HookAnswer, handle
 from node_agent.settings import NodeSettings
@@ -145,7 +145,8 @@ async def test_loopback_http_serves_the_same_api(state_dir: Path) -> None:
         assert agent.api.http_port
 
         def call() -> dict[str, Any]:
-            with NodeClient(http_port=agent.api.http_port) as client:
+            token = token_path(agent.settings.socket_path)
+            with NodeClient(http_port=agent.api.http_port, token_file=token) as client:
                 return client.call("prompt", session_id="s-http", text="- fix the bug")
 
         assert "fix the bug" in (await asyncio.to_thread(call))["context"]
