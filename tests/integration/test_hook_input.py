@@ -195,3 +195,39 @@ async def test_a_session_keeps_its_mission_and_follows_its_latest_grant(node: No
     silent = await asyncio.to_thread(hook, sock, "PreToolUse", LS)  # no context: the session's own
     assert silent.returncode == 0 and silent.stderr == "", silent
     assert [(s.mission_id, s.grant_id) for s in node.store.sessions()] == [("m-a", "g-2")]
+
+
+def test_the_hook_forwards_only_the_allowlisted_context(tmp: Path) -> None:
+    """What leaves the agent's process: FLEET_MISSION and FLEET_GRANT_ID, nothing else of its
+    environment (not a person's FLEET_PRINCIPAL, not FLEET_IDENTITY_DIR)."""
+    sock = tmp / "node-agent.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(sock))
+    server.listen(1)
+    got: list[bytes] = []
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < int(
+            data.partition(b"Content-Length: ")[2].split(b"\r\n", 1)[0] or 0
+        ):
+            data += conn.recv(65536)
+        got.append(data.partition(b"\r\n\r\n")[2])
+        reply = b'{"exit_code": 0, "stdout": "", "stderr": ""}'
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(reply) + reply)
+        conn.close()
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    env = {"FLEET_MISSION": 'm-"a"', "FLEET_GRANT_ID": "g-1", "FLEET_PRINCIPAL": "operator",
+           "FLEET_IDENTITY_DIR": "/keys"}  # fmt: skip
+    try:
+        done = hook(sock, "PreToolUse", LS, env=env)
+        thread.join(30)
+    finally:
+        server.close()
+    assert done.returncode == 0, done
+    body = json.loads(got[0])
+    assert body["context"] == {"FLEET_MISSION": 'm-"a"', "FLEET_GRANT_ID": "g-1"}, body
+    assert b"operator" not in got[0] and b"/keys" not in got[0]
