@@ -129,7 +129,7 @@ class Ledger:
         expires_at: datetime | None = T0 + DAY,
         policy: Authority | None = None,
         risk_roles: Iterable[str] = ("risk-officer",),
-        approver_roles: Iterable[str] = (),
+        approver_roles: Iterable[str] = ("controller",),
         owner: str = OWNER,
     ) -> Ledger:
         self.apply(
@@ -226,6 +226,7 @@ class Ledger:
         no_open_risks: bool = False,
         approver: str = "hannah",
         bind: bool = True,
+        uses: int = 1,
     ) -> str:
         """An approval by ``approver`` as ``role``; the approver is first bound to that role
         (a role.bound event) unless ``bind`` is False or it already holds it."""
@@ -245,6 +246,7 @@ class Ledger:
                     no_open_risks=no_open_risks,
                 ),
                 expires_at=expires_at or self.now + HOUR,
+                uses=uses,
             )
         )
         return approval_id

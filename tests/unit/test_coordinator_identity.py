@@ -8,6 +8,7 @@ them (``ledger.identity.sign_request``) on the fake clock's time.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,9 +40,12 @@ NAMES = {
 }  # fmt: skip
 SEEDS = {name: seed_from_bytes(bytes([i + 1]) * 32) for i, name in enumerate(NAMES)}
 DIRECTORY = {
-    public_key(SEEDS[n]): Principal(name=n, role=r, public_key=public_key(SEEDS[n]))
+    public_key(SEEDS[n]): Principal(
+        name=n, role=r, public_key=public_key(SEEDS[n]),
+        agents=frozenset({"agent-1"}) if r is Role.NODE else frozenset(),
+    )
     for n, r in NAMES.items()
-}
+}  # fmt: skip
 
 
 class Secured:
@@ -52,7 +56,9 @@ class Secured:
         self, subject: str, body: bytes, signer: str | None, headers: dict[str, str] | None = None
     ) -> bytes:
         if signer is not None:
-            headers = sign_request(SEEDS[signer], subject, body, self.clock.now())
+            headers = sign_request(
+                SEEDS[signer], subject, body, self.clock.now(), nonce=secrets.token_hex(8)
+            )
         req = FakeRequest(subject, body, headers=headers)
         await self.bus.handlers[subject](req)
         return req.answers[0]
@@ -127,10 +133,14 @@ async def test_an_unsigned_authorize_request_is_refused_and_records_nothing(
 async def test_a_forged_authorize_request_is_refused(secured: Secured) -> None:
     """Headers signed over another body (an altered request) or by a key nobody registered."""
     body = secured.request("a1")
-    other = sign_request(SEEDS["agent-1"], AUTHORIZE_SUBJECT, secured.request("a2"), T0)
+    other = sign_request(
+        SEEDS["agent-1"], AUTHORIZE_SUBJECT, secured.request("a2"), T0, nonce="n-other"
+    )
     raw = await secured.send(AUTHORIZE_SUBJECT, body, None, headers=other)
     refused(AuthorizeReply.model_validate_json(raw), "producer_identity", "does not match")
-    stranger = sign_request(seed_from_bytes(b"\x99" * 32), AUTHORIZE_SUBJECT, body, T0)
+    stranger = sign_request(
+        seed_from_bytes(b"\x99" * 32), AUTHORIZE_SUBJECT, body, T0, nonce="n-stranger"
+    )
     raw = await secured.send(AUTHORIZE_SUBJECT, body, None, headers=stranger)
     refused(AuthorizeReply.model_validate_json(raw), "producer_identity", "unknown key")
     assert "a1" not in secured.co.states[MID].actions
@@ -224,9 +234,16 @@ async def test_by_names_another_principal_only_through_its_delegation(secured: S
 async def test_only_the_holder_its_delegate_an_owner_or_a_node_records_an_effect(
     secured: Secured,
 ) -> None:
-    for action_id in ("a1", "a2", "a3"):
+    for action_id in ("a1", "a2", "a4"):
         reply = await secured.authorize("agent-1", action_id)
         assert reply.decision is not None and reply.decision.allowed, reply
+    reply = await secured.authorize("node-1", "a3", node_id="node-1")  # decided through it
+    assert reply.decision is not None and reply.decision.allowed, reply
+    # finding 5: a node frees no money for an action it did not ask for
+    refused(await secured.manage("node-1", "effect.record",
+                                 {"action_id": "a4", "outcome": "verified_failure"}),
+            "node_binding", "did not ask for")  # fmt: skip
+    assert secured.co.states[MID].actions["a4"].effect is None
     failure = {"action_id": "a1", "outcome": "verified_failure"}
     for stranger in ("mallory", "asst"):
         refused(await secured.manage(stranger, "effect.record", failure), "producer_permission",
