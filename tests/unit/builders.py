@@ -163,6 +163,7 @@ class Ledger:
         *,
         valid_from: datetime | None = None,
         valid_until: datetime | None = None,
+        registered_by: str | None = None,
     ) -> str:
         self.apply(
             EvidenceRegistered(
@@ -171,12 +172,13 @@ class Ledger:
                 claim="invoice 42 is approved",
                 valid_from=valid_from,
                 valid_until=valid_until,
+                registered_by=registered_by,
             )
         )
         return evidence_id
 
-    def supersede(self, evidence_id: str, by: str) -> None:
-        self.apply(EvidenceSuperseded(evidence_id=evidence_id, by=by))
+    def supersede(self, evidence_id: str, by: str, *, actor: str | None = None) -> None:
+        self.apply(EvidenceSuperseded(evidence_id=evidence_id, by=by, actor=actor))
 
     def risk(
         self,
