@@ -124,19 +124,18 @@ async def test_an_orchestrator_cannot_freeze_another_holders_budget(fleet: Fleet
             await orchestrator.manage("budget.record", "m-freeze", {"reservation_id": "br-forged"})
         # a real reservation Redis holds on g-ap, made with the branch user, is not the
         # orchestrator's to record: g-ap is ap-agent's grant
-        async with ReservationClient.from_url(
-            fleet.servers.redis_url_for(REDIS_BRANCH)
-        ) as store:  # fmt: skip
-            async with Branch(store, "m-freeze", ["g-ap"], parse_amount("0.55"),
-                              reservation_id="br-real", commit_on_enter=False):  # fmt: skip
-                with pytest.raises(RuleViolation) as exc:
-                    await orchestrator.manage(
-                        "budget.record", "m-freeze", {"reservation_id": "br-real"}
-                    )
-                assert exc.value.rule is Rule.BUDGET_RECORD
-                assert "grant of ap-agent, not its own" in exc.value.reason
+        async with ReservationClient.from_url(fleet.servers.redis_url_for(REDIS_BRANCH)) as store:
+            await store.reserve("m-freeze", ["g-ap"], "br-real", parse_amount("0.55"), 60)
+            with pytest.raises(RuleViolation) as exc:
+                await orchestrator.manage(
+                    "budget.record", "m-freeze", {"reservation_id": "br-real"}
+                )
+            assert exc.value.rule is Rule.BUDGET_RECORD
+            assert "grant of ap-agent, not its own" in exc.value.reason
+            await store.release("m-freeze", "br-real")  # nothing of it stays held in Redis
         assert fleet.co.states["m-freeze"].reservations == {}
-        reply = await holder.authorize("m-freeze", credit("a-credit"))
+        # the holder's affordable 0.10 (0.55 + 0.10 would pass the 0.60 ceiling)
+        reply = await holder.authorize("m-freeze", credit("a-credit", cost="0.10"))
         assert reply.decision is not None and reply.decision.allowed, reply.decision
     finally:
         await orchestrator.close()
@@ -159,12 +158,11 @@ async def test_the_coordinator_records_an_orchestrators_branch_as_redis_holds_it
             "owner": "finance-lead", "authority": Authority.of(["research.run"]).model_dump(
                 mode="json"), "budget": 500_000,
         })  # fmt: skip
-        async with ReservationClient.from_url(
-            fleet.servers.redis_url_for(REDIS_BRANCH)
-        ) as store:  # fmt: skip
-            async with Branch(store, "m-branch", ["g-ray"], 300_000,
-                              reservation_id="br-0") as branch:  # fmt: skip
-                branch.spend(120_000)
+        async with (
+            ReservationClient.from_url(fleet.servers.redis_url_for(REDIS_BRANCH)) as store,
+            Branch(store, "m-branch", ["g-ray"], 300_000, reservation_id="br-0") as branch,
+        ):
+            branch.spend(120_000)
         first = await orchestrator.manage("budget.record", "m-branch", {"reservation_id": "br-0"})
         assert first.result == {"recorded": 3}
         again = await orchestrator.manage("budget.record", "m-branch", {"reservation_id": "br-0"})
