@@ -339,13 +339,11 @@ def check_risk_owner(
     role_names: frozenset[str],
 ) -> None:
     """A risk's owner must be someone who can treat it: a principal of the fleet
-    (``principals``, the directory's names; None on an open fleet: a principal bound in the
-    mission) or a role of the mission (bound to someone, or one it names in ``role_names``).
-    Raises ``InvalidInput``: a name nobody answers to would leave the risk untreatable."""
+    (``principals``, the directory's names) or a role of the mission (bound to someone, or one
+    it names in ``role_names``). Raises ``InvalidInput``: a name nobody answers to would leave
+    the risk untreatable. An open fleet (``principals`` None) takes names on trust."""
     bound_roles = {r for held in roles.values() for r in held}
-    if owner in role_names or owner in bound_roles:
-        return
-    if (principals is not None and owner in principals) or owner in roles:
+    if principals is None or owner in principals or owner in role_names or owner in bound_roles:
         return
     raise InvalidInput(
         f"risk owner {owner!r} is no principal of the fleet and no role of the mission; name "

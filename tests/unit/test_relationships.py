@@ -175,7 +175,29 @@ def test_a_risk_owner_must_be_a_principal_or_a_role_of_the_mission() -> None:
     with pytest.raises(InvalidInput, match="'nobody' is no principal") as exc:
         check_risk_owner("nobody", principals=names, roles=roles, role_names=frozenset())
     assert "identity create nobody" in exc.value.message
-    check_risk_owner("rita", principals=None, roles=roles, role_names=frozenset())  # open fleet
+    check_risk_owner("anyone", principals=None, roles=roles, role_names=frozenset())  # open
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(["olga", "rita", "cro", "owner", "nobody"]),
+    st.none() | st.frozensets(st.sampled_from(["olga", "treasury"])),
+    st.dictionaries(st.sampled_from(["olga", "rita"]),
+                    st.frozensets(st.sampled_from(["owner", "desk"]), min_size=1)),
+)  # fmt: skip
+def test_a_risk_owner_is_accepted_exactly_when_someone_answers_to_it(
+    owner: str, principals: frozenset[str] | None, roles: dict[str, frozenset[str]]
+) -> None:
+    from ledger.errors import InvalidInput
+
+    held = {r for rs in roles.values() for r in rs}
+    answers = principals is None or owner in principals or owner == "cro" or owner in held
+    try:
+        check_risk_owner(owner, principals=principals, roles=roles,
+                         role_names=frozenset({"cro"}))  # fmt: skip
+        assert answers
+    except InvalidInput:
+        assert not answers
 
 
 def test_a_risk_owned_by_a_role_is_treated_by_a_holder_of_that_role() -> None:
