@@ -426,3 +426,21 @@ async def test_risk_open_refuses_an_owner_that_is_no_principal_and_no_role(
         out, err = await proc.communicate()
     assert proc.returncode == 2, (out, err)
     assert b"no principal of the fleet" in err and b"identity create" in err
+
+
+async def test_mission_create_names_the_roles_that_approve(fleet: Fleet, tmp_path: Path) -> None:
+    env = {
+        **os.environ, "FLEET_NATS_URL": fleet.servers.nats_url, "FLEET_PRINCIPAL": "finance-lead",
+        "FLEET_IDENTITY_DIR": str(fleet.keys.root), "FLEET_STATE_DIR": str(tmp_path),
+    }  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("fleetledger")), "mission", "create", "m-cli",
+        "--purpose", "credits", "--ceiling", "0.60", "--owner", "finance-lead",
+        "--approvers", "controller,cfo",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, (out, err)
+    mission = fleet.co.states["m-cli"].mission
+    assert mission is not None and mission.approver_roles == {"controller", "cfo"}
