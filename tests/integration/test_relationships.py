@@ -393,6 +393,11 @@ async def test_replay_keeps_what_a_revoked_key_signed_before_its_revocation(
             )  # fmt: skip
             assert replayed.rejections == [], replayed.rejections
             assert [e.event_id for e in replayed.record] == [event.event_id]
+            # a coordinator started after the revocation rebuilds the same state from it
+            await co.stop()
+            co = await Coordinator.from_settings(settings)
+            await co.start()
+            assert "t1" in co.states["m-revoke"].items
         finally:
             await node.close()
             await co.stop()
