@@ -28,7 +28,7 @@ from fleetbus.bus import Request, Stored
 from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
 from ledger.events import MAX_EVENT_BYTES, DecisionRecorded, Event
 from ledger.idempotency import check_same_terms
-from ledger.identity import Principal, check_requester, verify_request
+from ledger.identity import NonceWindow, Principal, check_requester, verify_request
 from ledger.kernel import Decision, Kernel, decide
 from ledger.mission import MISSION_SCOPE
 from ledger.protocol import (
@@ -92,6 +92,7 @@ class Authorizer:
         self.telemetry = telemetry
         self.lease_s = lease_s
         self.principals = principals
+        self.nonces = NonceWindow(journal.clock.now())  # each signed request counts once
 
     async def on_request(self, msg: Request) -> None:
         """An authorize request over NATS. A requester that names the receipt subject as its
@@ -135,7 +136,7 @@ class Authorizer:
                 if self.principals is not None:  # before anything waits, reads or writes
                     who = verify_request(
                         msg.headers, msg.subject, msg.data, self.principals(),
-                        self.journal.clock.now(),
+                        self.journal.clock.now(), reply=msg.reply, nonces=self.nonces,
                     )  # fmt: skip
                 reply = await self.authorize(req, respond, nonce=nonce, who=who)
             except FleetError as exc:
@@ -205,12 +206,17 @@ class Authorizer:
                     )
             # Requested but undecided: a coordinator died mid-append. Decide it now.
         now = journal.clock.now()
-        decided = self.kernel(state, action, now)
+        asker = who.name if who is not None else None
+        parties = frozenset(p for p in (asker, req.agent_id) if p)
+        decided = self.kernel(state, action, now, parties=parties)
         decision = decided.model_copy(update={"cut_seq": journal.applied_seq})
         if state.mission is None:  # nothing to record it in: answer, append nothing
             return AuthorizeReply(decision=decision)
+        payload = action.payload()
+        if asker is not None:
+            payload = payload.model_copy(update={"requested_by": asker})
         requested = journal.event(
-            action.payload(),
+            payload,
             mid,
             at=now,
             grant_id=action.grant_id,

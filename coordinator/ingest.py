@@ -21,7 +21,7 @@ from coordinator.riskboard import RiskBoard
 from fleetbus.bus import Bus, StreamMessage
 from ledger.errors import FleetError
 from ledger.events import DecisionRecorded, Event, RiskOpened, RiskTreated, parse_events
-from ledger.identity import Principal, check_origin
+from ledger.identity import Principal, as_of, check_origin
 from ledger.mission import MissionState
 from ledger.protocol import ErrorBody, check_message, deadletter_subject
 from telemetry import (
@@ -140,6 +140,8 @@ class Ingest:
         event with the problem that kept it out of the fold, if any."""
         own = self.journal.take_own(msg.data)
         directory = self.principals() if own is None and self.principals is not None else None
+        if directory is not None and msg.stored_at is not None:  # a key revoked since was
+            directory = as_of(directory, msg.stored_at)  # good when it signed this
         applied = fold_message(self.journal.states, msg.subject, msg.data, directory, own=own)
         record = own is None and self.telemetry.enabled  # links to events produced elsewhere
         for event, problem in applied:

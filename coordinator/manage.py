@@ -25,7 +25,9 @@ from fleetbus.bus import Request
 from fleetbus.http import first_error
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation
 from ledger.events import (
+    GRANT_ISSUER_ROLE,
     MAX_EVENT_BYTES,
+    OWNER_ROLE,
     ApprovalGranted,
     BudgetOverrun,
     BudgetOverrunTreated,
@@ -46,10 +48,25 @@ from ledger.events import (
     RoleBound,
     RoleUnbound,
 )
-from ledger.identity import Principal, check_acting_as, check_effect_recorder, verify_request
-from ledger.mission import MissionState, ReservationState, admit_grant, evolve
-from ledger.protocol import MANAGE_SUBJECT, ErrorBody, ManageOp, ManageReply, ManageRequest
-from reservations import Budget
+from ledger.identity import (
+    NonceWindow,
+    Principal,
+    check_acting_as,
+    check_budget_recorder,
+    check_effect_recorder,
+    verify_request,
+)
+from ledger.invariants import check_risk_owner
+from ledger.mission import MissionState, ReservationState, admit_grant, evolve, unrecorded
+from ledger.protocol import (
+    MANAGE_SUBJECT,
+    BudgetRecord,
+    ErrorBody,
+    ManageOp,
+    ManageReply,
+    ManageRequest,
+)
+from reservations import Budget, ReserveResult
 from telemetry import Telemetry, consumer_span, messaging_attributes, reservation_span, set_error
 from telemetry.conventions import (
     FLEET_MANAGE_OP,
@@ -70,7 +87,7 @@ class Change:
     """What a handler makes of a request: the payload of the event it becomes, events to
     append before it (e.g. budget records), and the reply's ``result``."""
 
-    payload: BaseModel
+    payload: BaseModel | None  # None: only ``before`` (budget facts read from Redis)
     before: list[Event] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
     recorded: uuid.UUID | None = None  # already on the record (an identical retry): append nothing
@@ -149,9 +166,59 @@ def _binder(ctx: Context) -> dict[str, Any]:
     return {"by": ctx.req.actor, **ctx.req.args}
 
 
+def _registrant(ctx: Context) -> dict[str, Any]:
+    """Who registers evidence is who asks (it, or an owner, may supersede it later)."""
+    return {"registered_by": ctx.req.actor, **ctx.req.args}
+
+
+def _superseder(ctx: Context) -> dict[str, Any]:
+    return {"actor": ctx.req.actor, **ctx.req.args}
+
+
 def _approval_version(ctx: Context) -> dict[str, Any]:
     """An approval is of the mission's version now, unless it names one."""
     return {"evaluated_version": ctx.state.version, **ctx.req.args}
+
+
+async def _open_risk(mgr: Manager, ctx: Context, payload: RiskOpened) -> Change:
+    """A risk's owner must be a principal or a role of the mission: someone can treat it."""
+    mission = ctx.state.mission
+    names = None if mgr.principals is None else frozenset(p.name for p in mgr.principals().values())
+    check_risk_owner(
+        payload.owner, principals=names, roles=ctx.state.roles,
+        role_names=frozenset({OWNER_ROLE, GRANT_ISSUER_ROLE})
+        | (mission.risk_roles | mission.approver_roles if mission is not None else frozenset()),
+    )  # fmt: skip
+    return Change(payload)
+
+
+async def _record_budget(mgr: Manager, ctx: Context, req: BudgetRecord) -> Change:
+    """Record what Redis holds for one of the asker's branch reservations: the coordinator is
+    the only writer of budget events, each as Redis answered it (its amount, chain, time)."""
+    state, rid = ctx.state, req.reservation_id
+    history = await mgr.budget.history(state.mission_id, rid)
+    if not history:
+        raise InvalidInput(
+            f"Redis holds no reservation {rid} in mission {state.mission_id}: nothing to record",
+            code=ErrorCode.NOT_FOUND,
+        )
+    reserved = history[0]
+    assert isinstance(reserved, ReserveResult)
+    if ctx.who is not None:
+        grant = state.grants.get(reserved.grant_id) if reserved.grant_id else None
+        check_budget_recorder(
+            ctx.who, mission_id=state.mission_id, reservation_id=rid, roles=state.roles,
+            holder=grant.spec.holder if grant is not None else None,
+        )  # fmt: skip
+    todo = unrecorded(state, rid, history, scopes=reserved.scopes, grant_id=reserved.grant_id)
+    events = [
+        mgr.journal.event(
+            t.ledger_payload(), state.mission_id, at=t.at, grant_id=reserved.grant_id,
+            agent_id=ctx.req.actor,
+        )
+        for t in todo
+    ]  # fmt: skip
+    return Change(None, before=events, result={"recorded": len(events)})
 
 
 async def _treat_overrun(mgr: Manager, ctx: Context, payload: BudgetOverrunTreated) -> Change:
@@ -175,6 +242,7 @@ async def _record_effect(mgr: Manager, ctx: Context, payload: EffectObserved) ->
         check_effect_recorder(
             ctx.who, mission_id=state.mission_id, roles=state.roles,
             holder=grant.spec.holder if grant is not None else None,
+            requested_by=record.requested_by,
         )  # fmt: skip
     if record.effect == payload and record.effect_event_id is not None:
         # the same effect again (a retry whose answer was lost): harmless, nothing new
@@ -224,15 +292,16 @@ HANDLERS: dict[ManageOp, Operation] = {
     "mission.create": Operation(MissionCreated, _create_mission, prepare=_creator),
     "grant.issue": Operation(GrantSpec, _issue_grant, prepare=_grant_expiry),
     "grant.revoke": Operation(GrantRevoked, _record),
-    "evidence.register": Operation(EvidenceRegistered, _record),
-    "evidence.supersede": Operation(EvidenceSuperseded, _record),
-    "risk.open": Operation(RiskOpened, _record),
+    "evidence.register": Operation(EvidenceRegistered, _record, prepare=_registrant),
+    "evidence.supersede": Operation(EvidenceSuperseded, _record, prepare=_superseder),
+    "risk.open": Operation(RiskOpened, _open_risk),
     "risk.treat": Operation(RiskTreated, _record),
     "approve": Operation(ApprovalGranted, _record, prepare=_approval_version),
     "overrun.treat": Operation(BudgetOverrunTreated, _treat_overrun),
     "effect.record": Operation(EffectObserved, _record_effect),
     "role.bind": Operation(RoleBound, _record, prepare=_binder),
     "role.unbind": Operation(RoleUnbound, _record, prepare=_binder),
+    "budget.record": Operation(BudgetRecord, _record_budget),
 }
 
 
@@ -254,6 +323,7 @@ class Manager:
         self.journal, self.budget, self.telemetry = journal, budget, telemetry
         self.unapplied = unapplied if unapplied is not None else Unapplied()
         self.principals = principals
+        self.nonces = NonceWindow(journal.clock.now())  # each signed request counts once
 
     async def on_request(self, msg: Request) -> None:
         """A management request over NATS; every failure is an error reply."""
@@ -279,7 +349,7 @@ class Manager:
                 if self.principals is not None:  # who asks is who acts: never a free string
                     who = verify_request(
                         msg.headers, msg.subject, msg.data, self.principals(),
-                        self.journal.clock.now(),
+                        self.journal.clock.now(), reply=msg.reply, nonces=self.nonces,
                     )  # fmt: skip
                 reply = await self.manage(req, who)
             except ValidationError as exc:
@@ -324,8 +394,14 @@ class Manager:
             if change.follow is not None and (mid, change.follow) in self.unapplied:
                 await self._follow(mid, change.follow)  # the first attempt's Redis call failed
             return ManageReply(ok=True, event_id=str(change.recorded), result=change.result)
-        event = journal.event(change.payload, mid, at=ctx.now, agent_id=req.actor)
-        events = [*change.before, event]
+        if change.payload is None:
+            events = change.before
+            if not events:  # all of it on the record already: a retry
+                return ManageReply(ok=True, result=change.result)
+        else:
+            made = journal.event(change.payload, mid, at=ctx.now, agent_id=req.actor)
+            events = [*change.before, made]
+        event = events[-1]
         check = ctx.state
         for e in events:  # validate the whole change before anything is appended
             check = evolve(check, e)

@@ -20,7 +20,7 @@ from coordinator.ingest import fold_message
 from fleetbus.bus import connect
 from ledger.errors import InvalidInput, RuleViolation, Unreachable
 from ledger.events import Event
-from ledger.identity import Principal
+from ledger.identity import Principal, as_of
 from ledger.mission import MissionState
 from ledger.protocol import STREAM, mission_filter
 
@@ -98,7 +98,10 @@ async def replay_mission(
                     seq = int(msg.metadata.sequence.stream)
                     if seq > end:
                         break
-                    for event, problem in fold_message(states, msg.subject, msg.data, principals):
+                    # the directory as it stood when the message was stored: a key revoked
+                    # since still signed it validly then
+                    then = as_of(principals, msg.metadata.timestamp) if principals else None
+                    for event, problem in fold_message(states, msg.subject, msg.data, then):
                         if problem is None and event is not None:
                             record.append(event)
                             events += 1

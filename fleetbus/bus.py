@@ -17,6 +17,7 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol, Self
 
 import nats
@@ -316,6 +317,7 @@ class StreamMessage:
     data: bytes
     headers: dict[str, str] | None = None
     pending: int = 0  # messages of the stream not yet delivered to this consumer
+    stored_at: datetime | None = None  # when the stream stored it (checks the directory of then)
 
 
 class Request(Protocol):
@@ -439,7 +441,8 @@ class JetStreamBus:
             while True:
                 msg = await sub.next_msg(timeout=10)
                 seq = int(msg.metadata.sequence.stream)
-                yield StreamMessage(seq, msg.subject, msg.data, msg.headers)
+                yield StreamMessage(seq, msg.subject, msg.data, msg.headers,
+                                    stored_at=msg.metadata.timestamp)  # fmt: skip
                 if seq >= upto:
                     return
         finally:
@@ -462,6 +465,7 @@ class JetStreamBus:
                     msg.data,
                     msg.headers,
                     int(meta.num_pending or 0),
+                    stored_at=meta.timestamp,
                 )
             )
 

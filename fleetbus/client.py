@@ -133,6 +133,31 @@ class FleetClient:
             msg = await self.nc.request(subject, body, timeout=self.timeout, headers=headers)
         return bytes(msg.data)
 
+    async def _signed_request(
+        self, subject: str, body: bytes, headers: dict[str, str] | None
+    ) -> bytes:
+        """A request signed with its reply subject and a fresh nonce: the coordinator accepts
+        it once, and its answer goes only where the signer said."""
+        assert self.seed is not None
+        inbox = self.nc.new_inbox()
+        signed = sign_request(
+            self.seed, subject, body, datetime.now(UTC), nonce=secrets.token_hex(12),
+            reply=inbox,
+        )  # fmt: skip
+        with self._fail_closed():
+            sub = await self.nc.subscribe(inbox)
+            await sub.unsubscribe(limit=1)
+            try:
+                await self.nc.publish(subject, body, inbox, {**(headers or {}), **signed})
+                msg = await sub.next_msg(timeout=self.timeout)
+            except BaseException:
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
+                raise
+        if (msg.headers or {}).get("Status") == "503":  # no responders, as a subscription sees it
+            raise Unreachable(NO_COORDINATOR)
+        return bytes(msg.data)
+
     async def manage(
         self, op: ManageOp, mission_id: str, args: dict[str, Any], *, actor: str = "cli"
     ) -> ManageReply:
@@ -151,10 +176,10 @@ class FleetClient:
             },
         ) as span:
             headers = headers_of(span)
-            if self.seed is not None:  # who asks: the coordinator takes no name on trust
-                signed = sign_request(self.seed, MANAGE_SUBJECT, data, datetime.now(UTC))
-                headers = {**(headers or {}), **signed}
-            raw = await self._request(MANAGE_SUBJECT, data, headers)
+            if self.seed is None:
+                raw = await self._request(MANAGE_SUBJECT, data, headers)
+            else:  # who asks: the coordinator takes no name on trust
+                raw = await self._signed_request(MANAGE_SUBJECT, data, headers)
             reply = ManageReply.model_validate_json(raw)
             if reply.error is not None:
                 set_error(span, reply.error.message, reply.error.code)
@@ -208,7 +233,10 @@ class FleetClient:
         subject = receipt_subject(body.mission_id, request.action_id, secrets.token_hex(12))
         data = body.model_dump_json().encode()
         if self.seed is not None:  # who asks: the coordinator checks the signer may ask
-            signed = sign_request(self.seed, AUTHORIZE_SUBJECT, data, datetime.now(UTC))
+            signed = sign_request(
+                self.seed, AUTHORIZE_SUBJECT, data, datetime.now(UTC),
+                nonce=secrets.token_hex(12), reply=subject,
+            )  # fmt: skip
             headers = {**headers, **signed} if headers else signed
         with self._fail_closed():
             sub = await self.nc.subscribe(subject)

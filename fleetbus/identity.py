@@ -14,6 +14,8 @@ import contextlib
 import json
 import os
 import secrets
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
@@ -69,14 +71,23 @@ class KeyStore:
         )
 
     def create(
-        self, name: str, role: Role, missions: frozenset[str] = frozenset({"*"})
+        self,
+        name: str,
+        role: Role,
+        missions: frozenset[str] = frozenset({"*"}),
+        agents: frozenset[str] = frozenset(),
     ) -> Principal:
-        """A new principal with a fresh key; its seed is written 0600 beside the directory."""
+        """A new principal with a fresh key; its seed is written 0600 beside the directory.
+        ``agents``: a node's agents (it asks and records only for them)."""
         known = self.principals()
         if any(p.name == name for p in known):
             raise InvalidInput(f"principal {name!r} already exists", code=ErrorCode.DUPLICATE)
+        if agents and role is not Role.NODE:
+            raise InvalidInput(f"only a node runs agents; {name} is a {role}")
         seed = seed_from_bytes(secrets.token_bytes(32))
-        principal = Principal(name=name, role=role, public_key=public_key(seed), missions=missions)
+        principal = Principal(
+            name=name, role=role, public_key=public_key(seed), missions=missions, agents=agents
+        )
         self._write(self.root / f"{name}.seed", seed.encode(), mode=0o600)
         self._save([*known, principal])
         return principal
@@ -87,11 +98,29 @@ class KeyStore:
         known = self.principals()
         if not any(p.name == name for p in known):
             raise InvalidInput(f"no principal {name!r} to revoke", code=ErrorCode.NOT_FOUND)
-        updated = [p.model_copy(update={"revoked": True}) if p.name == name else p for p in known]
+        at = datetime.now(UTC)  # replay keeps what the key signed before this
+        updated = [
+            p.model_copy(update={"revoked": True, "revoked_at": p.revoked_at or at})
+            if p.name == name
+            else p
+            for p in known
+        ]
         self._save(updated)
         with contextlib.suppress(FileNotFoundError):
             (self.root / f"{name}.seed").unlink()
         return next(p for p in updated if p.name == name)
+
+    def bind_agents(self, agents: Mapping[str, frozenset[str]]) -> None:
+        """Set the agents each named node runs (the directory is the binding)."""
+        known = self.principals()
+        updated = [
+            p.model_copy(update={"agents": agents[p.name]})
+            if p.name in agents and p.role is Role.NODE
+            else p
+            for p in known
+        ]
+        if updated != known:
+            self._save(updated)
 
     def seed(self, name: str) -> str:
         """The secret of ``name`` if this machine holds it; refuses a seed others can read."""
@@ -158,12 +187,16 @@ def seed_of(principal: str | None, identity_dir: Path | None) -> str | None:
     return KeyStore(identity_dir).seed(principal)
 
 
-def ensure_principals(store: KeyStore, wanted: dict[str, Role]) -> None:
-    """Create each wanted principal the store lacks (an embedded fleet's own, on every start)."""
+def ensure_principals(
+    store: KeyStore, wanted: dict[str, Role], agents: Mapping[str, frozenset[str]] | None = None
+) -> None:
+    """Create each wanted principal the store lacks (an embedded fleet's own, on every start),
+    and bind each node to the ``agents`` it runs now (its binding follows the fleet's start)."""
     have = {p.name for p in store.principals()}
     for name, role in wanted.items():
         if name not in have:
-            store.create(name, role)
+            store.create(name, role, agents=(agents or {}).get(name, frozenset()))
+    store.bind_agents(agents or {})
 
 
 __all__ = [

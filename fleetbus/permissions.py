@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetbus.identity import write_private
-from ledger.identity import BRANCH_KINDS, Principal, Role
+from ledger.identity import Principal, Role
 from ledger.protocol import (
     AUTHORIZE_SUBJECT,
     CONSUMER,
@@ -65,8 +65,6 @@ def permissions(role: Role) -> dict[str, Any]:
     publish = [*_REQUESTS, *_READ_STREAMS]
     if role is Role.NODE:
         publish += [f"{SUBJECT_PREFIX}.*.{prefix}>" for prefix in NODE_KIND_PREFIXES]
-    elif role is Role.SERVICE:
-        publish += [f"{SUBJECT_PREFIX}.*.{kind}" for kind in sorted(BRANCH_KINDS)]
     return {
         "publish": {"allow": publish, "deny": _NOT_THE_COORDINATORS_CONSUMER},
         "subscribe": {"allow": _ANSWERS, "deny": [*_REQUESTS, f"{SUBJECT_PREFIX}.>"]},

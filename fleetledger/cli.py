@@ -102,11 +102,31 @@ def _servers_table(
     return table
 
 
+def _node_agents(pairs: list[str], nodes: list[str]) -> dict[str, list[str]]:
+    """``--agent NODE=AGENT`` pairs as node -> agents; every node is bound (none: no agent)."""
+    out: dict[str, list[str]] = {n: [] for n in nodes}
+    for pair in pairs:
+        node, _, name = pair.partition("=")
+        if node not in out or not name.strip():
+            _fail(InvalidInput(
+                f"--agent {pair!r}: give NODE=AGENT with NODE one of {', '.join(nodes)}"
+            ))  # fmt: skip
+        out[node].append(name.strip())
+    return out
+
+
 @app.command()
 def up(
     nodes: Annotated[int, typer.Option(min=1, max=64, help="Simulated nodes.")] = 2,
     state_dir: Annotated[
         Path | None, typer.Option(help="Where the fleet keeps its data and fleet.env.")
+    ] = None,
+    agent: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NODE=AGENT: the node runs that agent (a grant holder); repeat it. "
+            "A node asks and records effects only for its agents."
+        ),
     ] = None,
 ) -> None:
     """Run the embedded fleet (NATS, Redis, a coordinator) in the foreground until Ctrl-C."""
@@ -115,7 +135,8 @@ def up(
     directory = state_dir or default_state_dir()
     env_file = directory / ENV_FILE_NAME
     try:
-        keys = fleet_keys(directory, [f"node-{i}" for i in range(1, nodes + 1)])
+        names = [f"node-{i}" for i in range(1, nodes + 1)]
+        keys = fleet_keys(directory, names, agents=_node_agents(agent or [], names))
         with err.status("starting nats-server and redis-server…"):
             servers = EmbeddedServers(directory, keys=keys).start()
     except FleetError as exc:
@@ -335,6 +356,13 @@ def mission_create(
     risk_roles: Annotated[
         str, typer.Option(help="Roles that may treat any risk.")
     ] = "risk-officer",
+    approvers: Annotated[
+        str,
+        typer.Option(
+            help="Roles whose holders may approve gated actions (never the "
+            "action's own requester or agent)."
+        ),
+    ] = "approver",
     as_json: JsonOpt = False,
 ) -> None:
     """Create a mission with a budget ceiling."""
@@ -344,6 +372,7 @@ def mission_create(
         "ceiling": _amount(ceiling, "--ceiling"),
         "expires_at": _when(expires, "--expires") or _default_expiry(),
         "risk_roles": _csv(risk_roles),
+        "approver_roles": _csv(approvers),
     }
     reply = _run(lambda: _manage("mission.create", mission_id, args), as_json)
     _done(

@@ -65,6 +65,13 @@ def create(
     missions: Annotated[
         str, typer.Option(help="Comma-separated missions it may act in; * for all.")
     ] = "*",
+    agents: Annotated[
+        str,
+        typer.Option(
+            help="A node's agents (grant holders), comma-separated: it asks and "
+            "records effects only for these."
+        ),
+    ] = "",
     directory: DirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -74,7 +81,8 @@ def create(
         scope = frozenset(m.strip() for m in missions.split(",") if m.strip())
         if not scope:
             raise InvalidInput("--missions names no mission (use * for all)")
-        principal = store.create(name, role, scope)
+        bound = frozenset(a.strip() for a in agents.split(",") if a.strip())
+        principal = store.create(name, role, scope, agents=bound)
     except FleetError as exc:
         raise _fail(exc, as_json) from None
     except ValidationError as exc:  # a name the Principal model refuses; nothing written

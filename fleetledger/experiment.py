@@ -87,6 +87,7 @@ from reservations import (
     ReserveResult,
     SettleResult,
     SweepResult,
+    Transition,
 )
 
 CEILING = parse_amount("0.80")
@@ -346,6 +347,9 @@ class IndependentCounters:
 
     async def holding(self, mission_id: str) -> dict[str, str]:
         return await self.inner.holding(mission_id)
+
+    async def history(self, mission_id: str, reservation_id: str) -> list[Transition]:
+        return await self.inner.history(self._at(mission_id, reservation_id), reservation_id)
 
     async def close(self) -> None:
         await self.inner.close()

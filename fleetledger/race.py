@@ -19,7 +19,6 @@ from rich.console import Console
 from fleetbus.client import FleetClient
 from fleetledger.servers import REDIS_BRANCH, REDIS_GATEWAY, EmbeddedServers
 from ledger.authority import Authority
-from ledger.events import make_event
 from ledger.money import format_amount, parse_amount
 from reservations import BranchContext, run_branches
 
@@ -121,24 +120,11 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
     finally:
         if started_ray:
             ray.shutdown()
-    # Record every Redis transition in the ledger, in Redis's own order across branches.
-    now = datetime.now(UTC)
-    records = sorted(
-        (seq, outcome.index, payload)
-        for outcome in outcomes
-        for seq, payload in zip(outcome.seqs, outcome.events, strict=True)
-    )
-    for _, index, payload in records:
-        await fleet.publish(
-            make_event(
-                payload,
-                mission_id=RAY_MISSION,
-                at=now,
-                grant_id="g-ray",
-                node_id="ray",
-                agent_id=f"branch-{index}",
-            )
-        )
+    # The coordinator records every branch's transitions as Redis holds them (it alone writes
+    # budget events), asked in Redis's own order across branches.
+    first = sorted((o.seqs[0], o.reservation_id) for o in outcomes if o.seqs)
+    for _, reservation_id in first:
+        await fleet.manage("budget.record", RAY_MISSION, {"reservation_id": reservation_id})
     ours = sum(1 for o in outcomes if o.status == "admitted")
     view = await fleet.view(RAY_MISSION)
     return {

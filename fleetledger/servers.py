@@ -26,7 +26,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -484,11 +484,18 @@ OPERATOR_PRINCIPAL = "operator"  # the person at the embedded fleet's terminal
 ORCHESTRATOR_PRINCIPAL = "orchestrator"  # the embedded fleet's Branch fan-out (a service)
 
 
-def fleet_keys(directory: Path, nodes: Sequence[str], people: Sequence[str] = ()) -> KeyStore:
+def fleet_keys(
+    directory: Path,
+    nodes: Sequence[str],
+    people: Sequence[str] = (),
+    agents: Mapping[str, Sequence[str]] | None = None,
+) -> KeyStore:
     """The embedded fleet's principals (created on first start, kept in <state>/identity/):
     its coordinator, one per node agent, the operator whose CLI drives it, and the
     orchestrator whose Branches record their reservations. NATS lets each
-    connect with its own key and its role's permissions only (``fleetbus.permissions``)."""
+    connect with its own key and its role's permissions only (``fleetbus.permissions``).
+    ``agents``: node -> the agents it runs (a node asks and records only for those); each
+    start sets the binding of every node it names."""
     keys = KeyStore(directory / "identity")
     wanted = {
         COORDINATOR_PRINCIPAL: Role.COORDINATOR,
@@ -497,7 +504,8 @@ def fleet_keys(directory: Path, nodes: Sequence[str], people: Sequence[str] = ()
     }
     wanted.update(dict.fromkeys(nodes, Role.NODE))
     wanted.update(dict.fromkeys(people, Role.HUMAN))
-    ensure_principals(keys, wanted)
+    bound = {node: frozenset(names) for node, names in (agents or {}).items()}
+    ensure_principals(keys, wanted, bound)
     return keys
 
 

@@ -49,6 +49,11 @@ class Rule(StrEnum):
     PRODUCER_IDENTITY = "producer_identity"  # signed by a known, unrevoked principal
     PRODUCER_PERMISSION = "producer_permission"  # that principal may emit that kind there
     ROLE_BINDING = "role_binding"  # who may bind or unbind a mission's roles
+    EVIDENCE_SUPERSESSION = "evidence_supersession"  # only its registrant or an owner
+    SEPARATION_OF_DUTIES = "separation_of_duties"  # nobody approves their own action
+    BUDGET_RECORD = "budget_record"  # budget facts only as Redis holds them, for one's grants
+    NODE_BINDING = "node_binding"  # a node speaks only for the agents bound to it
+    REQUEST_REPLAY = "request_replay"  # a signed request is accepted once
 
 
 RULE_TITLES: dict[Rule, str] = {
@@ -66,6 +71,11 @@ RULE_TITLES: dict[Rule, str] = {
     Rule.PRODUCER_IDENTITY: "producer identity",
     Rule.PRODUCER_PERMISSION: "producer permission",
     Rule.ROLE_BINDING: "role binding",
+    Rule.EVIDENCE_SUPERSESSION: "evidence supersession",
+    Rule.SEPARATION_OF_DUTIES: "separation of duties",
+    Rule.BUDGET_RECORD: "budget record",
+    Rule.NODE_BINDING: "node binding",
+    Rule.REQUEST_REPLAY: "request replay",
 }
 
 

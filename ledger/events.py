@@ -70,7 +70,9 @@ class MissionCreated(_Payload):
     expires_at: UtcDatetime | None = None
     policy: Authority | None = None  # organisational policy: every grant is intersected with it
     risk_roles: Names = frozenset({"risk-officer"})  # may treat any risk, when bound
-    approver_roles: Names = frozenset()  # empty: any bound approver role is accepted
+    # the roles whose holders may approve (SPEC S4.2: a role the mission names, never any
+    # role a principal happens to hold); `mission create --approvers ROLE,...`
+    approver_roles: Names = frozenset({"approver"})
     # who created it (the authenticated principal); it and ``owner`` hold the owner role
     created_by: Text | None = None
 
@@ -135,12 +137,14 @@ class EvidenceRegistered(_Payload):
     claim: Text
     valid_from: UtcDatetime | None = None
     valid_until: UtcDatetime | None = None
+    registered_by: Text | None = None  # who registered it (None: recorded before it was kept)
 
 
 class EvidenceSuperseded(_Payload):
     kind: Literal["evidence.superseded"] = "evidence.superseded"
     evidence_id: Ident
     by: Ident  # the evidence that replaces it
+    actor: Text | None = None  # who supersedes it: its registrant or a mission owner
 
 
 class RiskOpened(_Payload):
@@ -186,6 +190,7 @@ class ApprovalGranted(_Payload):
     evaluated_version: int = Field(ge=0)  # the ledger version the approver looked at
     conditions: ApprovalConditions = ApprovalConditions()
     expires_at: UtcDatetime
+    uses: int = Field(default=1, ge=1, le=10_000)  # how many decisions it authorises, once each
 
 
 # --- role bindings --------------------------------------------------------------------------
@@ -278,6 +283,9 @@ class ActionRequested(_Payload):
     sensitivity: int | None = Field(default=None, ge=0, le=3)
     value: Micros | None = None
     audience: str | None = None
+    # the principal that asked for the decision (the signer; None on an open fleet): it never
+    # approves its own action, and a node records effects only of actions it asked for
+    requested_by: Text | None = None
 
 
 class LevelBudget(BaseModel):

@@ -26,11 +26,6 @@ from ledger.events import ID_PATTERN, OWNER_ROLE, Event, acts_for
 from ledger.invariants import holds_role
 from ledger.protocol import AUTHORIZE_RESERVATION_PREFIX, NODE_KIND_PREFIXES
 
-# what a Branch orchestrator records of its own reservations (SPEC S7.4)
-BRANCH_KINDS = frozenset(
-    {"budget.reserved", "budget.committed", "budget.settled", "budget.released", "budget.overrun"}
-)
-
 _USER_SEED = (18 << 3, 20 << 3)  # nkeys: 'S' seed prefix, then 'U' user type
 _PREFIX_USER = 20 << 3
 
@@ -41,7 +36,7 @@ class Role(StrEnum):
     NODE = "node"  # a node agent: observations of its own machine
     COORDINATOR = "coordinator"  # decision state: grants, reservations, receipts, risks
     HUMAN = "human"  # a person using the CLI: requests, never events of its own
-    SERVICE = "service"  # an orchestrator: requests, and the budget records of its branches
+    SERVICE = "service"  # an orchestrator: requests (the coordinator records its budget facts)
 
 
 class Principal(BaseModel):
@@ -54,9 +49,26 @@ class Principal(BaseModel):
     public_key: str = Field(pattern=r"^U[A-Z2-7]{55}$")
     missions: frozenset[str] = frozenset({"*"})
     revoked: bool = False
+    # when it was revoked (None: before revocations kept a time): what it signed earlier stays
+    revoked_at: datetime | None = None
+    # a node's agents (the holders of the grants it asks under): it speaks for these only
+    agents: frozenset[str] = frozenset()
 
     def acts_in(self, mission_id: str) -> bool:
         return "*" in self.missions or mission_id in self.missions
+
+
+def as_of(principals: Mapping[str, Principal], at: datetime) -> Mapping[str, Principal]:
+    """The directory as it stood at ``at`` (a stored message's time): a key revoked later was
+    still good then, so replay keeps what it signed before its revocation. A revocation
+    without a time counts from always (nothing it signed is kept)."""
+    later = [
+        key for key, p in principals.items()
+        if p.revoked and p.revoked_at is not None and p.revoked_at > at
+    ]  # fmt: skip
+    if not later:
+        return principals
+    return {**principals, **{k: principals[k].model_copy(update={"revoked": False}) for k in later}}
 
 
 def _crc16(data: bytes) -> int:
@@ -182,32 +194,88 @@ def check_origin(event: Event, principals: Mapping[str, Principal] | None) -> No
 SIGNER_HEADER = "Fleet-Signer"
 SIGNED_AT_HEADER = "Fleet-Signed-At"
 SIGNATURE_HEADER = "Fleet-Signature"
+NONCE_HEADER = "Fleet-Nonce"
 REQUEST_SKEW = timedelta(minutes=5)  # a signed request older (or newer) than this is refused
 # the payload field of each management op that names the person acting (SPEC S12: it must be
 # the authenticated principal, never a free string)
 ACTING_AS: dict[str, str] = {
     "risk.treat": "by", "approve": "approver", "overrun.treat": "by", "grant.revoke": "by",
-    "role.bind": "by", "role.unbind": "by",
+    "role.bind": "by", "role.unbind": "by", "evidence.register": "registered_by",
+    "evidence.supersede": "actor",
 }  # fmt: skip
 # the ops in which a principal bound to ``acts-for:P`` may name P (binding roles is not one:
 # a delegate never hands on what it was given)
 DELEGABLE = frozenset({"risk.treat", "approve", "overrun.treat", "grant.revoke"})
 
 
-def _request_bytes(subject: str, body: bytes, signed_at: str) -> bytes:
-    return f"{subject}\n{signed_at}\n".encode() + body
+def _request_bytes(subject: str, reply: str, signed_at: str, nonce: str, body: bytes) -> bytes:
+    return f"{subject}\n{reply}\n{signed_at}\n{nonce}\n".encode() + body
 
 
-def sign_request(seed: str, subject: str, body: bytes, at: datetime) -> dict[str, str]:
-    """The headers that prove who sent ``body`` on ``subject``, and when."""
+def sign_request(
+    seed: str, subject: str, body: bytes, at: datetime, *, nonce: str, reply: str = ""
+) -> dict[str, str]:
+    """The headers that prove who sent ``body`` on ``subject`` for an answer on ``reply``
+    (signed: nobody can redirect it), when, and once (``nonce``: fresh per request, drawn by
+    the caller)."""
     key = _signing_key(seed)
     signed_at = at.isoformat()
-    sig = key.sign(_request_bytes(subject, body, signed_at)).signature
+    sig = key.sign(_request_bytes(subject, reply, signed_at, nonce, body)).signature
     return {
         SIGNER_HEADER: _public_of(seed),
         SIGNED_AT_HEADER: signed_at,
+        NONCE_HEADER: nonce,
         SIGNATURE_HEADER: base64.urlsafe_b64encode(sig).decode(),
     }
+
+
+class NonceWindow:
+    """The nonces of signed requests seen within ``REQUEST_SKEW``: a request is accepted
+    once. Memory is bounded by the window (older entries are evicted; a request older than
+    the window is refused by its age anyway), and a request signed before ``floor`` (the
+    process's start) is refused too, so a restart does not reopen the window."""
+
+    def __init__(self, floor: datetime) -> None:
+        self.floor = floor
+        self._seen: dict[tuple[str, str], datetime] = {}  # (signer, nonce) -> signed at
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def admit(self, signer: str, nonce: str, at: datetime, now: datetime) -> None:
+        """Remember (signer, nonce) or raise ``RuleViolation`` (request_replay)."""
+        check_fresh_nonce(self._seen, signer, nonce, at, floor=self.floor, now=now)
+        horizon = now - REQUEST_SKEW
+        if len(self._seen) > 64 and next(iter(self._seen.values())) < horizon:
+            self._seen = {k: t for k, t in self._seen.items() if t >= horizon}
+        self._seen[(signer, nonce)] = at
+
+
+def check_fresh_nonce(
+    seen: Mapping[tuple[str, str], datetime],
+    signer: str,
+    nonce: str,
+    at: datetime,
+    *,
+    floor: datetime,
+    now: datetime,
+) -> None:
+    """A signed request counts once: its (signer, nonce) is not among those ``seen`` within
+    the window, and it was signed no earlier than ``floor`` (before which nothing was seen)."""
+    if not nonce:
+        raise RuleViolation(Rule.REQUEST_REPLAY, "the request carries no nonce; refused")
+    earlier = seen.get((signer, nonce))
+    if earlier is not None and earlier >= now - REQUEST_SKEW:  # older: refused by its age
+        raise RuleViolation(
+            Rule.REQUEST_REPLAY,
+            f"the request with nonce {nonce} was accepted already; a signed request counts once",
+        )
+    if at < floor - timedelta(seconds=1):
+        raise RuleViolation(
+            Rule.REQUEST_REPLAY,
+            f"the request was signed at {at.isoformat()}, before this coordinator started "
+            f"({floor.isoformat()}); send it again (a fresh signature)",
+        )
 
 
 def verify_request(
@@ -216,12 +284,17 @@ def verify_request(
     body: bytes,
     principals: Mapping[str, Principal],
     now: datetime,
+    *,
+    reply: str | None = None,
+    nonces: NonceWindow | None = None,
 ) -> Principal:
     """The principal that signed a request; ``RuleViolation`` (producer_identity) otherwise:
-    unsigned, unknown or revoked key, a signature that does not match, or a stale request."""
+    unsigned, unknown or revoked key, a signature that does not match (its reply subject
+    included), or a stale request; with ``nonces``, one seen already (request_replay)."""
     h = headers or {}
     signer, signed_at, signature = (h.get(k) for k in (SIGNER_HEADER, SIGNED_AT_HEADER,
                                                        SIGNATURE_HEADER))  # fmt: skip
+    nonce = h.get(NONCE_HEADER, "")
     if not (signer and signed_at and signature):
         raise RuleViolation(
             Rule.PRODUCER_IDENTITY,
@@ -235,7 +308,8 @@ def verify_request(
     try:
         at = datetime.fromisoformat(signed_at)
         _verify_key(signer).verify(
-            _request_bytes(subject, body, signed_at), base64.urlsafe_b64decode(signature)
+            _request_bytes(subject, reply or "", signed_at, nonce, body),
+            base64.urlsafe_b64decode(signature),
         )
     except (InvalidInput, binascii.Error, ValueError, nacl.exceptions.BadSignatureError):
         raise RuleViolation(
@@ -247,6 +321,8 @@ def verify_request(
             f"the request of {who.name} was signed at {signed_at}, not within "
             f"{REQUEST_SKEW.total_seconds():.0f}s of now (replayed, or a wrong clock)",
         )
+    if nonces is not None:
+        nonces.admit(signer, nonce, at, now)
     return who
 
 
@@ -309,6 +385,7 @@ def check_requester(
                 Rule.PRODUCER_PERMISSION,
                 f"node {who.name} signed an authorize request that claims node {node_id}",
             )
+        check_node_binding(who, holder)
         return
     if who.role is Role.COORDINATOR:
         raise RuleViolation(
@@ -325,25 +402,78 @@ def check_requester(
     )
 
 
+def check_node_binding(who: Principal, holder: str | None) -> None:
+    """A node speaks only for the agents bound to it (its directory entry's ``agents``, set
+    by `fleetledger up --agent NODE=AGENT`, `identity create --agents` and the chart)."""
+    if holder is None or holder not in who.agents:
+        raise RuleViolation(
+            Rule.NODE_BINDING,
+            f"node {who.name} runs no agent {holder or '(no grant)'}: a node asks and records "
+            f"only for the agents bound to it (bound: {sorted(who.agents) or 'none'}; "
+            f"`fleetledger identity create {who.name} --role node --agents {holder or 'AGENT'}`)",
+        )
+
+
 def check_effect_recorder(
     who: Principal,
     *,
     mission_id: str,
     holder: str | None,
     roles: Mapping[str, frozenset[str]],
+    requested_by: str | None = None,
 ) -> None:
-    """May ``who`` record the effect of an action of the grant held by ``holder``? A
-    coordinator; a node (for now any node in the mission: there is no node-to-agent binding
-    yet to tell which node ran the action); otherwise whoever may ask for decisions on that
-    grant (``check_requester``: its holder, a delegate of the holder, a mission owner)."""
+    """May ``who`` record the effect of an action of the grant held by ``holder``, asked for
+    by ``requested_by``? A coordinator; a node only for an action decided through it (it
+    asked) of an agent bound to it; otherwise whoever may ask for decisions on that grant
+    (``check_requester``: its holder, a delegate of the holder, a mission owner)."""
     if who.role in (Role.COORDINATOR, Role.NODE):
         if not who.acts_in(mission_id):
             raise RuleViolation(
                 Rule.PRODUCER_PERMISSION,
                 f"{who.role} {who.name} may not act in mission {mission_id}",
             )
+        if who.role is Role.NODE:
+            if requested_by != who.name:
+                raise RuleViolation(
+                    Rule.NODE_BINDING,
+                    f"node {who.name} may not record the effect of an action it did not ask "
+                    f"for (asked by {requested_by or 'an unsigned request'})",
+                )
+            check_node_binding(who, holder)
         return
     check_requester(who, mission_id=mission_id, node_id="", holder=holder, roles=roles)
+
+
+def check_budget_recorder(
+    who: Principal,
+    *,
+    mission_id: str,
+    reservation_id: str,
+    holder: str | None,
+    roles: Mapping[str, frozenset[str]],
+) -> None:
+    """May ``who`` have the coordinator record the budget facts Redis holds for
+    ``reservation_id`` on the grant held by ``holder`` (None: the mission scope)? Only for its
+    own branches: the holder of that grant, a delegate of the holder, or a mission owner;
+    never a node, never the coordinator's own authorize reservations (``r-<action>``)."""
+    if reservation_id.startswith(AUTHORIZE_RESERVATION_PREFIX):
+        raise RuleViolation(
+            Rule.BUDGET_RECORD,
+            f"reservation {reservation_id} is the coordinator's (ids starting "
+            f"{AUTHORIZE_RESERVATION_PREFIX!r}); its facts are recorded with its decision",
+        )
+    if who.role is Role.NODE:
+        raise RuleViolation(
+            Rule.BUDGET_RECORD, f"node {who.name} runs no branches; it records no budget"
+        )
+    try:
+        check_requester(who, mission_id=mission_id, node_id="", holder=holder, roles=roles)
+    except RuleViolation as exc:
+        raise RuleViolation(
+            Rule.BUDGET_RECORD,
+            f"{who.name} may not record reservation {reservation_id}: it is on the grant of "
+            f"{holder or 'the mission'}, not its own ({exc.reason})",
+        ) from None
 
 
 def check_producer(who: Principal, event: Event) -> None:
@@ -373,17 +503,8 @@ def check_producer(who: Principal, event: Event) -> None:
                 Rule.PRODUCER_PERMISSION,
                 f"coordinator {who.name} may not emit the node observation {event.kind}",
             )
-    elif who.role is Role.SERVICE and event.kind in BRANCH_KINDS:
-        # an orchestrator records its own branches' reservations (Redis admitted them), never
-        # the coordinator's authorize reservations
-        rid = str(getattr(event.payload, "reservation_id", ""))
-        if rid.startswith(AUTHORIZE_RESERVATION_PREFIX):
-            raise RuleViolation(
-                Rule.PRODUCER_PERMISSION,
-                f"service {who.name} may not emit {event.kind} for reservation {rid}: ids "
-                f"starting {AUTHORIZE_RESERVATION_PREFIX!r} are the coordinator's",
-            )
-    else:
+    else:  # an orchestrator's budget facts too: the coordinator records them from Redis
+        # (`budget.record`), so no key but the one that talked to Redis writes budget events
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION,
             f"{who.role} {who.name} sends requests; it may not append {event.kind} itself",
@@ -392,13 +513,17 @@ def check_producer(who: Principal, event: Event) -> None:
 
 __all__ = [
     "ACTING_AS",
-    "BRANCH_KINDS",
     "DELEGABLE",
+    "NonceWindow",
     "Principal",
     "Role",
+    "as_of",
     "canonical",
     "check_acting_as",
+    "check_budget_recorder",
     "check_effect_recorder",
+    "check_fresh_nonce",
+    "check_node_binding",
     "check_origin",
     "check_producer",
     "check_requester",

@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from ledger.authority import Authority, member, widenings
-from ledger.errors import Rule, RuleViolation
+from ledger.errors import InvalidInput, Rule, RuleViolation
 from ledger.events import (
     ACTS_FOR_PREFIX,
     GRANT_ISSUER_ROLE,
@@ -31,6 +31,7 @@ class EvidenceFact:
     valid_from: datetime | None
     valid_until: datetime | None
     superseded_by: str | None
+    registered_by: str | None = None  # None: registered before registrants were recorded
 
     def invalid_reason(self, mission_id: str, now: datetime) -> str | None:
         if self.mission_id != mission_id:
@@ -233,6 +234,22 @@ def check_evidence(
     return cited
 
 
+def check_evidence_supersession(
+    roles: Mapping[str, frozenset[str]], *, by: str | None, fact: EvidenceFact
+) -> None:
+    """Evidence is superseded only by whoever registered it or by a holder of the mission's
+    owner role (a person with no role cannot retire what a gated action relies on). ``by``
+    None: a record from before supersessions named their actor (a coordinator wrote it)."""
+    if by is None or by == fact.registered_by or holds_role(roles, by, OWNER_ROLE):
+        return
+    who = f"its registrant {fact.registered_by} or " if fact.registered_by else ""
+    raise RuleViolation(
+        Rule.EVIDENCE_SUPERSESSION,
+        f"{by} may not supersede evidence {fact.evidence_id}: only {who}a holder of the "
+        f"{OWNER_ROLE!r} role may (`fleetledger role bind {by} --role {OWNER_ROLE}`)",
+    )
+
+
 # --- 4. budget conservation -----------------------------------------------------------------
 
 
@@ -297,7 +314,7 @@ def check_risk_treatment(
     naming it), may treat it, and only once."""
     if not risk.open:
         raise RuleViolation(Rule.RISK_NON_ERASURE, f"risk {risk.risk_id} is already treated")
-    if by == risk.owner:
+    if by == risk.owner or holds_role(roles, by, risk.owner):  # its owner: a principal or role
         return
     if role is None or role not in risk_roles or role.startswith(ACTS_FOR_PREFIX):
         # a delegation (acts-for:P) is never a risk role, whatever the mission names
@@ -312,6 +329,27 @@ def check_risk_treatment(
             f"{by} may not treat risk {risk.risk_id} as {role!r}: {by} is not bound to that "
             f"role in this mission (`fleetledger role bind {by} --role {role}`)",
         )
+
+
+def check_risk_owner(
+    owner: str,
+    *,
+    principals: frozenset[str] | None,
+    roles: Mapping[str, frozenset[str]],
+    role_names: frozenset[str],
+) -> None:
+    """A risk's owner must be someone who can treat it: a principal of the fleet
+    (``principals``, the directory's names) or a role of the mission (bound to someone, or one
+    it names in ``role_names``). Raises ``InvalidInput``: a name nobody answers to would leave
+    the risk untreatable. An open fleet (``principals`` None) takes names on trust."""
+    bound_roles = {r for held in roles.values() for r in held}
+    if principals is None or owner in principals or owner in role_names or owner in bound_roles:
+        return
+    raise InvalidInput(
+        f"risk owner {owner!r} is no principal of the fleet and no role of the mission; name "
+        "one (`fleetledger identity list`, `fleetledger role list M`) or create it first "
+        f"(`fleetledger identity create {owner} --role human`)"
+    )
 
 
 # --- roles ----------------------------------------------------------------------------------
@@ -393,21 +431,26 @@ def check_approver(
     role: str,
     approver_roles: frozenset[str],
     mission_id: str,
+    holder: str | None = None,
 ) -> None:
-    """An approval counts only from a principal bound to the role it approves as (and, when
-    the mission names approver roles, one of them). A delegation (``acts-for:P``) is never an
-    approval role."""
+    """An approval counts only from a principal bound to the role it approves as, one the
+    mission names as approving (``approver_roles``; none named: nobody approves), and never
+    from the holder of the grant it is scoped to (separation of duties). A delegation
+    (``acts-for:P``) is never an approval role."""
     if role.startswith(ACTS_FOR_PREFIX):
         raise RuleViolation(
             Rule.APPROVAL_REQUIRED,
             f"{approver} may not approve as {role!r}: a delegation is not an approval role",
         )
-    if approver_roles and role not in approver_roles:
+    if role not in approver_roles:
         raise RuleViolation(
             Rule.APPROVAL_REQUIRED,
-            f"role {role!r} may not approve in mission {mission_id}; "
-            f"allowed: {sorted(approver_roles)}",
+            f"role {role!r} may not approve in mission {mission_id}; the mission names "
+            f"{sorted(approver_roles) or 'no approver role'} "
+            "(`fleetledger mission create --approvers ROLE,...`)",
         )
+    if holder is not None:
+        check_separation(approver, frozenset({holder}), what="the grant it is scoped to")
     if not holds_role(roles, approver, role):
         raise RuleViolation(
             Rule.APPROVAL_REQUIRED,
@@ -430,6 +473,28 @@ class ApprovalFact:
     max_cost: int | None
     evidence_ids: frozenset[str]
     no_open_risks: bool
+    uses: int = 1  # how many decisions it authorises; each allowed decision spends one
+
+
+def check_separation(approver: str, parties: frozenset[str], *, what: str) -> None:
+    """Nobody approves an action they are a party to: its requester, its agent, the holder
+    of its grant (``parties``)."""
+    if approver in parties:
+        raise RuleViolation(
+            Rule.SEPARATION_OF_DUTIES,
+            f"{approver} may not approve {what}: it is a party to it; an approval comes from "
+            "someone other than the requester and the action's agent",
+        )
+
+
+def check_approval_use(ap: ApprovalFact, used: int) -> None:
+    """An approval authorises what it states once per use, and no more."""
+    if used >= ap.uses:
+        raise RuleViolation(
+            Rule.APPROVAL_REQUIRED,
+            f"approval {ap.approval_id} was used already ({used} of {ap.uses}); "
+            "each approval authorises what it states once",
+        )
 
 
 def check_approval(
@@ -443,13 +508,23 @@ def check_approval(
     open_risks: Iterable[RiskFact],
     mission_id: str,
     now: datetime,
+    parties: frozenset[str] = frozenset(),
+    used: Mapping[str, int] | None = None,
 ) -> str | None:
-    """A gated action needs a typed approval whose conditions still hold at the cut."""
+    """A gated action needs a typed approval whose conditions still hold at the cut, given by
+    none of its ``parties`` and not used up (``used``: decisions each approval allowed)."""
     if not member(action, required_for):
         return None
     reasons: list[str] = []
     for ap in approvals:
         if ap.action != action or (ap.grant_id is not None and ap.grant_id not in chain):
+            continue
+        try:
+            what = f"this {action!r} (approval {ap.approval_id})"
+            check_separation(ap.approver, parties, what=what)
+            check_approval_use(ap, (used or {}).get(ap.approval_id, 0))
+        except RuleViolation as exc:
+            reasons.append(exc.reason)
             continue
         if now >= ap.expires_at:
             reasons.append(f"approval {ap.approval_id} expired at {ap.expires_at.isoformat()}")

@@ -7,8 +7,8 @@ receipt records: the cut, policy version, evidence set, risk set and budget stat
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -97,8 +97,12 @@ def decide(
     now: datetime,
     *,
     controls: frozenset[Control] = ALL_CONTROLS,
+    parties: frozenset[str] = frozenset(),
 ) -> Decision:
     """Evaluate ``request`` against ``state`` at ``now``; never raises for a rule, denies.
+
+    ``parties``: who asked and for which agent (the grant's holder is always one): none of
+    them may have approved it (separation of duties).
 
     ``controls``: for the controlled experiment only (``fleetledger.experiment``); a kernel
     control that is absent has exactly its check skipped (attenuation off: the leaf grant's own
@@ -160,7 +164,8 @@ def decide(
             action=request.action, required_for=effective.approval_required_for,
             chain=chain_ids, cost=request.cost, approvals=state.approvals.values(),
             evidence=state.evidence, open_risks=state.open_risks(),
-            mission_id=state.mission_id, now=now,
+            mission_id=state.mission_id, now=now, used=state.approval_uses,
+            parties=parties | {chain[0].spec.holder},
         )  # fmt: skip
         check_outcome(request.idempotency_key, _prior(state, request.idempotency_key))
         if Control.SHARED_RESERVATIONS in controls:
@@ -174,8 +179,18 @@ def decide(
     )  # fmt: skip
 
 
-# What the coordinator calls to decide: ``decide`` itself, or (the experiment) a partial of it.
-Kernel = Callable[[MissionState, ActionRequest, datetime], Decision]
+class Kernel(Protocol):
+    """What the coordinator calls to decide: ``decide`` itself, or (the experiment) a partial
+    of it."""
+
+    def __call__(
+        self,
+        state: MissionState,
+        request: ActionRequest,
+        now: datetime,
+        *,
+        parties: frozenset[str] = ...,
+    ) -> Decision: ...
 
 
 # The statuses that stop a key from executing again, most urgent first.

@@ -9,13 +9,14 @@ same state; ``snapshot()`` is the comparable form of it.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -70,14 +71,17 @@ from ledger.invariants import (
     ApprovalFact,
     EvidenceFact,
     RiskFact,
+    check_approval_use,
     check_approver,
     check_attenuation,
     check_conservation,
     check_effect_transition,
+    check_evidence_supersession,
     check_grant_issuer,
     check_purpose_binding,
     check_risk_treatment,
     check_role_change,
+    check_separation,
 )
 from ledger.items import ItemStatus, JudgedStatus
 
@@ -160,6 +164,12 @@ class ActionRecord:
     rule: Rule | None = None
     effect: EffectObserved | None = None  # the last effect recorded (a retry repeats it)
     effect_event_id: uuid.UUID | None = None
+    agent_id: str = ""  # the agent it is for (the request's envelope)
+    requested_by: str | None = None  # the principal that asked (signed fleets)
+
+    def parties(self, holder: str | None) -> frozenset[str]:
+        """Who is a party to this action: none of them may approve it."""
+        return frozenset(p for p in (self.agent_id, self.requested_by, holder) if p)
 
 
 class ItemStanding(StrEnum):
@@ -247,6 +257,7 @@ class MissionState:
     # principal -> the roles it holds in this mission (role.bound / role.unbound events;
     # mission.created binds the owner); ``invariants.holds_role`` answers from it
     roles: dict[str, frozenset[str]] = field(default_factory=dict)
+    approval_uses: dict[str, int] = field(default_factory=dict)  # approval -> decisions allowed
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -565,8 +576,8 @@ def _evidence_registered(s: MissionState, e: Event, p: EvidenceRegistered) -> No
     if p.valid_from and p.valid_until and p.valid_until <= p.valid_from:
         raise InvalidInput(f"evidence {p.evidence_id} is valid until before it is valid from")
     s.evidence[p.evidence_id] = EvidenceFact(
-        evidence_id=p.evidence_id, mission_id=e.mission_id,
-        valid_from=p.valid_from, valid_until=p.valid_until, superseded_by=None,
+        evidence_id=p.evidence_id, mission_id=e.mission_id, valid_from=p.valid_from,
+        valid_until=p.valid_until, superseded_by=None, registered_by=p.registered_by,
     )  # fmt: skip
 
 
@@ -586,9 +597,8 @@ def _evidence_superseded(s: MissionState, e: Event, p: EvidenceSuperseded) -> No
             f"evidence {p.evidence_id} is already superseded by {old.superseded_by}",
             code=ErrorCode.DUPLICATE,
         )
-    s.evidence[p.evidence_id] = EvidenceFact(
-        old.evidence_id, old.mission_id, old.valid_from, old.valid_until, superseded_by=p.by
-    )
+    check_evidence_supersession(s.roles, by=p.actor, fact=old)
+    s.evidence[p.evidence_id] = dataclasses.replace(old, superseded_by=p.by)
     # Supersession moves accepted-but-unexecuted proposals that relied on it to review.
     for rec in s.actions.values():
         if rec.status is ActionStatus.ACCEPTED and p.evidence_id in rec.evidence_ids:
@@ -626,20 +636,22 @@ def _approval_granted(s: MissionState, e: Event, p: ApprovalGranted) -> None:
     mission = _mission(s)
     if p.approval_id in s.approvals:
         raise InvalidInput(f"approval {p.approval_id} already exists", code=ErrorCode.DUPLICATE)
-    check_approver(
-        s.roles, approver=p.approver, role=p.role, approver_roles=mission.approver_roles,
-        mission_id=s.mission_id,
-    )  # fmt: skip
     if p.grant_id is not None and p.grant_id not in s.grants:
         raise InvalidInput(
             f"approval scope grant {p.grant_id} is not issued", code=ErrorCode.NOT_FOUND
         )
+    check_approver(
+        s.roles, approver=p.approver, role=p.role, approver_roles=mission.approver_roles,
+        mission_id=s.mission_id,
+        holder=s.grants[p.grant_id].spec.holder if p.grant_id is not None else None,
+    )  # fmt: skip
     if p.expires_at <= e.effective_at:
         raise InvalidInput(f"approval {p.approval_id} would expire before it is granted")
     s.approvals[p.approval_id] = ApprovalFact(
         approval_id=p.approval_id, action=p.action, grant_id=p.grant_id, approver=p.approver,
         role=p.role, expires_at=p.expires_at, max_cost=p.conditions.max_cost,
         evidence_ids=p.conditions.evidence_ids, no_open_risks=p.conditions.no_open_risks,
+        uses=p.uses,
     )  # fmt: skip
 
 
@@ -669,6 +681,44 @@ def _budget_reserved(s: MissionState, e: Event, p: BudgetReserved) -> _Unchanged
     for sc in scopes:
         s.usage.setdefault(sc, Usage()).reserved += p.amount
     return None
+
+
+class _Transition(Protocol):
+    def ledger_payload(self) -> BaseModel: ...
+
+
+_T = TypeVar("_T", bound=_Transition)
+
+
+def unrecorded(
+    s: MissionState,
+    reservation_id: str,
+    transitions: Sequence[_T],
+    *,
+    scopes: tuple[str, ...],
+    grant_id: str | None,
+) -> list[_T]:
+    """Of a reservation's transitions as Redis holds them (reserve first, then commit and a
+    resolution, each at most once), those the ledger has not recorded yet, in order: what the
+    coordinator records of a branch reservation. Redis must have counted it on exactly the
+    ledger's chain for ``grant_id`` (``scopes``: Redis's, leaf first, mission last), or its
+    levels and the ledger's would part (``RuleViolation``, budget_record)."""
+    wanted = s.scopes(grant_id)
+    if scopes != wanted:
+        raise RuleViolation(
+            Rule.BUDGET_RECORD,
+            f"reservation {reservation_id} was counted in Redis on {list(scopes)}, not on the "
+            f"ledger's chain {list(wanted)}; it cannot be recorded as it stands",
+        )
+    known = s.reservations.get(reservation_id)
+    if known is None:
+        return list(transitions)
+    if known.state.resolved:
+        return []
+    skip = (BudgetReserved, BudgetCommitted) if known.state is ReservationState.COMMITTED else (
+        BudgetReserved,
+    )  # fmt: skip
+    return [t for t in transitions if not isinstance(t.ledger_payload(), skip)]
 
 
 def _reservation(s: MissionState, reservation_id: str) -> Reservation:
@@ -824,6 +874,7 @@ def _action_requested(s: MissionState, e: Event, p: ActionRequested) -> None:
     s.actions[p.action_id] = ActionRecord(
         action_id=p.action_id, grant_id=e.grant_id, action=p.action, cost=p.cost,
         idempotency_key=e.idempotency_key, evidence_ids=p.evidence_ids,
+        agent_id=e.agent_id, requested_by=p.requested_by,
     )  # fmt: skip
 
 
@@ -837,6 +888,15 @@ def _decision_recorded(s: MissionState, e: Event, p: DecisionRecorded) -> None:
             f"action {p.action_id} is already decided ({rec.status.value})",
             code=ErrorCode.DUPLICATE,
         )
+    approval = s.approvals.get(p.approval_id) if p.allowed and p.approval_id else None
+    if approval is not None:  # the record never shows an approval used twice or by a party
+        check_approval_use(approval, s.approval_uses.get(approval.approval_id, 0))
+        grant = s.grants.get(rec.grant_id) if rec.grant_id else None
+        check_separation(
+            approval.approver, rec.parties(grant.spec.holder if grant else None),
+            what=f"action {rec.action_id}",
+        )  # fmt: skip
+        s.approval_uses[approval.approval_id] = s.approval_uses.get(approval.approval_id, 0) + 1
     rec.status = ActionStatus.ACCEPTED if p.allowed else ActionStatus.REJECTED
     rec.decision_cut, rec.rule = p.cut, p.rule
     rec.reservation_id = p.reservation_id

@@ -21,7 +21,7 @@ from reservations.results import (
     SettleResult,
     SweepResult,
 )
-from reservations.store import Budget, ReservationClient, ReservationStore
+from reservations.store import Budget, ReservationClient, ReservationStore, Transition
 
 __all__ = [
     "MISSION_SCOPE",
@@ -40,5 +40,6 @@ __all__ = [
     "ReserveResult",
     "SettleResult",
     "SweepResult",
+    "Transition",
     "run_branches",
 ]

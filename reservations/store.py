@@ -37,7 +37,10 @@ from reservations.results import (
     from_ms,
 )
 
-__all__ = ["MAX_LEASE_S", "Budget", "ReservationClient", "ReservationStore"]
+__all__ = ["MAX_LEASE_S", "Budget", "ReservationClient", "ReservationStore", "Transition"]
+
+# one transition of a reservation as Redis holds it (``history``), with its ledger payload
+Transition = ReserveResult | CommitResult | SettleResult | ReleaseResult | ExpiredReservation
 
 MAX_LEASE_S = 24 * 3600.0
 SWEEP_BATCH = 1000
@@ -95,6 +98,8 @@ class Budget(Protocol):
     ) -> tuple[ReserveResult, CommitResult | None, str] | None: ...
 
     async def holding(self, mission_id: str) -> dict[str, str]: ...
+
+    async def history(self, mission_id: str, reservation_id: str) -> list[Transition]: ...
 
     async def close(self) -> None: ...
 
@@ -473,6 +478,34 @@ class ReservationClient:
             else None
         )
         return reserved, committed, r[3]
+
+    async def history(self, mission_id: str, reservation_id: str) -> list[Transition]:
+        """Every transition Redis holds for ``reservation_id`` (reserve, commit, resolution),
+        in its transition order, each with Redis's time: what the coordinator records of a
+        branch reservation (nobody else writes budget events). Empty: Redis holds none."""
+        found = await self.reservation(mission_id, reservation_id)
+        if found is None:
+            return []
+        reserved, committed, state = found
+        out: list[Transition] = [reserved] if committed is None else [reserved, committed]
+        if state not in ("settled", "overrun", "released", "expired"):
+            return out
+        key = k.reservation_key(mission_id, reservation_id)
+        (raw,) = await self._reads([("HMGET", key, "actual", "resolved_at", "resolved_seq")])
+        actual, at, seq = (0 if v is None else int(_s(v)) for v in raw)
+        when = from_ms(at)
+        if state == "released":
+            out.append(ReleaseResult(mission_id, reservation_id, when, replayed=True, seq=seq))
+        elif state == "expired":
+            out.append(ExpiredReservation(
+                mission_id, reservation_id, reserved.amount, reserved.chain, when, seq=seq
+            ))  # fmt: skip
+        else:
+            out.append(SettleResult(
+                mission_id, reservation_id, actual, state == "overrun", when, replayed=True,
+                seq=seq,
+            ))  # fmt: skip
+        return out
 
     async def committed_ids(self, mission_id: str) -> list[str]:
         """Every reservation of the mission that Redis holds committed (scanned: for start-up

@@ -24,6 +24,7 @@ from reservations import (
     ReserveResult,
     SettleResult,
     SweepResult,
+    Transition,
 )
 
 
@@ -218,6 +219,18 @@ class FakeBudget:
             for (mid, rid), held in sorted(self.reservations.items())
             if mid == mission_id and held.state in ("held", "committed", "expiring")
         }
+
+    async def history(self, mission_id: str, reservation_id: str) -> list[Transition]:
+        self._call("history")
+        held = self.reservations.get((mission_id, reservation_id))
+        if held is None:
+            return []
+        out: list[Transition] = [held.reserve]
+        if held.commit is not None:
+            out.append(held.commit)
+        if held.state == "released":
+            out.append(ReleaseResult(mission_id, reservation_id, self.clock.now()))
+        return out
 
     async def close(self) -> None:
         return None

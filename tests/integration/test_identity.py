@@ -31,7 +31,8 @@ async def secured(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[tuple[Path, str, Coordinator]]:
     directory = tmp_path_factory.mktemp("secured")
-    keys = fleet_keys(directory, ["node-1"], people=PEOPLE)
+    # node-1 runs the agent `claude` (the holder of the node test's grant): it speaks for it only
+    keys = fleet_keys(directory, ["node-1"], people=PEOPLE, agents={"node-1": ["claude"]})
     with EmbeddedServers(directory, keys=keys) as servers:
         settings = CoordinatorSettings(
             nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0,
@@ -260,15 +261,15 @@ async def test_an_approval_by_a_principal_not_bound_to_the_approver_role_is_refu
     lead = await as_person(secured, "finance-lead")
     try:
         approval = {
-            "approval_id": "ap1", "role": "controller", "action": "credit.issue",
+            "approval_id": "ap1", "role": "approver", "action": "credit.issue",
             "expires_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat(),
         }  # fmt: skip
         with pytest.raises(RuleViolation) as exc:
             await treasury.manage("approve", "m-role-approve", approval)
         assert exc.value.rule is Rule.APPROVAL_REQUIRED
-        assert "treasury may not approve as 'controller'" in exc.value.reason
+        assert "treasury may not approve as 'approver'" in exc.value.reason
         await lead.manage(
-            "role.bind", "m-role-approve", {"principal": "treasury", "role": "controller"}
+            "role.bind", "m-role-approve", {"principal": "treasury", "role": "approver"}
         )
         assert (await treasury.manage("approve", "m-role-approve", approval)).ok
     finally:
@@ -324,8 +325,9 @@ async def test_an_unsigned_or_forged_authorize_request_is_refused_naming_the_rul
         assert seed is not None
         other = AuthorizeRequest(mission_id="m-auth-sig", request=push("a-other"))
         headers = sign_request(
-            seed, AUTHORIZE_SUBJECT, other.model_dump_json().encode(), datetime.now(UTC)
-        )
+            seed, AUTHORIZE_SUBJECT, other.model_dump_json().encode(), datetime.now(UTC),
+            nonce="n-other",
+        )  # fmt: skip
         forged = AuthorizeRequest(mission_id="m-auth-sig", request=push("a-forged"))
         reply = await lead.nc.request(
             AUTHORIZE_SUBJECT, forged.model_dump_json().encode(), timeout=5, headers=headers

@@ -129,7 +129,7 @@ class Ledger:
         expires_at: datetime | None = T0 + DAY,
         policy: Authority | None = None,
         risk_roles: Iterable[str] = ("risk-officer",),
-        approver_roles: Iterable[str] = (),
+        approver_roles: Iterable[str] = ("controller",),
         owner: str = OWNER,
     ) -> Ledger:
         self.apply(
@@ -163,6 +163,7 @@ class Ledger:
         *,
         valid_from: datetime | None = None,
         valid_until: datetime | None = None,
+        registered_by: str | None = None,
     ) -> str:
         self.apply(
             EvidenceRegistered(
@@ -171,12 +172,13 @@ class Ledger:
                 claim="invoice 42 is approved",
                 valid_from=valid_from,
                 valid_until=valid_until,
+                registered_by=registered_by,
             )
         )
         return evidence_id
 
-    def supersede(self, evidence_id: str, by: str) -> None:
-        self.apply(EvidenceSuperseded(evidence_id=evidence_id, by=by))
+    def supersede(self, evidence_id: str, by: str, *, actor: str | None = None) -> None:
+        self.apply(EvidenceSuperseded(evidence_id=evidence_id, by=by, actor=actor))
 
     def risk(
         self,
@@ -226,6 +228,7 @@ class Ledger:
         no_open_risks: bool = False,
         approver: str = "hannah",
         bind: bool = True,
+        uses: int = 1,
     ) -> str:
         """An approval by ``approver`` as ``role``; the approver is first bound to that role
         (a role.bound event) unless ``bind`` is False or it already holds it."""
@@ -245,6 +248,7 @@ class Ledger:
                     no_open_risks=no_open_risks,
                 ),
                 expires_at=expires_at or self.now + HOUR,
+                uses=uses,
             )
         )
         return approval_id

@@ -26,6 +26,14 @@ def test_up_rejects_a_node_count_out_of_range_with_usage_exit() -> None:
     assert result.exit_code == 2
 
 
+def test_up_refuses_an_agent_binding_for_no_node_before_anything_starts(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["up", "--nodes", "1", "--state-dir", str(tmp_path / "s"),
+                                 "--agent", "node-7=ap-agent"])  # fmt: skip
+    assert result.exit_code == 2
+    assert "give NODE=AGENT with NODE one of node-1" in result.stderr
+    assert not (tmp_path / "s").exists()
+
+
 def test_version_prints_and_exits_zero() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0

@@ -211,12 +211,13 @@ async def test_every_management_op_is_recorded(fleet: Fleet) -> None:
             "risk.opened",
         ),
         ("risk.treat", {"risk_id": "k1", "status": "MITIGATED", "by": "olga"}, "risk.treated"),
+        ("role.bind", {"principal": "olga", "role": "approver", "by": "olga"}, "role.bound"),
         (
             "approve",
             {
                 "approval_id": "ap1",
                 "approver": "olga",
-                "role": "owner",
+                "role": "approver",
                 "action": "pay",
                 "expires_at": (T0 + DAY).isoformat(),
             },

@@ -8,6 +8,7 @@ them (``ledger.identity.sign_request``) on the fake clock's time.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,15 +37,21 @@ MID = "m1"
 NAMES = {
     "olga": Role.HUMAN, "agent-1": Role.HUMAN, "asst": Role.HUMAN, "mallory": Role.HUMAN,
     "treasury": Role.HUMAN, "node-1": Role.NODE, "coordinator": Role.COORDINATOR,
+    "orchestrator": Role.SERVICE,
 }  # fmt: skip
 SEEDS = {name: seed_from_bytes(bytes([i + 1]) * 32) for i, name in enumerate(NAMES)}
 DIRECTORY = {
-    public_key(SEEDS[n]): Principal(name=n, role=r, public_key=public_key(SEEDS[n]))
+    public_key(SEEDS[n]): Principal(
+        name=n, role=r, public_key=public_key(SEEDS[n]),
+        agents=frozenset({"agent-1"}) if r is Role.NODE else frozenset(),
+    )
     for n, r in NAMES.items()
-}
+}  # fmt: skip
 
 
 class Secured:
+    budget: FakeBudget
+
     def __init__(self, co: Coordinator, bus: FakeBus, clock: ManualClock) -> None:
         self.co, self.bus, self.clock = co, bus, clock
 
@@ -52,7 +59,9 @@ class Secured:
         self, subject: str, body: bytes, signer: str | None, headers: dict[str, str] | None = None
     ) -> bytes:
         if signer is not None:
-            headers = sign_request(SEEDS[signer], subject, body, self.clock.now())
+            headers = sign_request(
+                SEEDS[signer], subject, body, self.clock.now(), nonce=secrets.token_hex(8)
+            )
         req = FakeRequest(subject, body, headers=headers)
         await self.bus.handlers[subject](req)
         return req.answers[0]
@@ -88,6 +97,7 @@ async def secured() -> AsyncIterator[Secured]:
     )  # fmt: skip
     await co.start()
     s = Secured(co, bus, clock)
+    s.budget = budget
     created = await s.manage(
         "olga", "mission.create",
         {"purpose": "pay invoices", "owner": "olga", "ceiling": 1_000, "expires_at": T0 + DAY},
@@ -127,10 +137,14 @@ async def test_an_unsigned_authorize_request_is_refused_and_records_nothing(
 async def test_a_forged_authorize_request_is_refused(secured: Secured) -> None:
     """Headers signed over another body (an altered request) or by a key nobody registered."""
     body = secured.request("a1")
-    other = sign_request(SEEDS["agent-1"], AUTHORIZE_SUBJECT, secured.request("a2"), T0)
+    other = sign_request(
+        SEEDS["agent-1"], AUTHORIZE_SUBJECT, secured.request("a2"), T0, nonce="n-other"
+    )
     raw = await secured.send(AUTHORIZE_SUBJECT, body, None, headers=other)
     refused(AuthorizeReply.model_validate_json(raw), "producer_identity", "does not match")
-    stranger = sign_request(seed_from_bytes(b"\x99" * 32), AUTHORIZE_SUBJECT, body, T0)
+    stranger = sign_request(
+        seed_from_bytes(b"\x99" * 32), AUTHORIZE_SUBJECT, body, T0, nonce="n-stranger"
+    )
     raw = await secured.send(AUTHORIZE_SUBJECT, body, None, headers=stranger)
     refused(AuthorizeReply.model_validate_json(raw), "producer_identity", "unknown key")
     assert "a1" not in secured.co.states[MID].actions
@@ -224,9 +238,16 @@ async def test_by_names_another_principal_only_through_its_delegation(secured: S
 async def test_only_the_holder_its_delegate_an_owner_or_a_node_records_an_effect(
     secured: Secured,
 ) -> None:
-    for action_id in ("a1", "a2", "a3"):
+    for action_id in ("a1", "a2", "a4"):
         reply = await secured.authorize("agent-1", action_id)
         assert reply.decision is not None and reply.decision.allowed, reply
+    reply = await secured.authorize("node-1", "a3", node_id="node-1")  # decided through it
+    assert reply.decision is not None and reply.decision.allowed, reply
+    # finding 5: a node frees no money for an action it did not ask for
+    refused(await secured.manage("node-1", "effect.record",
+                                 {"action_id": "a4", "outcome": "verified_failure"}),
+            "node_binding", "did not ask for")  # fmt: skip
+    assert secured.co.states[MID].actions["a4"].effect is None
     failure = {"action_id": "a1", "outcome": "verified_failure"}
     for stranger in ("mallory", "asst"):
         refused(await secured.manage(stranger, "effect.record", failure), "producer_permission",
@@ -242,3 +263,64 @@ async def test_only_the_holder_its_delegate_an_owner_or_a_node_records_an_effect
             signer, "effect.record", {"action_id": action_id, "outcome": "verified_failure"}
         )
         assert reply.ok, (signer, reply)
+
+
+# --- relationships (issue 23) ---------------------------------------------------------------
+
+
+async def test_the_same_signed_management_request_counts_once(secured: Secured) -> None:
+    body = ManageRequest(op="evidence.register", mission_id=MID, args={
+        "evidence_id": "ev-1", "source": "s", "claim": "c"}).model_dump_json().encode()  # fmt: skip
+    headers = sign_request(SEEDS["olga"], MANAGE_SUBJECT, body, secured.clock.now(), nonce="n-1")
+    first = ManageReply.model_validate_json(
+        await secured.send(MANAGE_SUBJECT, body, None, headers=headers)
+    )
+    assert first.ok, first
+    again = ManageReply.model_validate_json(
+        await secured.send(MANAGE_SUBJECT, body, None, headers=headers)
+    )
+    refused(again, "request_replay", "accepted already")
+
+
+async def test_only_the_registrant_or_an_owner_supersedes_evidence(secured: Secured) -> None:
+    for who, ev in (("olga", "ev-1"), ("mallory", "ev-2"), ("mallory", "ev-3")):
+        reply = await secured.manage(who, "evidence.register",
+                                     {"evidence_id": ev, "source": "s", "claim": "c"})  # fmt: skip
+        assert reply.ok, reply
+    refused(await secured.manage("mallory", "evidence.supersede",
+                                 {"evidence_id": "ev-1", "by": "ev-2"}),
+            "evidence_supersession", "mallory may not supersede evidence ev-1")  # fmt: skip
+    assert (await secured.manage("mallory", "evidence.supersede",
+                                 {"evidence_id": "ev-2", "by": "ev-3"})).ok  # its own  # fmt: skip
+    assert secured.co.states[MID].evidence["ev-1"].superseded_by is None
+
+
+async def test_a_risk_owner_names_a_principal_or_a_role(secured: Secured) -> None:
+    risk = {"risk_id": "k1", "blocks": ["pay"], "summary": "s"}
+    reply = await secured.manage("olga", "risk.open", {**risk, "owner": "nobody"})
+    assert reply.error is not None and reply.error.code == "FL-INPUT"
+    assert "no principal of the fleet and no role" in reply.error.message
+    assert (await secured.manage("olga", "risk.open", {**risk, "owner": "treasury"})).ok
+    by_role = {**risk, "risk_id": "k2", "owner": "risk-officer"}  # a role of the mission
+    assert (await secured.manage("olga", "risk.open", by_role)).ok
+
+
+async def test_the_coordinator_records_budget_facts_only_for_the_askers_own_grant(
+    secured: Secured,
+) -> None:
+    issued = await secured.manage(
+        "olga", "grant.issue",
+        {"grant_id": "g-orch", "holder": "orchestrator", "purpose": "fan out", "owner": "olga",
+         "authority": Authority.of(["pay"]).model_dump(mode="json"), "budget": 300},
+    )  # fmt: skip
+    assert issued.ok, issued
+    secured.budget.hold(MID, ["g-orch"], "br-1", 100, 60)
+    secured.budget.hold(MID, ["g"], "br-2", 100, 60)  # on agent-1's grant
+    recorded = await secured.manage("orchestrator", "budget.record", {"reservation_id": "br-1"})
+    assert recorded.ok and recorded.result == {"recorded": 1}, recorded
+    assert secured.co.states[MID].reservations["br-1"].amount == 100
+    refused(await secured.manage("orchestrator", "budget.record", {"reservation_id": "br-2"}),
+            "budget_record", "grant of agent-1, not its own")  # fmt: skip
+    missing = await secured.manage("orchestrator", "budget.record", {"reservation_id": "br-9"})
+    assert missing.error is not None and "Redis holds no reservation br-9" in missing.error.message
+    assert "br-2" not in secured.co.states[MID].reservations

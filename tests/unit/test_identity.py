@@ -26,7 +26,10 @@ from tests.unit.builders import T0
 
 NODE_SEED = seed_from_bytes(bytes(range(32)))
 CO_SEED = seed_from_bytes(bytes(range(1, 33)))
-NODE = Principal(name="node-1", role=Role.NODE, public_key=public_key(NODE_SEED))
+NODE = Principal(
+    name="node-1", role=Role.NODE, public_key=public_key(NODE_SEED),
+    agents=frozenset({"agent-1"}),
+)  # fmt: skip
 CO = Principal(name="coordinator", role=Role.COORDINATOR, public_key=public_key(CO_SEED))
 DIRECTORY = {p.public_key: p for p in (NODE, CO)}
 
@@ -158,24 +161,48 @@ def test_seeds_and_keys_are_checked_nkeys() -> None:
     assert canonical(observation()) != canonical(treatment())
 
 
-def test_an_orchestrator_records_its_branches_budget_and_nothing_else() -> None:
-    from ledger.events import BudgetReleased
+BUDGET_KINDS = (
+    "budget.reserved", "budget.committed", "budget.settled", "budget.released", "budget.overrun"
+)  # fmt: skip
+
+
+def test_an_orchestrator_appends_no_budget_event_of_its_own() -> None:
+    """Finding 2: budget records are not admitted by kind from an orchestrator; the
+    coordinator records them from Redis's answer (`budget.record`)."""
+    from ledger.events import BudgetReleased, BudgetReserved
 
     svc = Principal(name="orchestrator", role=Role.SERVICE, public_key=NODE.public_key)
-    check_producer(svc, make_event(BudgetReleased(reservation_id="br-1"), mission_id="m1", at=T0))
-    with pytest.raises(RuleViolation):
-        check_producer(svc, treatment())
+    forged = BudgetReserved(reservation_id="br-x", grant_id="g-other", amount=550_000,
+                            lease_until=T0)  # fmt: skip
+    for payload in (forged, BudgetReleased(reservation_id="br-1")):
+        with pytest.raises(RuleViolation) as exc:
+            check_producer(svc, make_event(payload, mission_id="m1", at=T0))
+        assert exc.value.rule is Rule.PRODUCER_PERMISSION
+        assert "may not append" in exc.value.reason
+    check_producer(CO, make_event(forged, mission_id="m1", at=T0))  # the one who asked Redis
 
 
-def test_an_orchestrator_may_not_record_the_coordinators_authorize_reservations() -> None:
-    from ledger.events import BudgetReleased
+def test_a_budget_record_is_asked_only_for_ones_own_grants_branches() -> None:
+    from ledger.identity import check_budget_recorder
 
     svc = Principal(name="orchestrator", role=Role.SERVICE, public_key=NODE.public_key)
-    forged = make_event(BudgetReleased(reservation_id="r-a1"), mission_id="m1", at=T0)
-    with pytest.raises(RuleViolation) as exc:
-        check_producer(svc, forged)
-    assert exc.value.rule is Rule.PRODUCER_PERMISSION
-    assert "r-a1" in exc.value.reason and "coordinator's" in exc.value.reason
+
+    def record(who: Principal, rid: str = "br-1", holder: str | None = "orchestrator",
+               roles: dict[str, frozenset[str]] | None = None) -> None:  # fmt: skip
+        check_budget_recorder(who, mission_id="m1", reservation_id=rid, holder=holder,
+                              roles=roles or {})  # fmt: skip
+
+    record(svc)
+    record(svc, holder="ap-agent", roles={"orchestrator": frozenset({"acts-for:ap-agent"})})
+    for who, kw, words in (
+        (svc, {"holder": "ap-agent"}, "on the grant of ap-agent, not its own"),
+        (svc, {"holder": None}, "on the grant of the mission"),
+        (svc, {"rid": "r-a1"}, "is the coordinator's"),
+        (NODE, {}, "runs no branches"),
+    ):
+        with pytest.raises(RuleViolation, match=words) as exc:
+            record(who, **kw)  # type: ignore[arg-type]
+        assert exc.value.rule is Rule.BUDGET_RECORD
 
 
 def test_a_signed_request_verifies_and_a_replayed_or_altered_one_does_not() -> None:
@@ -184,16 +211,21 @@ def test_a_signed_request_verifies_and_a_replayed_or_altered_one_does_not() -> N
     from ledger.identity import check_acting_as, sign_request, verify_request
 
     body = b'{"op": "risk.treat"}'
-    headers = sign_request(NODE_SEED, "fleet.v1.manage", body, T0)
-    assert verify_request(headers, "fleet.v1.manage", body, DIRECTORY, T0) == NODE
-    for subject, data, now in (
-        ("fleet.v1.manage", b'{"op": "approve"}', T0),  # another body
-        ("fleet.v1.authorize", body, T0),  # another subject
-        ("fleet.v1.manage", body, T0 + timedelta(hours=1)),  # replayed an hour later
+    headers = sign_request(NODE_SEED, "fleet.v1.manage", body, T0, nonce="n1", reply="_INBOX.a")
+    assert verify_request(headers, "fleet.v1.manage", body, DIRECTORY, T0,
+                          reply="_INBOX.a") == NODE  # fmt: skip
+    for subject, data, now, reply in (
+        ("fleet.v1.manage", b'{"op": "approve"}', T0, "_INBOX.a"),  # another body
+        ("fleet.v1.authorize", body, T0, "_INBOX.a"),  # another subject
+        ("fleet.v1.manage", body, T0 + timedelta(hours=1), "_INBOX.a"),  # an hour later
+        ("fleet.v1.manage", body, T0, "_INBOX.mallory"),  # the answer redirected
     ):
         with pytest.raises(RuleViolation) as exc:
-            verify_request(headers, subject, data, DIRECTORY, now)
+            verify_request(headers, subject, data, DIRECTORY, now, reply=reply)
         assert exc.value.rule is Rule.PRODUCER_IDENTITY
+    with pytest.raises(RuleViolation):  # another nonce than the one signed
+        verify_request({**headers, "Fleet-Nonce": "n2"}, "fleet.v1.manage", body, DIRECTORY,
+                       T0, reply="_INBOX.a")  # fmt: skip
     with pytest.raises(RuleViolation, match="not signed"):
         verify_request({}, "fleet.v1.manage", body, DIRECTORY, T0)
     lead = Principal(name="lead", role=Role.HUMAN, public_key=CO.public_key)
@@ -202,6 +234,77 @@ def test_a_signed_request_verifies_and_a_replayed_or_altered_one_does_not() -> N
         check_acting_as(lead, "approve", {"approver": "owner"}, mission_id="m1")
     with pytest.raises(RuleViolation, match="effects only"):
         check_acting_as(NODE, "risk.treat", {}, mission_id="m1")
+
+
+def test_a_signed_request_is_accepted_once_within_its_window() -> None:
+    """Finding 7: the same signed request sent again within its 5 minutes is refused."""
+    from datetime import timedelta
+
+    from ledger.identity import NonceWindow, sign_request, verify_request
+
+    body = b'{"op": "risk.open"}'
+    window = NonceWindow(T0)
+    headers = sign_request(NODE_SEED, "fleet.v1.manage", body, T0, nonce="n1")
+    assert verify_request(headers, "fleet.v1.manage", body, DIRECTORY, T0, nonces=window)
+    with pytest.raises(RuleViolation, match="accepted already") as exc:
+        verify_request(headers, "fleet.v1.manage", body, DIRECTORY, T0 + timedelta(minutes=4),
+                       nonces=window)  # fmt: skip
+    assert exc.value.rule is Rule.REQUEST_REPLAY
+    restarted = NonceWindow(T0 + timedelta(minutes=1))  # a coordinator started after it
+    with pytest.raises(RuleViolation, match="before this coordinator started") as exc:
+        verify_request(headers, "fleet.v1.manage", body, DIRECTORY, T0 + timedelta(minutes=2),
+                       nonces=restarted)  # fmt: skip
+    assert exc.value.rule is Rule.REQUEST_REPLAY
+    unsigned_nonce = {k: v for k, v in headers.items() if k != "Fleet-Nonce"}
+    with pytest.raises(RuleViolation):
+        verify_request(unsigned_nonce, "fleet.v1.manage", body, DIRECTORY, T0, nonces=window)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(0, 900)), max_size=80))
+def test_a_nonce_window_admits_each_nonce_once_and_forgets_past_the_window(
+    sends: list[tuple[str, int]],
+) -> None:
+    """Property: within the window a (signer, nonce) is admitted at most once; memory holds
+    only what is within the window (plus a small slack before eviction runs)."""
+    from datetime import timedelta
+
+    from ledger.identity import REQUEST_SKEW, NonceWindow
+
+    window = NonceWindow(T0)
+    admitted: dict[str, int] = {}
+    now = T0
+    for nonce, step in sends:
+        now += timedelta(seconds=step)
+        try:
+            window.admit("U1", nonce, now, now)
+        except RuleViolation as exc:
+            assert exc.rule is Rule.REQUEST_REPLAY
+            assert now - T0 - timedelta(seconds=admitted[nonce]) <= REQUEST_SKEW
+            continue
+        if nonce in admitted:  # admitted again only once the earlier one left the window
+            assert now - T0 - timedelta(seconds=admitted[nonce]) > REQUEST_SKEW
+        admitted[nonce] = int((now - T0).total_seconds())
+    assert len(window) <= 65 + len(set(n for n, _ in sends))
+
+
+def test_replay_keeps_what_a_key_signed_before_its_revocation() -> None:
+    """Finding 7: a revocation records its time; the directory as of an earlier message
+    still verifies that message."""
+    from datetime import timedelta
+
+    from ledger.identity import as_of
+
+    revoked = NODE.model_copy(update={"revoked": True, "revoked_at": T0 + timedelta(hours=1)})
+    directory = {revoked.public_key: revoked, CO.public_key: CO}
+    event = sign(observation(), NODE_SEED)
+    assert verify(event, as_of(directory, T0)) == revoked.model_copy(update={"revoked": False})
+    for later in (T0 + timedelta(hours=2),):
+        with pytest.raises(RuleViolation, match="revoked"):
+            verify(event, as_of(directory, later))
+    timeless = NODE.model_copy(update={"revoked": True})  # revoked before times were kept
+    with pytest.raises(RuleViolation, match="revoked"):
+        verify(event, as_of({timeless.public_key: timeless}, T0))
 
 
 # --- who may ask for a decision, and for whom a person may act ------------------------------
@@ -229,6 +332,55 @@ def test_who_may_ask_for_a_decision_on_a_grant() -> None:
         with pytest.raises(RuleViolation, match=words) as exc:
             ask(who, **kw)  # type: ignore[arg-type]
         assert exc.value.rule is Rule.PRODUCER_PERMISSION
+    with pytest.raises(RuleViolation, match="runs no agent agent-2") as exc:  # finding 5
+        ask(NODE, node_id="node-1", holder="agent-2")
+    assert exc.value.rule is Rule.NODE_BINDING
+
+
+def test_a_node_records_effects_only_of_actions_it_asked_for_its_agents() -> None:
+    """Finding 5: node-1 may not free money for an action the operator asked for."""
+    from ledger.identity import check_effect_recorder
+
+    def record(who: Principal, requested_by: str | None, holder: str = "agent-1") -> None:
+        check_effect_recorder(who, mission_id="m1", holder=holder, roles={},
+                              requested_by=requested_by)  # fmt: skip
+
+    record(NODE, "node-1")
+    record(CO, None)
+    for requested_by, holder, words in (
+        ("operator", "agent-1", "did not ask for"),
+        (None, "agent-1", "did not ask for"),
+        ("node-1", "agent-2", "runs no agent agent-2"),
+    ):
+        with pytest.raises(RuleViolation, match=words) as exc:
+            record(NODE, requested_by, holder)
+        assert exc.value.rule is Rule.NODE_BINDING
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.frozensets(st.sampled_from(["a", "b", "c"])),
+    st.sampled_from(["a", "b", "c", None]),
+    st.sampled_from(["node-1", "node-2", None]),
+)
+def test_a_node_speaks_exactly_for_its_bound_agents_and_its_own_actions(
+    agents: frozenset[str], holder: str | None, requested_by: str | None
+) -> None:
+    from ledger.identity import check_effect_recorder, check_requester
+
+    node = NODE.model_copy(update={"agents": agents})
+    bound = holder is not None and holder in agents
+    try:
+        check_requester(node, mission_id="m1", node_id="node-1", holder=holder, roles={})
+        assert bound
+    except RuleViolation as exc:
+        assert not bound and exc.rule is Rule.NODE_BINDING
+    try:
+        check_effect_recorder(node, mission_id="m1", holder=holder, roles={},
+                              requested_by=requested_by)  # fmt: skip
+        assert bound and requested_by == "node-1"
+    except RuleViolation as exc:
+        assert not (bound and requested_by == "node-1") and exc.rule is Rule.NODE_BINDING
 
 
 def test_a_principal_bound_to_missions_sends_requests_only_there() -> None:

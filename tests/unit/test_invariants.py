@@ -519,12 +519,34 @@ def test_grants_are_issued_by_owners_and_grant_issuers_only() -> None:
         check_grant_issuer(OWNERS, "hannah", "g1")
 
 
+CONTROLLERS = frozenset({"controller"})
+
+
 def test_an_approval_needs_its_role_bound() -> None:
-    check_approver(OWNERS, approver="hannah", role="controller", approver_roles=frozenset(),
+    check_approver(OWNERS, approver="hannah", role="controller", approver_roles=CONTROLLERS,
                    mission_id="m1")  # fmt: skip
     with violation(Rule.APPROVAL_REQUIRED, "olga may not approve as 'controller'", "not bound"):
-        check_approver(OWNERS, approver="olga", role="controller", approver_roles=frozenset(),
+        check_approver(OWNERS, approver="olga", role="controller", approver_roles=CONTROLLERS,
                        mission_id="m1")  # fmt: skip
+
+
+def test_an_approval_needs_a_role_the_mission_names_as_approving() -> None:
+    """Finding 4: any bound role (here grant-issuer) is not an approving role."""
+    issuers = {"ivan": frozenset({"grant-issuer"})}
+    with violation(Rule.APPROVAL_REQUIRED, "role 'grant-issuer' may not approve", "--approvers"):
+        check_approver(issuers, approver="ivan", role="grant-issuer",
+                       approver_roles=CONTROLLERS, mission_id="m1")  # fmt: skip
+    with violation(Rule.APPROVAL_REQUIRED, "names no approver role"):
+        check_approver(OWNERS, approver="hannah", role="controller",
+                       approver_roles=frozenset(), mission_id="m1")  # fmt: skip
+
+
+def test_nobody_approves_for_the_grant_they_hold() -> None:
+    with violation(Rule.SEPARATION_OF_DUTIES, "hannah may not approve", "party"):
+        check_approver(OWNERS, approver="hannah", role="controller", approver_roles=CONTROLLERS,
+                       mission_id="m1", holder="hannah")  # fmt: skip
+    check_approver(OWNERS, approver="hannah", role="controller", approver_roles=CONTROLLERS,
+                   mission_id="m1", holder="agent-1")  # fmt: skip
 
 
 # --- approvals ------------------------------------------------------------------------------
