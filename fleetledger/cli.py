@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import sys
@@ -19,6 +20,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from fleetbus.http import first_error
 from fleetledger import __version__
@@ -31,12 +33,60 @@ from fleetledger.servers import (
     write_env_file,
 )
 from fleetledger.settings import ENV_FILE_NAME, FleetSettings, default_state_dir
+from fleetledger_hook.humans import AGENT_MAY_NOT_PASS, acts_for_a_person, agent_session
 from ledger.errors import FleetError, InvalidInput, Unreachable
 from ledger.events import ACTION_PATTERN, ID_PATTERN
 from ledger.money import format_amount, parse_amount
 from ledger.protocol import ErrorBody
 
+
+class _HumanGuard(TyperGroup):
+    """The root group: inside an agent session it refuses, before anything parses, connects or
+    writes, every command that acts for a person (the allowlist of ``fleetledger_hook.humans``,
+    so a new command is refused until it is listed there)."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        session = agent_session(os.environ)
+        if session is not None and name is not None and cmd is not None:
+            _refuse_for_agents(ctx, [name], cmd, rest, session)
+        return name, cmd, rest
+
+
+def _refuse_for_agents(
+    ctx: Any, path: list[str], cmd: Any, rest: list[str], session: tuple[str, str]
+) -> None:
+    """Exit 2 naming what to do instead when `fleetledger <path>` acts for a person."""
+    while hasattr(cmd, "resolve_command") and rest and not rest[0].startswith("-"):
+        name, cmd, rest = cmd.resolve_command(ctx, rest)  # a group's subcommand, as click finds it
+        path.append(str(name))
+    if hasattr(cmd, "resolve_command"):  # a group without its subcommand: help or usage error
+        return
+    if not set(rest).isdisjoint(cmd.get_help_option_names(ctx)):
+        return  # --help reads
+    given: list[str] = []
+    if tuple(path) in AGENT_MAY_NOT_PASS:  # which options were given, as click parses them
+        parsed = cmd.make_context(path[-1], list(rest), parent=ctx, resilient_parsing=True)
+        given = [
+            o
+            for p in cmd.params
+            if parsed.params.get(p.name) not in (None, False)
+            for o in p.opts
+            if o.startswith("--")
+        ]
+    if acts_for_a_person(path, given):
+        variable, agent = session
+        err.print(
+            f"[red]refused[/] `fleetledger {' '.join(path)}` acts for a person, and this is "
+            f"{agent}'s shell ({variable} is set): run it from your own terminal, not the "
+            "agent's shell",
+            soft_wrap=True,
+        )
+        raise typer.Exit(2)
+
+
 app = typer.Typer(
+    cls=_HumanGuard,
     name="fleetledger",
     help="Keep fleets of AI agents honest, within budget and within authority.",
     no_args_is_help=True,
