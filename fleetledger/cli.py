@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 
 from fleetbus.http import first_error
 from fleetledger import __version__
+from fleetledger.cli_identity import PERSON_FILE, write_person_file
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
@@ -181,20 +182,20 @@ def up(
             sockets.extend(
                 await _start_nodes(servers.nats_url, directory, nodes, node_agents, keys.root)
             )
-            env = {
+            env = {  # where the fleet is; nobody's identity (person.env holds the operator's)
                 **servers.env(),
                 "FLEET_STATE_DIR": str(directory),
-                "FLEET_PRINCIPAL": OPERATOR_PRINCIPAL,
-                "FLEET_IDENTITY_DIR": str(keys.root),
                 "FLEET_NODES": str(nodes),
                 "FLEET_COORDINATOR_HTTP": f"http://127.0.0.1:{coordinator.http_port}",
                 "FLEET_SOCKET": str(sockets[0]),
             }
-            write_env_file(env_file, env)
+            write_person_file(directory, OPERATOR_PRINCIPAL, keys.root)
+            write_env_file(env_file, env)  # last: a fleet.env says the fleet is ready
             out.print(_servers_table(servers, env_file, sockets, coordinator.http_port))
             err.print(
-                f"In another terminal: [bold]export $(cat {env_file})[/] or let fleetledger "
-                "read it, then e.g. `fleetledger mission create ...`. Ctrl-C stops the fleet."
+                f"In another terminal: [bold]export FLEET_STATE_DIR={directory}[/], then e.g. "
+                "`fleetledger mission create ...`; there you act as the operator (person.env, "
+                "read only outside an agent's shell). Ctrl-C stops the fleet."
             )
 
         node_agents: list[Any] = []
@@ -202,6 +203,7 @@ def up(
     finally:
         servers.stop()
         env_file.unlink(missing_ok=True)
+        (directory / PERSON_FILE).unlink(missing_ok=True)
         err.print("fleet stopped")
 
 
@@ -300,8 +302,9 @@ def _principals() -> Any:
     """The fleet's principal directory when this CLI acts as a principal: answers are then
     believed only as receipts a coordinator signed."""
     from fleetbus.identity import KeyStore
+    from fleetledger.cli_identity import person
 
-    settings = FleetSettings.load()
+    settings = person()
     if settings.principal is None:
         return None
     return KeyStore(settings.identity_dir or settings.state_dir / "identity").directory
@@ -314,12 +317,11 @@ def _directory() -> Any:
 
 
 def _seed() -> str | None:
-    """This CLI user's principal (FLEET_PRINCIPAL, from the key store in FLEET_IDENTITY_DIR or
-    the state dir's identity/): the key NATS authenticates it with."""
-    from fleetbus.identity import seed_of
+    """This CLI user's principal (FLEET_PRINCIPAL, else person.env outside an agent session;
+    its seed from the key store): the key NATS authenticates it with."""
+    from fleetledger.cli_identity import person_seed
 
-    settings = FleetSettings.load()
-    return seed_of(settings.principal, settings.identity_dir or settings.state_dir / "identity")
+    return person_seed()
 
 
 def _run(coro_fn: Any, as_json: bool = False) -> Any:
