@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fleetbus.http import first_error
+from fleetbus.settings import env_file
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger_hook import forward
 from ledger.errors import FleetError, InvalidInput
@@ -44,6 +45,7 @@ from node_agent.hooks import (
     Agent,
     codex_trust,
     install,
+    protected_paths,
     trust_in_codex_config,
     write_policy,
 )
@@ -396,7 +398,8 @@ def hooks_install(
         existing = json.loads(path.read_text()) if path.is_file() else {}
         if not isinstance(existing, dict):
             raise InvalidInput(f"{path} does not hold a JSON object; not touching it")
-        done = install(name, existing, socket=settings.socket_path)
+        protect = protected_paths(settings, env_file().parent)
+        done = install(name, existing, socket=settings.socket_path, protect=protect)
         if done.changed:
             _write_json(path, done.config)
         rules = write_policy(settings)
@@ -419,6 +422,16 @@ def hooks_install(
         if name == "claude-code":
             todo.append("Claude Code reads .claude/settings.json when a session starts: "
                         "restart running sessions")  # fmt: skip
+            todo.append(
+                f"its file tools may not read or edit {', '.join(map(str, protect))}; turn on "
+                "its sandbox (/sandbox) to keep every command it runs out of them too"
+            )
+        else:
+            todo.append(
+                f"{name} has no per-path read protection that we configure: its shell can read "
+                f"{', '.join(map(str, protect))} (the key store among them); run the agent as "
+                "another OS user to keep a person's key from it"
+            )
         if name == "gemini":
             todo.append(
                 "Gemini CLI loads a project's .gemini/ only in a trusted folder: trust "
