@@ -125,3 +125,22 @@ def test_allowed_commands_with_harmless_options_do_not_act_for_a_person(
     path: tuple[str, ...], options: set[str]
 ) -> None:
     assert not acts_for_a_person(path, options)
+
+
+def test_person_env_names_who_acts_outside_an_agent_session_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetledger.cli_identity import person
+
+    monkeypatch.delenv("FLEET_PRINCIPAL", raising=False)
+    keys = tmp_path / "identity"
+    assert runner.invoke(app, ["identity", "create", "ann", "--role", "human"]).exit_code == 0
+    assert runner.invoke(app, ["identity", "create", "n1", "--role", "node"]).exit_code == 0
+    node = runner.invoke(app, ["identity", "use", "n1"])
+    assert node.exit_code == 2 and "not a person" in node.stderr
+    used = runner.invoke(app, ["identity", "use", "ann"])
+    assert used.exit_code == 0, used.output
+    assert (tmp_path / "person.env").stat().st_mode & 0o777 == 0o600
+    assert (person().principal, person().identity_dir) == ("ann", keys)
+    monkeypatch.setenv("CLAUDECODE", "1")
+    assert person().principal is None  # an agent's shell acts as nobody
