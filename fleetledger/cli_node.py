@@ -399,6 +399,12 @@ def hooks_install(
         if not isinstance(existing, dict):
             raise InvalidInput(f"{path} does not hold a JSON object; not touching it")
         protect = protected_paths(settings, env_file().parent)
+        inside = [str(p) for p in protect if root.is_relative_to(p)]
+        if inside:  # the agent could then read none of its own project
+            raise InvalidInput(
+                f"{root} is inside the fleet's state {inside[0]}, which the agent must not "
+                "read: keep the project and FLEET_STATE_DIR apart"
+            )
         done = install(name, existing, socket=settings.socket_path, protect=protect)
         if done.changed:
             _write_json(path, done.config)
@@ -437,10 +443,10 @@ def hooks_install(
                 "Gemini CLI loads a project's .gemini/ only in a trusted folder: trust "
                 f"{root} when it asks (or set GEMINI_CLI_TRUST_WORKSPACE=true)"
             )
+    except FleetError as exc:  # first: InvalidInput is a ValueError too
+        _fail(exc)
     except ValueError as exc:
         _fail(InvalidInput(f"{path} is not valid JSON or TOML ({exc}); not touching it"))
-    except FleetError as exc:
-        _fail(exc)
     if done.changed:
         out.print(f"hooks for {name} written to {path} ({', '.join(done.changed)})")
     else:

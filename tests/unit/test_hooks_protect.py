@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from node_agent.hooks import claude_deny_rules, install, protected_paths
 from node_agent.settings import NodeSettings
 
@@ -40,3 +42,20 @@ def test_codex_and_gemini_settings_get_no_rules_they_would_not_read(tmp_path: Pa
         done = install(agent, {}, socket=None, protect=[tmp_path])
         assert "permissions" not in done.config
     assert claude_deny_rules([]) == []
+
+
+def test_install_refuses_a_project_inside_the_fleets_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from fleetledger.cli import app
+
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path))
+    inside = tmp_path / "project"
+    inside.mkdir()
+    result = CliRunner().invoke(app, ["hooks", "install", "claude-code", "--project", str(inside)])
+    assert result.exit_code == 2 and "keep the project and FLEET_STATE_DIR apart" in " ".join(
+        result.stderr.split()
+    )
+    assert not (inside / ".claude").exists()
