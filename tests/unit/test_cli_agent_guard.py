@@ -70,14 +70,18 @@ FINDING = [
 
 
 @pytest.mark.parametrize("argv", FINDING, ids=lambda a: " ".join(a[:2]))
-@pytest.mark.parametrize("marker", [m for m, _ in AGENT_MARKERS])
 def test_a_person_command_in_an_agent_shell_exits_2_saying_where_to_run_it(
-    argv: list[str], marker: str
+    argv: list[str],
 ) -> None:
-    result = runner.invoke(app, argv, env={marker: "1"})
+    result = runner.invoke(app, argv, env={"CLAUDECODE": "1"})
     assert result.exit_code == 2, result.output
     assert REFUSED in " ".join(result.stderr.split())
-    assert marker in result.stderr
+
+
+@pytest.mark.parametrize("marker", [m for m, _ in AGENT_MARKERS])
+def test_each_agents_marker_is_an_agent_session(marker: str) -> None:
+    result = runner.invoke(app, FINDING[0], env={marker: "1"})
+    assert result.exit_code == 2 and marker in result.stderr, result.output
 
 
 def test_outside_an_agent_session_the_same_command_goes_to_the_node_agent() -> None:
