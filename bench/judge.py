@@ -226,7 +226,10 @@ class ScriptedAgent:
 async def verified_mission(directory: Path) -> dict[str, float]:
     """The 50-turn mission of checkable and human-only work; see the module docstring."""
     judge = CountingJudge()
-    settings = NodeSettings(state_dir=directory / "node", mission="bench")
+    # no identity in the bench: a person's sign-off unsigned, explicitly
+    settings = NodeSettings(
+        state_dir=directory / "node", mission="bench", trust_unsigned_humans=True
+    )
     node = NodeAgent(settings, judge=judge)
     ws = Workspace(directory / "ws")
     agent = ScriptedAgent(node, ws, "bench-verified")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import sys
@@ -19,9 +20,11 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from fleetbus.http import first_error
 from fleetledger import __version__
+from fleetledger.cli_identity import PERSON_FILE, write_person_file
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
@@ -31,12 +34,60 @@ from fleetledger.servers import (
     write_env_file,
 )
 from fleetledger.settings import ENV_FILE_NAME, FleetSettings, default_state_dir
+from fleetledger_hook.humans import AGENT_MAY_NOT_PASS, acts_for_a_person, agent_session
 from ledger.errors import FleetError, InvalidInput, Unreachable
 from ledger.events import ACTION_PATTERN, ID_PATTERN
 from ledger.money import format_amount, parse_amount
 from ledger.protocol import ErrorBody
 
+
+class _HumanGuard(TyperGroup):
+    """The root group: inside an agent session it refuses, before anything parses, connects or
+    writes, every command that acts for a person (the allowlist of ``fleetledger_hook.humans``,
+    so a new command is refused until it is listed there)."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        session = agent_session(os.environ)
+        if session is not None and name is not None and cmd is not None:
+            _refuse_for_agents(ctx, [name], cmd, rest, session)
+        return name, cmd, rest
+
+
+def _refuse_for_agents(
+    ctx: Any, path: list[str], cmd: Any, rest: list[str], session: tuple[str, str]
+) -> None:
+    """Exit 2 naming what to do instead when `fleetledger <path>` acts for a person."""
+    while hasattr(cmd, "resolve_command") and rest and not rest[0].startswith("-"):
+        name, cmd, rest = cmd.resolve_command(ctx, rest)  # a group's subcommand, as click finds it
+        path.append(str(name))
+    if hasattr(cmd, "resolve_command"):  # a group without its subcommand: help or usage error
+        return
+    if not set(rest).isdisjoint(cmd.get_help_option_names(ctx)):
+        return  # --help reads
+    given: list[str] = []
+    if tuple(path) in AGENT_MAY_NOT_PASS:  # which options were given, as click parses them
+        parsed = cmd.make_context(path[-1], list(rest), parent=ctx, resilient_parsing=True)
+        given = [
+            o
+            for p in cmd.params
+            if parsed.params.get(p.name) not in (None, False)
+            for o in p.opts
+            if o.startswith("--")
+        ]
+    if acts_for_a_person(path, given):
+        variable, agent = session
+        err.print(
+            f"[red]refused[/] `fleetledger {' '.join(path)}` acts for a person, and this is "
+            f"{agent}'s shell ({variable} is set): run it from your own terminal, not the "
+            "agent's shell",
+            soft_wrap=True,
+        )
+        raise typer.Exit(2)
+
+
 app = typer.Typer(
+    cls=_HumanGuard,
     name="fleetledger",
     help="Keep fleets of AI agents honest, within budget and within authority.",
     no_args_is_help=True,
@@ -152,20 +203,20 @@ def up(
             sockets.extend(
                 await _start_nodes(servers.nats_url, directory, nodes, node_agents, keys.root)
             )
-            env = {
+            env = {  # where the fleet is; nobody's identity (person.env holds the operator's)
                 **servers.env(),
                 "FLEET_STATE_DIR": str(directory),
-                "FLEET_PRINCIPAL": OPERATOR_PRINCIPAL,
-                "FLEET_IDENTITY_DIR": str(keys.root),
                 "FLEET_NODES": str(nodes),
                 "FLEET_COORDINATOR_HTTP": f"http://127.0.0.1:{coordinator.http_port}",
                 "FLEET_SOCKET": str(sockets[0]),
             }
-            write_env_file(env_file, env)
+            write_person_file(directory, OPERATOR_PRINCIPAL, keys.root)
+            write_env_file(env_file, env)  # last: a fleet.env says the fleet is ready
             out.print(_servers_table(servers, env_file, sockets, coordinator.http_port))
             err.print(
-                f"In another terminal: [bold]export $(cat {env_file})[/] or let fleetledger "
-                "read it, then e.g. `fleetledger mission create ...`. Ctrl-C stops the fleet."
+                f"In another terminal: [bold]export FLEET_STATE_DIR={directory}[/], then e.g. "
+                "`fleetledger mission create ...`; there you act as the operator (person.env, "
+                "read only outside an agent's shell). Ctrl-C stops the fleet."
             )
 
         node_agents: list[Any] = []
@@ -173,6 +224,7 @@ def up(
     finally:
         servers.stop()
         env_file.unlink(missing_ok=True)
+        (directory / PERSON_FILE).unlink(missing_ok=True)
         err.print("fleet stopped")
 
 
@@ -271,8 +323,9 @@ def _principals() -> Any:
     """The fleet's principal directory when this CLI acts as a principal: answers are then
     believed only as receipts a coordinator signed."""
     from fleetbus.identity import KeyStore
+    from fleetledger.cli_identity import person
 
-    settings = FleetSettings.load()
+    settings = person()
     if settings.principal is None:
         return None
     return KeyStore(settings.identity_dir or settings.state_dir / "identity").directory
@@ -285,12 +338,11 @@ def _directory() -> Any:
 
 
 def _seed() -> str | None:
-    """This CLI user's principal (FLEET_PRINCIPAL, from the key store in FLEET_IDENTITY_DIR or
-    the state dir's identity/): the key NATS authenticates it with."""
-    from fleetbus.identity import seed_of
+    """This CLI user's principal (FLEET_PRINCIPAL, else person.env outside an agent session;
+    its seed from the key store): the key NATS authenticates it with."""
+    from fleetledger.cli_identity import person_seed
 
-    settings = FleetSettings.load()
-    return seed_of(settings.principal, settings.identity_dir or settings.state_dir / "identity")
+    return person_seed()
 
 
 def _run(coro_fn: Any, as_json: bool = False) -> Any:

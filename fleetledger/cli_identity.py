@@ -6,6 +6,11 @@ creates the embedded fleet's own. `identity nats-config` prints the nats-server 
 block (one nkey user per principal, least-privilege subject permissions) for a real NATS;
 `identity helm-values` writes what the Helm chart takes: the public directory and that block as
 values, and the coordinator's and the nodes' seeds as Secret manifests.
+
+Who acts at this terminal (``person``): FLEET_PRINCIPAL if set, else, outside an agent session
+only, the ``person.env`` beside fleet.env (`fleetledger up` writes the operator's there; `identity
+use NAME` writes yours). fleet.env itself names nobody, so a terminal an agent starts in, or an
+agent that reads fleet.env, carries no person's identity.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetbus.http import first_error
-from fleetbus.identity import KeyStore
+from fleetbus.identity import KeyStore, seed_of, write_private
 from fleetbus.permissions import authorization
+from fleetbus.settings import env_file
 from fleetledger.settings import FleetSettings
+from fleetledger_hook.humans import agent_session
 from ledger.errors import FleetError, InvalidInput
 from ledger.identity import Principal, Role
 from ledger.protocol import ErrorBody
@@ -49,6 +56,37 @@ def key_store(directory: Path | None = None) -> KeyStore:
         return KeyStore(directory)
     settings = FleetSettings.load()
     return KeyStore(settings.identity_dir or settings.state_dir / "identity")
+
+
+PERSON_FILE = "person.env"  # beside fleet.env: who acts at a person's terminal (never sourced)
+
+
+def person() -> FleetSettings:
+    """This terminal's settings, with the person who acts here: FLEET_PRINCIPAL as set, else
+    (outside an agent session only) the principal that ``person.env`` names."""
+    settings = FleetSettings.load()
+    if settings.principal is not None or agent_session(os.environ) is not None:
+        return settings
+    fleet_env = env_file()
+    path = fleet_env.parent / PERSON_FILE
+    if not path.is_file():
+        return settings
+    return FleetSettings(_env_file=(fleet_env, path) if fleet_env.is_file() else path)
+
+
+def person_seed() -> str | None:
+    """The seed of the person at this terminal (None: nobody is named here)."""
+    settings = person()
+    return seed_of(settings.principal, settings.identity_dir or settings.state_dir / "identity")
+
+
+def write_person_file(directory: Path, name: str, identity_dir: Path) -> Path:
+    """``person.env`` in ``directory``: who acts at a person's terminal, 0600, no secret in it
+    (the seed stays in the key store)."""
+    path = directory / PERSON_FILE
+    directory.mkdir(parents=True, exist_ok=True)
+    write_private(path, f"FLEET_PRINCIPAL={name}\nFLEET_IDENTITY_DIR={identity_dir}\n".encode())
+    return path
 
 
 def _fail(exc: FleetError, as_json: bool) -> typer.Exit:
@@ -95,6 +133,26 @@ def create(
     out.print(f"its seed is in {seed} (0600): give it only to {name}'s process")
     if role is Role.NODE or role is Role.COORDINATOR:
         out.print("the NATS server must know the new key: `fleetledger identity nats-config`")
+
+
+@identity_app.command("use")
+def use(
+    name: Annotated[str, typer.Argument(help="Your principal (role human).")],
+    directory: DirOpt = None,
+) -> None:
+    """Act as NAME at your own terminals: writes person.env beside fleet.env, which the CLI
+    reads only outside an agent session (never export it where an agent starts)."""
+    store = key_store(directory)
+    try:
+        principal = store.get(name)
+        if principal.role is not Role.HUMAN or principal.revoked:
+            state = " (revoked)" if principal.revoked else ""
+            raise InvalidInput(f"{name} is a {principal.role}{state}, not a person")
+        store.seed(name)  # this machine holds the key (and it is 0600)
+    except FleetError as exc:
+        raise _fail(exc, False) from None
+    path = write_person_file(env_file().parent, name, store.root)
+    out.print(f"you act as [bold]{name}[/] at your own terminals ({path}); agents' shells do not")
 
 
 @identity_app.command("list")

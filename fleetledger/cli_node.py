@@ -22,6 +22,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from fleetbus.http import first_error
+from fleetbus.settings import env_file
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger_hook import forward
 from ledger.errors import FleetError, InvalidInput
@@ -43,12 +45,13 @@ from node_agent.hooks import (
     Agent,
     codex_trust,
     install,
+    protected_paths,
     trust_in_codex_config,
     write_policy,
 )
 from node_agent.settings import NodeSettings
 from node_agent.store import Store, safe_id
-from node_agent.wire import ItemReply, Items
+from node_agent.wire import Evidence, HumanRequest, ItemReply, Items, TodoCheck, TodoSet
 
 out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
@@ -137,6 +140,30 @@ def _ask(op: str, as_json: bool = False, **body: Any) -> dict[str, Any]:
         _fail(exc, as_json)
     except ValueError as exc:
         _fail(InvalidInput(str(exc)), as_json)
+
+
+def _ask_as_person(op: str, as_json: bool, request: HumanRequest) -> dict[str, Any]:
+    """A person's request to the running node agent, signed with this terminal's person's key
+    (``cli_identity.person``; nobody named: unsigned, which only a node without identity takes)."""
+    from fleetledger.cli_identity import person_seed
+
+    try:
+        seed = person_seed()
+        settings = NodeSettings.load()
+        with NodeClient(settings.socket_path, timeout=settings.check_timeout_s + 5) as client:
+            return client.ask(op, request, seed=seed)
+    except FleetError as exc:
+        _fail(exc, as_json)
+    except ValueError as exc:
+        _fail(InvalidInput(str(exc)), as_json)
+
+
+def _request(model: type[HumanRequest], as_json: bool, **fields: Any) -> Any:
+    """A request model built here: a field it refuses is bad input (exit 2), not a traceback."""
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        _fail(InvalidInput(f"invalid input: {first_error(exc)}"), as_json)
 
 
 def _session(agent: str | None, session: str | None) -> str | None:
@@ -242,7 +269,9 @@ def todo_check(
             "inputs are unchanged."
         ),
     ] = None,
-    by: Annotated[str, typer.Option(help="Who attaches it.")] = "cli",
+    by: Annotated[
+        str | None, typer.Option(help="Who attaches it (default: you, who sign it).")
+    ] = None,
     agent: AgentOpt = None,
     session: SessionOpt = None,
     as_json: JsonOpt = False,
@@ -253,10 +282,9 @@ def todo_check(
     if check is None:
         _fail(InvalidInput("name a check: --command, --file, --evidence, --written or --passed"),
               as_json)  # fmt: skip
-    reply = _ask(
-        "todo.check", as_json, item=item, check=check.model_dump(mode="json"), by=by,
-        session_id=_session(agent, session),
-    )  # fmt: skip
+    request = _request(TodoCheck, as_json, item=item, check=check, by=by,
+                       session_id=_session(agent, session))  # fmt: skip
+    reply = _ask_as_person("todo.check", as_json, request)
     if as_json:
         print(json.dumps(reply))
         return
@@ -267,9 +295,13 @@ def todo_check(
 def _set(
     item: str, status: str, by: str | None, agent: str | None, session: str | None, as_json: bool
 ) -> None:
-    reply = _ask(
-        "todo.set", as_json, item=item, status=status, by=by, session_id=_session(agent, session)
+    request = _request(
+        TodoSet, as_json, item=item, status=status, by=by, session_id=_session(agent, session)
     )
+    if by is None:  # only the item's check decides: nobody's signature needed
+        reply = _ask("todo.set", as_json, **request.model_dump(mode="json"))
+    else:
+        reply = _ask_as_person("todo.set", as_json, request)
     if as_json:
         print(json.dumps(reply))
         return
@@ -322,7 +354,7 @@ def todo_cancel(
 @todo_app.command("evidence")
 def todo_evidence(evidence_id: str) -> None:
     """Record locally that evidence is registered (for items with an evidence check)."""
-    _ask("evidence.register", evidence_id=evidence_id)
+    _ask_as_person("evidence.register", False, _request(Evidence, False, evidence_id=evidence_id))
     out.print(f"evidence {evidence_id} recorded on this node")
 
 
@@ -379,7 +411,14 @@ def hooks_install(
         existing = json.loads(path.read_text()) if path.is_file() else {}
         if not isinstance(existing, dict):
             raise InvalidInput(f"{path} does not hold a JSON object; not touching it")
-        done = install(name, existing, socket=settings.socket_path)
+        protect = protected_paths(settings, env_file().parent)
+        inside = [str(p) for p in protect if root.is_relative_to(p)]
+        if inside:  # the agent could then read none of its own project
+            raise InvalidInput(
+                f"{root} is inside the fleet's state {inside[0]}, which the agent must not "
+                "read: keep the project and FLEET_STATE_DIR apart"
+            )
+        done = install(name, existing, socket=settings.socket_path, protect=protect)
         if done.changed:
             _write_json(path, done.config)
         rules = write_policy(settings)
@@ -402,15 +441,25 @@ def hooks_install(
         if name == "claude-code":
             todo.append("Claude Code reads .claude/settings.json when a session starts: "
                         "restart running sessions")  # fmt: skip
+            todo.append(
+                f"its file tools may not read or edit {', '.join(map(str, protect))}; turn on "
+                "its sandbox (/sandbox) to keep every command it runs out of them too"
+            )
+        else:
+            todo.append(
+                f"{name} has no per-path read protection that we configure: its shell can read "
+                f"{', '.join(map(str, protect))} (the key store among them); run the agent as "
+                "another OS user to keep a person's key from it"
+            )
         if name == "gemini":
             todo.append(
                 "Gemini CLI loads a project's .gemini/ only in a trusted folder: trust "
                 f"{root} when it asks (or set GEMINI_CLI_TRUST_WORKSPACE=true)"
             )
+    except FleetError as exc:  # first: InvalidInput is a ValueError too
+        _fail(exc)
     except ValueError as exc:
         _fail(InvalidInput(f"{path} is not valid JSON or TOML ({exc}); not touching it"))
-    except FleetError as exc:
-        _fail(exc)
     if done.changed:
         out.print(f"hooks for {name} written to {path} ({', '.join(done.changed)})")
     else:

@@ -7,13 +7,16 @@ Unix socket (or loopback HTTP), JSON in and out. A node agent that does not answ
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from ledger.errors import ComponentTimeout, FleetError, Unreachable
+from ledger.identity import SIGNATURE_HEADER, SIGNED_AT_HEADER, SIGNER_HEADER, sign_request
 from ledger.protocol import ErrorBody
+from node_agent.wire import NODE_SUBJECT, HumanRequest, PersonProof
 
 TOKEN_FILE = "node-agent.http-token"  # beside the socket, 0600: the loopback API's bearer token
 
@@ -83,6 +86,20 @@ class NodeClient:
                 "is `fleetledger node-agent run` running?"
             ) from None
         return _decode(reply)
+
+    def ask(self, op: str, request: HumanRequest, *, seed: str | None) -> dict[str, Any]:
+        """A person's request, signed with their ``seed`` (None: sent unsigned, which only a
+        node run without identity accepts); see ``node_agent.people``."""
+        if seed is not None:
+            headers = sign_request(
+                seed, NODE_SUBJECT.format(op=op), request.signed_bytes(), datetime.now(UTC)
+            )
+            proof = PersonProof(
+                signer=headers[SIGNER_HEADER], signed_at=headers[SIGNED_AT_HEADER],
+                signature=headers[SIGNATURE_HEADER],
+            )  # fmt: skip
+            request = request.model_copy(update={"proof": proof})
+        return self.call(op, **request.model_dump(mode="json"))
 
     def get(self, path: str) -> dict[str, Any]:
         try:

@@ -106,7 +106,7 @@ class NodeAgent:
         self.routes: dict[str, Route] = {
             **TurnRoutes(settings, self.ledger, self.execution, wake).routes(),
             **ToolRoutes(settings, self.ledger, self.execution, self.gate, wake).routes(),
-            **TodoRoutes(settings, self.ledger, wake).routes(),
+            **TodoRoutes(settings, self.ledger, wake, self._directory()).routes(),
             **ResourceRoutes(settings, self.ledger, self.execution, wake).routes(),
             **ClaimRoutes(settings, self.ledger, self.claims, wake).routes(),
         }

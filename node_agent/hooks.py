@@ -14,7 +14,11 @@ fails closed in that agent's own terms:
   place, so installing twice changes nothing;
 - Codex runs a project's hooks only when each one is trusted (``trusted_hash`` in the user's
   config.toml): ``codex_trust`` computes the hashes the way Codex does (sha256 of the canonical
-  JSON of the normalised hook identity) for ``hooks install codex --trust``.
+  JSON of the normalised hook identity) for ``hooks install codex --trust``;
+- where the agent has its own protection of files, the key store, fleet.env and the node
+  agent's state (its socket, its SQLite file) are put under it (``protected_paths``): Claude
+  Code's ``permissions.deny`` ``Read(...)``/``Edit(...)`` rules, which its sandbox merges into
+  its own read and write denials. Codex and Gemini CLI get no such entry (see the README).
 
 ``handle`` runs one hook call through the same core against a ``NodeClient`` (demo, tests).
 """
@@ -50,7 +54,10 @@ SETTINGS_FILES: dict[Agent, str] = {
 # seconds the agent waits for one hook before killing it: above the hook's own deadline
 TIMEOUT_S = {"stop": 90, "other": 30}
 
-__all__ = ["SETTINGS_FILES", "Agent", "HookAnswer", "Installed", "codex_trust", "handle", "install"]
+__all__ = [
+    "SETTINGS_FILES", "Agent", "HookAnswer", "Installed", "claude_deny_rules", "codex_trust",
+    "handle", "install", "protected_paths",
+]  # fmt: skip
 
 
 # --- a hook call in process -------------------------------------------------------------------
@@ -138,9 +145,44 @@ class Installed:
     todo: list[str] = field(default_factory=list)
 
 
+def protected_paths(settings: NodeSettings, fleet_dir: Path) -> list[Path]:
+    """What an agent's own tools must not read or change: the key store, the directory of
+    fleet.env and person.env, the node agent's state (socket, SQLite, fail-closed rules);
+    absolute, a path inside another one left out."""
+    found = [
+        settings.identity_dir or settings.state_dir / "identity", fleet_dir,
+        settings.socket_path.parent, settings.state_dir,
+    ]  # fmt: skip
+    paths = sorted({p.resolve() for p in found}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in paths:
+        if not any(path.is_relative_to(k) for k in kept):
+            kept.append(path)
+    return kept
+
+
+def claude_deny_rules(paths: list[Path]) -> list[str]:
+    """Claude Code permission rules that keep its file tools (and the shell commands naming
+    these paths) out of them: ``//`` starts an absolute path in a rule."""
+    return [f"{tool}(/{path}/**)" for path in paths for tool in ("Read", "Edit")]
+
+
+def _protect(agent: Agent, merged: dict[str, Any], protect: list[Path], done: Installed) -> None:
+    if agent != "claude-code" or not protect:
+        return
+    permissions = merged.setdefault("permissions", {})
+    deny = permissions.setdefault("deny", []) if isinstance(permissions, dict) else None
+    if not isinstance(deny, list):
+        raise FleetError("the settings file's permissions.deny is not a list; not touching it")
+    missing = [rule for rule in claude_deny_rules(protect) if rule not in deny]
+    if missing:
+        deny.extend(missing)
+        done.changed.append("permissions.deny")
+
+
 def install(
     agent: Agent, existing: dict[str, Any], *, socket: Path | None, python: str | None = None,
-    package: Path | None = None,
+    package: Path | None = None, protect: list[Path] | None = None,
 ) -> Installed:  # fmt: skip
     """Merge our hooks into an agent's settings object without clobbering anything there.
 
@@ -181,6 +223,7 @@ def install(
             entry = {"matcher": "*" if agent == "claude-code" else ".*", **entry}
         groups.append(entry)
         done.changed.append(event)
+    _protect(agent, merged, protect or [], done)
     return done
 
 

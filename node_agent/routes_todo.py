@@ -1,19 +1,24 @@
 """The to-do ledger over the local API: `todo.list|add|set|check`, an agent's `claim`, and
-`evidence.register` (the status firewall applies: a human, or a check that passed here)."""
+`evidence.register` (the status firewall applies: a person's signed request, or a check that
+passed here; ``node_agent.people`` decides who signed)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 
 from fleetbus.http import Route, typed
 from ledger.errors import InvalidInput, Rule, RuleViolation
+from ledger.identity import Principal
 from ledger.items import Actor, ItemStatus
 from node_agent.autoledger import AutoLedger
+from node_agent.people import person_of
 from node_agent.settings import NodeSettings
 from node_agent.store import StoredItem, safe_id
 from node_agent.wire import (
     Done,
     Evidence,
+    HumanRequest,
     ItemClaim,
     ItemReply,
     Items,
@@ -24,13 +29,24 @@ from node_agent.wire import (
     TodoSet,
 )
 
+Directory = Callable[[], Mapping[str, Principal]]
+
 
 class TodoRoutes:
     def __init__(
-        self, settings: NodeSettings, ledger: AutoLedger, wake: Callable[[], None]
-    ) -> None:
+        self, settings: NodeSettings, ledger: AutoLedger, wake: Callable[[], None],
+        principals: Directory | None = None,
+    ) -> None:  # fmt: skip
         self.settings, self.ledger, self.wake = settings, ledger, wake
         self.store = ledger.store
+        self.principals = principals  # the fleet's directory; None: this node has no identity
+
+    def _person(self, op: str, req: HumanRequest, named: str | None) -> str | None:
+        directory = self.principals() if self.principals is not None else None
+        return person_of(
+            op, req, directory, datetime.now(UTC), named=named,
+            trust_unsigned=self.settings.trust_unsigned_humans,
+        )  # fmt: skip
 
     def routes(self) -> dict[str, Route]:
         return {
@@ -64,14 +80,19 @@ class TodoRoutes:
         return ItemReply(item=ItemView.of(stored))
 
     async def set(self, req: TodoSet) -> ItemReply:
+        """A person's decision when it names one (signed), else only a check closes."""
+        human = req.by is not None or req.proof is not None
+        by = self._person("todo.set", req, req.by) if human else None
         stored = await set_status(
-            self.ledger, req.item, req.status, by=req.by, session_id=req.session_id
+            self.ledger, req.item, req.status, by=by, session_id=req.session_id
         )
         self.wake()
         return ItemReply(item=ItemView.of(stored))
 
     async def check(self, req: TodoCheck) -> ItemReply:
-        """Attach a check; the node verifies it at the next turn end (or `todo done`)."""
+        """A person attaches a check; the node verifies it at the next turn end (or `todo
+        done`)."""
+        by = self._person("todo.check", req, req.by) or "cli"
 
         def attach() -> StoredItem:
             session = safe_id(req.session_id) if req.session_id else None
@@ -82,7 +103,7 @@ class TodoRoutes:
                     "cancel and re-add the item to change it"
                 )
             check = self.ledger.baselined(req.check)  # the versions now, never the caller's
-            return self.store.attach_check(stored.item_id, check, by=req.by)
+            return self.store.attach_check(stored.item_id, check, by=by)
 
         stored = await self.store.run(attach)
         self.wake()
@@ -95,6 +116,7 @@ class TodoRoutes:
         return ItemReply(item=ItemView.of(stored))
 
     async def evidence(self, req: Evidence) -> Done:
+        self._person("evidence.register", req, None)
         mission = req.mission or self.settings.mission
         await self.store.run(self.store.register_evidence, req.evidence_id, mission)
         return Done()

@@ -110,6 +110,10 @@ class NodeSettings(FleetBaseSettings):
     reminders_fail_open: bool = True  # node agent down: skip reminders (open) with a message
     consequential: list[ConsequentialRule] = Field(default_factory=lambda: list(DEFAULT_RULES))
     check_timeout_s: float = Field(default=30.0, gt=0)
+    # a person's transitions (todo done/block/cancel --by, todo check, evidence) need a request
+    # signed by a person's key; True runs this node explicitly without identity: an unsigned
+    # --by is believed, so anyone on this account (an agent too) can act as anyone
+    trust_unsigned_humans: bool = False
     # a TOML file of completion rules tried before the shipped ones (node_agent/completion.py)
     completion_rules: Path | None = None
 

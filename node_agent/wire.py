@@ -16,6 +16,7 @@ by ``fleetbus.http`` as bad input naming the field, before any route runs. Every
     todo.set             TodoSet           ItemReply
     todo.check           TodoCheck         ItemReply (attach a completion check)
     evidence.register    Evidence          Done
+    (todo.set with ``by``, todo.check and evidence.register are a person's: ``HumanRequest``)
     resource.observe     ResourceChange    ResourceVersion
     resource.modify      ResourceChange    ResourceVersion
     resource.check       ResourceRef       Decision
@@ -121,23 +122,46 @@ class TodoAdd(SessionRef):
     mission: str | None = None
 
 
-class TodoCheck(Request):
-    """Attach a completion check to an item after capture (the agent or a human)."""
+NODE_SUBJECT = "fleet.node.v1.{op}"  # what a person's signature on a local API request covers
+
+
+class PersonProof(Request):
+    """A person's signature over a request (``ledger.identity.sign_request``: signer's public
+    key, when, Ed25519 over the subject, the time and the request's JSON without this proof)."""
+
+    signer: NonEmpty
+    signed_at: NonEmpty
+    signature: NonEmpty
+
+
+class HumanRequest(Request):
+    """A request only a person may make: the node verifies ``proof`` against the fleet's
+    directory (``node_agent.people``); the agent's own claims never take this shape."""
+
+    proof: PersonProof | None = None
+
+    def signed_bytes(self) -> bytes:
+        """The bytes the proof covers: this request as the node reads it, without the proof."""
+        return self.model_dump_json(exclude={"proof"}).encode()
+
+
+class TodoCheck(HumanRequest):
+    """A person attaches a completion check to an item after capture."""
 
     item: NonEmpty
     check: Check
-    by: NonEmpty = "cli"
+    by: str | None = None  # default: the person who signed
     session_id: str | None = None
 
 
-class TodoSet(Request):
+class TodoSet(HumanRequest):
     item: NonEmpty
     status: ItemStatus
-    by: str | None = None  # a human's identity; without it only a passing check closes
+    by: str | None = None  # the person who decides (signed); without it only a passing check closes
     session_id: str | None = None
 
 
-class Evidence(Request):
+class Evidence(HumanRequest):
     evidence_id: NonEmpty
     mission: str | None = None
 

@@ -59,7 +59,10 @@ async def start(settings: NodeSettings) -> NodeAgent:
 
 @pytest.fixture
 async def node(state_dir: Path) -> AsyncIterator[NodeAgent]:
-    agent = await start(NodeSettings(state_dir=state_dir, node_id="node-t", mission="m-local"))
+    # no identity on this node, explicitly: a person's requests unsigned (see test_node_people)
+    settings = NodeSettings(state_dir=state_dir, node_id="node-t", mission="m-local",
+                            trust_unsigned_humans=True)  # fmt: skip
+    agent = await start(settings)
     yield agent
     await agent.stop()
 
@@ -230,7 +233,8 @@ async def test_todo_list_shows_the_hooks_items_of_the_node_agent_named_in_fleet_
 ) -> None:
     # `fleetledger up`'s layout: fleet.env in the state dir, node-1's own state below it
     node_dir = state_dir / "node-1"
-    agent = await start(NodeSettings(state_dir=node_dir, node_id="node-1"))
+    agent = await start(NodeSettings(state_dir=node_dir, node_id="node-1",
+                                     trust_unsigned_humans=True))  # fmt: skip
     try:
         write_env_file(
             state_dir / "fleet.env",

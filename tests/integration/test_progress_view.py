@@ -65,9 +65,14 @@ async def node(
     coordinator: Coordinator, nats_url: str, state_dir: Path, mission: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[NodeAgent]:  # fmt: skip
-    agent = NodeAgent(
-        NodeSettings(state_dir=state_dir, node_id="node-p", nats_url=nats_url, mission=mission)
-    )
+    settings = NodeSettings(
+        state_dir=state_dir,
+        node_id="node-p",
+        nats_url=nats_url,
+        mission=mission,
+        trust_unsigned_humans=True,
+    )  # no identity on this node, explicitly: a person's requests go unsigned
+    agent = NodeAgent(settings)
     await agent.start()
     # the CLI in this test talks to this node agent and to the session's NATS
     for key in ("FLEET_REDIS_URL", "FLEET_SOCKET", "FLEET_MISSION"):

@@ -36,7 +36,10 @@ def project(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def node(tmp_path: Path) -> Any:
-    agent = NodeAgent(NodeSettings(state_dir=tmp_path / "state", node_id="n", mission="m"))
+    # no identity here, explicitly: a person's requests unsigned (signing: test_node_people.py)
+    settings = NodeSettings(state_dir=tmp_path / "state", node_id="n", mission="m",
+                            trust_unsigned_humans=True)  # fmt: skip
+    agent = NodeAgent(settings)
     yield agent
     await agent.stop()
 
