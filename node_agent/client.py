@@ -7,6 +7,7 @@ Unix socket (or loopback HTTP), JSON in and out. A node agent that does not answ
 
 from __future__ import annotations
 
+import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,13 @@ from typing import Any
 import httpx
 
 from ledger.errors import ComponentTimeout, FleetError, Unreachable
-from ledger.identity import SIGNATURE_HEADER, SIGNED_AT_HEADER, SIGNER_HEADER, sign_request
+from ledger.identity import (
+    NONCE_HEADER,
+    SIGNATURE_HEADER,
+    SIGNED_AT_HEADER,
+    SIGNER_HEADER,
+    sign_request,
+)
 from ledger.protocol import ErrorBody
 from node_agent.wire import NODE_SUBJECT, HumanRequest, PersonProof
 
@@ -92,11 +99,15 @@ class NodeClient:
         node run without identity accepts); see ``node_agent.people``."""
         if seed is not None:
             headers = sign_request(
-                seed, NODE_SUBJECT.format(op=op), request.signed_bytes(), datetime.now(UTC)
+                seed,
+                NODE_SUBJECT.format(op=op),
+                request.signed_bytes(),
+                datetime.now(UTC),
+                nonce=secrets.token_hex(12),
             )
             proof = PersonProof(
                 signer=headers[SIGNER_HEADER], signed_at=headers[SIGNED_AT_HEADER],
-                signature=headers[SIGNATURE_HEADER],
+                nonce=headers[NONCE_HEADER], signature=headers[SIGNATURE_HEADER],
             )  # fmt: skip
             request = request.model_copy(update={"proof": proof})
         return self.call(op, **request.model_dump(mode="json"))

@@ -15,9 +15,11 @@ from datetime import datetime
 
 from ledger.errors import Rule, RuleViolation
 from ledger.identity import (
+    NONCE_HEADER,
     SIGNATURE_HEADER,
     SIGNED_AT_HEADER,
     SIGNER_HEADER,
+    NonceWindow,
     Principal,
     Role,
     verify_request,
@@ -40,10 +42,12 @@ def person_of(
     *,
     named: str | None,
     trust_unsigned: bool,
+    nonces: NonceWindow | None = None,
 ) -> str | None:
     """The person a human-only request is recorded under: its signer (``named``, the request's
     ``--by``, must be them); on a node run explicitly without identity (``trust_unsigned``),
-    an unsigned request's ``named`` as given. Anything else is refused naming the rule."""
+    an unsigned request's ``named`` as given. With ``nonces``, a signed request counts once
+    (request_replay). Anything else is refused naming the rule."""
     what = WHAT.get(op, op)
     if req.proof is None:
         if trust_unsigned:
@@ -64,9 +68,11 @@ def person_of(
     headers = {
         SIGNER_HEADER: req.proof.signer,
         SIGNED_AT_HEADER: req.proof.signed_at,
+        NONCE_HEADER: req.proof.nonce,
         SIGNATURE_HEADER: req.proof.signature,
     }
-    who = verify_request(headers, NODE_SUBJECT.format(op=op), req.signed_bytes(), principals, now)
+    subject = NODE_SUBJECT.format(op=op)
+    who = verify_request(headers, subject, req.signed_bytes(), principals, now, nonces=nonces)
     if who.role is not Role.HUMAN:
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION,

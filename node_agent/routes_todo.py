@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from fleetbus.http import Route, typed
 from ledger.errors import InvalidInput, Rule, RuleViolation
-from ledger.identity import Principal
+from ledger.identity import NonceWindow, Principal
 from ledger.items import Actor, ItemStatus
 from node_agent.autoledger import AutoLedger
 from node_agent.people import person_of
@@ -40,12 +40,13 @@ class TodoRoutes:
         self.settings, self.ledger, self.wake = settings, ledger, wake
         self.store = ledger.store
         self.principals = principals  # the fleet's directory; None: this node has no identity
+        self.nonces = NonceWindow(datetime.now(UTC))  # a person's signed request counts once
 
     def _person(self, op: str, req: HumanRequest, named: str | None) -> str | None:
         directory = self.principals() if self.principals is not None else None
         return person_of(
             op, req, directory, datetime.now(UTC), named=named,
-            trust_unsigned=self.settings.trust_unsigned_humans,
+            trust_unsigned=self.settings.trust_unsigned_humans, nonces=self.nonces,
         )  # fmt: skip
 
     def routes(self) -> dict[str, Route]:

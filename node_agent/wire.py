@@ -127,10 +127,12 @@ NODE_SUBJECT = "fleet.node.v1.{op}"  # what a person's signature on a local API 
 
 class PersonProof(Request):
     """A person's signature over a request (``ledger.identity.sign_request``: signer's public
-    key, when, Ed25519 over the subject, the time and the request's JSON without this proof)."""
+    key, when, a fresh nonce, Ed25519 over the subject, the time, the nonce and the request's
+    JSON without this proof): the node accepts each nonce once within the request window."""
 
     signer: NonEmpty
     signed_at: NonEmpty
+    nonce: NonEmpty
     signature: NonEmpty
 
 

@@ -191,4 +191,4 @@ async def test_a_node_without_identity_refuses_unless_run_explicitly_without_it(
 
 def _any_proof() -> dict[str, str]:
     return {"signer": "U" + "A" * 55, "signed_at": datetime.now(UTC).isoformat(),
-            "signature": "x"}  # fmt: skip
+            "nonce": "n", "signature": "x"}  # fmt: skip

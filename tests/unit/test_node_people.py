@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 
 from ledger.errors import Rule, RuleViolation
 from ledger.identity import (
+    NONCE_HEADER,
     SIGNATURE_HEADER,
     SIGNED_AT_HEADER,
     SIGNER_HEADER,
+    NonceWindow,
     Principal,
     Role,
     public_key,
@@ -32,10 +34,12 @@ DIRECTORY = {
 }
 
 
-def signed(req: HumanRequest, who: str, op: str = "todo.set", at: datetime = T0) -> HumanRequest:
-    h = sign_request(SEEDS[who], NODE_SUBJECT.format(op=op), req.signed_bytes(), at)
+def signed(
+    req: HumanRequest, who: str, op: str = "todo.set", at: datetime = T0, nonce: str = "n-1"
+) -> HumanRequest:
+    h = sign_request(SEEDS[who], NODE_SUBJECT.format(op=op), req.signed_bytes(), at, nonce=nonce)
     proof = PersonProof(signer=h[SIGNER_HEADER], signed_at=h[SIGNED_AT_HEADER],
-                        signature=h[SIGNATURE_HEADER])  # fmt: skip
+                        nonce=h[NONCE_HEADER], signature=h[SIGNATURE_HEADER])  # fmt: skip
     return req.model_copy(update={"proof": proof})
 
 
@@ -74,6 +78,20 @@ def test_no_directory_stale_or_other_op_is_producer_identity() -> None:
     assert rule_of(stale, named="ann") is Rule.PRODUCER_IDENTITY
     other_op = signed(DONE, "ann", op="todo.check")  # replayed onto another route
     assert rule_of(other_op, named="ann") is Rule.PRODUCER_IDENTITY
+
+
+def test_a_signed_request_sent_twice_is_refused_the_second_time() -> None:
+    window = NonceWindow(T0 - timedelta(seconds=1))
+    once = signed(DONE, "ann", nonce="n-once")
+    assert person_of("todo.set", once, DIRECTORY, T0, named="ann", trust_unsigned=False,
+                     nonces=window) == "ann"  # fmt: skip
+    with pytest.raises(RuleViolation) as caught:
+        person_of("todo.set", once, DIRECTORY, T0, named="ann", trust_unsigned=False,
+                  nonces=window)  # fmt: skip
+    assert caught.value.rule is Rule.REQUEST_REPLAY
+    fresh = signed(DONE, "ann", nonce="n-twice")
+    assert person_of("todo.set", fresh, DIRECTORY, T0, named="ann", trust_unsigned=False,
+                     nonces=window) == "ann"  # fmt: skip
 
 
 @given(
