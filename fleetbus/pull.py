@@ -238,7 +238,11 @@ class DurablePull(ContinuousPull):
             else:
                 drift = consumer_drift(info["config"], durable_config(self.batch, 0))
                 problem = "; ".join(drift) if drift else None
+            was = self.problem
             self._refuse(problem)
+            if was is not None and problem is None:  # our own again: deliver at once
+                self._outstanding = 0
+                await self._pull()
 
     async def _create(self) -> dict[str, Any]:
         config = durable_config(self.batch, self._start_seq())

@@ -327,3 +327,91 @@ async def test_a_revoked_principal_cannot_connect_after_the_server_reloads(
         await nc.close()
         assert [p.name for p in store.principals() if p.revoked] == ["node-9"]
         assert not (store.root / "node-9.seed").exists()
+
+
+# --- the coordinator checks its own durable consumer (issue 23, build 2) -------------------
+
+
+async def _readyz(port: int) -> tuple[int, dict[str, object]]:
+    import urllib.error
+    import urllib.request
+
+    def get() -> tuple[int, dict[str, object]]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    return await asyncio.to_thread(get)
+
+
+async def test_a_rewritten_durable_is_refused_naming_what_changed_and_loses_no_event(
+    tmp_path: Path,
+) -> None:
+    """The durable rewritten to headers only (here by the coordinator's own key: nobody else's
+    can): the coordinator notices on the next delivery, /readyz fails naming headers_only, and
+    nothing is decided on hollow data. Once an operator removes it, the coordinator recreates
+    it from after its last applied sequence, and the risk opened meanwhile is enforced."""
+    from datetime import UTC, datetime, timedelta
+
+    from coordinator.service import Coordinator
+    from coordinator.settings import CoordinatorSettings
+    from fleetbus.client import FleetClient
+    from fleetbus.pull import remove_durable
+    from fleetledger.servers import fleet_keys
+    from ledger.authority import Authority
+    from ledger.errors import FleetError, Unreachable
+    from ledger.kernel import ActionRequest
+
+    keys = fleet_keys(tmp_path, ["node-1"], people=("lead",))
+    with EmbeddedServers(tmp_path, keys=keys) as servers:
+        settings = CoordinatorSettings(
+            nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0,
+            principal="coordinator", identity_dir=keys.root,
+        )  # fmt: skip
+        co = await Coordinator.from_settings(settings)
+        await co.start()
+        lead = await FleetClient.connect(servers.nats_url, seed=keys.seed("lead"), timeout=3)
+        own = await as_principal(servers.nats_url, keys, "coordinator")
+        try:
+            soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
+            await lead.manage("mission.create", "m1", {"purpose": "p", "owner": "lead",
+                              "ceiling": 1_000_000, "expires_at": soon})  # fmt: skip
+            await lead.manage("grant.issue", "m1", {
+                "grant_id": "g", "holder": "lead", "purpose": "p", "owner": "lead",
+                "authority": Authority.of(["credit.issue"]).model_dump(mode="json"),
+                "budget": 100_000})  # fmt: skip
+            assert (await _readyz(co.http_port))[0] == 200
+            hostile = {**durable_config(512, 0), "headers_only": True}
+            body = {"stream_name": LEDGER, "config": hostile}
+            await own.request(f"{API}.CONSUMER.CREATE.{LEDGER}.coordinator.fleet.ledger.>",
+                              json.dumps(body).encode(), timeout=5)  # fmt: skip
+            # the risk's event reaches the coordinator headers only: not applied, not ok
+            with pytest.raises(FleetError):
+                await lead.manage("risk.open", "m1", {"risk_id": "r1", "blocks":
+                                  ["credit.issue"], "owner": "lead", "summary": "s"})  # fmt: skip
+            async with asyncio.timeout(15):
+                while (ready := await _readyz(co.http_port))[0] == 200:
+                    await asyncio.sleep(0.1)
+            assert ready[0] == 503 and "headers_only" in str(ready[1]["consumer"])
+            credit = ActionRequest(action_id="a1", grant_id="g", action="credit.issue",
+                                   cost=1, idempotency_key="a1")  # fmt: skip
+            with pytest.raises(Unreachable) as exc:
+                await lead.authorize("m1", credit)
+            assert "headers_only" in exc.value.message
+            # an operator removes it; the coordinator recreates it, from after what it applied
+            assert await remove_durable(own)
+            async with asyncio.timeout(20):
+                while (await _readyz(co.http_port))[0] != 200:
+                    await asyncio.sleep(0.1)
+            async with asyncio.timeout(10):  # the event was not lost: it is applied now
+                while "r1" not in co.states["m1"].risks:
+                    await asyncio.sleep(0.05)
+            assert co.states["m1"].risks["r1"].open
+            reply = await lead.authorize("m1", credit)
+            assert reply.decision is not None and not reply.decision.allowed
+        finally:
+            await own.close()
+            await lead.close()
+            await co.stop()
