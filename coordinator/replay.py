@@ -18,7 +18,7 @@ from nats.js.errors import NotFoundError
 
 from coordinator.ingest import fold_message
 from fleetbus.bus import connect
-from fleetbus.pull import read_until_end
+from fleetbus.reader import read_until_end
 from ledger.errors import InvalidInput, RuleViolation, Unreachable
 from ledger.events import Event
 from ledger.identity import Principal

@@ -23,7 +23,8 @@ from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from fleetbus.permissions import inbox_prefix
-from fleetbus.pull import DurablePull, Refused, read_until_end
+from fleetbus.pull import DurablePull, Refused
+from fleetbus.reader import read_until_end
 from fleetbus.settings import nats_tls_context
 from ledger.errors import ComponentTimeout, InvalidInput, Unreachable
 from ledger.identity import public_key

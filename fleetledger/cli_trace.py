@@ -42,7 +42,7 @@ async def find_trace(
 ) -> dict[str, Any]:
     """Look the event up in the stream; return its ids, kind, trace id, span id and Jaeger link."""
     from fleetbus.bus import connect
-    from fleetbus.pull import read_until_end
+    from fleetbus.reader import read_until_end
 
     start = event_time(event_id) - SLACK
     nc = await connect(nats_url, name="fleetledger-trace", seed=seed)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from nats.aio.msg import Msg
 
 from fleetbus.client import FleetClient
-from fleetbus.pull import Reader
+from fleetbus.reader import Reader
 from ledger.events import Event, GrantIssued, parse_events
 from ledger.protocol import FOLLOW_STREAM, SUBJECT_PREFIX
 from node_agent.execution import ExecutionState

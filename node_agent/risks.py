@@ -20,7 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from fleetbus.permissions import RISK_STREAM
-from fleetbus.pull import Reader
+from fleetbus.reader import Reader
 from ledger.errors import RuleViolation
 from ledger.invariants import RiskFact, RiskStatus, check_risks
 from ledger.protocol import RISK_BUCKET

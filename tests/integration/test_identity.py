@@ -124,7 +124,7 @@ async def test_a_forged_event_on_the_stream_is_dead_lettered_naming_the_rule(
     by a person (or unsigned) is dead-lettered with the rule, and the risk stays open."""
     from fleetbus.bus import publish_checked
     from fleetbus.identity import KeyStore
-    from fleetbus.pull import read_until_end
+    from fleetbus.reader import read_until_end
     from ledger.events import RiskTreated, make_event
     from ledger.identity import sign
     from ledger.protocol import subject_of
