@@ -229,7 +229,10 @@ class DurablePull(ContinuousPull):
             error = info.get("error") or {}
             if error.get("err_code") == 10014:  # consumer not found: ours to (re)create
                 created = await self._create()
-                problem = None if created.get("config") else f"cannot create: {created}"
+                if not created.get("config"):  # e.g. JetStream still recovering: next renewal
+                    log.warning("could not create the durable consumer: %s", created)
+                    return
+                problem = None
             elif "config" not in info:
                 return  # no answer to judge by (NATS away): judge on the next renewal
             else:
