@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -50,6 +51,7 @@ from fleetledger.servers import (  # noqa: E402
 )
 from ledger.authority import Authority  # noqa: E402
 from ledger.events import EvidenceRegistered, make_event  # noqa: E402
+from ledger.identity import public_key, seed_from_bytes  # noqa: E402
 from ledger.kernel import ActionRequest  # noqa: E402
 from node_agent.risks import RiskWatcher  # noqa: E402
 
@@ -270,6 +272,19 @@ async def set_up(client: FleetClient, missions: tuple[str, ...]) -> None:
     )
 
 
+def bench_user() -> tuple[str, dict[str, Any]]:
+    """The raw baselines' own nkey user on the secure NATS: authenticated, and allowed the
+    bench's subjects only (no fleet role has them)."""
+    seed = seed_from_bytes(secrets.token_bytes(32))
+    stream = [f"$JS.API.STREAM.{op}.BENCHFLOOR" for op in ("CREATE", "INFO", "DELETE")]
+    permissions = {
+        "publish": {"allow": ["bench.echo", "benchfloor.>", *stream]},
+        "subscribe": {"allow": ["bench.echo", "_INBOX.>"]},
+        "allow_responses": True,
+    }
+    return seed, {"nkey": public_key(seed), "permissions": permissions}
+
+
 BLOCK = 50  # authorize round trips per turn when identity off and on alternate
 
 
@@ -309,14 +324,17 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
     n_lat = 300 if quick else 3000
     n_ingest = 5000 if quick else 50000
     # identity on: the secure default (nkey auth and permissions; requests, events and
-    # receipts signed and verified); its raw baselines authenticate too, as the coordinator
+    # receipts signed and verified); its raw baselines authenticate too, as their own nkey user
     state = Path(tempfile.mkdtemp(prefix="fleetledger-bench-id-"))
     keys = fleet_keys(state, [])
+    raw_seed, raw_user = bench_user()
     coordinators: list[Any] = []
     try:
         with (
             EmbeddedServers(fsync_every_write=fsync) as fleet,
-            EmbeddedServers(state, keys=keys, fsync_every_write=fsync) as secure,
+            EmbeddedServers(
+                state, keys=keys, fsync_every_write=fsync, extra_users=[raw_user]
+            ) as secure,
         ):
             http_port, secure_port = free_port(), free_port()
             coordinators.append(start_coordinator(fleet, http_port))
@@ -339,7 +357,7 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
             measured = await alternating(
                 {
                     "identity off": (fleet, client, None),
-                    "identity on": (secure, person, keys.seed(COORDINATOR_PRINCIPAL)),
+                    "identity on": (secure, person, raw_seed),
                 },
                 n_lat,
             )

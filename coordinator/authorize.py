@@ -29,8 +29,8 @@ from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
 from ledger.events import MAX_EVENT_BYTES, DecisionRecorded, Event
 from ledger.idempotency import check_same_terms
 from ledger.identity import NonceWindow, Principal, check_requester, verify_request
-from ledger.kernel import Decision, Kernel, decide
-from ledger.mission import MISSION_SCOPE
+from ledger.kernel import ActionRequest, Decision, Kernel, decide
+from ledger.mission import MISSION_SCOPE, ActionRecord
 from ledger.protocol import (
     AUTHORIZE_SUBJECT,
     AuthorizeReply,
@@ -192,18 +192,9 @@ class Authorizer:
             # A retried request: one answer per id. Other terms are a conflict naming the
             # recorded ones; the same terms are answered with the receipt already recorded.
             check_same_terms(existing, action)
-            stored = journal.receipts.get((mid, action.action_id), (None, None))
             for prior in reversed(state.decisions):
                 if prior.action_id == action.action_id:
-                    return AuthorizeReply(
-                        decision=decision_of(
-                            prior, existing.grant_id or action.grant_id, existing.cost
-                        ),
-                        reservation_id=prior.reservation_id,
-                        decision_seq=stored[0],
-                        decision_event_id=stored[1],
-                        replayed=True,
-                    )
+                    return await self._replayed(mid, action, existing, prior)
             # Requested but undecided: a coordinator died mid-append. Decide it now.
         now = journal.clock.now()
         asker = who.name if who is not None else None
@@ -300,14 +291,23 @@ class Authorizer:
                 await return_unrecorded(journal, self.budget, mid, reservation_id)
                 self.undecided.discard(mid, reservation_id)
         existing = state.actions[action.action_id]
-        stored = journal.receipts.get((mid, action.action_id), (None, None))
         prior = next(d for d in reversed(state.decisions) if d.action_id == action.action_id)
+        return await self._replayed(mid, action, existing, prior)
+
+    async def _replayed(
+        self, mid: str, action: ActionRequest, existing: ActionRecord, prior: DecisionRecorded
+    ) -> AuthorizeReply:
+        """The answer to a retry of a decided action: the recorded decision, and the stored
+        message holding its signed receipt (the requester verifies it, reading no stream)."""
+        seq, event_id = self.journal.receipts.get((mid, action.action_id), (None, None))
+        message = await self.journal.bus.message(seq) if seq is not None else None
         return AuthorizeReply(
             decision=decision_of(prior, existing.grant_id or action.grant_id, existing.cost),
             reservation_id=prior.reservation_id,
-            decision_seq=stored[0],
-            decision_event_id=stored[1],
+            decision_seq=seq,
+            decision_event_id=event_id,
             replayed=True,
+            stored=message.data.decode() if message is not None else None,
         )
 
     async def _reserve(

@@ -9,6 +9,8 @@
   PRODUCER span); its context goes into every envelope and the NATS headers, and its links join
   the events these depend on (causal parent, reserve, the facts at a decision's cut).
 - Per-mission locks keep each mission's changes serial, so each sees the one before it.
+- Refused: while the durable consumer is not the coordinator's own (``refuse``), nothing is
+  decided: every wait for the fold fails closed naming what changed.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class Journal:
         self._unsure: set[str] = set()
         # per mission, the last sequence this coordinator appended (acknowledged)
         self._appended: dict[str, int] = {}
+        # why the fold cannot be trusted to be complete (the durable consumer is not ours)
+        self.refused: str | None = None
 
     # --- applied state ---------------------------------------------------------------------
 
@@ -112,6 +116,16 @@ class Journal:
         """The events of a message this coordinator appended (once), else None."""
         return self._own.pop(data, None)
 
+    def refuse(self, reason: str | None) -> None:
+        """The durable consumer is not this coordinator's own (``reason`` names what changed):
+        decide nothing until it is again (None). Wakes every waiter, to fail at once."""
+        self.refused = reason
+        self.progressed()
+
+    def next_seq(self) -> int:
+        """Where a durable consumer the coordinator (re)creates starts: after what it applied."""
+        return self.applied_seq + 1
+
     def progressed(self) -> None:
         """Wake everyone waiting in ``wait_applied`` (ingest calls it after each message)."""
         self._progress.set()
@@ -119,10 +133,16 @@ class Journal:
 
     async def wait_applied(self, seq: int, timeout: float | None = None) -> None:
         """Return once the stream is applied up to ``seq``; else fail closed."""
-        if self.applied_seq >= seq:
+        if self.applied_seq >= seq and self.refused is None:
             return
         deadline = time.monotonic() + (self.cut_timeout_s if timeout is None else timeout)
-        while self.applied_seq < seq:
+        while self.applied_seq < seq or self.refused is not None:
+            if self.refused is not None:
+                raise Unreachable(
+                    f"the coordinator's durable consumer is not its own ({self.refused}); "
+                    "refusing to decide until an operator removes it (`fleetledger coordinator "
+                    "reset-consumer`) and the coordinator recreates it"
+                )
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Unreachable(

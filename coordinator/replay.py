@@ -1,6 +1,6 @@
 """Replay: rebuild one mission's state from the ledger stream, up to any cut, and time it.
 
-Reads the stream with an ordered consumer filtered to the mission's subjects and admits each
+Reads the stream with a read-only reader filtered to the mission's subjects and admits each
 message as ingest does (``coordinator.ingest.fold_message``: subject, signature, producer
 permission, the fold), so the result equals the coordinator's; every event kept out is
 reported with the rule it broke, not folded.
@@ -12,12 +12,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NotFoundError
 
 from coordinator.ingest import fold_message
 from fleetbus.bus import connect
+from fleetbus.reader import read_until_end
 from ledger.errors import InvalidInput, RuleViolation, Unreachable
 from ledger.events import Event
 from ledger.identity import Principal, as_of
@@ -85,44 +86,36 @@ async def replay_mission(
                 f"JetStream did not answer ({type(exc).__name__}): fail closed"
             ) from None
         end = int(info.state.last_seq) if cut is None else min(cut, int(info.state.last_seq))
-        if end > 0:
-            sub = await js.subscribe(
-                mission_filter(mission_id), stream=STREAM, ordered_consumer=True
-            )
-            try:
-                while True:
-                    try:
-                        msg = await sub.next_msg(timeout=2)
-                    except NatsTimeout:
-                        break
-                    seq = int(msg.metadata.sequence.stream)
-                    if seq > end:
-                        break
-                    # the directory as it stood when the message was stored: a key revoked
-                    # since still signed it validly then
-                    then = as_of(principals, msg.metadata.timestamp) if principals else None
-                    for event, problem in fold_message(states, msg.subject, msg.data, then):
-                        if problem is None and event is not None:
-                            record.append(event)
-                            events += 1
-                            continue
-                        assert problem is not None
-                        rule = problem.rule.value if isinstance(problem, RuleViolation) else None
-                        rejections.append(
-                            Rejection(
-                                seq=seq,
-                                event_id=str(event.event_id) if event is not None else None,
-                                kind=event.kind if event is not None else None,
-                                code=str(problem.code),
-                                rule=rule,
-                                reason=problem.message,
-                            )
-                        )
-                    last = seq
-                    if msg.metadata.num_pending == 0:
-                        break
-            finally:
-                await sub.unsubscribe()
+
+        async def visit(msg: Msg) -> None:
+            nonlocal events, last
+            seq = int(msg.metadata.sequence.stream)
+            # the directory as it stood when the message was stored: a key revoked since
+            # still signed it validly then
+            then = as_of(principals, msg.metadata.timestamp) if principals else None
+            for event, problem in fold_message(states, msg.subject, msg.data, then):
+                if problem is None and event is not None:
+                    record.append(event)
+                    events += 1
+                    continue
+                assert problem is not None
+                rule = problem.rule.value if isinstance(problem, RuleViolation) else None
+                rejections.append(
+                    Rejection(
+                        seq=seq,
+                        event_id=str(event.event_id) if event is not None else None,
+                        kind=event.kind if event is not None else None,
+                        code=str(problem.code),
+                        rule=rule,
+                        reason=problem.message,
+                    )
+                )
+            last = seq
+
+        if end > 0:  # a read-only reader of the mission's subjects (fleetbus.pull)
+            await read_until_end(nc, STREAM, mission_filter(mission_id), visit, upto=end)
+    except (LookupError, TimeoutError) as exc:
+        raise Unreachable(f"JetStream did not serve the read ({exc}): fail closed") from None
     except (NatsError, OSError) as exc:  # a read refused or unanswered: fail closed, say so
         raise Unreachable(f"JetStream did not answer ({type(exc).__name__}): fail closed") from None
     finally:

@@ -162,7 +162,9 @@ class Coordinator:
         """Fold the stream, reconcile, then serve (requests, sweeper, health)."""
         await self.ingest.rebuild()
         await self.reconciler.find_undecided()
-        await self.bus.consume(self.ingest.on_message)
+        await self.bus.consume(
+            self.ingest.on_message, start_seq=self.journal.next_seq, refused=self.journal.refuse
+        )
         for subject, handler in (
             (AUTHORIZE_SUBJECT, self.authorizer.on_request),
             (MANAGE_SUBJECT, self.manager.on_request),
@@ -206,11 +208,13 @@ class Coordinator:
             with contextlib.suppress(Exception):  # any failure: not ready
                 budget_ok = await self._budget_ping()
         caught_up = self.applied_seq >= self.ingest.ready_seq
-        ok = nats_ok and budget_ok and caught_up
+        refused = self.journal.refused  # the durable consumer is not ours: name what changed
+        ok = nats_ok and budget_ok and caught_up and refused is None
         return ok, {
             "nats": nats_ok,
             "redis": budget_ok,
             "caught_up": caught_up,
+            "consumer": "own" if refused is None else f"refused: {refused}",
             "applied_seq": self.applied_seq,
         }
 

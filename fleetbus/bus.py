@@ -1,18 +1,14 @@
-"""The JetStream adapter: stream set-up, a continuous pull consumer, publishing, and ``Bus``.
+"""The JetStream adapter: connecting, stream set-up, publishing, and ``Bus``.
 
 ``Bus`` is the protocol the coordinator takes (publish-and-ack, KV put, serve requests, read and
 consume the ledger stream); ``JetStreamBus`` is the NATS one, and tests bring in-memory ones.
-
-nats-py offers `fetch` only, which either polls (latency) or waits for a whole batch; the
-continuous pull here keeps pull requests outstanding like nats.go's `Consume`, so messages are
-applied as soon as they arrive and in batches under load.
+Consumers (the coordinator's durable, read-only readers) live in ``fleetbus.pull``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,17 +19,21 @@ from typing import Protocol, Self
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
+from fleetbus.permissions import inbox_prefix
+from fleetbus.pull import DurablePull, Refused
+from fleetbus.reader import read_until_end
 from fleetbus.settings import nats_tls_context
 from ledger.errors import ComponentTimeout, InvalidInput, Unreachable
+from ledger.identity import public_key
 from ledger.protocol import (
-    CONSUMER,
     DEADLETTER_PREFIX,
     DEADLETTER_STREAM,
+    FOLLOW_STREAM,
+    FOLLOWED_KINDS,
     RECEIPT_REPUBLISH_DEST,
     RECEIPT_REPUBLISH_SOURCE,
     RISK_BUCKET,
@@ -72,7 +72,8 @@ async def connect(
     at once instead of waiting in nats-py's buffer to land later, after its caller gave up on
     it (the coordinator's appends must never arrive behind a retry that recorded anew).
     TLS follows this process's settings (``FLEET_NATS_TLS__*``, ``fleetbus.settings``) for
-    every caller; a certificate that does not verify is ``Unreachable`` naming TLS.
+    every caller; a certificate that does not verify is ``Unreachable`` naming TLS. With a
+    ``seed``, replies arrive under the principal's own inbox prefix, the only one it may read.
     """
     tls = nats_tls_context()
     last: list[Exception] = []
@@ -92,6 +93,7 @@ async def connect(
                 reconnect_time_wait=0.5,
                 error_cb=quiet,
                 nkeys_seed_str=seed,
+                inbox_prefix=inbox_prefix(public_key(seed)) if seed else "_INBOX",
                 pending_size=DEFAULT_PENDING if buffer_while_reconnecting else 0,
                 tls=tls,
             )
@@ -111,7 +113,9 @@ async def connect(
 async def ensure_streams(
     js: JetStreamContext, *, replicas: int = 1, duplicate_window_s: float = 120.0
 ) -> None:
-    """The ledger stream (file storage, de-dup by Nats-Msg-Id) and the dead-letter stream.
+    """The ledger stream (file storage, de-dup by Nats-Msg-Id), the dead-letter stream, and the
+    follow stream (what node agents follow, sourced from the ledger: they read it, never the
+    ledger stream's consumers).
 
     The ledger stream republishes each stored decision receipt to its requester's receipt
     subject: an authorize answer is the durable receipt itself."""
@@ -131,7 +135,17 @@ async def ensure_streams(
         storage=api.StorageType.FILE,
         num_replicas=replicas,
     )
-    for config in (ledger, dead):
+    follow = api.StreamConfig(
+        name=FOLLOW_STREAM,
+        storage=api.StorageType.FILE,
+        num_replicas=replicas,
+        retention=api.RetentionPolicy.LIMITS,
+        sources=[
+            api.StreamSource(name=STREAM, filter_subject=f"{SUBJECT_PREFIX}.*.{kind}")
+            for kind in FOLLOWED_KINDS
+        ],
+    )
+    for config in (ledger, dead, follow):
         try:
             await js.stream_info(config.name or "")
             await js.update_stream(config)
@@ -148,124 +162,6 @@ async def ensure_risk_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyV
                 bucket=RISK_BUCKET, history=16, storage=api.StorageType.FILE, replicas=replicas
             )
         )
-
-
-Handler = Callable[[Msg], Awaitable[None]]
-
-
-ACK_EVERY = 64
-ACK_DELAY_S = 0.05  # acknowledge a quiet consumer's last message this long after it
-
-
-class ContinuousPull:
-    """Keep up to ``batch`` messages requested from a durable pull consumer, apply in order.
-
-    The handler must not ack: acks are cumulative (AckPolicy.ALL) and sent here after the
-    handler returns, so an ack never covers a message that was not applied.
-    """
-
-    def __init__(
-        self,
-        nc: Client,
-        js: JetStreamContext,
-        handler: Handler,
-        *,
-        durable: str = CONSUMER,
-        filter_subject: str = f"{SUBJECT_PREFIX}.>",
-        batch: int = 512,
-        expires_s: float = 5.0,
-    ) -> None:
-        self._nc, self._js, self._handler = nc, js, handler
-        self.durable, self.filter_subject = durable, filter_subject
-        self.batch, self.expires_s = batch, expires_s
-        self._outstanding = 0
-        self._since_ack = 0
-        self._sub: Subscription | None = None
-        self._inbox = ""
-        self._refill: asyncio.Task[None] | None = None
-        self._acker: asyncio.Task[None] | None = None
-        self._last: Msg | None = None  # the newest applied message not yet acknowledged
-
-    async def start(self) -> None:
-        config = api.ConsumerConfig(
-            durable_name=self.durable,
-            name=self.durable,
-            ack_policy=api.AckPolicy.ALL,  # explicit, cumulative: one ack covers a burst
-            deliver_policy=api.DeliverPolicy.ALL,
-            filter_subject=self.filter_subject,
-            max_ack_pending=self.batch * 8,
-            ack_wait=30.0,
-        )
-        try:
-            await self._js.consumer_info(STREAM, self.durable)
-        except NotFoundError:
-            await self._js.add_consumer(STREAM, config)
-        self._inbox = self._nc.new_inbox()
-        self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg, pending_msgs_limit=-1)
-        await self._pull()
-        self._refill = asyncio.create_task(self._keep_pulling())
-
-    async def _pull(self) -> None:
-        want = self.batch - self._outstanding
-        if want <= 0:
-            return
-        body = {"batch": want, "expires": int(self.expires_s * 1e9)}
-        await self._nc.publish(
-            f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.{self.durable}",
-            json.dumps(body).encode(),
-            reply=self._inbox,
-        )
-        self._outstanding += want
-
-    async def _keep_pulling(self) -> None:
-        # Pull requests expire; renew them so an idle consumer still wakes on the next event.
-        while True:
-            await asyncio.sleep(self.expires_s)
-            self._outstanding = 0
-            with contextlib.suppress(Exception):
-                await self._pull()
-
-    async def _on_msg(self, msg: Msg) -> None:
-        status = msg.headers.get("Status") if msg.headers else None
-        if status is not None and not msg.data:
-            if status in ("404", "408", "409"):
-                pending = msg.headers.get("Nats-Pending-Messages") if msg.headers else None
-                self._outstanding -= int(pending) if pending else self._outstanding
-                self._outstanding = max(self._outstanding, 0)
-            return  # 100 (heartbeat) and friends carry no data
-        self._outstanding -= 1
-        await self._handler(msg)
-        # Ack cumulatively: every ACK_EVERY messages, else shortly after a burst ends, so a
-        # trickle of single messages (one per decision) does not cost an ack each.
-        self._since_ack += 1
-        self._last = msg
-        if self._since_ack >= ACK_EVERY:
-            await self._ack()
-        elif self._acker is None or self._acker.done():
-            self._acker = asyncio.create_task(self._ack_soon())
-        if self._outstanding <= self.batch // 2:
-            await self._pull()
-
-    async def _ack(self) -> None:
-        msg, self._last, self._since_ack = self._last, None, 0
-        if msg is not None:
-            with contextlib.suppress(Exception):  # a lost ack only means a harmless redelivery
-                await msg.ack()
-
-    async def _ack_soon(self) -> None:
-        await asyncio.sleep(ACK_DELAY_S)  # the delay is the point: gather a burst's tail
-        await self._ack()
-
-    async def stop(self) -> None:
-        for task in (self._refill, self._acker):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        await self._ack()  # what was applied is acknowledged before going
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
 
 
 class Stored(int):
@@ -369,9 +265,13 @@ class Bus(Protocol):
         """One message of the ledger stream by sequence (None if it was removed)."""
         ...
 
-    async def consume(self, handler: StreamHandler) -> None:
+    async def consume(
+        self, handler: StreamHandler, *, start_seq: Callable[[], int], refused: Refused
+    ) -> None:
         """Deliver the ledger stream, in order, to ``handler`` through the durable consumer;
-        a message is acknowledged only after ``handler`` returned."""
+        a message is acknowledged only after ``handler`` returned. ``refused(reason)``: the
+        durable is not this coordinator's own (None: it is again); ``start_seq()``: where a
+        durable it (re)creates starts."""
         ...
 
     async def close(self) -> None: ...
@@ -385,7 +285,7 @@ class JetStreamBus:
 
     def __init__(self, nc: Client, js: JetStreamContext, kv: KeyValue) -> None:
         self.nc, self.js, self.kv = nc, js, kv
-        self.pull: ContinuousPull | None = None
+        self.pull: DurablePull | None = None
 
     @classmethod
     async def connect(
@@ -433,20 +333,30 @@ class JetStreamBus:
         return int(info.state.last_seq)
 
     async def history(self, upto: int) -> AsyncIterator[StreamMessage]:
-        info = await self.js.stream_info(STREAM)
-        if upto <= 0 or not info.state.messages:
+        if upto <= 0:
             return
-        sub = await self.js.subscribe(STREAM_SUBJECTS, ordered_consumer=True)
+        got: asyncio.Queue[StreamMessage | None] = asyncio.Queue()
+
+        async def each(msg: Msg) -> None:
+            seq = int(msg.metadata.sequence.stream)
+            stored = msg.metadata.timestamp
+            await got.put(StreamMessage(seq, msg.subject, msg.data, msg.headers, stored_at=stored))
+
+        async def read() -> None:
+            try:
+                await read_until_end(self.nc, STREAM, STREAM_SUBJECTS, each, upto=upto)
+            finally:
+                await got.put(None)
+
+        reading = asyncio.create_task(read())
         try:
-            while True:
-                msg = await sub.next_msg(timeout=10)
-                seq = int(msg.metadata.sequence.stream)
-                yield StreamMessage(seq, msg.subject, msg.data, msg.headers,
-                                    stored_at=msg.metadata.timestamp)  # fmt: skip
-                if seq >= upto:
-                    return
+            while (item := await got.get()) is not None:
+                yield item
+            await reading  # its error, if it ended on one
         finally:
-            await sub.unsubscribe()
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
 
     async def message(self, seq: int) -> StreamMessage | None:
         try:
@@ -455,7 +365,9 @@ class JetStreamBus:
             return None
         return StreamMessage(seq, raw.subject or "", raw.data or b"", raw.headers)
 
-    async def consume(self, handler: StreamHandler) -> None:
+    async def consume(
+        self, handler: StreamHandler, *, start_seq: Callable[[], int], refused: Refused
+    ) -> None:
         async def deliver(msg: Msg) -> None:
             meta = msg.metadata
             await handler(
@@ -469,7 +381,7 @@ class JetStreamBus:
                 )
             )
 
-        self.pull = ContinuousPull(self.nc, self.js, deliver)
+        self.pull = DurablePull(self.nc, deliver, start_seq=start_seq, refused=refused)
         await self.pull.start()
 
     async def close(self) -> None:

@@ -21,9 +21,10 @@ from opentelemetry.trace import Span
 from fleetbus.bus import connect, publish_checked
 from ledger.errors import ComponentTimeout, Rule, RuleViolation, Unreachable
 from ledger.events import DecisionRecorded, Event, last_event
-from ledger.identity import Principal, Role, sign, sign_request, verify
+from ledger.identity import Principal, Role, public_key, sign, sign_request, verify
 from ledger.kernel import ActionRequest
 from ledger.protocol import (
+    ANONYMOUS,
     AUTHORIZE_SUBJECT,
     MANAGE_SUBJECT,
     STREAM,
@@ -97,6 +98,8 @@ class FleetClient:
         self.seed = seed
         # with the fleet's directory, an answer counts only as a receipt a coordinator signed
         self.principals = principals
+        # whose receipt subjects this connection may read: its principal's (fleetbus.permissions)
+        self.receipt_owner = public_key(seed) if seed is not None else ANONYMOUS
 
     @classmethod
     async def connect(cls, url: str, *, seed: str | None = None, **kw: Any) -> Self:
@@ -228,9 +231,11 @@ class FleetClient:
         answer there: the stored receipt as the stream republishes it (durable before it can be
         read), or a direct reply (an error, or the receipt of an action already decided)."""
         request = body.request
-        # one subject per attempt, unguessable: no other client can answer for the
-        # coordinator, and a late answer to an abandoned attempt reaches nobody
-        subject = receipt_subject(body.mission_id, request.action_id, secrets.token_hex(12))
+        # one subject per attempt, under this principal's key (only it may read there), its
+        # nonce unguessable: a late answer to an abandoned attempt reaches nobody
+        subject = receipt_subject(
+            self.receipt_owner, body.mission_id, request.action_id, secrets.token_hex(12)
+        )
         data = body.model_dump_json().encode()
         if self.seed is not None:  # who asks: the coordinator checks the signer may ask
             signed = sign_request(
@@ -277,15 +282,14 @@ class FleetClient:
             )
 
     async def _check_stored(self, reply: AuthorizeReply, request: ActionRequest) -> None:
-        """A direct ALLOWED (a retry's answer) counts only once the receipt it names is read
-        from the stream and verified: nobody can answer ALLOWED in the coordinator's name."""
-        if reply.decision_seq is None:
+        """A direct ALLOWED (a retry's answer) counts only once the stored receipt it carries
+        is verified: nobody can answer ALLOWED in the coordinator's name. (It travels in the
+        answer: a requester reads no one's stream messages, its own receipts included.)"""
+        if reply.decision_seq is None or reply.stored is None:
             raise RuleViolation(
-                Rule.PRODUCER_IDENTITY, "an ALLOWED answer names no stored receipt; refused"
+                Rule.PRODUCER_IDENTITY, "an ALLOWED answer carries no stored receipt; refused"
             )
-        with self._fail_closed():
-            stored = await self.js.get_msg(STREAM, reply.decision_seq)
-        receipt = last_event(stored.data or b"")
+        receipt = last_event(reply.stored.encode())
         payload = receipt.payload
         if not (isinstance(payload, DecisionRecorded) and payload.allowed
                 and payload.action_id == request.action_id):  # fmt: skip

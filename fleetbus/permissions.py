@@ -1,16 +1,26 @@
 """Least-privilege NATS subject permissions per role, and the nats-server authorization block.
 
-Every principal connects with its own nkey (the key it signs with). What each role may do:
+Every principal connects with its own nkey (the key it signs with), and each role's lists are
+an allowlist: the exact subjects it needs, nothing of the JetStream API beyond them (no ``>``,
+no ``$JS.API.>``). Deny lists repeat the few things that must never be reachable, as a second
+line only.
 
-- coordinator: everything (it owns the streams, the decision subjects and the risk bucket);
-- node: publish its observations only (``fleet.ledger.<mission>.<observation kind>``, never
-  decision state), ask for decisions, views and effect records, read the risk bucket and the
-  stream through its own consumers;
-- human: ask for decisions, management, views; read the stream (replay, trace); append nothing;
-- service (an orchestrator of Branches): the same, and publish its branches' budget records.
+- coordinator: appends to the ledger, the dead letters and the risk board; manages its three
+  streams and the risk bucket; its own durable consumer ``coordinator`` (create, info, pull,
+  ack, delete) and read-only readers of the ledger; listens on the request subjects and answers
+  only the requests it received (``allow_responses``);
+- node: publishes its observations only (``fleet.ledger.<mission>.<observation kind>``), asks
+  for decisions, management and views, and reads what it follows through read-only readers:
+  the follow stream (other nodes' resource changes, grants) and the risk bucket;
+- human: asks; reads the ledger stream (replay, trace) and the dead letters through read-only
+  readers;
+- service (an orchestrator of Branches): asks, and publishes its branches' budget records.
 
-Nobody but a coordinator may subscribe to the request subjects (so nobody can answer in its
-place) or publish on a receipt subject; only the coordinator may touch its durable consumer.
+A reader is an ephemeral pull consumer created in the named form with its filter
+(``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``), that acks nothing; the nameless form,
+whose body may name any consumer (the coordinator's durable), is no one's but the coordinator's.
+Replies and receipts reach their asker only: each principal's inbox prefix and receipt subjects
+carry its public key (``inbox_prefix``, ``receipt_owner``), and it may subscribe to its own.
 """
 
 from __future__ import annotations
@@ -24,50 +34,123 @@ from ledger.identity import Principal, Role
 from ledger.protocol import (
     AUTHORIZE_SUBJECT,
     CONSUMER,
+    DEADLETTER_PREFIX,
+    DEADLETTER_STREAM,
+    FOLLOW_STREAM,
+    FOLLOWED_KINDS,
     MANAGE_SUBJECT,
     NODE_KIND_PREFIXES,
     RECEIPT_PREFIX,
+    RISK_BUCKET,
     STREAM,
     SUBJECT_PREFIX,
     VIEW_SUBJECT,
 )
 
-_READ_STREAMS = [
-    "$JS.API.INFO",
-    "$JS.API.STREAM.NAMES",
-    "$JS.API.STREAM.INFO.>",
-    "$JS.API.STREAM.MSG.GET.>",
-    "$JS.API.DIRECT.GET.>",
-    "$JS.API.CONSUMER.CREATE.>",
-    "$JS.API.CONSUMER.INFO.>",
-    "$JS.API.CONSUMER.MSG.NEXT.>",
-    "$JS.API.CONSUMER.DELETE.>",
-    "$JS.ACK.>",
-    "$JS.FC.>",
-]
-# the coordinator's durable consumer is its own: nobody else creates, reads or deletes it
-_NOT_THE_COORDINATORS_CONSUMER = [
-    f"$JS.API.CONSUMER.CREATE.{STREAM}.{CONSUMER}",
-    f"$JS.API.CONSUMER.CREATE.{STREAM}.{CONSUMER}.>",
-    f"$JS.API.CONSUMER.DURABLE.CREATE.{STREAM}.{CONSUMER}",
-    f"$JS.API.CONSUMER.DELETE.{STREAM}.{CONSUMER}",
-    f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.{CONSUMER}",
-    f"$JS.ACK.{STREAM}.{CONSUMER}.>",
-]
+API = "$JS.API"
+RISK_STREAM = f"KV_{RISK_BUCKET}"
+RISK_SUBJECTS = f"$KV.{RISK_BUCKET}.>"
 _REQUESTS = [AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT]
-_ANSWERS = ["_INBOX.>", f"{RECEIPT_PREFIX}.>"]
 
 
-def permissions(role: Role) -> dict[str, Any]:
-    """The nats-server ``permissions`` block for a role."""
-    if role is Role.COORDINATOR:
-        return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
-    publish = [*_REQUESTS, *_READ_STREAMS]
-    if role is Role.NODE:
-        publish += [f"{SUBJECT_PREFIX}.*.{prefix}>" for prefix in NODE_KIND_PREFIXES]
+def inbox_prefix(public_key: str) -> str:
+    """The inbox prefix of the principal holding ``public_key``: its replies arrive under it."""
+    return f"_INBOX_{public_key}"
+
+
+def reader(stream: str, filter_subject: str) -> list[str]:
+    """Read-only access to ``stream`` through one's own ephemeral consumers on ``filter_subject``
+    (a subject or a wildcard): create one (named form with that filter) and pull from it."""
+    return [
+        f"{API}.CONSUMER.CREATE.{stream}.*.{filter_subject}",
+        f"{API}.CONSUMER.MSG.NEXT.{stream}.*",
+    ]
+
+
+def _own_answers(principal: Principal) -> list[str]:
+    return [f"{inbox_prefix(principal.public_key)}.>", f"{RECEIPT_PREFIX}.{principal.public_key}.>"]
+
+
+def _coordinator_publish() -> list[str]:
+    stream_admin = [
+        f"{API}.STREAM.{op}.{stream}"
+        for stream in (STREAM, DEADLETTER_STREAM, FOLLOW_STREAM, RISK_STREAM)
+        for op in ("CREATE", "UPDATE", "INFO")
+    ]
+    durable = [
+        f"{API}.CONSUMER.{op}.{STREAM}.{CONSUMER}"
+        for op in ("CREATE", "INFO", "MSG.NEXT", "DELETE")
+    ]
+    return [
+        f"{SUBJECT_PREFIX}.>",
+        f"{DEADLETTER_PREFIX}.>",
+        f"$KV.{RISK_BUCKET}.>",
+        *stream_admin,
+        f"{API}.STREAM.MSG.GET.{STREAM}",  # a gap in delivery, a retry's stored receipt
+        *durable,
+        f"{API}.CONSUMER.CREATE.{STREAM}.{CONSUMER}.{SUBJECT_PREFIX}.>",  # with its filter
+        f"$JS.ACK.{STREAM}.{CONSUMER}.>",
+        *reader(STREAM, f"{SUBJECT_PREFIX}.>"),  # the fold at start
+        *reader(DEADLETTER_STREAM, f"{DEADLETTER_PREFIX}.>"),
+    ]
+
+
+def _node_publish() -> list[str]:
+    return [
+        *_REQUESTS,
+        *(f"{SUBJECT_PREFIX}.*.{prefix}>" for prefix in NODE_KIND_PREFIXES),
+        *(
+            subject
+            for kind in FOLLOWED_KINDS
+            for subject in reader(FOLLOW_STREAM, f"{SUBJECT_PREFIX}.*.{kind}")
+        ),
+        *reader(RISK_STREAM, RISK_SUBJECTS),
+    ]
+
+
+def _human_publish() -> list[str]:
+    return [
+        *_REQUESTS,
+        f"{API}.STREAM.INFO.{STREAM}",
+        *reader(STREAM, f"{SUBJECT_PREFIX}.>"),  # replay, trace
+        *reader(DEADLETTER_STREAM, f"{DEADLETTER_PREFIX}.>"),  # what was refused, and why
+    ]
+
+
+def _service_publish() -> list[str]:
+    # requests only: the coordinator records a branch's budget facts from Redis (budget.record)
+    return list(_REQUESTS)
+
+
+# Second line for everyone but the coordinator: its durable consumer under any subject form,
+# the nameless create (its body may name any consumer), and acking for anyone.
+_NEVER = [
+    f"{API}.CONSUMER.CREATE.{STREAM}",
+    f"{API}.CONSUMER.DURABLE.CREATE.{STREAM}.>",
+    f"{API}.CONSUMER.*.{STREAM}.{CONSUMER}",
+    f"{API}.CONSUMER.*.{STREAM}.{CONSUMER}.>",
+    f"{API}.CONSUMER.MSG.NEXT.{STREAM}.{CONSUMER}",
+    "$JS.ACK.>",
+]
+
+
+def permissions(principal: Principal) -> dict[str, Any]:
+    """The nats-server ``permissions`` block of one principal (its role's, and its own inbox)."""
+    answers = _own_answers(principal)
+    if principal.role is Role.COORDINATOR:
+        return {
+            "publish": {"allow": _coordinator_publish()},
+            "subscribe": {"allow": [*answers, *_REQUESTS]},
+            "allow_responses": True,  # the reply subject of each request it received, once
+        }
+    publish = {
+        Role.NODE: _node_publish,
+        Role.HUMAN: _human_publish,
+        Role.SERVICE: _service_publish,
+    }[principal.role]()
     return {
-        "publish": {"allow": publish, "deny": _NOT_THE_COORDINATORS_CONSUMER},
-        "subscribe": {"allow": _ANSWERS, "deny": [*_REQUESTS, f"{SUBJECT_PREFIX}.>"]},
+        "publish": {"allow": publish, "deny": _NEVER},
+        "subscribe": {"allow": answers, "deny": [*_REQUESTS, f"{SUBJECT_PREFIX}.>"]},
     }
 
 
@@ -75,7 +158,7 @@ def authorization(principals: list[Principal]) -> dict[str, Any]:
     """The ``authorization`` block: one nkey user per unrevoked principal."""
     return {
         "users": [
-            {"nkey": p.public_key, "permissions": permissions(p.role)}
+            {"nkey": p.public_key, "permissions": permissions(p)}
             for p in principals
             if not p.revoked
         ]
@@ -87,4 +170,12 @@ def write_server_config(path: Path, config: dict[str, Any]) -> None:
     write_private(path, json.dumps(config, indent=2).encode())
 
 
-__all__ = ["authorization", "permissions", "write_server_config"]
+__all__ = [
+    "RISK_STREAM",
+    "RISK_SUBJECTS",
+    "authorization",
+    "inbox_prefix",
+    "permissions",
+    "reader",
+    "write_server_config",
+]

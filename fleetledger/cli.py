@@ -787,6 +787,27 @@ def coordinator_run() -> None:
     _run(lambda: _serve_coordinator(settings))
 
 
+@coordinator_app.command("reset-consumer")
+def coordinator_reset_consumer() -> None:
+    """Remove the coordinator's durable consumer after it was found not its own (the log and
+    /readyz name what changed); the running coordinator recreates it from the sequence after
+    its last applied. Run as the coordinator's principal (FLEET_PRINCIPAL)."""
+    from fleetbus.bus import connect
+    from fleetbus.pull import remove_durable
+
+    async def reset() -> None:
+        nc = await connect(_nats_url(), name="fleetledger-reset-consumer", seed=_seed())
+        try:
+            removed = await remove_durable(nc)
+        except (PermissionError, TimeoutError) as exc:
+            raise Unreachable(f"the durable consumer was not removed: {exc}") from None
+        finally:
+            await nc.close()
+        print("removed; the coordinator recreates it" if removed else "no durable consumer")
+
+    _run(reset)
+
+
 async def _start_nodes(
     nats_url: str, directory: Path, count: int, started: list[Any], identity_dir: Path
 ) -> list[Path]:

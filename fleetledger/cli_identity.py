@@ -204,6 +204,7 @@ def nats_config(directory: DirOpt = None) -> None:
 
 
 _SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS subdomain
+_NODE_NAME = _SECRET_NAME  # a Kubernetes node's name is one too
 VALUES_FILE = "identity-values.json"
 SECRETS_FILE = "identity-secrets.json"
 
@@ -268,8 +269,9 @@ def helm_values(
     coordinator_secret: Annotated[
         str, typer.Option(help="Name of the Secret holding the coordinator's seed.")
     ] = "fleetledger-coordinator-identity",
-    node_secret: Annotated[
-        str, typer.Option(help="Name of the Secret holding every node's seed.")
+    node_secret_prefix: Annotated[
+        str,
+        typer.Option(help="Each node's seed goes in its own Secret, named PREFIX-<node name>."),
     ] = "fleetledger-node-identity",
     namespace: Annotated[
         str | None, typer.Option(help="Namespace written into the Secret manifests.")
@@ -278,7 +280,8 @@ def helm_values(
     as_json: JsonOpt = False,
 ) -> None:
     """Write the Helm chart's identity: values (public directory and the nats-server
-    authorization block) and Secret manifests (the coordinator's and every node's seed)."""
+    authorization block) and Secret manifests: the coordinator's seed, and one Secret per node
+    holding that node's seed only (the chart mounts each on its own node's pod only)."""
     store = key_store(directory)
     try:
         principals = store.principals()
@@ -287,12 +290,20 @@ def helm_values(
         # every seed read before anything is written: a missing one changes nothing
         coordinator_seeds = {chosen.name: _seed_to_export(store, chosen.name)}
         node_seeds = {name: _seed_to_export(store, name) for name in nodes}
-        for flag, name in (("--coordinator-secret", coordinator_secret),
-                           ("--node-secret", node_secret)):  # fmt: skip
-            if not _SECRET_NAME.fullmatch(name):
-                raise InvalidInput(f"{flag} {name!r} is not a Kubernetes Secret name")
-        if coordinator_secret == node_secret:
-            raise InvalidInput("--coordinator-secret and --node-secret must differ")
+        node_secrets = {name: f"{node_secret_prefix}-{name}" for name in nodes}
+        if not _SECRET_NAME.fullmatch(coordinator_secret):
+            raise InvalidInput(
+                f"--coordinator-secret {coordinator_secret!r} is not a Kubernetes Secret name"
+            )
+        for node, name in node_secrets.items():
+            if not _SECRET_NAME.fullmatch(name) or not _NODE_NAME.fullmatch(node):
+                raise InvalidInput(
+                    f"node principal {node!r} is no Kubernetes node name, or "
+                    f"--node-secret-prefix {node_secret_prefix!r} makes {name!r} no Secret name "
+                    "(lowercase letters, digits, '-' and '.')"
+                )
+        if coordinator_secret in node_secrets.values():
+            raise InvalidInput(f"--coordinator-secret {coordinator_secret!r} is a node's Secret")
         if out_dir.exists() and not out_dir.is_dir():
             raise InvalidInput(f"--out {out_dir} is not a directory")
     except FleetError as exc:
@@ -303,7 +314,7 @@ def helm_values(
             "principals": [p.model_dump(mode="json") for p in principals],
             "natsAuthorization": authorization(principals),
             "coordinator": {"principal": chosen.name, "existingSecret": coordinator_secret},
-            "nodeAgent": {"existingSecret": node_secret},
+            "nodeAgent": {"existingSecretPrefix": node_secret_prefix},
         }
     }
     manifests = {
@@ -311,7 +322,10 @@ def helm_values(
         "kind": "List",
         "items": [
             _secret(coordinator_secret, namespace, coordinator_seeds),
-            _secret(node_secret, namespace, node_seeds),
+            *(
+                _secret(node_secrets[node], namespace, {node: seed})
+                for node, seed in node_seeds.items()
+            ),
         ],
     }
     out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

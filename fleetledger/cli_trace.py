@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import typer
-from nats.js import api
+from nats.aio.msg import Msg
 from rich.console import Console
 from rich.table import Table
 
@@ -42,40 +42,35 @@ async def find_trace(
 ) -> dict[str, Any]:
     """Look the event up in the stream; return its ids, kind, trace id, span id and Jaeger link."""
     from fleetbus.bus import connect
+    from fleetbus.reader import read_until_end
 
     start = event_time(event_id) - SLACK
     nc = await connect(nats_url, name="fleetledger-trace", seed=seed)
-    try:
-        js = nc.jetstream()
-        sub = await js.subscribe(
-            f"{SUBJECT_PREFIX}.>",
-            stream=STREAM,
-            ordered_consumer=True,
-            config=api.ConsumerConfig(
-                deliver_policy=api.DeliverPolicy.BY_START_TIME,
-                opt_start_time=start,
-            ),
-        )
+    found: list[dict[str, Any]] = []
+
+    async def visit(msg: Msg) -> bool:
+        if event_id.encode() not in msg.data:  # its own message, or a decision's bundle
+            return False
         try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=READ_TIMEOUT_S)
-                except TimeoutError:
-                    break  # nothing more in the stream
-                if event_id.encode() in msg.data:  # its own message, or a decision's bundle
-                    try:
-                        events = parse_events(msg.data)
-                    except FleetError:  # a malformed message that mentions the id: not it
-                        events = ()
-                    for event in events:
-                        if str(event.event_id) == event_id:
-                            return _describe(event, jaeger_url)
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            await sub.unsubscribe()
+            events = parse_events(msg.data)
+        except FleetError:  # a malformed message that mentions the id: not it
+            return False
+        for event in events:
+            if str(event.event_id) == event_id:
+                found.append(_describe(event, jaeger_url))
+                return True
+        return False
+
+    try:  # a read-only reader of the stream, from shortly before the event's time
+        await read_until_end(
+            nc, STREAM, f"{SUBJECT_PREFIX}.>", visit, start_time=start, quiet_s=READ_TIMEOUT_S
+        )
+    except TimeoutError:
+        pass  # nothing more in the stream
     finally:
         await nc.close()
+    if found:
+        return found[0]
     raise InvalidInput(f"event {event_id} is not in the ledger stream", code=ErrorCode.NOT_FOUND)
 
 

@@ -146,13 +146,15 @@ def nats_config(
     principals: list[Principal] | None = None,
     fsync_every_write: bool = True,
     tls: NatsServerTls | None = None,
+    extra_users: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The embedded nats-server's configuration: loopback only, JetStream on a file store that
     fsyncs every write before its PubAck (``sync_interval: always``). JetStream's default
     interval can lose acknowledged writes on power failure (Jepsen, NATS 2.12.1, Dec 2025); a
     ledger that answers from acknowledged writes cannot afford that on one server. With
-    ``principals``, only their nkeys may connect, each with its role's permissions; with
-    ``tls``, clients must speak TLS."""
+    ``principals``, only their nkeys may connect, each with its role's permissions
+    (``extra_users``: nkey users outside the fleet's roles, as given: a benchmark's raw
+    baselines); with ``tls``, clients must speak TLS."""
     config: dict[str, Any] = {
         "host": "127.0.0.1",
         "port": port,
@@ -163,6 +165,7 @@ def nats_config(
         config["jetstream"]["sync_interval"] = "always"
     if principals is not None:
         config["authorization"] = authorization(principals)
+        config["authorization"]["users"] += extra_users or []
     if tls is not None:
         config["tls"] = tls.config()
     return config
@@ -323,6 +326,7 @@ class EmbeddedServers:
         keys: KeyStore | None = None,
         fsync_every_write: bool = True,
         nats_tls: NatsServerTls | None = None,
+        extra_users: list[dict[str, Any]] | None = None,
     ) -> None:
         """``keys``: run nats-server with one nkey user per principal of that store and the
         least-privilege permissions of its role (``fleetbus.permissions``); none: open.
@@ -331,6 +335,7 @@ class EmbeddedServers:
         Redis runs with the ACL users of ``REDIS_USERS``, their passwords kept in ``keys``'s
         directory (else ``<state_dir>/identity``)."""
         self.keys = keys
+        self.extra_users = extra_users
         self.fsync_every_write = fsync_every_write
         self.nats_tls = nats_tls
         self._owns_dir = state_dir is None
@@ -418,6 +423,7 @@ class EmbeddedServers:
                 principals=principals,
                 fsync_every_write=self.fsync_every_write,
                 tls=self.nats_tls,
+                extra_users=self.extra_users,
             ),
         )
         self.nats_monitor_port = monitor

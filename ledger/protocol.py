@@ -36,6 +36,11 @@ RECEIPT_PREFIX = "fleet.v1.receipt"
 RECEIPT_KIND = "decision.recorded"
 RISK_BUCKET = "fleet-risks"
 CONSUMER = "coordinator"
+# what node agents follow, sourced from the ledger into a stream of its own: they read it
+# through their own read-only consumers, never touching the ledger stream's
+FOLLOW_STREAM = "FLEET_FOLLOW"
+FOLLOWED_KINDS = ("resource.modified", "grant.issued")
+ANONYMOUS = "_"  # the receipt owner of a client without a key (an open NATS)
 
 
 def event_subject(mission_id: str, kind: str) -> str:
@@ -44,34 +49,42 @@ def event_subject(mission_id: str, kind: str) -> str:
 
 
 def receipt_stream_subject(mission_id: str, action_id: str, nonce: str | None = None) -> str:
-    """`fleet.ledger.<mission>.decision.recorded.<action>[.<nonce>]`: where a decision receipt
-    is stored. With the requester's nonce, the stream republishes the stored receipt to the
-    one attempt waiting for it (``receipt_subject``)."""
+    """`fleet.ledger.<mission>.decision.recorded.<action>[.<owner>.<nonce>]`: where a decision
+    receipt is stored. With the requester's ``<owner>.<nonce>`` (``receipt_nonce``), the stream
+    republishes the stored receipt to the one attempt waiting for it (``receipt_subject``)."""
     subject = f"{SUBJECT_PREFIX}.{mission_id}.{RECEIPT_KIND}.{action_id}"
     return subject if nonce is None else f"{subject}.{nonce}"
 
 
-def receipt_subject(mission_id: str, action_id: str, nonce: str) -> str:
-    """`fleet.v1.receipt.<mission>.<action>.<nonce>`: the reply subject of one authorize
-    attempt, where the stream republishes its receipt once stored. The nonce (random, per
-    attempt) keeps an answer from being guessed, or from reaching a later attempt."""
-    return f"{RECEIPT_PREFIX}.{mission_id}.{action_id}.{nonce}"
+def receipt_subject(owner: str, mission_id: str, action_id: str, nonce: str) -> str:
+    """`fleet.v1.receipt.<owner>.<mission>.<action>.<nonce>`: the reply subject of one authorize
+    attempt, where the stream republishes its receipt once stored. ``owner``: the asker's public
+    key (``ANONYMOUS`` without one); only it may subscribe there, so a receipt reaches its asker
+    only. The nonce (random, per attempt) keeps an answer from reaching a later attempt."""
+    return f"{RECEIPT_PREFIX}.{owner}.{mission_id}.{action_id}.{nonce}"
 
 
 def receipt_nonce(reply: str | None, mission_id: str, action_id: str) -> str | None:
-    """The nonce of ``reply`` if it is this action's receipt subject, else None."""
-    prefix = f"{RECEIPT_PREFIX}.{mission_id}.{action_id}."
-    if not reply or not reply.startswith(prefix):
+    """``<owner>.<nonce>`` of ``reply`` if it is this action's receipt subject, else None: the
+    tail of the subject the receipt is stored under (``receipt_stream_subject``)."""
+    tokens = (reply or "").split(".")
+    if len(tokens) != 7 or ".".join(tokens[:3]) != RECEIPT_PREFIX:
         return None
-    nonce = reply[len(prefix) :]
-    return nonce if _NONCE.match(nonce) else None
+    owner, mission, action, nonce = tokens[3:]
+    if (mission, action) != (mission_id, action_id):
+        return None
+    return f"{owner}.{nonce}" if _OWNER.match(owner) and _NONCE.match(nonce) else None
 
 
 _NONCE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+_OWNER = re.compile(r"^[A-Z2-7]{56}$|^_$")  # a public nkey, or ANONYMOUS
 
-# The stream's RePublish rule: stored receipt tokens 3 (mission), 6 (action), 7 (nonce).
-RECEIPT_REPUBLISH_SOURCE = f"{SUBJECT_PREFIX}.*.{RECEIPT_KIND}.*.*"
-RECEIPT_REPUBLISH_DEST = RECEIPT_PREFIX + ".{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"
+# The stream's RePublish rule: stored receipt tokens 3 (mission), 6 (action), 7 (owner),
+# 8 (nonce), to the owner's receipt subject.
+RECEIPT_REPUBLISH_SOURCE = f"{SUBJECT_PREFIX}.*.{RECEIPT_KIND}.*.*.*"
+RECEIPT_REPUBLISH_DEST = (
+    RECEIPT_PREFIX + ".{{wildcard(3)}}.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(4)}}"
+)
 
 
 def subject_of(event: Event) -> str:
@@ -106,11 +119,14 @@ def check_message(subject: str, events: Sequence[Event]) -> None:
         raise InvalidInput(
             f"subject {subject!r} names kind {kind}, the message ends with {last.kind}"
         )
-    # a receipt's subject names its action and the requester's nonce (older ones: neither)
+    # a receipt's subject names its action, then the requester's key and nonce (older ones:
+    # a nonce only, or neither)
     named = not rest
     if isinstance(last.payload, DecisionRecorded) and rest:
         named = rest[0] == last.payload.action_id and (
-            len(rest) == 1 or (len(rest) == 2 and bool(_NONCE.match(rest[1])))
+            len(rest) == 1
+            or (len(rest) == 2 and bool(_NONCE.match(rest[1])))
+            or (len(rest) == 3 and bool(_OWNER.match(rest[1]) and _NONCE.match(rest[2])))
         )
     if not named:
         raise InvalidInput(f"subject {subject!r} does not name the event it carries")
@@ -198,8 +214,10 @@ class AuthorizeReply(BaseModel):
     decision_event_id: str | None = None
     error: ErrorBody | None = None
     # the answer to a retry of an action already decided: sent directly (the stream does not
-    # republish the receipt again); ``decision_seq`` names the stored receipt to verify
+    # republish the receipt again); ``decision_seq`` names the stored receipt, and ``stored``
+    # carries that stream message, for the requester to verify without reading the stream
     replayed: bool = False
+    stored: str | None = None
 
 
 def reply_from_receipt(receipt: Event, seq: int, request: ActionRequest) -> AuthorizeReply:

@@ -1,10 +1,11 @@
 """The node's view of the fleet, kept in its store: other nodes' resource changes, the grants
 of the missions it serves, and their risks.
 
-Each source is followed from where this node left off (the last stream sequence is kept in the
-store's meta), on its own ordered consumer, so its messages are folded in stream order. What
-is folded survives a restart: with NATS away the node still blocks a stale premise, and still
-refuses an action an open risk blocks — across the whole grant chain.
+Each source is followed from where this node left off (the last sequence of the follow stream
+is kept in the store's meta), on its own read-only reader (``fleetbus.pull.Reader``: an
+ephemeral consumer of the follow stream, never one of the ledger stream's), so its messages are
+folded in stream order. What is folded survives a restart: with NATS away the node still blocks
+a stale premise, and still refuses an action an open risk blocks — across the whole grant chain.
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from fleetbus.client import FleetClient
+from fleetbus.reader import Reader
 from ledger.events import Event, GrantIssued, parse_events
-from ledger.protocol import SUBJECT_PREFIX
+from ledger.protocol import FOLLOW_STREAM, SUBJECT_PREFIX
 from node_agent.execution import ExecutionState
 from node_agent.risks import KnownRisk, RiskWatcher
 from node_agent.store import Store
@@ -37,8 +37,8 @@ class FleetFollower:
         self.store, self.execution = store, execution
         self.follow_resources = follow_resources
         self.folded = 0  # other nodes' modifications folded into the execution state
-        self.resources: Any = None  # the ordered consumer of resource.modified
-        self.grants: Any = None  # the ordered consumer of grant.issued
+        self.resources: Reader | None = None  # the reader of resource.modified
+        self.grants: Reader | None = None  # the reader of grant.issued
         self.watcher: RiskWatcher | None = None
 
     async def attach(self, client: FleetClient) -> None:
@@ -46,9 +46,9 @@ class FleetFollower:
         await self.stop()
         if self.follow_resources:
             self.resources = await self._follow(
-                client, "resource.modified", "fleet_resource_seq", self._fold_resource
+                client, "resource.modified", "follow_resource_seq", self._fold_resource
             )
-        self.grants = await self._follow(client, "grant.issued", "fleet_grant_seq", self._grant)
+        self.grants = await self._follow(client, "grant.issued", "follow_grant_seq", self._grant)
         watcher = RiskWatcher(client.nc, None, on_change=self._learned)  # every mission here
         try:
             async with asyncio.timeout(SUBSCRIBE_TIMEOUT_S):
@@ -59,10 +59,10 @@ class FleetFollower:
             await watcher.stop()
 
     async def stop(self) -> None:
-        for sub in (self.resources, self.grants):
-            if sub is not None:
+        for reader in (self.resources, self.grants):
+            if reader is not None:
                 with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+                    await reader.stop()
         self.resources = self.grants = None
         if self.watcher is not None:
             await self.watcher.stop()
@@ -70,12 +70,8 @@ class FleetFollower:
 
     async def _follow(
         self, client: FleetClient, kind: str, seq_key: str, fold: Callable[[Event], bool]
-    ) -> Any:
+    ) -> Reader | None:
         last = int(await self.store.run(self.store.meta, seq_key) or 0)
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE if last else DeliverPolicy.ALL,
-            opt_start_seq=last + 1 if last else None,
-        )
 
         def apply(msg: Msg) -> None:  # on the store's thread
             for event in parse_events(msg.data):
@@ -89,12 +85,14 @@ class FleetFollower:
             except Exception as exc:  # a malformed event is the coordinator's to dead-letter
                 log.info("%s follower skipped a message: %s", kind, exc)
 
+        reader = Reader(
+            client.nc, on_message, stream=FOLLOW_STREAM,
+            filter_subject=f"{SUBJECT_PREFIX}.*.{kind}", start_seq=last + 1,
+        )  # fmt: skip
         try:
             async with asyncio.timeout(SUBSCRIBE_TIMEOUT_S):
-                return await client.js.subscribe(
-                    f"{SUBJECT_PREFIX}.*.{kind}", cb=on_message, ordered_consumer=True,
-                    config=config,
-                )  # fmt: skip
+                await reader.start()
+            return reader
         except Exception as exc:  # no stream yet: what is stored still holds
             log.info("%s follower not started: %s", kind, exc)
             return None

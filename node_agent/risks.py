@@ -1,9 +1,10 @@
-"""The node's local copy of its missions' risks, fed by a NATS KV watch (SPEC S6.3).
+"""The node's local copy of its missions' risks, fed by a watch of the NATS KV bucket (S6.3).
 
-The coordinator writes every risk it applies to the `fleet-risks` bucket. A watch delivers the
-current value of every key first (so a node that joins late or reconnects learns every open
-risk), then each change as it happens. ``blocking(action, chain)`` answers locally, with no
-round trip, whether an open risk blocks an action.
+The coordinator writes every risk it applies to the `fleet-risks` bucket. The watch, a read-only
+reader of the bucket's stream (``fleetbus.pull.Reader``, the only access a node has to it),
+delivers the current value of every key first (so a node that joins late or reconnects learns
+every open risk), then each change as it happens. ``blocking(action, chain)`` answers locally,
+with no round trip, whether an open risk blocks an action.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from nats.aio.client import Client
-from nats.js.kv import KeyValue
+from nats.aio.msg import Msg
 
+from fleetbus.permissions import RISK_STREAM
+from fleetbus.reader import Reader
 from ledger.errors import RuleViolation
 from ledger.invariants import RiskFact, RiskStatus, check_risks
 from ledger.protocol import RISK_BUCKET
@@ -56,41 +58,40 @@ class RiskWatcher:
         self.on_change = on_change
         self.risks: dict[tuple[str, str], KnownRisk] = {}
         self._changed = asyncio.Condition()
-        self._task: asyncio.Task[None] | None = None
-        self._watcher: Any = None
+        self._reader: Reader | None = None
         self.initialised = asyncio.Event()
 
     async def start(self) -> None:
-        js = self._nc.jetstream()
-        kv: KeyValue = await js.key_value(RISK_BUCKET)
         pattern = f"{self.mission_id}.*" if self.mission_id else ">"
-        self._watcher = await kv.watch(pattern)
-        self._task = asyncio.create_task(self._run())
+        self._reader = Reader(
+            self._nc, self._on_entry, stream=RISK_STREAM,
+            filter_subject=f"$KV.{RISK_BUCKET}.{pattern}", last_per_subject=True,
+        )  # fmt: skip
+        await self._reader.start()
+        if self._reader.pending == 0:  # an empty board: nothing to learn first
+            self.initialised.set()
         await self.initialised.wait()
 
-    async def _run(self) -> None:
-        async for entry in self._watcher:
-            if entry is None:  # end of the initial values
-                self.initialised.set()
-                continue
-            if entry.value:
-                data = json.loads(entry.value)
-                risk = KnownRisk(
-                    mission_id=data["mission_id"],
-                    risk_id=data["risk_id"],
-                    blocks=frozenset(data["blocks"]),
-                    owner=data["owner"],
-                    summary=data["summary"],
-                    grant_id=data.get("grant_id"),
-                    open=data["status"] == RiskStatus.OPEN,
-                    learned_at=time.monotonic(),
-                )
-                if self.on_change is not None:
-                    await self.on_change(risk)
-                self.risks[(risk.mission_id, risk.risk_id)] = risk
-                self.initialised.set()
-                async with self._changed:
-                    self._changed.notify_all()
+    async def _on_entry(self, msg: Msg) -> None:
+        if msg.data:  # a put (the coordinator deletes nothing)
+            data = json.loads(msg.data)
+            risk = KnownRisk(
+                mission_id=data["mission_id"],
+                risk_id=data["risk_id"],
+                blocks=frozenset(data["blocks"]),
+                owner=data["owner"],
+                summary=data["summary"],
+                grant_id=data.get("grant_id"),
+                open=data["status"] == RiskStatus.OPEN,
+                learned_at=time.monotonic(),
+            )
+            if self.on_change is not None:
+                await self.on_change(risk)
+            self.risks[(risk.mission_id, risk.risk_id)] = risk
+            async with self._changed:
+                self._changed.notify_all()
+        if not msg.metadata.num_pending:  # the current values are all in: then each change
+            self.initialised.set()
 
     def open_risks(self, mission_id: str | None = None) -> list[KnownRisk]:
         return [
@@ -124,10 +125,6 @@ class RiskWatcher:
         return found
 
     async def stop(self) -> None:
-        if self._watcher is not None:
+        if self._reader is not None:
             with contextlib.suppress(Exception):
-                await self._watcher.stop()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await self._reader.stop()

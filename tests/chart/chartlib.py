@@ -32,6 +32,13 @@ class Rendered:
         assert len(found) == 1, f"expected one {kind} named *{suffix}, found {len(found)}"
         return found[0]
 
+    def node_agent(self, node: str = "node-a") -> dict[str, Any]:
+        """The node agent DaemonSet of ``node`` (with identity: one per node principal), or
+        the one on every node (identity off)."""
+        names = {o["metadata"]["name"]: o for o in self.of("DaemonSet")}
+        own = [o for n, o in names.items() if n.endswith(f"-node-agent-{node}")]
+        return own[0] if own else self.one("DaemonSet", "-node-agent")
+
     def pod_specs(self) -> Iterator[tuple[str, dict[str, Any]]]:
         for o in self.objects:
             if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet"):

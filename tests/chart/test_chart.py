@@ -40,7 +40,7 @@ def config_of(r: Rendered, suffix: str) -> dict[str, str]:
 
 
 def node_agent_pod(r: Rendered) -> dict[str, Any]:
-    spec: dict[str, Any] = r.one("DaemonSet", "-node-agent")["spec"]["template"]["spec"]
+    spec: dict[str, Any] = r.node_agent()["spec"]["template"]["spec"]
     return spec
 
 
@@ -213,8 +213,8 @@ def test_workloads_carry_a_config_checksum_annotation(
     rendered: dict[str, Rendered], scenario: str
 ) -> None:
     r = rendered[scenario]
-    for kind, suffix in (("Deployment", "-coordinator"), ("DaemonSet", "-node-agent")):
-        annotations = r.one(kind, suffix)["spec"]["template"]["metadata"]["annotations"]
+    for workload in (r.one("Deployment", "-coordinator"), r.node_agent()):
+        annotations = workload["spec"]["template"]["metadata"]["annotations"]
         assert len(annotations["checksum/config"]) == 64
 
 
@@ -244,7 +244,7 @@ def test_no_service_selects_the_node_agent_or_its_judge(
     rendered: dict[str, Rendered], scenario: str
 ) -> None:
     r = rendered[scenario]
-    pod_labels = r.one("DaemonSet", "-node-agent")["spec"]["template"]["metadata"]["labels"]
+    pod_labels = r.node_agent()["spec"]["template"]["metadata"]["labels"]
     for svc in r.of("Service"):
         selector = svc["spec"].get("selector") or {}
         assert not selector.items() <= pod_labels.items(), svc["metadata"]["name"]

@@ -22,7 +22,7 @@ from nats.aio.client import Client
 
 from fleetbus.bus import ensure_risk_bucket, ensure_streams
 from fleetbus.identity import KeyStore, seed_of
-from fleetbus.permissions import authorization
+from fleetbus.permissions import authorization, inbox_prefix
 from fleetledger.servers import (
     REDIS_COORDINATOR,
     REDIS_USERS,
@@ -31,7 +31,7 @@ from fleetledger.servers import (
     find_redis_server,
 )
 from ledger.errors import InvalidInput
-from ledger.identity import Role
+from ledger.identity import Role, public_key
 from ledger.protocol import AUTHORIZE_SUBJECT
 from reservations.store import ReservationClient
 from tests.chart.chartlib import CHART, Rendered, run_helm
@@ -157,6 +157,7 @@ async def connect(url: str, seed: str, errors: Errors | None = None) -> Client:
     return await nats.connect(
         url,
         nkeys_seed_str=seed,
+        inbox_prefix=inbox_prefix(public_key(seed)),  # the only inbox its permissions allow
         error_cb=(errors or Errors()).record,
         allow_reconnect=False,
         connect_timeout=2,
@@ -177,7 +178,7 @@ async def test_under_the_chart_config_a_node_publishes_observations_but_no_decis
     chart_nats: str, seeds: dict[str, dict[str, str]], streams: None
 ) -> None:
     errors = Errors()
-    nc = await connect(chart_nats, seeds["fleetledger-node-identity"]["node-a.seed"], errors)
+    nc = await connect(chart_nats, seeds["fleetledger-node-identity-node-a"]["node-a.seed"], errors)
     try:
         ack = await nc.jetstream().publish("fleet.ledger.m1.item.captured", b"{}", timeout=5)
         assert ack.seq > 0
@@ -231,7 +232,7 @@ def test_coordinator_pod_runs_as_the_coordinator_principal(rendered: dict[str, R
 def test_node_agent_pod_runs_as_the_principal_named_like_its_node(
     rendered: dict[str, Rendered],
 ) -> None:
-    spec = pod(rendered[DEFAULT], "DaemonSet", "-node-agent")
+    spec = rendered[DEFAULT].node_agent()["spec"]["template"]["spec"]
     env = env_of(named(spec, "node-agent"))
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["FLEET_PRINCIPAL"] == env["FLEET_NODE_ID"] == "$(NODE_NAME)"
@@ -240,7 +241,15 @@ def test_node_agent_pod_runs_as_the_principal_named_like_its_node(
     assert init["FLEET_PRINCIPAL"] == "$(NODE_NAME)"
     assert spec["initContainers"][0]["name"] == "identity"  # before the judge and the agent
     source = next(v for v in spec["volumes"] if v["name"] == "identity-source")
-    assert {"secret": {"name": "fleetledger-node-identity"}} in source["projected"]["sources"]
+    # its own node's Secret only, on its own node only
+    assert source["projected"]["sources"][1] == {
+        "secret": {"name": "fleetledger-node-identity-node-a"}
+    }
+    terms = rendered[DEFAULT].node_agent()["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    pinned = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert pinned == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}
+    ]
     assert "identity-source" not in [m["name"] for m in named(spec, "node-agent")["volumeMounts"]]
 
 
@@ -266,11 +275,9 @@ def test_the_secrets_hold_the_coordinator_and_node_seeds_only(
 ) -> None:
     assert seeds == {
         "fleetledger-coordinator-identity": {"coordinator.seed": keys.seed("coordinator")},
-        "fleetledger-node-identity": {
-            "node-a.seed": keys.seed("node-a"),
-            "node-b.seed": keys.seed("node-b"),
-        },
-    }  # the person's and the orchestrator's seeds stay with them
+        "fleetledger-node-identity-node-a": {"node-a.seed": keys.seed("node-a")},
+        "fleetledger-node-identity-node-b": {"node-b.seed": keys.seed("node-b")},
+    }  # one Secret per node; the person's and the orchestrator's seeds stay with them
 
 
 def test_the_secret_manifests_validate_against_the_kubernetes_schemas(
@@ -291,7 +298,7 @@ def test_the_secret_manifests_validate_against_the_kubernetes_schemas(
 
 
 def init_script(r: Rendered, source: Path) -> str:
-    spec = pod(r, "DaemonSet", "-node-agent")
+    spec = r.node_agent()["spec"]["template"]["spec"]
     script: str = named(spec, "identity")["args"][0]
     return script.replace("/identity-source", str(source))
 
@@ -325,7 +332,7 @@ def test_a_node_pod_gets_its_own_seed_only_in_a_form_the_key_store_accepts(
     seeds: dict[str, dict[str, str]],
     tmp_path: Path,
 ) -> None:
-    source = kubelet_volume(tmp_path, keys, seeds["fleetledger-node-identity"])
+    source = kubelet_volume(tmp_path, keys, seeds["fleetledger-node-identity-node-a"])
     with pytest.raises(InvalidInput, match="readable by others"):
         KeyStore(source).seed("node-a")  # why the copy: a Secret file is group-readable
     target = tmp_path / "identity"
@@ -345,12 +352,12 @@ def test_a_node_without_a_principal_gets_no_identity_and_a_clear_error(
     seeds: dict[str, dict[str, str]],
     tmp_path: Path,
 ) -> None:
-    source = kubelet_volume(tmp_path, keys, seeds["fleetledger-node-identity"])
+    source = kubelet_volume(tmp_path, keys, seeds["fleetledger-node-identity-node-a"])
     target = tmp_path / "identity"
     done = run_init(init_script(rendered[DEFAULT], source), "node-z", target)
     assert done.returncode == 2
     assert "no seed for principal 'node-z'" in done.stderr
-    assert "fleetledger-node-identity" in done.stderr
+    assert "fleetledger-node-identity-node-a" in done.stderr
     assert "fleetledger identity create node-z" in done.stderr
     assert list(target.iterdir()) == []
 
@@ -554,7 +561,7 @@ def test_the_insecure_opt_out_drops_authorization_and_says_so(
 ) -> None:
     r = rendered["insecure-values.yaml"]
     assert "authorization" not in nats_conf(r)
-    env = env_of(named(pod(r, "DaemonSet", "-node-agent"), "node-agent"))
+    env = env_of(named(r.node_agent()["spec"]["template"]["spec"], "node-agent"))
     assert "FLEET_PRINCIPAL" not in env
     assert "--aclfile" not in named(redis_pod(r), "redis")["args"]
     assert "INSECURE" in r.notes
@@ -562,7 +569,30 @@ def test_the_insecure_opt_out_drops_authorization_and_says_so(
 
 def test_notes_say_which_secrets_the_operator_must_create(rendered: dict[str, Rendered]) -> None:
     notes = rendered[DEFAULT].notes
-    for name in ("fleetledger-coordinator-identity", "fleetledger-node-identity", REDIS_SECRET):
+    for name in ("fleetledger-coordinator-identity", "fleetledger-node-identity-node-a",
+                 "fleetledger-node-identity-node-b", REDIS_SECRET):  # fmt: skip
         assert name in notes
     assert "identity-secrets.json" in notes
     assert "INSECURE" not in notes
+
+
+def test_each_node_principal_has_its_own_daemonset_mounting_only_its_own_secret(
+    rendered: dict[str, Rendered],
+) -> None:
+    """Per-node Secrets (issue 23): kubelet fetches a Secret only for a pod bound to its node,
+    so a node whose pods mount only its own Secret never holds another node's seed."""
+    r = rendered[DEFAULT]
+    agents = [d for d in r.of("DaemonSet") if "-node-agent" in d["metadata"]["name"]]
+    assert len(agents) == 2
+    for node in ("node-a", "node-b"):
+        spec = r.node_agent(node)["spec"]["template"]["spec"]
+        mounted = [
+            source["secret"]["name"]
+            for volume in spec["volumes"]
+            if "projected" in volume
+            for source in volume["projected"]["sources"]
+            if "secret" in source
+        ]
+        assert mounted == [f"fleetledger-node-identity-{node}"]
+        term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from fleetbus.bus import RequestHandler, Stored, StreamHandler, StreamMessage
+from fleetbus.pull import Refused
 from ledger.errors import ComponentTimeout, FleetError
 
 
@@ -82,7 +83,9 @@ class FakeBus:
     async def message(self, seq: int) -> StreamMessage | None:
         return self.messages[seq - 1] if 0 < seq <= len(self.messages) else None
 
-    async def consume(self, handler: StreamHandler) -> None:
+    async def consume(
+        self, handler: StreamHandler, *, start_seq: Callable[[], int], refused: Refused
+    ) -> None:
         self._queue = asyncio.Queue()
         for msg in self.messages:
             self._queue.put_nowait(msg)

@@ -637,7 +637,7 @@ async def test_the_answer_is_the_stored_receipt_republished_by_the_stream(
     try:
         # a requester listening on the receipt subject gets the stored bundle, with its sequence
         body = AuthorizeRequest(mission_id=mid, request=request("a1", "g-ap", "pay", 100_000))
-        inbox = receipt_subject(mid, "a1", "n0nce-for-a1")
+        inbox = receipt_subject("_", mid, "a1", "n0nce-for-a1")
         sub = await nc.subscribe(inbox, max_msgs=1)
         await nc.publish(AUTHORIZE_SUBJECT, body.model_dump_json().encode(), reply=inbox)
         msg = await sub.next_msg(timeout=5)
@@ -651,7 +651,7 @@ async def test_the_answer_is_the_stored_receipt_republished_by_the_stream(
         assert seq == before + 1
         stored = await fleet.js.get_msg(STREAM, seq)
         assert stored.data == msg.data
-        assert stored.subject == f"fleet.ledger.{mid}.decision.recorded.a1.n0nce-for-a1"
+        assert stored.subject == f"fleet.ledger.{mid}.decision.recorded.a1._.n0nce-for-a1"
         # a plain request/reply client still gets a direct answer once the receipt is stored
         body2 = AuthorizeRequest(mission_id=mid, request=request("a2", "g-ap", "pay", 100_000))
         raw = await nc.request(AUTHORIZE_SUBJECT, body2.model_dump_json().encode(), timeout=5)

@@ -12,6 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,6 +125,7 @@ async def test_a_forged_event_on_the_stream_is_dead_lettered_naming_the_rule(
     by a person (or unsigned) is dead-lettered with the rule, and the risk stays open."""
     from fleetbus.bus import publish_checked
     from fleetbus.identity import KeyStore
+    from fleetbus.reader import read_until_end
     from ledger.events import RiskTreated, make_event
     from ledger.identity import sign
     from ledger.protocol import subject_of
@@ -150,13 +152,14 @@ async def test_a_forged_event_on_the_stream_is_dead_lettered_naming_the_rule(
             while co.dead_letters < before + 2:
                 await asyncio.sleep(0.02)
         assert co.states["m-forged"].risks["k1"].open
-        letters = await coordinator_conn.js.subscribe(
-            "fleet.deadletter.m-forged", ordered_consumer=True
-        )
         reasons = []
-        for _ in range(2):
-            msg = await letters.next_msg(timeout=5)
+
+        async def letter(msg: Any) -> None:
             reasons.append(json.loads(msg.data)["error"]["rule"])
+
+        await read_until_end(
+            coordinator_conn.nc, "FLEET_DEADLETTER", "fleet.deadletter.m-forged", letter
+        )
         assert sorted(reasons) == ["producer_identity", "producer_permission"]
         # replay applies the same check: with the directory the forgeries are rejected again
         from coordinator.replay import replay_mission

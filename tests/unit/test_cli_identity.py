@@ -91,15 +91,22 @@ def test_helm_values_carry_the_directory_and_the_authorization_of_fleetbus(
         "principal": "coordinator",
         "existingSecret": "fleetledger-coordinator-identity",
     }
-    assert identity["nodeAgent"] == {"existingSecret": "fleetledger-node-identity"}
+    assert identity["nodeAgent"] == {"existingSecretPrefix": "fleetledger-node-identity"}
 
 
-def test_helm_values_secrets_hold_the_coordinator_and_unrevoked_node_seeds_only(
+def test_helm_values_secrets_hold_the_coordinator_and_each_unrevoked_node_seed_apart(
     tmp_path: Path,
 ) -> None:
     store = fleet(tmp_path / "keys")
     store.revoke("node-b")
-    args = ("--node-secret", "nodes", "--coordinator-secret", "coord", "--namespace", "fleet")
+    args = (
+        "--node-secret-prefix",
+        "nodes",
+        "--coordinator-secret",
+        "coord",
+        "--namespace",
+        "fleet",
+    )
     assert helm_values(store, tmp_path / "out", *args).exit_code == 0
     path = tmp_path / "out" / "identity-secrets.json"
     assert path.stat().st_mode & 0o777 == 0o600
@@ -107,7 +114,8 @@ def test_helm_values_secrets_hold_the_coordinator_and_unrevoked_node_seeds_only(
     assert manifests["kind"] == "List"
     by_name = {s["metadata"]["name"]: s for s in manifests["items"]}
     assert by_name["coord"]["stringData"] == {"coordinator.seed": store.seed("coordinator")}
-    assert by_name["nodes"]["stringData"] == {"node-a.seed": store.seed("node-a")}
+    assert by_name["nodes-node-a"]["stringData"] == {"node-a.seed": store.seed("node-a")}
+    assert set(by_name) == {"coord", "nodes-node-a"}  # one Secret per node, its own seed only
     assert {s["metadata"]["namespace"] for s in manifests["items"]} == {"fleet"}
     assert "lead" not in path.read_text() and "orchestrator" not in path.read_text()
 
@@ -144,8 +152,10 @@ def test_helm_values_refuses_a_node_whose_seed_is_not_here_before_writing(
 def test_helm_values_refuses_secret_names_kubernetes_would_refuse(tmp_path: Path) -> None:
     store = fleet(tmp_path / "keys")
     out = tmp_path / "out"
-    bad = helm_values(store, out, "--node-secret", "Nodes_Secret")
-    assert bad.exit_code == 2 and "not a Kubernetes Secret name" in bad.stderr
-    same = helm_values(store, out, "--node-secret", "one", "--coordinator-secret", "one")
-    assert same.exit_code == 2 and "must differ" in same.stderr
+    bad = helm_values(store, out, "--node-secret-prefix", "Nodes_Secret")
+    assert bad.exit_code == 2 and "no Secret name" in " ".join(bad.stderr.split())
+    same = helm_values(
+        store, out, "--node-secret-prefix", "one", "--coordinator-secret", "one-node-a"
+    )
+    assert same.exit_code == 2 and "is a node's Secret" in " ".join(same.stderr.split())
     assert not out.exists()

@@ -46,30 +46,38 @@ def test_a_receipt_is_stored_on_its_action_subject_and_republished_to_the_reques
         EvidenceRegistered(evidence_id="e", source="s", claim="c"), mission_id="m1", at=T0
     )
     assert subject_of(other) == "fleet.ledger.m1.evidence.registered"
-    # with the requester's nonce, the republish rule maps the stored subject's mission, action
-    # and nonce tokens onto that attempt's reply subject
-    stored = receipt_stream_subject("m1", "a1", "n0nce-123").split(".")
+    # with the requester's key and nonce, the republish rule maps the stored subject's mission,
+    # action, owner and nonce tokens onto that attempt's reply subject (under the owner's key)
+    stored = receipt_stream_subject("m1", "a1", "_.n0nce-123").split(".")
     src = RECEIPT_REPUBLISH_SOURCE.split(".")
     assert len(src) == len(stored) and all(a in ("*", b) for a, b in zip(src, stored, strict=True))
     dest = (
         RECEIPT_REPUBLISH_DEST.replace("{{wildcard(1)}}", stored[2])
         .replace("{{wildcard(2)}}", stored[5])
         .replace("{{wildcard(3)}}", stored[6])
+        .replace("{{wildcard(4)}}", stored[7])
     )
-    assert dest == receipt_subject("m1", "a1", "n0nce-123") == "fleet.v1.receipt.m1.a1.n0nce-123"
+    assert dest == receipt_subject("_", "m1", "a1", "n0nce-123")
+    assert dest == "fleet.v1.receipt._.m1.a1.n0nce-123"
     # a receipt stored without a nonce has fewer tokens: it is not republished
     assert len(receipt_stream_subject("m1", "a1").split(".")) < len(src)
 
 
 def test_only_this_action_s_receipt_subject_yields_a_nonce() -> None:
-    assert receipt_nonce("fleet.v1.receipt.m1.a1.abcdef0123", "m1", "a1") == "abcdef0123"
+    key = "U" + "A" * 55  # the shape of a public nkey
+    assert receipt_nonce(f"fleet.v1.receipt.{key}.m1.a1.abcdef0123", "m1", "a1") == (
+        f"{key}.abcdef0123"
+    )
+    assert receipt_nonce("fleet.v1.receipt._.m1.a1.abcdef0123", "m1", "a1") == "_.abcdef0123"
     for reply in (
         None,
         "_INBOX.x.y",
-        "fleet.v1.receipt.m1.a2.abcdef0123",  # another action
-        "fleet.v1.receipt.m2.a1.abcdef0123",  # another mission
-        "fleet.v1.receipt.m1.a1.short",  # too short to be unguessable
-        "fleet.v1.receipt.m1.a1.abcdef0123.more",  # not one token
+        "fleet.v1.receipt.m1.a1.abcdef0123",  # no owner
+        "fleet.v1.receipt._.m1.a2.abcdef0123",  # another action
+        "fleet.v1.receipt._.m2.a1.abcdef0123",  # another mission
+        "fleet.v1.receipt._.m1.a1.short",  # too short to be unguessable
+        "fleet.v1.receipt.mallory.m1.a1.abcdef0123",  # an owner that is no key
+        "fleet.v1.receipt._.m1.a1.abcdef0123.more",  # not one token
     ):
         assert receipt_nonce(reply, "m1", "a1") is None
 

@@ -260,8 +260,8 @@ principals' (re-run `fleetledger identity helm-values`), no coordinator principa
 {{- if not $id.coordinator.existingSecret }}
 {{- fail (printf "identity.coordinator.existingSecret is empty: %s" $fix) }}
 {{- end }}
-{{- if and .Values.nodeAgent.enabled (not $id.nodeAgent.existingSecret) }}
-{{- fail (printf "identity.nodeAgent.existingSecret is empty: %s" $fix) }}
+{{- if and .Values.nodeAgent.enabled (not $id.nodeAgent.existingSecretPrefix) }}
+{{- fail (printf "identity.nodeAgent.existingSecretPrefix is empty: %s" $fix) }}
 {{- end }}
 {{- if not .Values.podSecurityContext.fsGroup }}
 {{- fail "identity.enabled needs podSecurityContext.fsGroup: the identity Secrets are mounted readable by that group only" }}

@@ -1,0 +1,157 @@
+"""Read-only readers: one's own ephemeral consumer of a stream, created in the named form with
+its filter and acking nothing, the only way anyone but the coordinator reads a stream
+(``fleetbus.permissions.reader``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from fleetbus.pull import API, ContinuousPull, Handler
+
+READER_INACTIVE_S = 30.0  # a reader nobody pulls from is removed by the server
+
+
+class Reader(ContinuousPull):
+    """A read-only reader of ``stream`` (messages on ``filter_subject``): its own ephemeral
+    consumer, created in the named form with its filter and acking nothing, as every
+    principal's permissions allow (``fleetbus.permissions.reader``). A consumer that is gone
+    (the server restarted, or removed it as inactive) is replaced by a fresh one from the
+    sequence after the last message handled."""
+
+    def __init__(
+        self,
+        nc: Client,
+        handler: Handler,
+        *,
+        stream: str,
+        filter_subject: str,
+        start_seq: int = 0,
+        last_per_subject: bool = False,
+        start_time: datetime | None = None,
+        batch: int = 256,
+        expires_s: float = 5.0,
+    ) -> None:
+        super().__init__(nc, handler, stream=stream, consumer="", batch=batch, expires_s=expires_s)
+        self.filter_subject, self.last_per_subject = filter_subject, last_per_subject
+        self.start_time = start_time
+        self.next_seq = start_seq  # 0: from the start
+        self.pending = 0  # messages the consumer had to deliver when it was created
+
+    async def start(self) -> None:
+        await self.create()
+        await super().start()
+
+    async def create(self) -> None:
+        """A fresh consumer (a new random name) from ``next_seq`` on; its backlog in
+        ``pending``. ``LookupError`` if the stream refuses it (no such stream, say)."""
+        self.consumer = secrets.token_hex(11)
+        config: dict[str, Any] = {
+            "name": self.consumer,
+            "ack_policy": "none",
+            "deliver_policy": "all",
+            "filter_subject": self.filter_subject,
+            "inactive_threshold": int(READER_INACTIVE_S * 1e9),
+            "mem_storage": True,
+            "num_replicas": 1,
+        }
+        if self.next_seq > 1:
+            config.update(deliver_policy="by_start_sequence", opt_start_seq=self.next_seq)
+        elif self.last_per_subject:
+            config["deliver_policy"] = "last_per_subject"
+        elif self.start_time is not None:
+            config.update(deliver_policy="by_start_time", opt_start_time=_rfc3339(self.start_time))
+        subject = f"{API}.CONSUMER.CREATE.{self.stream}.{self.consumer}.{self.filter_subject}"
+        body = {"stream_name": self.stream, "config": config, "action": "create"}
+        reply = await self._nc.request(subject, json.dumps(body).encode(), timeout=2.0)
+        info = json.loads(reply.data or b"{}")
+        if "error" in info:
+            raise LookupError(f"{self.stream}: {info['error'].get('description', info['error'])}")
+        self.pending = int(info.get("num_pending") or 0)
+
+    async def admit(self, msg: Msg) -> bool:
+        seq = _stream_seq(msg)
+        if seq is not None:
+            self.next_seq = seq + 1
+        return True
+
+    async def on_status(self, status: str, headers: dict[str, str]) -> None:
+        if status in ("409", "503") and not self.stopped:  # gone: a new one from where we are
+            with contextlib.suppress(Exception):
+                await self.create()
+                self._outstanding = 0
+                await self._pull()
+
+
+def _rfc3339(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _stream_seq(msg: Msg) -> int | None:
+    """The stream sequence of a delivery (its reply subject, ``$JS.ACK...``)."""
+    try:
+        return int(msg.metadata.sequence.stream)
+    except Exception:
+        return None
+
+
+Visit = Callable[[Msg], Awaitable[bool | None]]
+
+
+async def read_until_end(
+    nc: Client,
+    stream: str,
+    filter_subject: str,
+    visit: Visit,
+    *,
+    upto: int | None = None,
+    start_time: datetime | None = None,
+    quiet_s: float = 10.0,
+) -> None:
+    """Hand ``visit`` every message of ``stream`` on ``filter_subject`` in order (from
+    ``start_time`` if given), up to sequence ``upto`` or the end of what was there when reading
+    began, or until ``visit`` returns True; what ``visit`` raises is raised here.
+    ``TimeoutError`` when nothing arrives for ``quiet_s``."""
+    done, progress = asyncio.Event(), asyncio.Event()
+    failed: list[BaseException] = []
+    last = upto if upto is not None else 2**63
+
+    async def each(msg: Msg) -> None:
+        if done.is_set():
+            return
+        seq = _stream_seq(msg) or 0
+        try:
+            stop = bool(await visit(msg)) if seq <= last else True
+        except Exception as exc:  # handed to the reading caller, not to nats-py's error_cb
+            failed.append(exc)
+            stop = True
+        if stop or seq >= last or (msg.metadata.num_pending or 0) == 0:
+            done.set()
+        progress.set()
+
+    reader = Reader(nc, each, stream=stream, filter_subject=filter_subject, start_time=start_time)
+    await reader.create()
+    if reader.pending == 0:
+        return
+    await ContinuousPull.start(reader)
+    try:
+        while not done.is_set():  # each message sets progress (the last one: done too)
+            progress.clear()
+            async with asyncio.timeout(quiet_s):
+                await progress.wait()
+    finally:
+        reader.stopped = True
+        await reader.stop()
+    if failed:
+        raise failed[0]
+
+
+__all__ = ["READER_INACTIVE_S", "Reader", "Visit", "read_until_end"]
