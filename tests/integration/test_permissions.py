@@ -94,7 +94,8 @@ MAY_PUBLISH: dict[str, set[str]] = {
         *reader_of(LEDGER, ("x1",)),
         *reader_of(DEAD),
     },
-    "orch": {*REQUESTS, "fleet.ledger.m1.budget.reserved"},
+    # an orchestrator appends nothing: it asks `budget.record` and the coordinator records
+    "orch": {*REQUESTS},
 }
 
 

@@ -341,7 +341,7 @@ async def test_an_authorize_signature_covers_its_reply_subject(fleet: Fleet) -> 
     holder = await fleet.client("ap-agent")
     try:
         body = AuthorizeRequest(mission_id="m-reply", request=credit("a-r")).model_dump_json()
-        mine = receipt_subject("m-reply", "a-r", secrets.token_hex(12))
+        mine = receipt_subject(holder.receipt_owner, "m-reply", "a-r", secrets.token_hex(12))
         headers = sign_request(
             fleet.keys.seed("ap-agent"),
             AUTHORIZE_SUBJECT,
