@@ -1,0 +1,435 @@
+"""What a simple command runs: wrappers unwrapped, the program's name and global options normalised.
+
+``A=1 sudo -u x env -i timeout 5 /usr/bin/git -C repo --no-pager push`` runs ``git push``: this
+module takes a parsed simple command (``shell.Simple``) through the wrappers it knows (each
+with its options), shells given a string (``bash -c '...'``, parsed again), ``find -exec``,
+``xargs`` (whose input adds arguments nobody can see), ``python -m MOD`` and the Python
+runners (``uv run``, ``poetry run``...), to the program's basename and its arguments with the
+program's own global options removed (git ``-C``/``-c``/``--no-pager``..., terraform
+``-chdir``, kubectl/helm context/namespace/kubeconfig, gh ``-R``, docker ``-H``/``--context``).
+An option a wrapper may or may not give a value is read both ways (two candidates). What cannot
+be known before it runs (``eval``, ``source``, an alias, a program chosen by an expansion, a
+wrapper we do not model) is an undecidable reason instead.
+
+Stdlib only, like ``shell``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fleetledger_hook import shell
+from fleetledger_hook.shell import Word
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+MAX_CANDIDATES = 16  # readings of one simple command (unknown wrapper options read both ways)
+
+
+class Invocation:
+    """One program run: its normalised name and its arguments after its global options."""
+
+    __slots__ = ("args", "program")
+
+    def __init__(self, program: str, args: Sequence[Word]) -> None:
+        self.program, self.args = program, tuple(args)
+
+    def __repr__(self) -> str:
+        return f"Invocation({self.program!r}, {list(self.args)!r})"
+
+
+class Programs:
+    """Everything one command line runs, and why part of it cannot be decided."""
+
+    __slots__ = ("invocations", "undecidable")
+
+    def __init__(self) -> None:
+        self.invocations: list[Invocation] = []
+        self.undecidable: list[str] = []
+
+
+class _Spec:
+    """A program's options before what it runs: those taking a value, flags, and whether a
+    plain word ends them (``-``-options mixed with operands stop at the first operand)."""
+
+    __slots__ = ("flags", "values")
+
+    def __init__(self, values: str = "", flags: str = "") -> None:
+        self.values, self.flags = frozenset(values.split()), frozenset(flags.split())
+
+
+# Wrappers: options, then the command they run.
+WRAPPERS: dict[str, _Spec] = {
+    "env": _Spec("-u --unset -C --chdir -S --split-string", "-i --ignore-environment -0 --null "
+                 "-v --debug -"),
+    "command": _Spec("", "-p"),
+    "exec": _Spec("-a", "-c -l"),
+    "nohup": _Spec(),
+    "builtin": _Spec(),
+    "nice": _Spec("-n --adjustment"),
+    "timeout": _Spec("-k --kill-after -s --signal", "--preserve-status --foreground -v "
+                     "--verbose"),
+    "sudo": _Spec("-u --user -g --group -h --host -p --prompt -C --close-from -D --chdir -r "
+                  "--role -t --type -U --other-user -T --command-timeout", "-E "
+                  "--preserve-env -H --set-home -n --non-interactive -P --preserve-groups -S "
+                  "--stdin -b --background -k --reset-timestamp -K -A --askpass -B --bell -i "
+                  "--login -s --shell"),
+    "doas": _Spec("-u -C", "-n -s"),
+    "time": _Spec("-f --format -o --output", "-p --portability -v --verbose -a --append -q "
+                  "--quiet"),
+    "stdbuf": _Spec("-i --input -o --output -e --error"),
+    "setsid": _Spec("", "-c --ctty -f --fork -w --wait"),
+    "ionice": _Spec("-c --class -n --classdata", "-t --ignore"),
+    "chronic": _Spec("", "-e -v"),
+    "caffeinate": _Spec("-t -w", "-d -i -m -s -u"),
+    "unbuffer": _Spec("", "-p"),
+}  # fmt: skip
+XARGS = _Spec("-n --max-args -L --max-lines -P --max-procs -I -d --delimiter -E -s --max-chars "
+              "-a --arg-file --process-slot-var", "-0 --null -r --no-run-if-empty -t --verbose "
+              "-p --interactive -x --exit -o --open-tty")  # fmt: skip
+SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "busybox-sh"})
+# Runners that start a program of the project's environment: `uv run X`, `poetry run X`...
+RUNNERS: dict[tuple[str, str], _Spec] = {
+    ("uv", "run"): _Spec("--with --with-editable --with-requirements --python -p --project "
+                         "--directory --package --extra --group --env-file --index "
+                         "--default-index --only-group --no-group", "--no-sync --frozen "
+                         "--locked --isolated --no-project --all-extras --no-dev --active -q "
+                         "--quiet -v --verbose --offline --no-cache --all-packages --exact"),
+    ("uv", "tool"): _Spec(),
+    ("poetry", "run"): _Spec("-C --directory -P --project"),
+    ("pdm", "run"): _Spec("-p --project"),
+    ("hatch", "run"): _Spec(),
+    ("pipenv", "run"): _Spec(),
+    ("pipx", "run"): _Spec("--spec --python"),
+    ("conda", "run"): _Spec("-n --name -p --prefix", "--no-capture-output --live-stream"),
+    ("mamba", "run"): _Spec("-n --name -p --prefix", "--no-capture-output --live-stream"),
+}  # fmt: skip
+_PYTHON = re.compile(r"(python|pypy)(\d+(\.\d+)*)?[a-z]?")
+PYTHON = _Spec("-W -X --check-hash-based-pycs", "-b -B -d -E -h -i -I -O -OO -q -s -S -u -v "
+               "-V -x -P")  # fmt: skip
+MODULE_PROGRAMS = {"fleetledger.__main__": "fleetledger"}  # `python -m M` runs program M
+# Builtins whose commands cannot be seen before they run.
+OPAQUE: dict[str, str] = {
+    "eval": "eval runs a string built at run time",
+    "source": "source runs the commands of a file fleetledger cannot see",
+    ".": ". (source) runs the commands of a file fleetledger cannot see",
+    "alias": "an alias is defined in the command",
+}
+# Programs that run another program in ways not modelled here: refused rather than guessed.
+UNMODELLED = frozenset(
+    [
+        "parallel",
+        "watch",
+        "script",
+        "strace",
+        "ltrace",
+        "valgrind",
+        "gdb",
+        "perf",
+        "firejail",
+        "bwrap",
+        "systemd-run",
+        "chroot",
+        "unshare",
+        "nsenter",
+        "su",
+        "runuser",
+        "ssh",
+        "expect",
+        "tmux",
+        "screen",
+        "entr",
+        "fakeroot",
+        "faketime",
+        "proot",
+        "torsocks",
+        "proxychains",
+        "proxychains4",
+        "dbus-run-session",
+        "xvfb-run",
+        "taskset",
+        "numactl",
+        "chrt",
+        "setpriv",
+        "sg",
+        "pkexec",
+        "flock",
+        "direnv",
+        "coproc",
+    ]
+)
+# Global options before the subcommand, per program: (taking a value, flags).
+GLOBALS: dict[str, _Spec] = {
+    "git": _Spec("-C -c --git-dir --work-tree --namespace --super-prefix --config-env "
+                 "--list-cmds --exec-path", "--no-pager -p --paginate -P --bare "
+                 "--no-replace-objects --literal-pathspecs --glob-pathspecs --noglob-pathspecs "
+                 "--icase-pathspecs --no-optional-locks --no-advice --no-lazy-fetch"),
+    "terraform": _Spec("-chdir"),
+    "tofu": _Spec("-chdir"),
+    "kubectl": _Spec("--context -n --namespace --kubeconfig --cluster --user -s --server "
+                     "--token --as --as-group --as-uid --certificate-authority "
+                     "--client-certificate --client-key --request-timeout --cache-dir -v "
+                     "--profile --profile-output --tls-server-name --password --username",
+                     "--insecure-skip-tls-verify --match-server-version --warnings-as-errors"),
+    "helm": _Spec("--kube-context -n --namespace --kubeconfig --kube-apiserver --kube-as-user "
+                  "--kube-as-group --kube-token --kube-ca-file --registry-config "
+                  "--repository-cache --repository-config --burst-limit --qps", "--debug "
+                  "--kube-insecure-skip-tls-verify"),
+    "gh": _Spec("-R --repo --hostname"),
+    "docker": _Spec("-H --host --context -c --config -l --log-level --tlscacert --tlscert "
+                    "--tlskey", "-D --debug --tls --tlsverify"),
+    "podman": _Spec("--connection -c --url --root --runroot --log-level --cgroup-manager",
+                    "--remote -r"),
+    "fleetledger": _Spec(),
+}  # fmt: skip
+
+
+def run(command: str | Sequence[str], depth: int = 0) -> Programs:
+    """Every program ``command`` (a shell line, or an argv list) may run, normalised."""
+    out = Programs()
+    if isinstance(command, str):
+        parsed = shell.parse(command, depth=depth)
+        out.undecidable += parsed.undecidable
+        simples = [s.words for s in parsed.commands]
+    else:
+        simples = [shell.words(command)]
+    for argv in simples:
+        _resolve(argv, depth, out, 0)
+    return out
+
+
+def _resolve(argv: Sequence[Word], depth: int, out: Programs, fanout: int) -> None:
+    """One simple command's program, through its wrappers (each reading one candidate)."""
+    if not argv:
+        return
+    if fanout > MAX_CANDIDATES:
+        out.undecidable.append(f"the command has over {MAX_CANDIDATES} readings")
+        return
+    head = argv[0]
+    if head.literal is None:
+        out.undecidable.append(f"the program is chosen at run time ({head.why})")
+        return
+    name = head.text.rsplit("/", 1)[-1]
+    rest = list(argv[1:])
+    if name in OPAQUE:
+        out.undecidable.append(OPAQUE[name])
+    elif name in UNMODELLED and any(not w.text.startswith("-") for w in rest):
+        out.undecidable.append(f"{name} runs another program in a way fleetledger does not model")
+    elif name in SHELLS:
+        _shell(name, rest, depth, out)
+    elif name in WRAPPERS:
+        if name == "env":
+            rest = _env_split(rest) or rest
+        for inner in _after_options(WRAPPERS[name], rest, wrapper=name):
+            _wrapped(name, inner, depth, out, fanout + 1)
+    elif name == "xargs":
+        for inner in _after_options(XARGS, rest, wrapper=name):
+            arguments = Word("", "the arguments xargs reads from its input")
+            _resolve([*(inner or [Word("echo")]), arguments], depth, out, fanout + 1)
+    elif name == "find":
+        _find(rest, depth, out, fanout)
+    elif (
+        name == "trap" and rest and rest[0].literal is not None and not rest[0].text.startswith("-")
+    ):
+        _string(rest[0], "trap", depth, out)
+    elif _PYTHON.fullmatch(name):
+        _python(name, rest, depth, out, fanout)
+    elif rest and (name, rest[0].text) in RUNNERS:
+        spec = RUNNERS[(name, rest[0].text)]
+        tail = rest[1:]
+        if (name, rest[0].text) == ("uv", "tool"):
+            tail = tail[1:] if tail and tail[0].text == "run" else []  # uv tool run X
+        for inner in _after_options(spec, tail, wrapper=f"{name} {rest[0].text}"):
+            _resolve(inner, depth, out, fanout + 1)
+    elif name == "uvx" and rest:
+        for inner in _after_options(RUNNERS[("uv", "run")], rest, wrapper=name):
+            _resolve(inner, depth, out, fanout + 1)
+    else:
+        out.invocations.append(Invocation(name, _strip_globals(name, rest, out)))
+
+
+def _wrapped(name: str, inner: list[Word], depth: int, out: Programs, fanout: int) -> None:
+    if name == "command" and inner and inner[0].text in ("-v", "-V"):
+        return  # `command -v git` only says where git is
+    if name == "env":
+        while inner and inner[0].literal is not None and "=" in inner[0].text.lstrip("="):
+            if not re.match(r"[A-Za-z_][A-Za-z0-9_]*=", inner[0].text):
+                break
+            inner = inner[1:]
+    if name == "timeout" and inner:
+        inner = inner[1:]  # the duration
+    if name == "nice" and inner and re.fullmatch(r"-\d+", inner[0].text):
+        inner = inner[1:]
+    _resolve(inner, depth, out, fanout)
+
+
+def _after_options(spec: _Spec, args: list[Word], *, wrapper: str) -> list[list[Word]]:
+    """What follows a wrapper's options: one reading, or two per option it does not know
+    (with and without a value)."""
+    readings: list[list[Word]] = []
+    stack = [0]
+    while stack:
+        at = stack.pop()
+        while at < len(args):
+            word = args[at]
+            text = word.text
+            if word.literal is None or not text.startswith("-") or text == "-":
+                break
+            if text == "--":
+                at += 1
+                break
+            option = text.split("=", 1)[0]
+            if "=" in text or option in spec.flags:
+                at += 1
+            elif option in spec.values:
+                at += 2
+            elif not text.startswith("--") and len(option) > 2 and option[:2] in spec.values:
+                at += 1  # -n5, -oL: the value attached
+            elif (
+                not text.startswith("--")
+                and len(option) > 2
+                and all(f"-{c}" in spec.flags for c in option[1:])
+            ):
+                at += 1  # -Hn: flags bundled
+            else:
+                stack.append(at + 2)  # unknown: maybe it takes the next word as its value
+                at += 1
+        readings.append(args[at:])
+        if len(readings) > MAX_CANDIDATES:
+            break
+    return readings
+
+
+def _env_split(args: list[Word]) -> list[Word] | None:
+    for at, word in enumerate(args):
+        if word.text in ("-S", "--split-string") and at + 1 < len(args):
+            return [*args[:at], *_split(args[at + 1]), *args[at + 2 :]]
+        if word.text.startswith(("-S", "--split-string=")) and len(word.text) > 2:
+            value = word.text.split("=", 1)[1] if "=" in word.text else word.text[2:]
+            return [*args[:at], *_split(Word(value, word.why)), *args[at + 1 :]]
+    return None
+
+
+def _split(word: Word) -> list[Word]:
+    if word.literal is None:
+        return [word]
+    parsed = shell.parse(word.text)
+    return parsed.commands[0].words if len(parsed.commands) == 1 else [Word("", "env -S")]
+
+
+def _shell(name: str, args: list[Word], depth: int, out: Programs) -> None:
+    """``bash -c STRING``: the string is parsed as a command line; ``bash FILE`` runs a file
+    (a program of its own); a shell with neither reads its commands from its input."""
+    at = 0
+    while at < len(args) and args[at].text.startswith(("-", "+")) and args[at].text != "-":
+        option = args[at].text
+        if option == "--":
+            at += 1
+            break
+        if option in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
+            at += 1
+        if option.startswith("-") and not option.startswith("--") and "c" in option:
+            if at + 1 >= len(args):
+                out.undecidable.append(f"{name} -c without a command")
+            else:
+                _string(args[at + 1], f"{name} -c", depth, out)
+            return
+        at += 1
+    if at >= len(args) or args[at].text == "-" or any(a.text == "-s" for a in args[:at]):
+        out.undecidable.append(f"{name} reads its commands from its input")
+        return
+    out.invocations.append(Invocation(name, args[at:]))  # a script file: its own program
+
+
+def _string(word: Word, what: str, depth: int, out: Programs) -> None:
+    if word.literal is None:
+        out.undecidable.append(f"the command of {what} is built at run time ({word.why})")
+        return
+    inner = run(word.text, depth + 1)
+    out.invocations += inner.invocations
+    out.undecidable += inner.undecidable
+
+
+def _find(args: list[Word], depth: int, out: Programs, fanout: int) -> None:
+    """``find ... -exec CMD ARGS ;`` (and ``-execdir``, ``-ok``, ``-okdir``) runs CMD."""
+    out.invocations.append(Invocation("find", args))
+    at = 0
+    while at < len(args):
+        if args[at].text in ("-exec", "-execdir", "-ok", "-okdir"):
+            end = at + 1
+            while end < len(args) and args[end].text not in (";", "+"):
+                end += 1
+            _resolve(args[at + 1 : end], depth, out, fanout + 1)
+            at = end
+        at += 1
+
+
+def _python(name: str, args: list[Word], depth: int, out: Programs, fanout: int) -> None:
+    """``python -m MOD ARGS`` runs program MOD; ``python path/to/prog ARGS`` runs prog."""
+    at = 0
+    while at < len(args):
+        text = args[at].text
+        if text == "-m" and at + 1 < len(args):
+            module = args[at + 1]
+            if module.literal is None:
+                out.undecidable.append(
+                    f"the module python runs is chosen at run time ({module.why})"
+                )
+                return
+            program = MODULE_PROGRAMS.get(module.text, module.text)
+            _resolve([Word(program), *args[at + 2 :]], depth, out, fanout + 1)
+            return
+        if text.startswith("-m") and len(text) > 2:
+            _resolve([Word(text[2:]), *args[at + 1 :]], depth, out, fanout + 1)
+            return
+        if text in ("-c", "-") or not text.startswith("-") or args[at].literal is None:
+            break
+        at += 2 if text in PYTHON.values else 1
+    if at < len(args) and not args[at].text.startswith("-"):
+        script = args[at]
+        if script.literal is None:
+            out.undecidable.append(f"the script python runs is chosen at run time ({script.why})")
+            return
+        parts = script.text.rstrip("/").split("/")
+        program = parts[-2] if parts[-1] == "__main__.py" and len(parts) > 1 else parts[-1]
+        if program.endswith(".py") and program != "fleetledger":
+            out.invocations.append(Invocation(name, args))
+            return
+        _resolve([Word(program), *args[at + 1 :]], depth, out, fanout + 1)
+        return
+    out.invocations.append(Invocation(name, args))
+
+
+def _strip_globals(name: str, args: list[Word], out: Programs) -> list[Word]:
+    """The arguments after the program's own global options (up to its subcommand)."""
+    spec = GLOBALS.get(name)
+    if spec is None:
+        return args
+    at = 0
+    while at < len(args):
+        word = args[at]
+        text = word.text
+        if word.literal is None or not text.startswith("-"):
+            break
+        option = text.split("=", 1)[0]
+        if option in spec.values and "=" not in text:
+            value = args[at + 1] if at + 1 < len(args) else Word("")
+            _global_value(name, option, value, out)
+            at += 2
+        elif option in spec.values or option in spec.flags:
+            if "=" in text:
+                _global_value(name, option, Word(text.split("=", 1)[1], word.why), out)
+            at += 1
+        elif len(option) > 2 and option[:2] in spec.values and not option.startswith("--"):
+            _global_value(name, option[:2], Word(text[2:], word.why), out)
+            at += 1  # -Crepo, -nprod
+        else:
+            break  # an option we do not know: left to the rule matcher
+    return args[at:]
+
+
+def _global_value(program: str, option: str, value: Word, out: Programs) -> None:
+    if program == "git" and option == "-c" and value.text.lower().startswith("alias."):
+        out.undecidable.append(f"a git alias is defined in the command (-c {value.text})")
