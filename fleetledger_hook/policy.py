@@ -124,6 +124,7 @@ class Rule:
         def fail(field: str, message: str) -> RuleError:
             return RuleError(index, field, message)
 
+        data = {key: value for key, value in data.items() if value is not None}  # None: unset
         unknown = sorted(set(data) - _FIELDS)
         if unknown:
             raise fail(unknown[0], f"unknown field (fields: {', '.join(sorted(_FIELDS))})")
