@@ -219,6 +219,8 @@ def _resolve(argv: Sequence[Word], depth: int, out: Programs, fanout: int) -> No
         out.undecidable.append(f"{name} runs another program in a way fleetledger does not model")
     elif name in SHELLS:
         _shell(name, rest, depth, out)
+    elif name == "command" and _options(rest) & {"v", "V"}:
+        return  # `command -v git` only says where git is
     elif name in WRAPPERS:
         if name == "env":
             rest = _env_split(rest) or rest
@@ -250,9 +252,17 @@ def _resolve(argv: Sequence[Word], depth: int, out: Programs, fanout: int) -> No
         out.invocations.append(Invocation(name, _strip_globals(name, rest, out)))
 
 
+def _options(args: list[Word]) -> set[str]:
+    """The letters of the leading short options (``-pv``: p and v)."""
+    letters: set[str] = set()
+    for word in args:
+        if not word.text.startswith("-") or word.text.startswith("--") or word.why:
+            break
+        letters |= set(word.text[1:])
+    return letters
+
+
 def _wrapped(name: str, inner: list[Word], depth: int, out: Programs, fanout: int) -> None:
-    if name == "command" and inner and inner[0].text in ("-v", "-V"):
-        return  # `command -v git` only says where git is
     if name == "env":
         while inner and inner[0].literal is not None and "=" in inner[0].text.lstrip("="):
             if not re.match(r"[A-Za-z_][A-Za-z0-9_]*=", inner[0].text):

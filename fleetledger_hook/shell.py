@@ -99,6 +99,8 @@ def parse(source: str, *, depth: int = 0) -> Shell:
         _Parser(source, out, depth).program()
     except ShellError as exc:
         out.undecidable.append(str(exc))
+    except IndexError:  # a form this reader does not follow: never guessed
+        out.undecidable.append("the command could not be read")
     except RecursionError:
         out.undecidable.append(f"the command nests deeper than {MAX_DEPTH} levels")
     return out
@@ -448,7 +450,8 @@ class _Parser:
             else:
                 break
         if self.i == start:
-            raise ShellError(f"unexpected {src[self.i]!r} at character {self.i}")
+            found = repr(src[self.i]) if self.i < len(src) else "the end"
+            raise ShellError(f"a word expected, {found} found at character {self.i}")
         return Word("".join(parts), why)
 
     def double_quoted(self) -> tuple[str, str | None]:

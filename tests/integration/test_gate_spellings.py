@@ -70,7 +70,7 @@ def pre_tool_hook(socket: Path) -> str:
 def as_the_agent(hook: str, command: str, cwd: Path) -> tuple[bool, str]:
     """What Claude Code does: run the hook (through a shell), then the command unless denied."""
     payload = {"session_id": "s-gate", "hook_event_name": "PreToolUse", "tool_name": "Bash",
-               "tool_input": {"command": command}, "cwd": str(cwd), "tool_use_id": "toolu_1"}  # fmt: skip
+               "tool_input": {"command": command}, "cwd": str(cwd)}  # fmt: skip
     answer = subprocess.run(["sh", "-c", hook], input=json.dumps(payload), cwd=cwd,
                             capture_output=True, text=True, timeout=30)  # fmt: skip
     said = answer.stdout.strip()
