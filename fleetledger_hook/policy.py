@@ -18,7 +18,7 @@ import re
 
 from fleetledger_hook import programs
 from fleetledger_hook.programs import Invocation
-from fleetledger_hook.shell import Word
+from fleetledger_hook.shellwords import Word
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

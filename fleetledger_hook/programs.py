@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from fleetledger_hook import shell
-from fleetledger_hook.shell import Word
+from fleetledger_hook.shellwords import Word
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
