@@ -73,7 +73,8 @@ def _shell(program: str, path: Sequence[str], action: str, **more: Any) -> dict[
 
 
 DEFAULT_RULES: tuple[dict[str, Any], ...] = (
-    _shell("git", ["push"], "git.push"),
+    *(_shell("git", path, "git.push") for path in (
+        ["push"], ["send-pack"], ["http-push"], ["subtree", "push"])),
     *(_shell("kubectl", [verb], "deploy") for verb in (
         "apply", "create", "delete", "replace", "patch", "edit", "scale", "autoscale", "set",
         "label", "annotate", "taint", "drain", "cordon", "uncordon", "expose", "run")),

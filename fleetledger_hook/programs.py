@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from fleetledger_hook import shell
+from fleetledger_hook import git, shell
 from fleetledger_hook.shellwords import Word
 
 TYPE_CHECKING = False
@@ -249,7 +249,10 @@ def _resolve(argv: Sequence[Word], depth: int, out: Programs, fanout: int) -> No
         for inner in _after_options(RUNNERS[("uv", "run")], rest, wrapper=name):
             _resolve(inner, depth, out, fanout + 1)
     else:
-        out.invocations.append(Invocation(name, _strip_globals(name, rest, out)))
+        args = _strip_globals(name, rest, out)
+        out.invocations.append(Invocation(name, args))
+        if name == "git":
+            _git(args, depth, out, fanout)
 
 
 def _options(args: list[Word]) -> set[str]:
@@ -338,8 +341,10 @@ def _shell(name: str, args: list[Word], depth: int, out: Programs) -> None:
         if option == "--":
             at += 1
             break
-        if option in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
-            at += 1
+        if option in ("--rcfile", "--init-file") or (
+            not option.startswith("--") and option[-1] in "oO"
+        ):
+            at += 1  # -o pipefail, -euo pipefail: the option's value
         if option.startswith("-") and not option.startswith("--") and "c" in option:
             if at + 1 >= len(args):
                 out.undecidable.append(f"{name} -c without a command")
@@ -410,6 +415,16 @@ def _python(name: str, args: list[Word], depth: int, out: Programs, fanout: int)
         _resolve([Word(program), *args[at + 1 :]], depth, out, fanout + 1)
         return
     out.invocations.append(Invocation(name, args))
+
+
+def _git(args: list[Word], depth: int, out: Programs, fanout: int) -> None:
+    """What git runs for this command (``git.runs``), read like any other command."""
+    found = git.runs(args)
+    out.undecidable += found.undecidable
+    for string in found.strings:
+        _string(string, "git", depth, out)
+    for argv in found.argvs:
+        _resolve(argv, depth, out, fanout + 1)
 
 
 def _strip_globals(name: str, args: list[Word], out: Programs) -> list[Word]:

@@ -103,8 +103,8 @@ def test_the_parser_never_raises(text: str) -> None:
 
 
 def test_wrappers_are_unwrapped_with_their_options() -> None:
-    line = "sudo -u x -H env -i -u HOME A=1 timeout -s KILL 5 nice -n 3 nohup stdbuf -oL git st"
-    assert ran(line) == [("git", ["st"])]
+    line = "sudo -u x -H env -i -u HOME A=1 timeout -s KILL 5 nice -n 3 nohup stdbuf -oL git status"
+    assert ran(line) == [("git", ["status"])]
     assert ran("command -v git") == []
     assert ran("time -p exec -a x /usr/bin/git log") == [("git", ["log"])]
 
@@ -155,7 +155,16 @@ def test_global_options_are_stripped_before_the_subcommand() -> None:
         ("git -c alias.p=push p", "git alias"),
         ("strace ls", "does not model"),
         ("python -m $M", "module"),
+        ("git config alias.p push && git p", "git p is no git command"),
     ],
 )
 def test_what_cannot_be_decided_says_why(line: str, why: str) -> None:
     assert why in undecidable(line)
+
+
+def test_what_git_runs_for_you_is_read_as_commands() -> None:
+    for line in (
+        "git submodule foreach --recursive 'git push'", "git rebase -x 'git push' @~1",
+        "git bisect run git push", "git filter-branch --tree-filter 'git push'",
+    ):  # fmt: skip
+        assert ("git", ["push"]) in ran(line), line
