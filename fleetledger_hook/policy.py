@@ -89,8 +89,12 @@ DEFAULT_RULES: tuple[dict[str, Any], ...] = (
     _shell("gh", ["pr", "merge"], "git.merge"),
     _shell("gh", ["release", "create"], "release.publish"),
     _shell("gh", ["release", "upload"], "release.publish"),
+    *(_shell("terragrunt", [verb], "infra.apply") for verb in (
+        "apply", "destroy", "import", "run-all")),
     _shell("docker", ["push"], "image.push"),
     _shell("docker", ["image", "push"], "image.push"),
+    _shell("docker", ["compose", "push"], "image.push"),
+    _shell("docker", ["buildx", "build"], "image.push", flags=["--push"]),
     _shell("podman", ["push"], "image.push"),
     # What only a person may do: every fleetledger command that acts for one.
     *(_shell("fleetledger", path, action, person=True)

@@ -85,6 +85,7 @@ WRAPPERS: dict[str, _Spec] = {
     "chronic": _Spec("", "-e -v"),
     "caffeinate": _Spec("-t -w", "-d -i -m -s -u"),
     "unbuffer": _Spec("", "-p"),
+    "busybox": _Spec(),  # busybox APPLET ARGS
 }  # fmt: skip
 XARGS = _Spec("-n --max-args -L --max-lines -P --max-procs -I -d --delimiter -E -s --max-chars "
               "-a --arg-file --process-slot-var", "-0 --null -r --no-run-if-empty -t --verbose "
@@ -213,6 +214,8 @@ def _resolve(argv: Sequence[Word], depth: int, out: Programs, fanout: int) -> No
         return
     name = head.text.rsplit("/", 1)[-1]
     rest = list(argv[1:])
+    if name.startswith("git-") and name[4:] in git.COMMANDS:  # git-core's git-push: git push
+        name, rest = "git", [Word(name[4:]), *rest]
     if name in OPAQUE:
         out.undecidable.append(OPAQUE[name])
     elif name in UNMODELLED and any(not w.text.startswith("-") for w in rest):
