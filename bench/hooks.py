@@ -43,23 +43,25 @@ REGEX_BASELINE = tuple(re.compile(r) for r in (
 
 
 def judge_figures(rounds: int) -> dict[str, float | int]:
-    """The judge's own cost per command over the corpus (ms), and the regex baseline's."""
+    """The judge's own cost per command over the corpus (ms; each command's best of
+    ``rounds``, so a loaded machine's pauses do not count), and the regex baseline's."""
     corpus = tomllib.loads(CORPUS.read_text())
     commands = [*corpus["ordinary"], *(c for cs in corpus["consequential"].values() for c in cs)]
     rules = policy.compile_rules(policy.DEFAULT_RULES)
-    judged: list[float] = []
-    regex: list[float] = []
+    judged = [float("inf")] * len(commands)
+    regex = [float("inf")] * len(commands)
     for _ in range(rounds):
-        for command in commands:
+        for at, command in enumerate(commands):
             started = time.perf_counter()
             policy.judge(rules, "Bash", {"command": command})
-            judged.append((time.perf_counter() - started) * 1000)
+            judged[at] = min(judged[at], (time.perf_counter() - started) * 1000)
             started = time.perf_counter()
             any(r.search(command) for r in REGEX_BASELINE)
-            regex.append((time.perf_counter() - started) * 1000)
+            regex[at] = min(regex[at], (time.perf_counter() - started) * 1000)
     return {
-        "corpus_commands": len(commands), "judge_p50_ms": p(judged, 0.5, 4),
-        "judge_p99_ms": p(judged, 0.99, 4), "regex_p50_ms": p(regex, 0.5, 4),
+        "corpus_commands": len(commands), "judge_rounds": rounds,
+        "judge_p50_ms": p(judged, 0.5, 4), "judge_p99_ms": p(judged, 0.99, 4),
+        "regex_p50_ms": p(regex, 0.5, 4),
         "judge_to_regex_p50": round(p(judged, 0.5, 4) / max(1e-6, p(regex, 0.5, 4)), 1),
     }  # fmt: skip
 
@@ -145,11 +147,12 @@ def main() -> None:
         figures["ratio_p50_to_noop"] = round(worst / max(0.01, float(figures["noop_p50_ms"])), 1)
         figures["target_p50_ms"] = 30
         figures["meets_target"] = worst <= 30
-        figures.update(judge_figures(3 if args.quick else 20))
+        figures.update(judge_figures(5 if args.quick else 20))
         print(f"hook call p50 (ms): pre {figures['pre_p50_ms']}, post {figures['post_p50_ms']}, "
               f"stop {figures['stop_p50_ms']}; no-op command hook {figures['noop_p50_ms']}; "
               f"`fleetledger hook` CLI {figures.get('cli_pre_p50_ms', 'n/a')}")  # fmt: skip
-        print(f"judge over the {figures['corpus_commands']}-command corpus (ms): p50 "
+        print(f"judge over the {figures['corpus_commands']}-command corpus (ms, best of "
+              f"{figures['judge_rounds']}): p50 "
               f"{figures['judge_p50_ms']}, p99 {figures['judge_p99_ms']}; regex baseline p50 "
               f"{figures['regex_p50_ms']} ({figures['judge_to_regex_p50']}x)")  # fmt: skip
         print(json.dumps({"bench": "hooks", **figures}))
