@@ -72,6 +72,17 @@ def _shell(program: str, path: Sequence[str], action: str, **more: Any) -> dict[
     return {"program": program, "subcommand": list(path), "action": action, **more}
 
 
+# What only a person may do: every fleetledger command that acts for one. Always judged, after
+# the configured rules (configuring rules cannot hand a person's powers to an agent).
+PERSON_RULES: tuple[dict[str, Any], ...] = (
+    *(_shell("fleetledger", path, action, person=True)
+      for path, action in FLEETLEDGER.items() if action),
+    _shell("fleetledger", ["todo", "add"], "todo.check", person=True,
+           flags=["--check-cmd", "--check-file", "--check-evidence"]),
+    _shell("fleetledger_hook", [], "person.hook", person=True),
+    _shell("curl", [], "person.node-socket", person=True, flags=["--unix-socket"]),
+)  # fmt: skip
+
 DEFAULT_RULES: tuple[dict[str, Any], ...] = (
     *(_shell("git", path, "git.push") for path in (
         ["push"], ["send-pack"], ["http-push"], ["subtree", "push"])),
@@ -96,13 +107,7 @@ DEFAULT_RULES: tuple[dict[str, Any], ...] = (
     _shell("docker", ["compose", "push"], "image.push"),
     _shell("docker", ["buildx", "build"], "image.push", flags=["--push"]),
     _shell("podman", ["push"], "image.push"),
-    # What only a person may do: every fleetledger command that acts for one.
-    *(_shell("fleetledger", path, action, person=True)
-      for path, action in FLEETLEDGER.items() if action),
-    _shell("fleetledger", ["todo", "add"], "todo.check", person=True,
-           flags=["--check-cmd", "--check-file", "--check-evidence"]),
-    _shell("fleetledger_hook", [], "person.hook", person=True),
-    _shell("curl", [], "person.node-socket", person=True, flags=["--unix-socket"]),
+    *PERSON_RULES,
 )  # fmt: skip
 
 _ACTION = re.compile(r"[a-z][a-z0-9_.:-]*")
@@ -193,6 +198,9 @@ def compile_rules(rules: Iterable[Mapping[str, Any]]) -> tuple[Rule, ...]:
     return tuple(Rule(rule, index) for index, rule in enumerate(rules))
 
 
+_PERSON = compile_rules(PERSON_RULES)
+
+
 class Verdict:
     """Why a tool call is consequential: the action, its cost, and who may take it
     (``person``: nobody through an agent's tool; ``undecidable``: refused, ``reason`` says
@@ -239,7 +247,7 @@ def judge(rules: Sequence[Rule], tool: str, tool_input: Mapping[str, Any]) -> Ve
         return _undecidable(ran.undecidable[0])
     found: list[Verdict] = []
     for invocation in ran.invocations:
-        verdict = _program_verdict(rules, invocation)
+        verdict = _program_verdict((*rules, *_PERSON), invocation)
         if verdict is not None and verdict.refused:
             return verdict
         if verdict is not None and all(v.action != verdict.action for v in found):

@@ -285,13 +285,18 @@ def _after_options(spec: _Spec, args: list[Word], *, wrapper: str) -> list[list[
     """What follows a wrapper's options: one reading, or two per option it does not know
     (with and without a value)."""
     readings: list[list[Word]] = []
-    stack = [0]
+    stack, tried = [0], set()
     while stack:
         at = stack.pop()
+        if at in tried:
+            continue
+        tried.add(at)
         while at < len(args):
             word = args[at]
             text = word.text
-            if word.literal is None or not text.startswith("-") or text == "-":
+            if word.literal is None or not text.startswith("-"):
+                break
+            if text == "-" and "-" not in spec.flags:
                 break
             if text == "--":
                 at += 1
@@ -313,8 +318,8 @@ def _after_options(spec: _Spec, args: list[Word], *, wrapper: str) -> list[list[
                 stack.append(at + 2)  # unknown: maybe it takes the next word as its value
                 at += 1
         readings.append(args[at:])
-        if len(readings) > MAX_CANDIDATES:
-            break
+        if len(readings) > MAX_CANDIDATES:  # a program that would go unread: undecidable
+            return [[Word("", f"over {MAX_CANDIDATES} readings of {wrapper}'s options")]]
     return readings
 
 
