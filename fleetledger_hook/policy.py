@@ -279,7 +279,9 @@ def _program_verdict(rules: Sequence[Rule], invocation: Invocation) -> Verdict |
             continue
         spelled = " ".join((rule.program, *rule.subcommand))
         if matched:
-            return _undecidable(f"{spelled} may be what it runs (a word is decided at run time)")
+            word = next(w for w in invocation.args if w.why)
+            how = " and may be several words" if word.split else ""
+            return _undecidable(f"it may run {spelled}: {word.why} is decided at run time{how}")
         if rule.person:
             return Verdict(rule.action, f"`{spelled}` acts for a person: run it yourself in "
                            "your own terminal, not through the agent", person=True)  # fmt: skip
@@ -306,7 +308,9 @@ def _matches(rule: Rule, invocation: Invocation) -> bool | None:
         if at >= len(args):
             continue
         word = args[at]
-        if word.literal is None:
+        if word.split:  # any number of words: any of the rest of the path, or none
+            states += [(at + 1, j, True) for j in range(k, len(path) + 1)]
+        elif word.literal is None and not word.text.startswith("-"):
             states += [(at + 1, k + 1, True), (at + 1, k, True)]
         elif word.text == "--":
             states.append((at + 1, k, maybe))

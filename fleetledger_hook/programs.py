@@ -231,7 +231,7 @@ def _resolve(argv: Sequence[Word], depth: int, out: Programs, fanout: int) -> No
             _wrapped(name, inner, depth, out, fanout + 1)
     elif name == "xargs":
         for inner in _after_options(XARGS, rest, wrapper=name):
-            arguments = Word("", "the arguments xargs reads from its input")
+            arguments = Word("", "what xargs reads from its input", split=True)
             _resolve([*(inner or [Word("echo")]), arguments], depth, out, fanout + 1)
     elif name == "find":
         _find(rest, depth, out, fanout)
@@ -294,6 +294,9 @@ def _after_options(spec: _Spec, args: list[Word], *, wrapper: str) -> list[list[
         while at < len(args):
             word = args[at]
             text = word.text
+            if word.split and text.startswith("-"):  # `-u $U`: may be options and a program
+                why = f"{wrapper}'s options hold {word.why}, which may be several words"
+                return [[Word("", why)]]
             if word.literal is None or not text.startswith("-"):
                 break
             if text == "-" and "-" not in spec.flags:
@@ -302,6 +305,10 @@ def _after_options(spec: _Spec, args: list[Word], *, wrapper: str) -> list[list[
                 at += 1
                 break
             option = text.split("=", 1)[0]
+            value = args[at + 1] if at + 1 < len(args) else None
+            if value is not None and value.split and "=" not in text and option not in spec.flags:
+                why = f"{wrapper}'s options hold {value.why}, which may be several words"
+                return [[Word("", why)]]
             if "=" in text or option in spec.flags:
                 at += 1
             elif option in spec.values:
@@ -444,8 +451,10 @@ def _strip_globals(name: str, args: list[Word], out: Programs) -> list[Word]:
     while at < len(args):
         word = args[at]
         text = word.text
-        if word.literal is None or not text.startswith("-"):
-            break
+        if word.split or not text.startswith("-") or (word.literal is None and "=" not in text):
+            break  # `--namespace="$NS"` is still an option: its value is decided later
+        if at + 1 < len(args) and args[at + 1].split and "=" not in text:
+            break  # `-C $DIR`: a value that may be several words is left to the matcher
         option = text.split("=", 1)[0]
         if option in spec.values and "=" not in text:
             value = args[at + 1] if at + 1 < len(args) else Word("")

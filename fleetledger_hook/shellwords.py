@@ -31,12 +31,12 @@ class ShellError(ValueError):
 class Word:
     """One shell word after quote removal: ``text`` is its value when ``why`` is None; otherwise
     its value is decided at run time and ``why`` names the expansion (``$X``, ``$(...)``, a
-    glob)."""
+    glob). ``split``: an unquoted expansion or glob, which may become any number of words."""
 
-    __slots__ = ("text", "why")
+    __slots__ = ("split", "text", "why")
 
-    def __init__(self, text: str, why: str | None = None) -> None:
-        self.text, self.why = text, why
+    def __init__(self, text: str, why: str | None = None, *, split: bool = False) -> None:
+        self.text, self.why, self.split = text, why, split
 
     @property
     def literal(self) -> str | None:
@@ -46,10 +46,11 @@ class Word:
         return repr(self.text) if self.why is None else f"<{self.why}>"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Word) and (self.text, self.why) == (other.text, other.why)
+        return isinstance(other, Word) and (self.text, self.why, self.split) == (
+            other.text, other.why, other.split)  # fmt: skip
 
     def __hash__(self) -> int:
-        return hash((self.text, self.why))
+        return hash((self.text, self.why, self.split))
 
 
 class WordReader:
@@ -77,7 +78,7 @@ class WordReader:
 
     def word(self) -> Word:
         """One word at ``self.i``: its value after quote removal, or dynamic with a reason."""
-        src, why = self.src, None
+        src, why, split = self.src, None, False
         parts: list[str] = []
         start = self.i
         while self.i < len(src):
@@ -85,8 +86,8 @@ class WordReader:
             plain = _PLAIN.match(src, self.i)
             if plain is not None:
                 text = plain.group()
-                if why is None and _GLOB.search(text):
-                    why = f"a pattern ({text}) expanded at run time"
+                if _GLOB.search(text):
+                    why, split = why or f"a pattern ({text}) expanded at run time", True
                 parts.append(text)
                 self.i = plain.end()
             elif char == "'":
@@ -117,12 +118,12 @@ class WordReader:
                     at = self.i
                     found = self.dollar_or_backtick()
                     parts.append(src[at : self.i])
-                    why = why or found
+                    why, split = why or found, split or found is not None
             elif char == "`":
                 at = self.i
                 found = self.dollar_or_backtick()
                 parts.append(src[at : self.i])
-                why = why or found
+                why, split = why or found, True
             elif char in "<>" and src.startswith("(", self.i + 1):
                 self.i += 2
                 self.subshell()
@@ -132,7 +133,7 @@ class WordReader:
         if self.i == start:
             found = repr(src[self.i]) if self.i < len(src) else "the end"
             raise ShellError(f"a word expected, {found} found at character {self.i}")
-        return Word("".join(parts), why)
+        return Word("".join(parts), why, split=split)
 
     def double_quoted(self) -> tuple[str, str | None]:
         src, why = self.src, None

@@ -120,7 +120,7 @@ def test_find_exec_and_xargs_run_their_programs() -> None:
     assert found[1:] == [("grep", ["-l", "x", "{}"]), ("wc", ["{}"])]
     out = programs.run("ls | xargs -n1 -I{} git")
     git = next(i for i in out.invocations if i.program == "git")
-    assert git.args[0].why == "the arguments xargs reads from its input"
+    assert (git.args[0].why, git.args[0].split) == ("what xargs reads from its input", True)
 
 
 def test_python_runners_reach_the_program() -> None:
@@ -156,6 +156,7 @@ def test_global_options_are_stripped_before_the_subcommand() -> None:
         ("strace ls", "does not model"),
         ("python -m $M", "module"),
         ("git config alias.p push && git p", "git p is no git command"),
+        ("sudo -u $U git status", "may be several words"),
     ],
 )
 def test_what_cannot_be_decided_says_why(line: str, why: str) -> None:
