@@ -218,6 +218,9 @@ def _resolve(argv: Sequence[Word], depth: int, out: Programs, fanout: int) -> No
         name, rest = "git", [Word(name[4:]), *rest]
     if name in OPAQUE:
         out.undecidable.append(OPAQUE[name])
+    elif name in ("hash", "enable") and _options(rest) & {"p", "f"}:
+        out.undecidable.append(f"{name} -{'p' if name == 'hash' else 'f'} maps a name to "
+                               "another program")  # fmt: skip
     elif name in UNMODELLED and any(not w.text.startswith("-") for w in rest):
         out.undecidable.append(f"{name} runs another program in a way fleetledger does not model")
     elif name in SHELLS:
