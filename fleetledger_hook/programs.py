@@ -11,7 +11,7 @@ An option a wrapper may or may not give a value is read both ways (two candidate
 be known before it runs (``eval``, ``source``, an alias, a program chosen by an expansion, a
 wrapper we do not model) is an undecidable reason instead.
 
-Stdlib only, like ``shell``.
+Its option tables live in ``options``. Stdlib only, like ``shell``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,19 @@ from __future__ import annotations
 import re
 
 from fleetledger_hook import git, shell
+from fleetledger_hook.options import (
+    GLOBALS,
+    MODULE_PROGRAMS,
+    OPAQUE,
+    PYTHON,
+    PYTHON_NAME,
+    RUNNERS,
+    SHELLS,
+    UNMODELLED,
+    WRAPPERS,
+    XARGS,
+    Spec,
+)
 from fleetledger_hook.shellwords import Word
 
 TYPE_CHECKING = False
@@ -48,143 +61,6 @@ class Programs:
     def __init__(self) -> None:
         self.invocations: list[Invocation] = []
         self.undecidable: list[str] = []
-
-
-class _Spec:
-    """A program's options before what it runs: those taking a value, flags, and whether a
-    plain word ends them (``-``-options mixed with operands stop at the first operand)."""
-
-    __slots__ = ("flags", "values")
-
-    def __init__(self, values: str = "", flags: str = "") -> None:
-        self.values, self.flags = frozenset(values.split()), frozenset(flags.split())
-
-
-# Wrappers: options, then the command they run.
-WRAPPERS: dict[str, _Spec] = {
-    "env": _Spec("-u --unset -C --chdir -S --split-string", "-i --ignore-environment -0 --null "
-                 "-v --debug -"),
-    "command": _Spec("", "-p"),
-    "exec": _Spec("-a", "-c -l"),
-    "nohup": _Spec(),
-    "builtin": _Spec(),
-    "nice": _Spec("-n --adjustment"),
-    "timeout": _Spec("-k --kill-after -s --signal", "--preserve-status --foreground -v "
-                     "--verbose"),
-    "sudo": _Spec("-u --user -g --group -h --host -p --prompt -C --close-from -D --chdir -r "
-                  "--role -t --type -U --other-user -T --command-timeout", "-E "
-                  "--preserve-env -H --set-home -n --non-interactive -P --preserve-groups -S "
-                  "--stdin -b --background -k --reset-timestamp -K -A --askpass -B --bell -i "
-                  "--login -s --shell"),
-    "doas": _Spec("-u -C", "-n -s"),
-    "time": _Spec("-f --format -o --output", "-p --portability -v --verbose -a --append -q "
-                  "--quiet"),
-    "stdbuf": _Spec("-i --input -o --output -e --error"),
-    "setsid": _Spec("", "-c --ctty -f --fork -w --wait"),
-    "ionice": _Spec("-c --class -n --classdata", "-t --ignore"),
-    "chronic": _Spec("", "-e -v"),
-    "caffeinate": _Spec("-t -w", "-d -i -m -s -u"),
-    "unbuffer": _Spec("", "-p"),
-    "busybox": _Spec(),  # busybox APPLET ARGS
-}  # fmt: skip
-XARGS = _Spec("-n --max-args -L --max-lines -P --max-procs -I -d --delimiter -E -s --max-chars "
-              "-a --arg-file --process-slot-var", "-0 --null -r --no-run-if-empty -t --verbose "
-              "-p --interactive -x --exit -o --open-tty")  # fmt: skip
-SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "busybox-sh"})
-# Runners that start a program of the project's environment: `uv run X`, `poetry run X`...
-RUNNERS: dict[tuple[str, str], _Spec] = {
-    ("uv", "run"): _Spec("--with --with-editable --with-requirements --python -p --project "
-                         "--directory --package --extra --group --env-file --index "
-                         "--default-index --only-group --no-group", "--no-sync --frozen "
-                         "--locked --isolated --no-project --all-extras --no-dev --active -q "
-                         "--quiet -v --verbose --offline --no-cache --all-packages --exact"),
-    ("uv", "tool"): _Spec(),
-    ("poetry", "run"): _Spec("-C --directory -P --project"),
-    ("pdm", "run"): _Spec("-p --project"),
-    ("hatch", "run"): _Spec(),
-    ("pipenv", "run"): _Spec(),
-    ("pipx", "run"): _Spec("--spec --python"),
-    ("conda", "run"): _Spec("-n --name -p --prefix", "--no-capture-output --live-stream"),
-    ("mamba", "run"): _Spec("-n --name -p --prefix", "--no-capture-output --live-stream"),
-}  # fmt: skip
-_PYTHON = re.compile(r"(python|pypy)(\d+(\.\d+)*)?[a-z]?")
-PYTHON = _Spec("-W -X --check-hash-based-pycs", "-b -B -d -E -h -i -I -O -OO -q -s -S -u -v "
-               "-V -x -P")  # fmt: skip
-MODULE_PROGRAMS = {"fleetledger.__main__": "fleetledger"}  # `python -m M` runs program M
-# Builtins whose commands cannot be seen before they run.
-OPAQUE: dict[str, str] = {
-    "eval": "eval runs a string built at run time",
-    "source": "source runs the commands of a file fleetledger cannot see",
-    ".": ". (source) runs the commands of a file fleetledger cannot see",
-    "alias": "an alias is defined in the command",
-}
-# Programs that run another program in ways not modelled here: refused rather than guessed.
-UNMODELLED = frozenset(
-    [
-        "parallel",
-        "watch",
-        "script",
-        "strace",
-        "ltrace",
-        "valgrind",
-        "gdb",
-        "perf",
-        "firejail",
-        "bwrap",
-        "systemd-run",
-        "chroot",
-        "unshare",
-        "nsenter",
-        "su",
-        "runuser",
-        "ssh",
-        "expect",
-        "tmux",
-        "screen",
-        "entr",
-        "fakeroot",
-        "faketime",
-        "proot",
-        "torsocks",
-        "proxychains",
-        "proxychains4",
-        "dbus-run-session",
-        "xvfb-run",
-        "taskset",
-        "numactl",
-        "chrt",
-        "setpriv",
-        "sg",
-        "pkexec",
-        "flock",
-        "direnv",
-        "coproc",
-    ]
-)
-# Global options before the subcommand, per program: (taking a value, flags).
-GLOBALS: dict[str, _Spec] = {
-    "git": _Spec("-C -c --git-dir --work-tree --namespace --super-prefix --config-env "
-                 "--list-cmds --exec-path", "--no-pager -p --paginate -P --bare "
-                 "--no-replace-objects --literal-pathspecs --glob-pathspecs --noglob-pathspecs "
-                 "--icase-pathspecs --no-optional-locks --no-advice --no-lazy-fetch"),
-    "terraform": _Spec("-chdir"),
-    "tofu": _Spec("-chdir"),
-    "kubectl": _Spec("--context -n --namespace --kubeconfig --cluster --user -s --server "
-                     "--token --as --as-group --as-uid --certificate-authority "
-                     "--client-certificate --client-key --request-timeout --cache-dir -v "
-                     "--profile --profile-output --tls-server-name --password --username",
-                     "--insecure-skip-tls-verify --match-server-version --warnings-as-errors"),
-    "helm": _Spec("--kube-context -n --namespace --kubeconfig --kube-apiserver --kube-as-user "
-                  "--kube-as-group --kube-token --kube-ca-file --registry-config "
-                  "--repository-cache --repository-config --burst-limit --qps", "--debug "
-                  "--kube-insecure-skip-tls-verify"),
-    "gh": _Spec("-R --repo --hostname"),
-    "docker": _Spec("-H --host --context -c --config -l --log-level --tlscacert --tlscert "
-                    "--tlskey", "-D --debug --tls --tlsverify"),
-    "podman": _Spec("--connection -c --url --root --runroot --log-level --cgroup-manager",
-                    "--remote -r"),
-    "fleetledger": _Spec(),
-}  # fmt: skip
 
 
 def run(command: str | Sequence[str], depth: int = 0) -> Programs:
@@ -242,7 +118,7 @@ def _resolve(argv: Sequence[Word], depth: int, out: Programs, fanout: int) -> No
         name == "trap" and rest and rest[0].literal is not None and not rest[0].text.startswith("-")
     ):
         _string(rest[0], "trap", depth, out)
-    elif _PYTHON.fullmatch(name):
+    elif PYTHON_NAME.fullmatch(name):
         _python(name, rest, depth, out, fanout)
     elif rest and (name, rest[0].text) in RUNNERS:
         spec = RUNNERS[(name, rest[0].text)]
@@ -284,7 +160,7 @@ def _wrapped(name: str, inner: list[Word], depth: int, out: Programs, fanout: in
     _resolve(inner, depth, out, fanout)
 
 
-def _after_options(spec: _Spec, args: list[Word], *, wrapper: str) -> list[list[Word]]:
+def _after_options(spec: Spec, args: list[Word], *, wrapper: str) -> list[list[Word]]:
     """What follows a wrapper's options: one reading, or two per option it does not know
     (with and without a value)."""
     readings: list[list[Word]] = []
