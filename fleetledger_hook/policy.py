@@ -100,6 +100,9 @@ DEFAULT_RULES: tuple[dict[str, Any], ...] = (
     _shell("gh", ["pr", "merge"], "git.merge"),
     _shell("gh", ["release", "create"], "release.publish"),
     _shell("gh", ["release", "upload"], "release.publish"),
+    # `gh api` writes with a method or fields (`-X PUT .../merge`); a plain GET only reads
+    _shell("gh", ["api"], "github.write", flags=["-X", "--method", "-f", "-F", "--field",
+                                                  "--raw-field", "--input"]),
     *(_shell("terragrunt", [verb], "infra.apply") for verb in (
         "apply", "destroy", "import", "run-all")),
     _shell("docker", ["push"], "image.push"),
@@ -337,9 +340,17 @@ def _flag(flags: Sequence[str], args: Sequence[Word]) -> str:
     for word in args:
         if word.literal is None:
             dynamic = True
-        elif any(word.text == f or word.text.startswith(f + "=") for f in flags):
+        elif any(_spells(word.text, f) for f in flags):
             return "present"
     return "maybe" if dynamic else "absent"
+
+
+def _spells(text: str, flag: str) -> bool:
+    """``text`` gives ``flag``: itself, ``--flag=V``, or a short flag with its value attached
+    (``-XPUT``)."""
+    if text == flag or text.startswith(flag + "="):
+        return True
+    return len(flag) == 2 and flag[1] != "-" and text.startswith(flag) and text[1] != "-"
 
 
 def _fleetledger_path(invocation: Invocation) -> Verdict | None:
