@@ -5,7 +5,10 @@ stdin, to the answer on stdout. Measured in one run against a real node agent
 (`fleetledger node-agent run`): a PreToolUse, a PostToolUse and a Stop through the installed
 stdlib hook (``python -S .../fleetledger_hook``), the same PreToolUse through the CLI command
 (`fleetledger hook`, what was installed before), and the baseline, a no-op command hook
-(``sh -c true``). Target: p50 <= 30 ms per call. The last line is one JSON object.
+(``sh -c true``). Target: p50 <= 30 ms per call. Then the structural judge alone
+(``fleetledger_hook.policy.judge``: parse, unwrap, match) over every command of the spelling
+corpus (tests/fixtures/shell_corpus.toml), beside the regular expressions it replaced as the
+raw baseline. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 # Run as a script, bench/ comes first on sys.path; drop it before importing ours.
@@ -26,7 +31,39 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fleetledger_hook import policy  # noqa: E402
 from node_agent.hooks import hook_command  # noqa: E402
+
+CORPUS = ROOT / "tests" / "fixtures" / "shell_corpus.toml"
+# The regular expressions over the command text that the structural judge replaced (baseline).
+REGEX_BASELINE = tuple(re.compile(r) for r in (
+    r"\bgit\s+push\b", r"\b(kubectl|helm)\b.*\b(apply|install|upgrade|delete|rollout)\b",
+    r"\b(terraform|tofu)\s+(apply|destroy)\b", r"\bfleetledger\s+todo\s+(done|cancel)\b",
+))  # fmt: skip
+
+
+def judge_figures(rounds: int) -> dict[str, float | int]:
+    """The judge's own cost per command over the corpus (ms; each command's best of
+    ``rounds``, so a loaded machine's pauses do not count), and the regex baseline's."""
+    corpus = tomllib.loads(CORPUS.read_text())
+    commands = [*corpus["ordinary"], *(c for cs in corpus["consequential"].values() for c in cs)]
+    rules = policy.compile_rules(policy.DEFAULT_RULES)
+    judged = [float("inf")] * len(commands)
+    regex = [float("inf")] * len(commands)
+    for _ in range(rounds):
+        for at, command in enumerate(commands):
+            started = time.perf_counter()
+            policy.judge(rules, "Bash", {"command": command})
+            judged[at] = min(judged[at], (time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            any(r.search(command) for r in REGEX_BASELINE)
+            regex[at] = min(regex[at], (time.perf_counter() - started) * 1000)
+    return {
+        "corpus_commands": len(commands), "judge_rounds": rounds,
+        "judge_p50_ms": p(judged, 0.5, 4), "judge_p99_ms": p(judged, 0.99, 4),
+        "regex_p50_ms": p(regex, 0.5, 4),
+        "judge_to_regex_p50": round(p(judged, 0.5, 4) / max(1e-6, p(regex, 0.5, 4)), 1),
+    }  # fmt: skip
 
 
 def start_node(state: Path) -> subprocess.Popen[bytes]:
@@ -56,9 +93,9 @@ def timed(command: str, payload: dict[str, object], n: int, env: dict[str, str])
     return out
 
 
-def p(values: list[float], q: float) -> float:
+def p(values: list[float], q: float, digits: int = 2) -> float:
     ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], digits)
 
 
 def main() -> None:
@@ -110,9 +147,14 @@ def main() -> None:
         figures["ratio_p50_to_noop"] = round(worst / max(0.01, float(figures["noop_p50_ms"])), 1)
         figures["target_p50_ms"] = 30
         figures["meets_target"] = worst <= 30
+        figures.update(judge_figures(5 if args.quick else 20))
         print(f"hook call p50 (ms): pre {figures['pre_p50_ms']}, post {figures['post_p50_ms']}, "
               f"stop {figures['stop_p50_ms']}; no-op command hook {figures['noop_p50_ms']}; "
               f"`fleetledger hook` CLI {figures.get('cli_pre_p50_ms', 'n/a')}")  # fmt: skip
+        print(f"judge over the {figures['corpus_commands']}-command corpus (ms, best of "
+              f"{figures['judge_rounds']}): p50 "
+              f"{figures['judge_p50_ms']}, p99 {figures['judge_p99_ms']}; regex baseline p50 "
+              f"{figures['regex_p50_ms']} ({figures['judge_to_regex_p50']}x)")  # fmt: skip
         print(json.dumps({"bench": "hooks", **figures}))
     finally:
         node.terminate()

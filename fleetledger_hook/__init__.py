@@ -6,4 +6,8 @@ adapters (one per agent, ``adapters/``, over the shared ``core``), the same code
 falls back on to fail closed when the node agent cannot answer. Nothing here imports beyond
 the standard library, so a call costs a Python start and one hop. `hooks install` writes
 ``python -S .../fleetledger_hook/__main__.py AGENT EVENT`` (or use ``fleetledger-hook``).
+
+What a tool call does is judged here too, for both sides: ``shell`` and ``shellwords`` parse a
+command line, ``programs`` (with ``options`` and ``git``) says what it runs, and
+``policy.judge`` names the consequential action, if any.
 """

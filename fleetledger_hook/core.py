@@ -333,8 +333,9 @@ def unreachable(call: Call, exc: Exception, policy_: Policy) -> HookAnswer:
         why = f"fleetledger hook failed ({type(exc).__name__}: {exc})"
     if op == "pre":
         tool, args = tool_name(payload), tool_input(payload)
-        try:
-            action = policy.first_match(policy_.rules, tool, args)
+        try:  # the node's own judge (fleetledger_hook.policy), over the rules it wrote
+            verdict = policy.judge(policy.compile_rules(policy_.rules), tool, args)
+            action = None if verdict is None else f"{verdict.action} ({verdict.reason})"
         except Exception:  # a rule we cannot evaluate: treat the call as consequential
             action = "an unevaluable rule"
         if action is not None:

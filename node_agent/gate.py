@@ -1,5 +1,8 @@
 """The consequential-action gate: may this tool call go ahead? The node's risks, then the fleet.
 
+What a tool call does is judged by ``fleetledger_hook.policy.judge`` (the same function the hook
+falls back on when the node agent is down): a shell command by the programs it runs. A person's
+command (``fleetledger todo done``...) or a command that cannot be decided is refused outright.
 A tool call that a ``ConsequentialRule`` names is refused here when an open risk this node keeps
 blocks it — the ledger's own ``check_risks`` over the session's grant chain, so a risk scoped to
 a parent grant blocks its children here as it does at the coordinator — or when there is no
@@ -14,12 +17,13 @@ from collections.abc import Callable
 from typing import Any
 
 from fleetbus.client import FleetClient
+from fleetledger_hook import policy
 from ledger.errors import ComponentTimeout, FleetError, Rule, RuleViolation, Unreachable
 from ledger.ids import new_id
 from ledger.invariants import check_risks
 from ledger.kernel import ActionRequest
 from ledger.money import parse_amount
-from node_agent.settings import ConsequentialRule, consequential
+from node_agent.settings import ConsequentialRule, compiled
 from node_agent.store import Store
 from node_agent.wire import Decision, DecisionKind, allow
 
@@ -35,12 +39,13 @@ class ActionGate:
         *,
         node_id: str,
     ) -> None:
-        self.store, self.rules, self.fleet, self.node_id = store, rules, fleet, node_id
+        self.store, self.fleet, self.node_id = store, fleet, node_id
+        self.rules = compiled(rules)
         # authorised calls awaiting their PostToolUse: call key -> (mission, action id)
         self._authorised: dict[str, tuple[str, str]] = {}
 
     def is_consequential(self, tool: str, tool_input: dict[str, Any]) -> bool:
-        return consequential(self.rules, tool, tool_input) is not None
+        return policy.judge(self.rules, tool, tool_input) is not None
 
     def local_risk(
         self, mission_id: str, action: str, grant_id: str | None
@@ -59,10 +64,17 @@ class ActionGate:
         *, call: str | None = None,
     ) -> Decision:  # fmt: skip
         """Local checks first (risks kept on this node), then the coordinator's authorize."""
-        rule = consequential(self.rules, tool, tool_input)
-        if rule is None:
+        verdict = policy.judge(self.rules, tool, tool_input)
+        if verdict is None:
             return allow()
-        action = rule.action
+        action = verdict.action
+        if verdict.refused:
+            kind = DecisionKind.PERSON if verdict.person else DecisionKind.UNDECIDABLE
+            rule = Rule.NO_MODEL_TRANSITION.value if verdict.person else "undecidable"
+            return Decision(
+                decision="deny", kind=kind, consequential=True, action=action, rule=rule,
+                reason=verdict.reason,
+            )  # fmt: skip
         blocking = await self.store.run(self.local_risk, mission_id, action, grant_id)
         if blocking is not None:
             return _deny(DecisionKind.RISK, blocking, action)
@@ -86,7 +98,7 @@ class ActionGate:
             action_id=f"a-{new_id().hex[:20]}",
             grant_id=grant_id,
             action=action,
-            cost=parse_amount(rule.cost),
+            cost=parse_amount(verdict.cost),
             # Only a real tool-call id identifies a retry; the same command run twice on purpose
             # (no id) gets a key of its own.
             idempotency_key=call if call and call.startswith("call-") else f"node-{new_id()}",

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from fleetbus.http import loopback_host
 from fleetbus.settings import FleetBaseSettings, default_state_dir
@@ -17,24 +17,38 @@ SHELL_TOOLS_PATTERN = SHELL_TOOLS
 
 
 class ConsequentialRule(BaseModel):
-    """A tool call the coordinator must authorise: tool name regex + command/input regex."""
+    """A consequential rule (``fleetledger_hook.policy`` reads it): for shell commands a
+    ``program``, its ``subcommand`` path and optional ``flags`` (any one of them); for other
+    tools a ``tool`` name regex and a ``pattern`` on the input's JSON. ``person``: only a
+    person may do it, refused from an agent's tool whatever its grant."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tool: str  # regex on the tool name, e.g. "Bash"
-    pattern: str = ".*"  # regex searched in the command (Bash) or the JSON of the tool input
+    program: str | None = None  # the program's basename, e.g. "git"
+    subcommand: tuple[str, ...] = ()  # e.g. ("push",), ("todo", "done")
+    flags: tuple[str, ...] = ()  # consequential only with one of these, e.g. ("--check-cmd",)
+    tool: str | None = None  # non-shell tools: regex on the tool name, e.g. "^mcp__deploy"
+    pattern: str | None = None  # non-shell tools: regex searched in the input's JSON
     action: str  # the ledger action name, e.g. "git.push"
     cost: str = "0"  # currency units ("0.04"), stored as micros when asking
+    person: bool = False
 
-    def matches(self, tool: str, tool_input: dict[str, Any]) -> bool:
-        return policy.matches(self.tool, self.pattern, tool, tool_input)
+    @model_validator(mode="after")
+    def _usable(self) -> ConsequentialRule:
+        try:
+            policy.Rule(self.policy_form())
+        except policy.RuleError as exc:
+            raise ValueError(exc.detail) from None
+        return self
+
+    def policy_form(self) -> dict[str, Any]:
+        """The rule as the hook process reads it (``node-agent.hook.json``)."""
+        return self.model_dump(exclude_none=True)
 
 
-def consequential(
-    rules: list[ConsequentialRule], tool: str, tool_input: dict[str, Any]
-) -> ConsequentialRule | None:
-    """The first rule that marks this tool call consequential, if any."""
-    return next((r for r in rules if r.matches(tool, tool_input)), None)
+def compiled(rules: list[ConsequentialRule]) -> tuple[policy.Rule, ...]:
+    """The node's rules as the one matcher takes them (checked when the settings loaded)."""
+    return policy.compile_rules(r.policy_form() for r in rules)
 
 
 # The one list of defaults, shared with the hook process (which needs it when we are down).

@@ -235,6 +235,8 @@ class DecisionKind(StrEnum):
     NO_GRANT = "no_grant"  # consequential, and the session has no grant
     UNREACHABLE = "unreachable"  # consequential, and the coordinator cannot be asked
     COORDINATOR = "coordinator"  # the coordinator's decision at a consistent cut
+    PERSON = "person"  # only a person may do it (a fleetledger command): never an agent's tool
+    UNDECIDABLE = "undecidable"  # what the command runs cannot be told before it runs
 
 
 class StalePremise(Reply):

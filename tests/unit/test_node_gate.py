@@ -72,3 +72,34 @@ async def test_an_inconsequential_call_is_allowed_without_asking(tmp_path: Path)
 def test_a_bad_check_names_its_field() -> None:
     with pytest.raises(ValidationError, match=r"check\.command\.argv"):
         TodoAdd.model_validate({"session_id": "s", "text": "t", "check": {"type": "command"}})
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["git -C . push", "git --no-pager push", "git -c push.default=current push", "git 'push'"],
+)
+async def test_a_respelled_push_goes_to_the_coordinator(tmp_path: Path, command: str) -> None:
+    g = gate(tmp_path)
+    decision = await g.decide("m", "g-leaf", "Bash", {"command": command})
+    assert (decision.kind, decision.action) == (DecisionKind.UNREACHABLE, "git.push")
+    g.store.close()
+
+
+async def test_a_persons_command_is_refused_whatever_the_grant(tmp_path: Path) -> None:
+    g = gate(tmp_path)
+    for command in ("fleetledger todo check t1 --command true", "fleetledger todo block t1",
+                    "fleetledger todo evidence EV", "fleetledger role bind x"):  # fmt: skip
+        decision = await g.decide("m", "g-leaf", "Bash", {"command": command})
+        assert (decision.decision, decision.kind) == ("deny", DecisionKind.PERSON), command
+        assert decision.rule == "no_model_transition" and "own terminal" in (decision.reason or "")
+    g.store.close()
+
+
+async def test_an_undecidable_command_is_refused_saying_why(tmp_path: Path) -> None:
+    g = gate(tmp_path)
+    decision = await g.decide("m", "g-leaf", "Bash", {"command": 'eval "$CMD"'})
+    assert (decision.decision, decision.kind) == ("deny", DecisionKind.UNDECIDABLE)
+    assert decision.reason == (
+        "refused: eval runs a string built at run time; fleetledger cannot tell what it runs"
+    )
+    g.store.close()

@@ -1,0 +1,91 @@
+"""What a git command line runs besides git: its subcommand checked against git's own commands,
+and the commands git runs for you (``submodule foreach``, ``rebase --exec``, ``bisect run``,
+``filter-branch``'s filters).
+
+A subcommand git does not have is an alias from git's config or a ``git-NAME`` program on the
+PATH: either may be ``push``, so it cannot be decided (``git config alias.p push && git p``).
+Stdlib only, like ``shell``.
+"""
+
+from __future__ import annotations
+
+from fleetledger_hook.shellwords import Word
+
+# `git --list-cmds=main` (git 2.39) less its helpers: git's own commands. A newer command is
+# undecidable until it is listed here (refused, never guessed).
+_COMMANDS = """
+add am annotate apply archive backfill bisect blame branch bugreport bundle cat-file
+check-attr refs replay
+check-ignore check-mailmap check-ref-format checkout checkout-index cherry cherry-pick
+clean clone column commit commit-graph commit-tree config count-objects credential
+credential-cache credential-store daemon describe diagnose diff diff-files diff-index
+diff-tree difftool fast-export fast-import fetch fetch-pack filter-branch fmt-merge-msg
+for-each-ref for-each-repo format-patch fsck fsck-objects gc get-tar-commit-id grep
+hash-object help hook http-backend http-fetch http-push imap-send index-pack init init-db
+instaweb interpret-trailers log ls-files ls-remote ls-tree mailinfo mailsplit maintenance
+merge merge-base merge-file merge-index merge-octopus merge-one-file merge-ours
+merge-recursive merge-recursive-ours merge-recursive-theirs merge-resolve merge-subtree
+merge-tree mergetool mktag mktree multi-pack-index mv name-rev notes pack-objects
+pack-redundant pack-refs patch-id pickaxe prune prune-packed pull push quiltimport
+range-diff read-tree rebase receive-pack reflog remote remote-ext remote-fd remote-ftp
+remote-ftps remote-http remote-https repack replace request-pull rerere reset restore
+rev-list rev-parse revert rm send-pack shell shortlog show show-branch show-index show-ref
+sparse-checkout stage stash status stripspace submodule subtree switch symbolic-ref tag
+unpack-file unpack-objects update-index update-ref update-server-info upload-archive
+upload-pack var verify-commit verify-pack verify-tag version whatchanged worktree
+write-tree
+"""
+COMMANDS = frozenset(_COMMANDS.split())
+FILTERS = frozenset({"--tree-filter", "--index-filter", "--msg-filter", "--commit-filter",
+                     "--env-filter", "--parent-filter", "--tag-name-filter"})  # fmt: skip
+
+
+class Runs:
+    """What git runs for this command line: shell strings, argv lists, undecidable reasons."""
+
+    __slots__ = ("argvs", "strings", "undecidable")
+
+    def __init__(self) -> None:
+        self.strings: list[Word] = []
+        self.argvs: list[list[Word]] = []
+        self.undecidable: list[str] = []
+
+
+def runs(args: list[Word]) -> Runs:
+    """``args``: git's arguments after its global options (the subcommand first)."""
+    out = Runs()
+    if not args or args[0].literal is None or args[0].text.startswith("-"):
+        return out
+    sub, rest = args[0].text, args[1:]
+    if sub not in COMMANDS:
+        out.undecidable.append(
+            f"git {sub} is no git command: an alias or a git-{sub} program fleetledger cannot see"
+        )
+    elif sub == "submodule" and rest and rest[0].text == "foreach":
+        tail = rest[1:]
+        while tail and tail[0].text in ("--quiet", "-q", "--recursive"):
+            tail = tail[1:]
+        out.strings.append(_joined(tail))
+    elif sub == "rebase":
+        out.strings += _values(rest, ("-x", "--exec"))
+    elif sub == "bisect" and rest and rest[0].text == "run":
+        out.argvs.append(rest[1:])
+    elif sub == "filter-branch":
+        out.strings += _values(rest, tuple(FILTERS))
+    return out
+
+
+def _joined(words: list[Word]) -> Word:
+    """Words git hands to ``sh -c`` joined by spaces (dynamic if any of them is)."""
+    why = next((w.why for w in words if w.why), None)
+    return Word(" ".join(w.text for w in words), why)
+
+
+def _values(args: list[Word], options: tuple[str, ...]) -> list[Word]:
+    found = []
+    for at, word in enumerate(args):
+        if word.text in options and at + 1 < len(args):
+            found.append(args[at + 1])
+        elif word.text.startswith(tuple(o + "=" for o in options if o.startswith("--"))):
+            found.append(Word(word.text.split("=", 1)[1], word.why))
+    return found
