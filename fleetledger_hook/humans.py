@@ -1,9 +1,10 @@
 """Which `fleetledger` commands an agent's own tools may run, and how an agent session shows.
 
-One table for both sides of the human/agent line: the CLI refuses itself inside an agent
-session (``fleetledger.cli``), and the gate can refuse the same commands in a tool call. The
-table is an allowlist: what an agent may run is named here (reads, its own servers, the hook
-itself); every other command, a new one included, acts for a person and is refused.
+One table (``COMMANDS``) for both sides of the human/agent line: the CLI refuses itself
+inside an agent session (``fleetledger.cli``), and the gate refuses the same commands in a tool
+call (``fleetledger_hook.policy``). The table is an allowlist: what an agent may run is named
+here (reads, help, and the hook its own CLI runs); every other command, a new one included,
+acts for a person and is refused.
 
 The session markers are what each CLI sets in its shell tool's environment, read from a real
 run of each (a ``env`` tool call, ``tests/realcli/test_human_only.py``): Claude Code 2.1
@@ -26,26 +27,52 @@ AGENT_MARKERS: tuple[tuple[str, str], ...] = (
     ("AI_AGENT", "an AI agent"),  # Claude Code sets it too; a cross-tool convention
 )
 
-# command paths (the CLI's words) an agent session may run: they read, run a server of their
-# own, or are the hook itself; nothing here decides for a person
+# Every fleetledger command (the typer app's tree; tests/unit/test_shell_policy.py keeps the two
+# equal): the action a person takes with it, or None for one an agent may run (it reads, or
+# only shows help). A path not listed acts for a person too. The gate refuses the person's ones
+# in any tool call; the CLI refuses them itself inside an agent session.
+COMMANDS: dict[tuple[str, ...], str | None] = {
+    ("todo", "list"): None,
+    ("todo", "add"): None,  # with a check it is a person's (AGENT_MAY_NOT_PASS)
+    ("todo", "check"): "todo.check",
+    ("todo", "done"): "todo.close",
+    ("todo", "cancel"): "todo.close",
+    ("todo", "block"): "todo.block",
+    ("todo", "evidence"): "todo.evidence",
+    ("view",): None, ("replay",): None, ("trace",): None, ("demo",): None,
+    ("identity", "list"): None, ("identity", "nats-config"): None,
+    ("role", "list"): None, ("node-agent", "state"): None, ("node-agent", "claims"): None,
+    ("up",): "person.up",
+    ("approve",): "person.approve",
+    ("mission", "create"): "person.mission.create",
+    ("grant", "issue"): "person.grant.issue",
+    ("grant", "revoke"): "person.grant.revoke",
+    ("evidence", "register"): "person.evidence.register",
+    ("evidence", "supersede"): "person.evidence.supersede",
+    ("risk", "open"): "person.risk.open",
+    ("risk", "treat"): "person.risk.treat",
+    ("action", "request"): "person.action.request",
+    ("effect", "record"): "person.effect.record",
+    ("coordinator", "run"): "person.coordinator.run",
+    ("coordinator", "reset-consumer"): "person.coordinator.reset-consumer",
+    ("identity", "create"): "person.identity.create",
+    ("identity", "revoke"): "person.identity.revoke",
+    ("identity", "use"): "person.identity.use",
+    ("identity", "helm-values"): "person.identity.helm-values",
+    ("role", "bind"): "person.role.bind",
+    ("role", "unbind"): "person.role.unbind",
+    ("node-agent", "run"): "person.node-agent.run",
+    ("hooks", "install"): "person.hooks.install",
+    ("hook",): "person.hook",  # the agent CLI's own entry: from a shell it forges hook events
+}  # fmt: skip
+
+# The one command the CLI runs inside an agent session although the gate refuses it from a tool
+# call: the agent CLI itself runs its hook, with its session's environment.
+AGENT_CLI_RUNS: frozenset[tuple[str, ...]] = frozenset({("hook",)})
+# command paths an agent session may run: they read, or only show help; nothing here decides for
+# a person
 AGENT_MAY_RUN: frozenset[tuple[str, ...]] = frozenset(
-    {
-        ("hook",),
-        ("trace",),
-        ("view",),
-        ("replay",),
-        ("up",),
-        ("demo",),
-        ("coordinator", "run"),
-        ("node-agent", "run"),
-        ("node-agent", "state"),
-        ("node-agent", "claims"),
-        ("todo", "list"),
-        ("role", "list"),
-        ("identity", "list"),
-        ("identity", "nats-config"),
-        ("todo", "add"),  # an item of its own; with a check only a person (AGENT_MAY_NOT_PASS)
-    }
+    {path for path, action in COMMANDS.items() if action is None} | AGENT_CLI_RUNS
 )
 # options that make an allowed command a person's decision (a check decides what "done" is)
 AGENT_MAY_NOT_PASS: dict[tuple[str, ...], frozenset[str]] = {
@@ -70,5 +97,5 @@ def acts_for_a_person(path: Sequence[str], options: Iterable[str] = ()) -> bool:
     return not AGENT_MAY_NOT_PASS.get(key, frozenset()).isdisjoint(options)
 
 
-__all__ = ["AGENT_MARKERS", "AGENT_MAY_NOT_PASS", "AGENT_MAY_RUN", "acts_for_a_person",
-           "agent_session"]  # fmt: skip
+__all__ = ["AGENT_CLI_RUNS", "AGENT_MARKERS", "AGENT_MAY_NOT_PASS", "AGENT_MAY_RUN", "COMMANDS",
+           "acts_for_a_person", "agent_session"]  # fmt: skip

@@ -17,6 +17,7 @@ import json
 import re
 
 from fleetledger_hook import programs
+from fleetledger_hook.humans import AGENT_MAY_NOT_PASS, COMMANDS
 from fleetledger_hook.programs import Invocation
 from fleetledger_hook.shellwords import Word
 
@@ -30,42 +31,7 @@ SHELL_TOOL_NAMES = frozenset({"Bash", "shell", "exec_command", "run_shell_comman
 SHELL_TOOLS = r"^(Bash|shell|exec_command|run_shell_command)$"  # the same, as a tool regex
 UNDECIDABLE = "shell.undecidable"  # the action named when a command cannot be decided
 
-# Every fleetledger command (the typer app's tree; tests/unit/test_shell_policy.py keeps the two
-# equal): the action a person takes with it, or None for one an agent may run (it reads, or
-# only shows help). A path not listed is refused as a person's command too.
-FLEETLEDGER: dict[tuple[str, ...], str | None] = {
-    ("todo", "list"): None,
-    ("todo", "add"): None,  # with a check it is a person's (the rule below)
-    ("todo", "check"): "todo.check",
-    ("todo", "done"): "todo.close",
-    ("todo", "cancel"): "todo.close",
-    ("todo", "block"): "todo.block",
-    ("todo", "evidence"): "todo.evidence",
-    ("view",): None, ("replay",): None, ("trace",): None, ("demo",): None,
-    ("identity", "list"): None, ("identity", "nats-config"): None,
-    ("role", "list"): None, ("node-agent", "state"): None, ("node-agent", "claims"): None,
-    ("up",): "person.up",
-    ("approve",): "person.approve",
-    ("mission", "create"): "person.mission.create",
-    ("grant", "issue"): "person.grant.issue",
-    ("grant", "revoke"): "person.grant.revoke",
-    ("evidence", "register"): "person.evidence.register",
-    ("evidence", "supersede"): "person.evidence.supersede",
-    ("risk", "open"): "person.risk.open",
-    ("risk", "treat"): "person.risk.treat",
-    ("action", "request"): "person.action.request",
-    ("effect", "record"): "person.effect.record",
-    ("coordinator", "run"): "person.coordinator.run",
-    ("identity", "create"): "person.identity.create",
-    ("identity", "revoke"): "person.identity.revoke",
-    ("identity", "helm-values"): "person.identity.helm-values",
-    ("role", "bind"): "person.role.bind",
-    ("role", "unbind"): "person.role.unbind",
-    ("node-agent", "run"): "person.node-agent.run",
-    ("hooks", "install"): "person.hooks.install",
-    ("hook",): "person.hook",  # the agent CLI's own entry: from a shell it forges hook events
-}  # fmt: skip
-_GROUPS = frozenset(path[:n] for path in FLEETLEDGER for n in range(1, len(path)))
+_GROUPS = frozenset(path[:n] for path in COMMANDS for n in range(1, len(path)))
 
 
 def _shell(program: str, path: Sequence[str], action: str, **more: Any) -> dict[str, Any]:
@@ -76,9 +42,9 @@ def _shell(program: str, path: Sequence[str], action: str, **more: Any) -> dict[
 # the configured rules (configuring rules cannot hand a person's powers to an agent).
 PERSON_RULES: tuple[dict[str, Any], ...] = (
     *(_shell("fleetledger", path, action, person=True)
-      for path, action in FLEETLEDGER.items() if action),
-    _shell("fleetledger", ["todo", "add"], "todo.check", person=True,
-           flags=["--check-cmd", "--check-file", "--check-evidence"]),
+      for path, action in COMMANDS.items() if action),
+    *(_shell("fleetledger", list(path), "todo.check", person=True, flags=sorted(flags))
+      for path, flags in AGENT_MAY_NOT_PASS.items()),
     _shell("fleetledger_hook", [], "person.hook", person=True),
     _shell("curl", [], "person.node-socket", person=True, flags=["--unix-socket"]),
 )  # fmt: skip
@@ -361,11 +327,11 @@ def _fleetledger_path(invocation: Invocation) -> Verdict | None:
         if word.literal is None:
             return _undecidable(f"fleetledger's command is chosen at run time ({word.why})")
         if word.text.startswith("-"):
-            if path in FLEETLEDGER:
+            if path in COMMANDS:
                 return None
             continue
         path = (*path, word.text)
-        if path in FLEETLEDGER:
+        if path in COMMANDS:
             return None
         if path not in _GROUPS:
             break

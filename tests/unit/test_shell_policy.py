@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from fleetledger.cli import app
 from fleetledger_hook import policy
+from fleetledger_hook.humans import COMMANDS
 from node_agent.settings import DEFAULT_RULES, NodeSettings
 
 CORPUS = tomllib.loads((Path(__file__).parents[1] / "fixtures" / "shell_corpus.toml").read_text())
@@ -73,7 +74,7 @@ def leaves(group: click.Command, path: tuple[str, ...] = ()) -> set[tuple[str, .
 
 
 def test_the_fleetledger_table_names_every_command_the_cli_has() -> None:
-    assert leaves(typer.main.get_command(app)) == set(policy.FLEETLEDGER)
+    assert leaves(typer.main.get_command(app)) == set(COMMANDS)
 
 
 def test_a_fleetledger_command_no_table_knows_is_a_persons() -> None:
