@@ -37,7 +37,6 @@ from ledger.events import (
     ResourceModified,
     ResourceObserved,
 )
-from node_agent.checks import Run
 from node_agent.settings import CacheRule, cache_rule
 from node_agent.store import Session, Store
 
@@ -539,7 +538,7 @@ class ExecutionState:
             )  # fmt: skip
         return fp
 
-    # --- what completion checks ask (checks.WrittenCheck, checks.PassedCheck) ----------------
+    # --- what a written completion check asks (checks.WrittenCheck) ------------------------------
 
     def matching(self, cwd: str, pattern: str) -> dict[str, str]:
         """The files under ``cwd`` matching ``pattern`` (globs, case-insensitive, ``|`` between
@@ -563,33 +562,9 @@ class ExecutionState:
                     return found
         return found
 
-    def _valid(self, command: str, cwd: str, fp: str, inputs: Mapping[str, str]) -> bool:
-        """A recorded run still answers: the files its rule reads now fingerprint to it (new
-        files included), else (no rule now) every input it read is unchanged."""
-        rule = next((r for r in self.rules if re.search(r.pattern, command)), None)
-        if rule is not None:
-            now = self.inputs(rule, cwd)
-            return now is not None and fingerprint(command, cwd, now) == fp
-        return self.unchanged(inputs)
-
     def unchanged(self, inputs: Mapping[str, str]) -> bool:
         """Every input a recorded run read is at the version it read."""
         return all(self.current(rid) == v for rid, v in inputs.items())
-
-    def last_run(self, pattern: str, cwd: str) -> Run | None:
-        """The latest recorded run in ``cwd`` whose command matches ``pattern``, and whether it
-        still answers (S5.3's rule: none of the files it read changed since)."""
-        rows = self.store.db.execute(
-            "SELECT fingerprint, command, inputs, exit_status FROM commands WHERE cwd = ? "
-            "ORDER BY rowid DESC LIMIT 200",
-            (cwd,),
-        ).fetchall()
-        for row in rows:
-            if re.search(pattern, row["command"]) is None:
-                continue
-            valid = self._valid(row["command"], cwd, row["fingerprint"], json.loads(row["inputs"]))
-            return Run(row["command"], int(row["exit_status"]), valid)
-        return None
 
     # --- the summary on the way in ----------------------------------------------------------
 
