@@ -137,7 +137,9 @@ class AutoLedger:
         infer = (lambda t: self.infer(t, cwd)) if cwd else None
         added = [s.item_id for s in self.store.add_items(session, list(parsed.items), infer=infer)]
         result = audit(self.store.items(session.session_id))
-        self.store.set_reminded(session.session_id, told(result), None)
+        # what the human was told stays told: a new user turn is no new standing of an item
+        _told, noted = self.store.reminded(session.session_id)
+        self.store.set_reminded(session.session_id, told(result), noted)
         return PromptResult(session.session_id, added, cancelled, context(result))
 
     def add(

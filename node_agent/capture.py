@@ -176,7 +176,7 @@ def _task(part: str) -> bool:
 
 
 def split_tasks(text: str) -> list[str]:
-    """"A, B and C" as one item per task when every part is a task; else the text whole."""
+    """ "A, B and C" as one item per task when every part is a task; else the text whole."""
     parts = [p.strip() for p in _LIST_SEP.split(text) if p.strip()]
     if len(parts) > 1 and all(_task(p) for p in parts):
         return [_clean(p) for p in parts]

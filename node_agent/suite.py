@@ -215,14 +215,19 @@ async def run_suite(
             return Report(chosen, problem=f"the run wrote no result (exit {code})")
 
 
+_HAS_PYTEST: dict[str, bool] = {}  # interpreter -> whether it has pytest (asked once)
+
+
 async def _test_runner(python: str, cwd: str, env: dict[str, str]) -> str:
     """pytest when the node's interpreter has it (it runs unittest tests too), else unittest."""
-    probe = [python, "-I", "-c", "import importlib.util as u; print(bool(u.find_spec('pytest')))"]
-    try:
-        _code, out = await _run(probe, cwd, env, 10.0)
-    except (TimeoutError, OSError):
-        return "unittest"
-    return "pytest" if out.strip() == "True" else "unittest"
+    if python not in _HAS_PYTEST:
+        probe = [python, "-I", "-c", "import importlib.util as u; print(u.find_spec('pytest'))"]
+        try:
+            code, out = await _run(probe, cwd, env, 10.0)
+        except (TimeoutError, OSError):
+            return "unittest"  # not remembered: the next run asks again
+        _HAS_PYTEST[python] = code == 0 and out.strip() != "None"
+    return "pytest" if _HAS_PYTEST[python] else "unittest"
 
 
 class Verifier:
