@@ -4,8 +4,9 @@ Pure: text in, a ``Capture`` out. Items come from list bullets, numbered steps a
 sentences; a list of tasks written in one sentence ("A, B and C", "A and B") is one item per
 task, when every part is a task of its own (an imperative verb and its object, no pronoun
 pointing back: "fix the bug and test it" stays one item); corrections ("actually, not X",
-"skip X", "don't X", "never mind X", "X is no longer needed") name an item to cancel. Matching a phrase to an existing item is a token-overlap score,
-so "skip the changelog" finds "Update the CHANGELOG for 0.2".
+"skip X", "don't X", "never mind X", "X is no longer needed") name an item to cancel. Matching
+a phrase to an existing item is a token-overlap score, so "skip the changelog" finds "Update
+the CHANGELOG for 0.2".
 """
 
 from __future__ import annotations
