@@ -154,9 +154,11 @@ class Capture:
 
 
 def _clean(text: str) -> str:
-    text = re.sub(r"\s+", " ", text).strip().strip("`").strip()
+    text = re.sub(r"\s+", " ", text).strip()
+    if len(text) > 1 and text[0] == text[-1] == "`":  # a whole item in backticks, not a name
+        text = text[1:-1].strip()
     text = _POLITE.sub("", text)
-    text = text.rstrip(" .;:!")
+    text = text.rstrip(" .,;:!")
     return text[:MAX_ITEM_CHARS]
 
 
@@ -172,7 +174,7 @@ _BACK = frozenset({"it", "they", "them", "this", "that", "these", "those", "its"
 def _task(part: str) -> bool:
     """A part of a sentence that is a task of its own: an imperative verb, an object, and no
     pronoun pointing back at another part."""
-    words = [w.lower() for w in re.findall(r"[A-Za-z']+", part)]
+    words = [w.lower() for w in re.findall(r"[A-Za-z]+", part)]  # "it's": "it", "s"
     return len(words) >= 2 and words[0] in IMPERATIVE_VERBS and not _BACK & set(words[1:])
 
 

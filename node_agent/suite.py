@@ -139,10 +139,10 @@ def verdict(report: Report) -> CheckResult:
         why = f"not verified: {report.deselected + report.dropped} collected tests did not run"
     elif report.uncollected:
         why = f"not verified: test files not collected: {', '.join(report.uncollected[:SHOWN])}"
-    elif report.unrun:
-        why = f"not verified: {report.unrun} selected tests neither ran nor were skipped"
     elif report.ran == 0:
         why = f"not verified: no {unit} was {'checked' if unit == 'file' else 'run'}"
+    elif report.unrun:
+        why = f"not verified: {report.unrun} selected tests neither ran nor were skipped"
     if why is not None:
         return CheckResult(passed=False, detail=f"{name}: {counts}; {why}")
     return CheckResult(passed=True, detail=f"{name}: {counts}")
