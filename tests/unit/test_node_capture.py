@@ -102,7 +102,7 @@ def test_each_part_of_a_split_sentence_gets_its_own_check() -> None:
     parts = parse_prompt("Write hello.txt, run the tests and update the changelog.").items
     checks = [infer(p, "/w", load()) for p in parts]
     assert [c.type if c else None for c in checks] == ["written", "passed", "written"]
-    assert [getattr(c, "pattern", None) for c in checks][0] == "hello.txt"
+    assert getattr(checks[0], "pattern", None) == "hello.txt"
 
 
 @pytest.mark.parametrize(
