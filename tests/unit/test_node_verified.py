@@ -115,8 +115,11 @@ async def test_a_run_of_the_agents_that_exits_0_does_not_close_a_failing_suite(
         ("pytest.ini", "[pytest]\naddopts = --setup-plan\n", "no test was run"),
         ("pytest.ini", "[pytest]\naddopts = -k test_ok\n", "1 collected tests did not run"),
         ("pytest.ini", "[pytest]\npython_files = check_*.py\n", "not collected: test_calc.py"),
-        ("pytest.ini", "[pytest]\naddopts = --ignore=test_calc.py\npython_files = *_ok.py\n",
-         "not collected: test_calc.py"),
+        (
+            "pytest.ini",
+            "[pytest]\naddopts = --ignore=test_calc.py\npython_files = *_ok.py\n",
+            "not collected: test_calc.py",
+        ),
         ("conftest.py", SKIP_ALL, "0 ran, 0 failed, 0 errors, 2 skipped"),
         ("conftest.py", DROP_FAILING, "1 collected tests did not run"),
         ("pytest.py", "raise SystemExit(0)\n", "failed: test_calc.py::test_add"),
