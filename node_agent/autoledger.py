@@ -83,7 +83,9 @@ class AutoLedger:
         test and lint runs, which passed checks read."""
         self.store, self.gate = store, gate
         self.execution = execution or ExecutionState(store)
-        self.verifier = verifier or Verifier(store, timeout=check_timeout_s)
+        self.verifier = verifier or Verifier(
+            store, workspace=self.execution.workspace, timeout=check_timeout_s
+        )
         self.rules = tuple(completion.load() if rules is None else rules)
         self.stop_block_cap, self.check_timeout_s = stop_block_cap, check_timeout_s
 

@@ -39,6 +39,7 @@ from ledger.events import (
 )
 from node_agent.settings import CacheRule, cache_rule
 from node_agent.store import Session, Store
+from node_agent.workspace import Workspace
 
 VersionFn = Callable[[str], str | None]  # the name after ``scheme:`` -> its version, or None
 
@@ -272,7 +273,10 @@ class ExecutionState:
         shared: Mapping[str, str] | None = None,
         scan_limit: int = 5000,
         cache_failures: bool = False,
+        workspace: Workspace | None = None,
     ) -> None:
+        """``workspace``: the fingerprints a ``CacheRule.workspace`` record holds by (its stat
+        cache shared with the node's own test runs)."""
         self.store = store
         self.rules = list(rules)
         # longest root first so nested roots win
@@ -282,6 +286,9 @@ class ExecutionState:
         )
         self.scan_limit, self.cache_failures = scan_limit, cache_failures
         self.versions: dict[str, VersionFn] = {}
+        self.workspace = workspace or Workspace()
+        # ``workspace:<cwd>``: everything under the directory (``node_agent.workspace``)
+        self.register_version("workspace", lambda cwd: self.workspace.fingerprint(cwd).digest)
 
     def register_version(self, scheme: str, fn: VersionFn) -> None:
         """Give a kind of resource (``svc``, ``db``...) a version function."""
@@ -447,6 +454,11 @@ class ExecutionState:
     def inputs(self, rule: CacheRule, cwd: str, extra: Iterable[str] = ()) -> dict[str, str] | None:
         """Versions of everything ``rule`` says the command reads; None when unsure (too many)."""
         found: dict[str, str] = {}
+        if rule.workspace:
+            digest = self.workspace.fingerprint(cwd).digest
+            if digest is None:
+                return None  # more than the bounds, or unreadable: uncertain
+            found[f"workspace:{cwd}"] = digest
         patterns = list(rule.inputs)
         if patterns:
             for dirpath, dirnames, filenames in os.walk(cwd):
