@@ -149,6 +149,8 @@ class Workspace:
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+        # a git work tree, as a project is: the node fingerprints what git tracks or would
+        subprocess.run(["git", "init", "-q"], cwd=root, check=True, capture_output=True)
         self.env = {
             **os.environ,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -176,6 +178,7 @@ class ScriptedAgent:
     def __init__(self, node: NodeAgent, workspace: Workspace, session: str) -> None:
         self.node, self.ws, self.session = node, workspace, session
         self.told: set[str] = set()
+        self.latency_ms: list[tuple[float, bool]] = []  # each turn end: its cost, a suite ran
         self.blocks = self.repeated_blocks = self.reminder_turns = self.stops = 0
         self.human_messages: list[str] = []
 
@@ -211,9 +214,12 @@ class ScriptedAgent:
         active = False
         for _ in range(10):  # bounded: the node's own block cap ends it well before
             self.stops += 1
+            runs = len(self.node.store.suite_run_ms())
             end = await self.node.call(
                 "stop", {"session_id": self.session, "stop_hook_active": active}
             )
+            ran = len(self.node.store.suite_run_ms()) > runs
+            self.latency_ms.append((float(end["latency_ms"]), ran))
             if end.get("message"):
                 self.human_messages.append(str(end["message"]))
             if not end["block"]:
@@ -287,6 +293,11 @@ async def verified_mission(directory: Path) -> dict[str, float]:
             turns += 5
         listed = await node.call("todo.list", {"session_id": agent.session})
         runs = sorted(node.store.suite_run_ms())
+        fingerprints = []
+        for _ in range(50):  # the workspace fingerprint a turn end takes: stat cache warm
+            started = time.perf_counter()
+            node.execution.workspace.fingerprint(str(ws.root))
+            fingerprints.append((time.perf_counter() - started) * 1000)
     finally:
         node.store.close()
     views = [v for v in listed["items"] if v["stored_status"] != "cancelled"]
@@ -315,6 +326,11 @@ async def verified_mission(directory: Path) -> dict[str, float]:
         "human_only_items": len(human_only),
         "human_notes_per_human_only_item": round(statistics.mean(per_item), 2) if per_item else 0,
         "human_notes_per_human_only_item_max": max(per_item, default=0),
+        "fingerprint_median_ms": round(statistics.median(fingerprints), 2),
+        "workspace_files": len(node.execution.workspace.fingerprint(str(ws.root)).files),
+        "verified_turn_end_no_run_median_ms": round(
+            statistics.median(ms for ms, ran in agent.latency_ms if not ran), 2
+        ),
         "verification_runs": len(runs),
         "verification_median_ms": round(statistics.median(runs), 1) if runs else None,
         "verification_p99_ms": round(runs[min(len(runs) - 1, int(0.99 * len(runs)))], 1)
@@ -367,7 +383,9 @@ def main() -> None:
     print(
         f"cost of a verification (the node's own test run): median "
         f"{c['verification_median_ms']} ms, p99 {c['verification_p99_ms']} ms over "
-        f"{c['verification_runs']} runs (one per workspace state asked about)",
+        f"{c['verification_runs']} runs (one per workspace state asked about); workspace "
+        f"fingerprint (git, {c['workspace_files']} files) {c['fingerprint_median_ms']} ms; a turn "
+        f"end that runs no suite {c['verified_turn_end_no_run_median_ms']} ms (median)",
         file=sys.stderr,
     )
     print(json.dumps({"bench": "judge", **figures, "completion": completion}))

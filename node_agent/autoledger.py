@@ -39,6 +39,7 @@ from node_agent.execution import ExecutionState
 from node_agent.judge import JudgeGate, JudgeOutcome
 from node_agent.store import Session, Store, StoredItem, safe_id
 from node_agent.suite import Verifier
+from node_agent.workspace import Fingerprint
 
 
 @dataclass(frozen=True)
@@ -215,8 +216,9 @@ class AutoLedger:
 
     # --- checks -----------------------------------------------------------------------------
 
-    async def verify(self, stored: StoredItem) -> bool:
-        """Run the item's check here; a pass moves it to done as the check's own actor."""
+    async def verify(self, stored: StoredItem, seen: dict[str, Fingerprint] | None = None) -> bool:
+        """Run the item's check here; a pass moves it to done as the check's own actor.
+        ``seen``: the workspace fingerprints this turn end took already."""
         check, run = stored.check, self.store.run
         if check is None:
             return False
@@ -229,7 +231,7 @@ class AutoLedger:
                     self.execution.matching, check.cwd, check.pattern
                 )
             elif isinstance(check, PassedCheck):  # the node's own run, cached by workspace state
-                suite = await self.verifier.check(check)
+                suite = await self.verifier.check(check, seen)
             result = await run_check(
                 check, evidence_known=lambda _: known, versions=versions, suite=suite,
                 timeout=self.check_timeout_s,
@@ -248,7 +250,9 @@ class AutoLedger:
             await run(self.store.record_check_detail, stored.item_id, result.detail)
         return result.passed
 
-    async def revalidate(self, items: Sequence[StoredItem]) -> list[str]:
+    async def revalidate(
+        self, items: Sequence[StoredItem], seen: dict[str, Fingerprint] | None = None
+    ) -> list[str]:
         """Reopen each item a passed check closed whose run no longer holds: the workspace it
         saw changed and the node's own run on the workspace as it is now does not pass."""
         reopened = []
@@ -257,7 +261,7 @@ class AutoLedger:
             if not isinstance(check, PassedCheck) or not _closed_by_check(stored):
                 continue
             try:
-                result = await self.verifier.check(check)
+                result = await self.verifier.check(check, seen)
             except Exception as exc:  # a run that cannot be made is not a pass
                 result = CheckResult(passed=False, detail=f"the check failed to run ({exc})")
             if not result.passed:
@@ -292,12 +296,13 @@ class AutoLedger:
         if early is not None:  # the judge answered without a model call, on the store's thread
             source = early.source
         if settled is None:
-            if await self.revalidate(result.terminal):
+            seen: dict[str, Fingerprint] = {}  # one fingerprint per workspace per turn end
+            if await self.revalidate(result.terminal, seen):
                 result = audit(await run(self.store.items, session.session_id))
             for stored in result.actionable:
                 if stored.check is not None:
                     checks += 1
-                    if await self.verify(stored):
+                    if await self.verify(stored, seen):
                         verified.append(stored.item_id)
             if checks:
                 result = audit(await run(self.store.items, session.session_id))

@@ -33,7 +33,7 @@ from typing import Any
 
 from node_agent.checks import CheckResult, PassedCheck, Runner
 from node_agent.store import Store
-from node_agent.workspace import Workspace
+from node_agent.workspace import Fingerprint, Workspace
 
 CHILD = Path(__file__).with_name("suite_child.py")
 # pytest's default python_files and norecursedirs: where a workspace's test files are
@@ -241,9 +241,17 @@ class Verifier:
         self.python, self.timeout = python or sys.executable, timeout
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
-    async def check(self, check: PassedCheck) -> CheckResult:
-        """The check's result on the workspace as it is now: cached, else one run."""
-        fp = await asyncio.to_thread(self.workspace.fingerprint, check.cwd)
+    async def check(
+        self, check: PassedCheck, seen: dict[str, Fingerprint] | None = None
+    ) -> CheckResult:
+        """The check's result on the workspace as it is now: cached, else one run.
+
+        ``seen``: fingerprints taken already in this turn end, by directory (one per turn)."""
+        fp = seen.get(check.cwd) if seen is not None else None
+        if fp is None:
+            fp = await asyncio.to_thread(self.workspace.fingerprint, check.cwd)
+            if seen is not None:
+                seen[check.cwd] = fp
         if fp.digest is None:
             return CheckResult(passed=False, detail=f"not verified: {fp.problem}")
         key = (check.cwd, check.runner)
