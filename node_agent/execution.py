@@ -39,14 +39,14 @@ from ledger.events import (
 )
 from node_agent.settings import CacheRule, cache_rule
 from node_agent.store import Session, Store
+from node_agent.workspace import SKIP_DIRS as WORKSPACE_SKIP
 from node_agent.workspace import Workspace
 
 VersionFn = Callable[[str], str | None]  # the name after ``scheme:`` -> its version, or None
 
 ABSENT = "absent"
 MAX_OUTPUT = 3000  # characters of a command's output kept with its record
-SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
-                       ".ruff_cache", ".pytest_cache", ".tox", "dist", "build"})  # fmt: skip
+SKIP_DIRS = WORKSPACE_SKIP | {"dist", "build"}  # what no workspace holds, and build output
 # a command with any of these is not cached: pipes, redirections, substitutions, globs, chains
 SHELL_META = re.compile(r"[;&|<>`$(){}*?\[\]~!\n\\]")
 
