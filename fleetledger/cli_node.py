@@ -226,7 +226,7 @@ def todo_check(
         str | None,
         typer.Option(
             help="Closes when the node's own run of this runner (tests, pytest, unittest, "
-            "ruff) passes on the workspace as it is now."
+            "ruff, mypy) passes on the workspace as it is now."
         ),
     ] = None,
     by: Annotated[str, typer.Option(help="Who attaches it.")] = "cli",

@@ -64,12 +64,13 @@ class WrittenCheck(BaseModel):
         return f"{names} is written (created or changed since this item was captured)"
 
 
-Runner = Literal["tests", "pytest", "unittest", "ruff"]
+Runner = Literal["tests", "pytest", "unittest", "ruff", "mypy"]
 RUNNER_WORDS = {
     "tests": "test run (pytest, or unittest without it)",
     "pytest": "pytest run",
     "unittest": "unittest run",
     "ruff": "ruff check",
+    "mypy": "mypy type check",
 }
 
 

@@ -9,7 +9,8 @@ working directory), under a hard timeout. "Passed" is decided from what the runn
 (``verdict``): at least one test ran (its call phase reported; skipped and xfail do not count),
 none failed or errored, nothing deselected or dropped after collection, every test file of the
 workspace collected, the configuration read from inside the workspace. For ruff: its JSON
-report, at least one file checked, no violation. Whatever cannot be read is "not verified".
+report, at least one file checked, no violation; for mypy, its summary line, at least one
+source file checked, no error. Whatever cannot be read is "not verified".
 
 Results are cached by the workspace fingerprint (``workspace.py``), so a claim costs at most one
 run per workspace state, and a verified run stays valid exactly while that fingerprint holds.
@@ -22,6 +23,7 @@ import contextlib
 import fnmatch
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -115,19 +117,37 @@ def read_ruff(listed: str, report: str, code: int) -> Report:
     return Report("ruff", ran=len(files), failed=failed)
 
 
+_MYPY_OK = re.compile(r"^Success: no issues found in (\d+) source files?$", re.M)
+_MYPY_FOUND = re.compile(
+    r"^Found (\d+) errors? in \d+ files? \(checked (\d+) source files?\)$", re.M
+)
+_MYPY_ERROR = re.compile(r"^(?P<where>[^\s:][^:]*:\d+): error: ", re.M)
+
+
+def read_mypy(out: str, code: int) -> Report:
+    """Pure: mypy's own summary line (and its error lines) of a run over the workspace."""
+    ok, found = _MYPY_OK.search(out), _MYPY_FOUND.search(out)
+    if code == 0 and ok:
+        return Report("mypy", ran=int(ok.group(1)))
+    if code == 1 and found:
+        errors = tuple(m.group("where") for m in _MYPY_ERROR.finditer(out))
+        return Report("mypy", ran=int(found.group(2)), failed=errors or (found.group(0),))
+    return Report("mypy", problem=f"mypy did not report a result (exit {code})")
+
+
 def verdict(report: Report) -> CheckResult:
     """Pure: "passed" only when the runner's own report says the whole selection ran clean."""
     name = f"{report.runner} (the node's own run)"
     if report.problem is not None:
         return CheckResult(passed=False, detail=f"{name}: not verified: {report.problem}")
-    unit = "file" if report.runner == "ruff" else "test"
+    unit = "file" if report.runner in ("ruff", "mypy") else "test"
     counts = f"{report.ran} {unit}{'s' if report.ran != 1 else ''} checked" if unit == "file" else (
         f"{report.ran} ran, {len(report.failed)} failed, {len(report.errors)} errors, "
         f"{report.skipped} skipped"
     )  # fmt: skip
     why = None
     if report.failed:
-        label = "violations" if unit == "file" else "failed"
+        label = {"ruff": "violations", "mypy": "errors"}.get(report.runner, "failed")
         why = f"{label}: {', '.join(report.failed[:SHOWN])}"
         if len(report.failed) > SHOWN:
             why += f" and {len(report.failed) - SHOWN} more"
@@ -200,6 +220,11 @@ async def run_suite(
                     return Report("ruff", problem=f"ruff could not list its files (exit {code})")
                 code, out = await _run([*base, "--output-format", "json", "."], cwd, env, timeout)
                 return read_ruff(listed, out, code)
+            if runner == "mypy":
+                argv = [python, "-I", "-m", "mypy", "--cache-dir", os.path.join(tmp, "mypy"),
+                        "--no-color-output", "--no-pretty", "."]  # fmt: skip
+                code, out = await _run(argv, cwd, env, timeout)
+                return read_mypy(out, code)
             chosen = runner if runner != "tests" else await _test_runner(python, cwd, env)
             result = os.path.join(tmp, "result.json")
             code, _ = await _run([python, "-I", "-B", str(CHILD), result, chosen], cwd, env,

@@ -322,6 +322,7 @@ async def test_each_agent_has_its_own_block_cap(tmp_path: Path, project: Path) -
         ("update the CHANGELOG.md", "CHANGELOG or CHANGELOG.md or CHANGELOG.rst or CHANGELOG.txt"),
         ("make the linter pass", "the node's own ruff check passes on the workspace as it is"),
         ("fix the failing tests", "the node's own test run (pytest, or unittest without it)"),
+        ("type check with mypy", "the node's own mypy type check passes on the workspace"),
         ("update the version to 0.2.0", None),  # a version number is not a file name
         ("write the release notes", None),
     ],
@@ -365,14 +366,16 @@ async def test_a_backgrounded_or_timed_out_run_neither_passes_nor_is_cached(
 async def test_version_and_exit_zero_runs_leave_the_items_open(
     node: NodeAgent, project: Path
 ) -> None:
-    await prompt(node, project, "1. run the tests 2. make the linter pass")
-    (project / "app.py").write_text("import os\nX = 0\n")  # a failing test, a lint error
-    for command in ("pytest --version", "ruff check --exit-zero"):
+    await prompt(node, project, "1. run the tests 2. make the linter pass 3. type check with mypy")
+    # a failing test, a lint error, a type error
+    (project / "app.py").write_text("import os\n\nX: int = 0\nY: int = 'y'\n")
+    for command in ("pytest --version", "ruff check --exit-zero", "mypy --version"):
         await bash(node, project, command)
     answer = await stop(node)
     assert answer.json["decision"] == "block"
-    assert "app.py:1 F401" in answer.json["reason"] and "1 failed" in answer.json["reason"]
-    assert [i["stored_status"] for i in await items(node)] == ["open"] * 2
+    reason = answer.json["reason"]
+    assert "1 failed" in reason and "app.py:1 F401" in reason and "errors: app.py:4" in reason
+    assert [i["stored_status"] for i in await items(node)] == ["open"] * 3
 
 
 async def test_an_empty_file_a_symlink_or_a_loose_changelog_name_is_not_written(
