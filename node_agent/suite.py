@@ -64,7 +64,7 @@ class Report:
 # --- the pure core --------------------------------------------------------------------------
 
 
-def test_files(files: Sequence[str]) -> list[str]:
+def workspace_tests(files: Sequence[str]) -> list[str]:
     """Pure: the workspace's test files by pytest's default naming, outside skipped dirs."""
     found = []
     for rel in files:
@@ -91,7 +91,7 @@ def read_pytest(raw: dict[str, Any], cwd: str, files: Sequence[str]) -> Report:
         runner=str(raw["runner"]), ran=ran, failed=failed, errors=errors, skipped=skipped,
         deselected=deselected, dropped=max(0, collected - deselected - selected),
         unrun=max(0, selected - ran - skipped - len(errors)),
-        uncollected=tuple(f for f in test_files(files) if os.path.normpath(f) not in modules)
+        uncollected=tuple(f for f in workspace_tests(files) if os.path.normpath(f) not in modules)
         if raw["runner"] == "pytest" else (),
         outside=outside,
     )  # fmt: skip

@@ -84,7 +84,7 @@ class Workspace:
             total += size
             if total > self.max_bytes:
                 return Fingerprint(cwd, None, (), source,
-                                   f"more than {self.max_bytes >> 20} MB under {cwd}")  # fmt: skip
+                                   f"more than {self.max_bytes:,} bytes under {cwd}")  # fmt: skip
             entries.append((rel, version))
         return Fingerprint(cwd, combine(entries), tuple(files), source)
 
