@@ -77,8 +77,9 @@ def workspace_tests(files: Sequence[str]) -> list[str]:
     return found
 
 
-def read_pytest(raw: dict[str, Any], cwd: str, files: Sequence[str]) -> Report:
-    """Pure: a ``Report`` from the child's counts (``suite_child``) and the workspace's files."""
+def read_counts(raw: dict[str, Any], cwd: str, files: Sequence[str]) -> Report:
+    """Pure: a ``Report`` from the child's counts (``suite_child``: pytest's or unittest's) and
+    the workspace's files."""
     collected, selected = int(raw["collected"]), int(raw["selected"])
     deselected, ran, skipped = int(raw["deselected"]), int(raw["ran"]), int(raw["skipped"])
     failed, errors = tuple(raw["failed"]), tuple(raw["errors"])
@@ -174,9 +175,11 @@ def _inside(path: str, cwd: str) -> bool:
     return real == root or real.startswith(root + os.sep)
 
 
-def clean_env(tmp: str) -> dict[str, str]:
-    """Pure: the environment of the node's own run: no variable of the agent's session."""
-    return {"PATH": os.defpath, "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8",
+def clean_env(tmp: str, python: str) -> dict[str, str]:
+    """Pure: the environment of the node's own run: no variable of the agent's session; the
+    interpreter's directory first on PATH, as in its activated environment."""
+    path = os.pathsep.join([os.path.dirname(python), os.defpath])
+    return {"PATH": path, "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
             # plugins load when the workspace names them (``-p``, ``pytest_plugins``), not
             # because the node's interpreter has them (seconds of start-up each run)
@@ -211,7 +214,7 @@ async def run_suite(
 ) -> Report:
     """The node's own run of ``runner`` in ``cwd`` (``files``: the workspace it fingerprinted)."""
     with tempfile.TemporaryDirectory(prefix="fleet-verify-") as tmp:
-        env = clean_env(tmp)
+        env = clean_env(tmp, python)
         try:
             if runner == "ruff":
                 base = [python, "-I", "-m", "ruff", "check", "--no-cache"]
@@ -235,7 +238,7 @@ async def run_suite(
             return Report(runner, problem=f"cannot run ({exc.strerror or exc})")
         try:
             raw = json.loads(Path(result).read_text(encoding="utf-8"))
-            return read_pytest(raw, cwd, files)
+            return read_counts(raw, cwd, files)
         except (OSError, ValueError, KeyError, TypeError):
             return Report(chosen, problem=f"the run wrote no result (exit {code})")
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from node_agent.completion import EXTENSIONS, file_name
-from node_agent.suite import Report, read_mypy, read_pytest, read_ruff, verdict, workspace_tests
+from node_agent.suite import Report, read_mypy, read_counts, read_ruff, verdict, workspace_tests
 from node_agent.workspace import Workspace
 
 NAMES = st.lists(st.from_regex(r"[a-z_]{1,8}\.py::test_[a-z]{1,5}", fullmatch=True), max_size=3)
@@ -42,7 +42,7 @@ def test_the_childs_counts_read_as_a_report() -> None:
            "deselected": 0, "collected": 2, "selected": 1, "modules": ["tests/test_a.py"],
            "inipath": "/elsewhere/pytest.ini"}  # fmt: skip
     files = ["tests/test_a.py", "tests/test_b.py", "venv/test_x.py", ".hidden/test_y.py", "a.py"]
-    report = read_pytest(raw, "/work/p", files)
+    report = read_counts(raw, "/work/p", files)
     assert (report.dropped, report.uncollected, report.outside) == (
         1, ("tests/test_b.py",), "/elsewhere/pytest.ini",
     )  # fmt: skip
