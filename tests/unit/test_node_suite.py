@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from node_agent.completion import EXTENSIONS, file_name
-from node_agent.suite import Report, read_mypy, read_counts, read_ruff, verdict, workspace_tests
+from node_agent.suite import Report, read_counts, read_mypy, read_ruff, verdict, workspace_tests
 from node_agent.workspace import Workspace
 
 NAMES = st.lists(st.from_regex(r"[a-z_]{1,8}\.py::test_[a-z]{1,5}", fullmatch=True), max_size=3)
