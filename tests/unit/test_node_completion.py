@@ -422,7 +422,7 @@ async def test_a_passed_check_with_an_unknown_runner_is_refused(
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert "'tests', 'pytest', 'unittest' or 'ruff'" in done.stderr + done.stdout
+    assert "'tests', 'pytest', 'unittest', 'ruff' or 'mypy'" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr
 
 
