@@ -229,18 +229,29 @@ async def run_suite(
                 code, out = await _run(argv, cwd, env, timeout)
                 return read_mypy(out, code)
             chosen = runner if runner != "tests" else await _test_runner(python, cwd, env)
-            result = os.path.join(tmp, "result.json")
-            code, _ = await _run([python, "-I", "-B", str(CHILD), result, chosen], cwd, env,
-                                 timeout)  # fmt: skip
+            report, collected = await _child(chosen, cwd, files, python, env, tmp, timeout)
+            if runner == "tests" and chosen == "pytest" and collected == 0 and not report.errors:
+                # pytest found no test at all: unittest discovery (``test*.py``) may
+                report, _ = await _child("unittest", cwd, files, python, env, tmp, timeout)
+            return report
         except TimeoutError:
             return Report(runner, problem=f"timed out after {timeout:g}s")
         except OSError as exc:
             return Report(runner, problem=f"cannot run ({exc.strerror or exc})")
-        try:
-            raw = json.loads(Path(result).read_text(encoding="utf-8"))
-            return read_counts(raw, cwd, files)
-        except (OSError, ValueError, KeyError, TypeError):
-            return Report(chosen, problem=f"the run wrote no result (exit {code})")
+
+
+async def _child(
+    runner: str, cwd: str, files: Sequence[str], python: str, env: dict[str, str], tmp: str,
+    timeout: float,
+) -> tuple[Report, int]:  # fmt: skip
+    """One run of ``suite_child``: its report, and how many tests it collected."""
+    result = os.path.join(tmp, f"{runner}.json")
+    code, _ = await _run([python, "-I", "-B", str(CHILD), result, runner], cwd, env, timeout)
+    try:
+        raw = json.loads(Path(result).read_text(encoding="utf-8"))
+        return read_counts(raw, cwd, files), int(raw["collected"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return Report(runner, problem=f"the run wrote no result (exit {code})"), -1
 
 
 _HAS_PYTEST: dict[str, bool] = {}  # interpreter -> whether it has pytest (asked once)

@@ -4,13 +4,22 @@ file check accepts, and the workspace fingerprint a run stays valid by."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from node_agent.completion import EXTENSIONS, file_name
-from node_agent.suite import Report, read_counts, read_mypy, read_ruff, verdict, workspace_tests
+from node_agent.suite import (
+    Report,
+    read_counts,
+    read_mypy,
+    read_ruff,
+    run_suite,
+    verdict,
+    workspace_tests,
+)
 from node_agent.workspace import Workspace
 
 NAMES = st.lists(st.from_regex(r"[a-z_]{1,8}\.py::test_[a-z]{1,5}", fullmatch=True), max_size=3)
@@ -92,3 +101,25 @@ def test_outside_git_the_fingerprint_is_bounded(tmp_path: Path) -> None:
     assert over.digest is None and over.problem == f"more than 4 files under {tmp_path}"
     big = Workspace(max_bytes=3).fingerprint(str(tmp_path))
     assert big.digest is None and big.problem == f"more than 3 bytes under {tmp_path}"
+
+
+async def test_a_unittest_project_pytest_does_not_collect_runs_under_unittest(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "tests.py").write_text(
+        "import unittest\n\n\nclass T(unittest.TestCase):\n"
+        "    def test_a(self):\n        self.assertEqual(1, 2)\n"
+    )
+    report = await run_suite("tests", str(tmp_path), ["tests.py"], python=sys.executable,
+                             timeout=60)  # fmt: skip
+    assert (report.runner, report.ran, len(report.failed)) == ("unittest", 1, 1)
+
+
+async def test_pytest_tests_hidden_from_pytest_are_not_run_by_unittest_either(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "conftest.py").write_text("collect_ignore_glob = ['test_*.py']\n")
+    (tmp_path / "test_a.py").write_text("def test_a():\n    assert False\n")
+    report = await run_suite("tests", str(tmp_path), ["conftest.py", "test_a.py"],
+                             python=sys.executable, timeout=60)  # fmt: skip
+    assert not verdict(report).passed and report.ran == 0
