@@ -18,7 +18,10 @@ Two scripted missions, each turn end through the auto-ledger with a counting jud
    nothing new to do) and stops again with ``stop_hook_active``. Reported: the share of items
    closed by verified checks (and by humans, and left open), blocks that repeated what the
    agent had already been told (every to-do line of the block was already in an earlier block
-   or prompt context of the session; target 0), and model turns added by reminders per item.
+   or prompt context of the session; target 0), model turns added by reminders per item, the
+   notes for the human per human-only item (each names an item only when its standing
+   changed), and the cost of a verification: the node's own test runs on the bench's
+   workspace (median and p99; one run per workspace state a passed check is asked about).
 
 The last line is one JSON object.
 """
@@ -50,6 +53,8 @@ from node_agent.daemon import NodeAgent  # noqa: E402
 from node_agent.judge import JudgeGate  # noqa: E402
 from node_agent.settings import NodeSettings  # noqa: E402
 from node_agent.store import Store  # noqa: E402
+
+_NOTED = re.compile(r"^- \[(t\d+)\] ", re.M)
 
 
 class CountingJudge:
@@ -144,6 +149,8 @@ class Workspace:
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+        # a git work tree, as a project is: the node fingerprints what git tracks or would
+        subprocess.run(["git", "init", "-q"], cwd=root, check=True, capture_output=True)
         self.env = {
             **os.environ,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -171,6 +178,7 @@ class ScriptedAgent:
     def __init__(self, node: NodeAgent, workspace: Workspace, session: str) -> None:
         self.node, self.ws, self.session = node, workspace, session
         self.told: set[str] = set()
+        self.latency_ms: list[tuple[float, bool]] = []  # each turn end: its cost, a suite ran
         self.blocks = self.repeated_blocks = self.reminder_turns = self.stops = 0
         self.human_messages: list[str] = []
 
@@ -207,9 +215,12 @@ class ScriptedAgent:
         active = False
         for _ in range(10):  # bounded: the node's own block cap ends it well before
             self.stops += 1
+            runs = len(self.node.store.suite_run_ms())
             end = await self.node.call(
                 "stop", {"session_id": self.session, "stop_hook_active": active}
             )
+            ran = len(self.node.store.suite_run_ms()) > runs
+            self.latency_ms.append((float(end["latency_ms"]), ran))
             if end.get("message"):
                 self.human_messages.append(str(end["message"]))
             if not end["block"]:
@@ -285,9 +296,18 @@ async def verified_mission(directory: Path) -> dict[str, float]:
             await agent.stop()
             turns += 5
         listed = await node.call("todo.list", {"session_id": agent.session})
+        runs = sorted(node.store.suite_run_ms())
+        fingerprints = []
+        for _ in range(50):  # the workspace fingerprint a turn end takes: stat cache warm
+            started = time.perf_counter()
+            node.execution.workspace.fingerprint(str(ws.root))
+            fingerprints.append((time.perf_counter() - started) * 1000)
     finally:
         node.store.close()
     views = [v for v in listed["items"] if v["stored_status"] != "cancelled"]
+    human_only = [v["short_id"] for v in views if v["check"] is None]
+    mentions = [m for note in agent.human_messages for m in _NOTED.findall(note)]
+    per_item = [mentions.count(short) for short in human_only]
     by_check = sum(1 for v in views if (v["stored_by"] or "").startswith("check:"))
     by_human = sum(1 for v in views if (v["stored_by"] or "").startswith("human:"))
     still_open = sum(1 for v in views if v["stored_status"] in ("open", "in_progress"))
@@ -297,6 +317,7 @@ async def verified_mission(directory: Path) -> dict[str, float]:
         "items": total,
         "checkable_items": 3 * TASKS,
         "closed_by_check_share": round(by_check / total, 3) if total else 0.0,
+        "checkable_closed_by_check_share": round(by_check / (3 * TASKS), 3),
         "closed_by_human_share": round(by_human / total, 3) if total else 0.0,
         "open_at_end": still_open,
         "stops": agent.stops,
@@ -306,6 +327,19 @@ async def verified_mission(directory: Path) -> dict[str, float]:
         "reminder_turns": agent.reminder_turns,
         "reminder_turns_per_item": round(agent.reminder_turns / total, 3) if total else 0.0,
         "human_messages": len(agent.human_messages),
+        "human_only_items": len(human_only),
+        "human_notes_per_human_only_item": round(statistics.mean(per_item), 2) if per_item else 0,
+        "human_notes_per_human_only_item_max": max(per_item, default=0),
+        "fingerprint_median_ms": round(statistics.median(fingerprints), 2),
+        "workspace_files": len(node.execution.workspace.fingerprint(str(ws.root)).files),
+        "verified_turn_end_no_run_median_ms": round(
+            statistics.median(ms for ms, ran in agent.latency_ms if not ran), 2
+        ),
+        "verification_runs": len(runs),
+        "verification_median_ms": round(statistics.median(runs), 1) if runs else None,
+        "verification_p99_ms": round(runs[min(len(runs) - 1, int(0.99 * len(runs)))], 1)
+        if runs
+        else None,
         "model_calls": judge.calls,
     }
 
@@ -342,6 +376,20 @@ def main() -> None:
         f"blocks {c['blocks']} in {c['stops']} stops, repeating what the agent was already told: "
         f"{c['repeated_blocks']} (target 0); model turns added by reminders: "
         f"{c['reminder_turns']} ({c['reminder_turns_per_item']} per item)",
+        file=sys.stderr,
+    )
+    print(
+        f"notes for the human: {c['human_messages']} in {c['stops']} stops; per human-only item "
+        f"{c['human_notes_per_human_only_item']} (max {c['human_notes_per_human_only_item_max']}"
+        f", {c['human_only_items']} items)",
+        file=sys.stderr,
+    )
+    print(
+        f"cost of a verification (the node's own test run): median "
+        f"{c['verification_median_ms']} ms, p99 {c['verification_p99_ms']} ms over "
+        f"{c['verification_runs']} runs (one per workspace state asked about); workspace "
+        f"fingerprint (git, {c['workspace_files']} files) {c['fingerprint_median_ms']} ms; a turn "
+        f"end that runs no suite {c['verified_turn_end_no_run_median_ms']} ms (median)",
         file=sys.stderr,
     )
     print(json.dumps({"bench": "judge", **figures, "completion": completion}))

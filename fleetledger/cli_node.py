@@ -242,7 +242,7 @@ def _check(
         if written:
             return WrittenCheck(pattern=written, cwd=cwd)
         if passed:
-            return PassedCheck(command=passed, cwd=cwd)
+            return PassedCheck.model_validate({"runner": passed, "cwd": cwd})
     except ValidationError as exc:
         _fail(InvalidInput(exc.errors()[0]["msg"].removeprefix("Value error, ")), as_json)
     except ValueError as exc:
@@ -265,8 +265,8 @@ def todo_check(
     passed: Annotated[
         str | None,
         typer.Option(
-            help="Closes when a recorded command matching this regex exited 0 and its "
-            "inputs are unchanged."
+            help="Closes when the node's own run of this runner (tests, pytest, unittest, "
+            "ruff, mypy) passes on the workspace as it is now."
         ),
     ] = None,
     by: Annotated[

@@ -6,8 +6,9 @@ Only stored status counts; a model's "done" stays a claim and the item stays ope
 
 The policy: a turn end blocks only when it can tell the agent something new (an item it was
 not told of, a check that failed or a claim it could not verify since it was last told); a
-repeat is let go. What no check can close waits on a human: the stop is let through with one
-note for the human naming it, said once per state, never a block.
+repeat is let go. What no check can close waits on a human: the stop is let through with a
+note for the human, never a block; a note names an item only when its standing (its claim, or
+its check's last detail) is one the human was not yet told of.
 """
 
 from __future__ import annotations
@@ -118,12 +119,33 @@ def news(result: Audit, before: str | None) -> bool:
     return any(json.dumps(e) not in known for e in json.loads(told(result)))
 
 
-def human_note(result: Audit, *, capped: int | None = None) -> str | None:
-    """The one note for a human when the agent stops with items open: what is unverified, why."""
-    if result.clear:
+def standing(stored: StoredItem) -> list[str | None]:
+    """What a human is told of one open item: an item only a human can close, by its claim;
+    a checked one, by its check's last detail. A note names an item again only when this
+    changes (SPEC S5.1: one note per state of what waits on a human)."""
+    if stored.check is None:
+        return [stored.item_id, "human", stored.item.model_claim]
+    return [stored.item_id, "check", stored.check_detail]
+
+
+def _noted(noted: str | None) -> set[str]:
+    """The standings a human was already told of (``Ruling.noted``); anything else: none."""
+    try:
+        entries = json.loads(noted)["standing"] if noted else []
+    except (ValueError, TypeError, KeyError):
+        return set()
+    return {json.dumps(e) for e in entries} if isinstance(entries, list) else set()
+
+
+def human_note(result: Audit, *, capped: int | None = None, noted: str | None = None) -> str | None:
+    """The note for a human when the agent stops with items open: the items whose standing
+    they were not yet told of, what is unverified and why; None when there is none."""
+    known = _noted(noted)
+    fresh = [s for s in result.actionable if json.dumps(standing(s)) not in known]
+    if not fresh:
         return None
-    human = [s for s in result.actionable if s.check is None]
-    checked = [s for s in result.actionable if s.check is not None]
+    human = [s for s in fresh if s.check is None]
+    checked = [s for s in fresh if s.check is not None]
     count = len(result.actionable)
     head = f"fleetledger: the agent stopped with {count} item{'s' if count != 1 else ''} open"
     head += f" after {capped} reminders." if capped else "."
@@ -170,7 +192,8 @@ def rule_turn(
         text = reminder(result, suggestion=suggestion)
         return Ruling(True, text, None, told(result), noted_before)
     capped = blocks if blocks >= cap and news(result, told_before) else None
-    note = human_note(result, capped=capped)
-    if note == noted_before:
+    note = human_note(result, capped=capped, noted=noted_before)
+    if note is None:
         return Ruling(False, None, None, told_before, noted_before)  # said once already
-    return Ruling(False, None, note, told_before, note)
+    entries = [standing(s) for s in result.actionable]
+    return Ruling(False, None, note, told_before, json.dumps({"standing": entries, "note": note}))

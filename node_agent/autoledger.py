@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ from node_agent.completion import CompletionRule
 from node_agent.execution import ExecutionState
 from node_agent.judge import JudgeGate, JudgeOutcome
 from node_agent.store import Session, Store, StoredItem, safe_id
+from node_agent.suite import Verifier
+from node_agent.workspace import Fingerprint
 
 
 @dataclass(frozen=True)
@@ -74,11 +77,16 @@ class AutoLedger:
         rules: Sequence[CompletionRule] | None = None,
         stop_block_cap: int = 3,
         check_timeout_s: float = 30.0,
+        verifier: Verifier | None = None,
     ) -> None:
         """``rules``: the completion rules (default: the shipped ones); ``execution``: the
-        node's execution state, which the inferred checks consult."""
+        node's execution state, which written checks consult; ``verifier``: the node's own
+        test and lint runs, which passed checks read."""
         self.store, self.gate = store, gate
         self.execution = execution or ExecutionState(store)
+        self.verifier = verifier or Verifier(
+            store, workspace=self.execution.workspace, timeout=check_timeout_s
+        )
         self.rules = tuple(completion.load() if rules is None else rules)
         self.stop_block_cap, self.check_timeout_s = stop_block_cap, check_timeout_s
 
@@ -94,7 +102,9 @@ class AutoLedger:
 
     def infer(self, text: str, cwd: str | None) -> Check | None:
         """The check ``text`` closes on in ``cwd`` (a written check with its baseline now)."""
-        check = completion.infer(text, cwd, self.rules)
+        if cwd is None:
+            return None
+        check = completion.infer(text, cwd, self.rules, exists=lambda name: _is_file(cwd, name))
         return None if check is None else self.baselined(check)
 
     def baselined(self, check: Check) -> Check:
@@ -130,7 +140,9 @@ class AutoLedger:
         infer = (lambda t: self.infer(t, cwd)) if cwd else None
         added = [s.item_id for s in self.store.add_items(session, list(parsed.items), infer=infer)]
         result = audit(self.store.items(session.session_id))
-        self.store.set_reminded(session.session_id, told(result), None)
+        # what the human was told stays told: a new user turn is no new standing of an item
+        _told, noted = self.store.reminded(session.session_id)
+        self.store.set_reminded(session.session_id, told(result), noted)
         return PromptResult(session.session_id, added, cancelled, context(result))
 
     def add(
@@ -204,12 +216,13 @@ class AutoLedger:
 
     # --- checks -----------------------------------------------------------------------------
 
-    async def verify(self, stored: StoredItem) -> bool:
-        """Run the item's check here; a pass moves it to done as the check's own actor."""
+    async def verify(self, stored: StoredItem, seen: dict[str, Fingerprint] | None = None) -> bool:
+        """Run the item's check here; a pass moves it to done as the check's own actor.
+        ``seen``: the workspace fingerprints this turn end took already."""
         check, run = stored.check, self.store.run
         if check is None:
             return False
-        known, versions, last = False, None, None
+        known, versions, suite = False, None, None
         try:  # any error is a failed check with its detail, never an exception
             if isinstance(check, EvidenceCheck):
                 known = await run(self.store.evidence_known, check.evidence_id)
@@ -217,10 +230,10 @@ class AutoLedger:
                 versions = await asyncio.to_thread(
                     self.execution.matching, check.cwd, check.pattern
                 )
-            elif isinstance(check, PassedCheck):
-                last = await run(self.execution.last_run, check.command, check.cwd)
+            elif isinstance(check, PassedCheck):  # the node's own run, cached by workspace state
+                suite = await self.verifier.check(check, seen)
             result = await run_check(
-                check, evidence_known=lambda _: known, versions=versions, last_run=last,
+                check, evidence_known=lambda _: known, versions=versions, suite=suite,
                 timeout=self.check_timeout_s,
             )  # fmt: skip
         except Exception as exc:
@@ -236,6 +249,28 @@ class AutoLedger:
         else:
             await run(self.store.record_check_detail, stored.item_id, result.detail)
         return result.passed
+
+    async def revalidate(
+        self, items: Sequence[StoredItem], seen: dict[str, Fingerprint] | None = None
+    ) -> list[str]:
+        """Reopen each item a passed check closed whose run no longer holds: the workspace it
+        saw changed and the node's own run on the workspace as it is now does not pass."""
+        reopened = []
+        for stored in items:
+            check = stored.check
+            if not isinstance(check, PassedCheck) or not _closed_by_check(stored):
+                continue
+            try:
+                result = await self.verifier.check(check, seen)
+            except Exception as exc:  # a run that cannot be made is not a pass
+                result = CheckResult(passed=False, detail=f"the check failed to run ({exc})")
+            if not result.passed:
+                await self.store.run(
+                    self.store.set_status, stored.item_id, ItemStatus.OPEN,
+                    Actor("check", check.describe(), check_passed=False), detail=result.detail,
+                )  # fmt: skip
+                reopened.append(stored.item_id)
+        return reopened
 
     # --- judge and remind -------------------------------------------------------------------
 
@@ -261,10 +296,13 @@ class AutoLedger:
         if early is not None:  # the judge answered without a model call, on the store's thread
             source = early.source
         if settled is None:
+            seen: dict[str, Fingerprint] = {}  # one fingerprint per workspace per turn end
+            if await self.revalidate(result.terminal, seen):
+                result = audit(await run(self.store.items, session.session_id))
             for stored in result.actionable:
                 if stored.check is not None:
                     checks += 1
-                    if await self.verify(stored):
+                    if await self.verify(stored, seen):
                         verified.append(stored.item_id)
             if checks:
                 result = audit(await run(self.store.items, session.session_id))
@@ -306,7 +344,8 @@ class AutoLedger:
         if session is None:
             return None
         result = audit(self.store.items(session_id))
-        if any(s.check is not None for s in result.actionable):
+        to_check = any(s.check is not None for s in result.actionable)
+        if to_check or any(_closed_by_check(s) for s in result.terminal):
             return session, result, None, None, None
         suggestion, early = None, None
         if not result.clear and self.gate is not None:
@@ -348,3 +387,19 @@ class AutoLedger:
                     ),
                 )
         return ruling.reason, ruling.block, ruling.note
+
+
+def _closed_by_check(stored: StoredItem) -> bool:
+    """Done on its passed check: valid only while the node's own run on the workspace holds."""
+    return (
+        isinstance(stored.check, PassedCheck)
+        and stored.item.stored_status is ItemStatus.DONE
+        and (stored.item.stored_by or "").startswith("check:")
+    )
+
+
+def _is_file(cwd: str, name: str) -> bool:
+    """``name`` is a regular file inside ``cwd`` (a name in an item's text that is a file)."""
+    root = os.path.realpath(cwd)
+    path = os.path.realpath(os.path.join(root, name))
+    return path.startswith(root + os.sep) and os.path.isfile(path)

@@ -1,9 +1,12 @@
 """The deterministic prompt parser of the auto-ledger: items and corrections from a message.
 
 Pure: text in, a ``Capture`` out. Items come from list bullets, numbered steps and imperative
-sentences; corrections ("actually, not X", "skip X", "don't X", "never mind X", "X is no longer
-needed") name an item to cancel. Matching a phrase to an existing item is a token-overlap score,
-so "skip the changelog" finds "Update the CHANGELOG for 0.2".
+sentences; a list of tasks written in one sentence ("A, B and C", "A and B") is one item per
+task, when every part is a task of its own (an imperative verb and its object, no pronoun
+pointing back: "fix the bug and test it" stays one item); corrections ("actually, not X",
+"skip X", "don't X", "never mind X", "X is no longer needed") name an item to cancel. Matching
+a phrase to an existing item is a token-overlap score, so "skip the changelog" finds "Update
+the CHANGELOG for 0.2".
 """
 
 from __future__ import annotations
@@ -37,20 +40,33 @@ _POLITE = re.compile(
 IMPERATIVE_VERBS = frozenset(
     [
         "add",
+        "announce",
+        "archive",
+        "ask",
+        "benchmark",
         "build",
         "bump",
         "change",
         "check",
         "clean",
+        "close",
+        "commit",
+        "compile",
+        "convert",
         "configure",
         "create",
+        "debug",
         "delete",
         "deploy",
         "document",
+        "download",
+        "draft",
+        "email",
         "ensure",
         "export",
         "extract",
         "fix",
+        "fetch",
         "format",
         "generate",
         "implement",
@@ -60,10 +76,16 @@ IMPERATIVE_VERBS = frozenset(
         "make",
         "merge",
         "migrate",
+        "notify",
+        "open",
         "move",
         "optimise",
         "optimize",
         "patch",
+        "ping",
+        "post",
+        "prepare",
+        "profile",
         "publish",
         "push",
         "refactor",
@@ -74,14 +96,24 @@ IMPERATIVE_VERBS = frozenset(
         "report",
         "restore",
         "review",
+        "rebase",
+        "rerun",
+        "restart",
+        "revert",
         "rewrite",
         "run",
         "send",
         "set",
         "ship",
+        "sign",
         "sort",
+        "start",
+        "summarise",
+        "summarize",
         "split",
         "test",
+        "tag",
+        "tell",
         "tidy",
         "translate",
         "update",
@@ -122,15 +154,36 @@ class Capture:
 
 
 def _clean(text: str) -> str:
-    text = re.sub(r"\s+", " ", text).strip().strip("`").strip()
+    text = re.sub(r"\s+", " ", text).strip()
+    if len(text) > 1 and text[0] == text[-1] == "`":  # a whole item in backticks, not a name
+        text = text[1:-1].strip()
     text = _POLITE.sub("", text)
-    text = text.rstrip(" .;:!")
+    text = text.rstrip(" .,;:!")
     return text[:MAX_ITEM_CHARS]
 
 
 def _is_imperative(sentence: str) -> bool:
     words = re.findall(r"[A-Za-z']+", sentence)
     return bool(words) and words[0].lower() in IMPERATIVE_VERBS
+
+
+_LIST_SEP = re.compile(r"\s*,\s*(?:and\s+)?|\s+and\s+", re.I)
+_BACK = frozenset({"it", "they", "them", "this", "that", "these", "those", "its", "their"})
+
+
+def _task(part: str) -> bool:
+    """A part of a sentence that is a task of its own: an imperative verb, an object, and no
+    pronoun pointing back at another part."""
+    words = [w.lower() for w in re.findall(r"[A-Za-z]+", part)]  # "it's": "it", "s"
+    return len(words) >= 2 and words[0] in IMPERATIVE_VERBS and not _BACK & set(words[1:])
+
+
+def split_tasks(text: str) -> list[str]:
+    """ "A, B and C" as one item per task when every part is a task; else the text whole."""
+    parts = [p.strip() for p in _LIST_SEP.split(text) if p.strip()]
+    if len(parts) > 1 and all(_task(p) for p in parts):
+        return [_clean(p) for p in parts]
+    return [text]
 
 
 def _correction(line: str) -> str | None:
@@ -181,7 +234,7 @@ def parse_prompt(text: str) -> Capture:
             if fix is not None:
                 corrections.append(fix)
             elif cleaned := _clean(body):
-                items.append(cleaned)
+                items += split_tasks(cleaned)
             continue
         for sentence in _SENTENCE_SPLIT.split(line):
             fix = _correction(sentence)
@@ -191,7 +244,7 @@ def parse_prompt(text: str) -> Capture:
             cleaned = _clean(sentence)
             # free prose counts only when imperative, and not as a list's lead-in line
             if cleaned and _is_imperative(cleaned) and not (listed is False and line.endswith(":")):
-                items.append(cleaned)
+                items += split_tasks(cleaned)
     seen: set[str] = set()
     unique = []
     for item in items:

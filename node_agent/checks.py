@@ -1,21 +1,18 @@
 """Completion checks the node agent verifies itself: a command exits 0, a file has a hash,
-evidence is registered, a file was written since capture, a recorded test/lint run passed on the
-files as they are now. Only a check that ran here and passed can move an item to done.
+evidence is registered, a file was written since capture, the node's own test/lint run passes
+on the workspace as it is now. Only a check that ran here and passed can move an item to done.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
-import re
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 
 class CommandCheck(BaseModel):
@@ -67,28 +64,29 @@ class WrittenCheck(BaseModel):
         return f"{names} is written (created or changed since this item was captured)"
 
 
+Runner = Literal["tests", "pytest", "unittest", "ruff", "mypy"]
+RUNNER_WORDS = {
+    "tests": "test run (pytest, or unittest without it)",
+    "pytest": "pytest run",
+    "unittest": "unittest run",
+    "ruff": "ruff check",
+    "mypy": "mypy type check",
+}
+
+
 class PassedCheck(BaseModel):
-    """A command matching ``command`` (a regex) ran in ``cwd`` and exited 0, and none of the
-    files it read has changed since (the execution state's record rule, SPEC S5.3)."""
+    """The node's own run of ``runner`` in ``cwd`` passes on the runner's own report, on the
+    workspace as it is now (``node_agent.suite``: what "passed" means; ``tests`` is pytest
+    when the node has it, else unittest)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: Literal["passed"] = "passed"
-    command: str = Field(min_length=1)
+    runner: Runner
     cwd: str
-    what: str = "a matching command"  # in words: "a test run (pytest or unittest)"
-
-    @field_validator("command")
-    @classmethod
-    def _regex(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"command {value!r} is not a regular expression ({exc})") from None
-        return value
 
     def describe(self) -> str:
-        return f"{self.what} has exited 0 on the files as they are now"
+        return f"the node's own {RUNNER_WORDS[self.runner]} passes on the workspace as it is now"
 
 
 Check = Annotated[
@@ -104,15 +102,6 @@ class CheckResult(BaseModel):
     detail: str
 
 
-@dataclass(frozen=True)
-class Run:
-    """A recorded command run, as the execution state knows it (for a ``PassedCheck``)."""
-
-    command: str
-    exit_status: int
-    valid: bool  # none of the files it read has changed since
-
-
 def written(check: WrittenCheck, now: Mapping[str, str]) -> CheckResult:
     """Pure: did a file matching the check's pattern (``now``: the matches and their versions)
     change since capture?"""
@@ -122,60 +111,6 @@ def written(check: WrittenCheck, now: Mapping[str, str]) -> CheckResult:
     if now:
         return CheckResult(passed=False, detail=f"{check.pattern} unchanged since capture")
     return CheckResult(passed=False, detail=f"no {check.pattern} in {check.cwd}")
-
-
-# Flags with which a test/lint/type run exits 0 without checking the work (it prints a version
-# or help, collects without running, narrows or skips what runs, or reads another config): a
-# run with any of them never satisfies a ``PassedCheck``. Long flags match argparse-style
-# abbreviations too (``--collect`` is ``--collect-only``).
-TRIVIAL_LONG = ("--version", "--help", "--co", "--collect-only", "--exit-zero", "--deselect",
-                "--ignore", "--ignore-glob", "--rootdir", "--config-file", "--keyword")  # fmt: skip
-TRIVIAL_SHORT = frozenset("hVkcp")  # -h, -V, -k EXPR, -c FILE, -p PLUGIN
-_SHORT_WITH_VALUE = frozenset("Wmorn")  # the rest of the word is their value
-
-
-def trivial_flag(command: str, cwd: str) -> str | None:
-    """Pure: the word of ``command`` that makes its exit 0 say nothing about the work (a
-    ``TRIVIAL_*`` flag, or a path outside ``cwd``), or None."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return command
-    root = os.path.normpath(cwd)
-    for word in words[1:]:
-        if word.startswith("--"):
-            name = word.split("=", 1)[0]
-            if len(name) >= 4 and any(flag.startswith(name) for flag in TRIVIAL_LONG):
-                return word
-        elif word.startswith("-") and len(word) > 1:
-            for ch in word[1:]:
-                if ch in TRIVIAL_SHORT:
-                    return word
-                if ch in _SHORT_WITH_VALUE:
-                    break
-        elif "/" in word or word.startswith(("~", "..")):
-            path = os.path.normpath(os.path.join(root, os.path.expanduser(word.split("::")[0])))
-            if path != root and not path.startswith(root + os.sep):
-                return word
-    return None
-
-
-def passed(check: PassedCheck, run: Run | None) -> CheckResult:
-    """Pure: does the latest matching run still answer, check the work, and did it exit 0?"""
-    if run is None:
-        return CheckResult(passed=False, detail=f"{check.what} has not run in {check.cwd}")
-    flag = trivial_flag(run.command, check.cwd)
-    if flag is not None:
-        return CheckResult(
-            passed=False,
-            detail=f"`{run.command}` does not check the work ({flag}): run it without that",
-        )
-    if not run.valid:
-        return CheckResult(
-            passed=False, detail=f"`{run.command}` ran, but files it read changed since: rerun it"
-        )
-    ok = run.exit_status == 0
-    return CheckResult(passed=ok, detail=f"`{run.command}` exited {run.exit_status}")
 
 
 def sha256_file(path: Path) -> str:
@@ -191,19 +126,19 @@ async def run_check(
     *,
     evidence_known: Callable[[str], bool],
     versions: Mapping[str, str] | None = None,
-    last_run: Run | None = None,
+    suite: CheckResult | None = None,
     timeout: float = 30.0,
 ) -> CheckResult:
     """Verify one check here, on this node; any error is a failed check, never a pass.
 
-    ``versions``: the files matching a ``WrittenCheck`` now, with their versions; ``last_run``:
-    the execution state's latest run matching a ``PassedCheck``."""
+    ``versions``: the files matching a ``WrittenCheck`` now, with their versions; ``suite``:
+    the node's own run for a ``PassedCheck`` (``node_agent.suite.Verifier``)."""
     if isinstance(check, WrittenCheck):
         if versions is None:
             return CheckResult(passed=False, detail="no workspace to look at")
         return written(check, versions)
     if isinstance(check, PassedCheck):
-        return passed(check, last_run)
+        return suite or CheckResult(passed=False, detail="not verified: the suite did not run")
     if isinstance(check, FileCheck):
         path = Path(check.path)
         if not path.is_file():

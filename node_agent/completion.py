@@ -10,18 +10,29 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ledger.errors import InvalidInput
-from node_agent.checks import PassedCheck, WrittenCheck
+from node_agent.checks import PassedCheck, Runner, WrittenCheck
 
 SHIPPED = Path(__file__).with_name("completion_rules.toml")
-# a file name in an item's text: "hello.txt", "docs/usage.md", "`src/app.py`" (not "0.2.0")
-FILE_NAME = re.compile(r"(?<![\w/.-])(?P<name>[\w-][\w./-]*\.[A-Za-z][A-Za-z0-9]{0,7})\b")
+# a word of an item's text that may name a file; a name in backticks or quotes is one token
+_QUOTED = re.compile(r"`(?P<q1>[^`\s]+)`|\"(?P<q2>[^\"\s]+)\"|(?<!\w)'(?P<q3>[^'\s]+)'(?!\w)")
+_WORD = re.compile(r"(?<![\w/.~-])(?P<name>[\w.~-]*[\w~-][\w./~-]*)")
+# what a file's name ends with: an allowlist of real file extensions (the last part of "api.py",
+# never of "e.g", "http.client" or "0.2.0")
+EXTENSIONS = frozenset(
+    """txt md markdown rst adoc org tex bib csv tsv json jsonl ndjson yaml yml toml ini cfg conf
+    env properties xml html htm css scss sass less svg png jpg jpeg gif webp ico pdf py pyi pyx
+    ipynb js mjs cjs jsx ts tsx vue svelte go rs java kt kts scala groovy gradle c h cc cpp cxx
+    hpp hh m mm swift cs fs vb rb php pl pm lua r jl dart ex exs erl hrl hs ml mli clj cljs el
+    nix sh bash zsh fish ps1 bat cmd sql graphql gql proto thrift tf tfvars hcl mk cmake lock
+    log patch diff dockerfile service socket timer desktop plist""".split()  # noqa: SIM905
+)
 
 
 class CompletionRule(BaseModel):
@@ -33,25 +44,23 @@ class CompletionRule(BaseModel):
     when: str  # a regex searched in the item's text, case-insensitive
     check: Literal["written", "passed"]
     files: str | None = None  # written: a glob relative to the cwd; "{file}": the named file
-    command: str | None = None  # passed: a regex on the recorded (normalised) command
-    what: str | None = None  # passed: the command in words
+    runner: Runner | None = None  # passed: what the node runs itself (``node_agent.suite``)
 
-    @field_validator("when", "command")
+    @field_validator("when")
     @classmethod
-    def _regex(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"not a regular expression ({exc})") from None
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression ({exc})") from None
         return value
 
     @model_validator(mode="after")
     def _complete(self) -> CompletionRule:
         if self.check == "written" and not self.files:
             raise ValueError(f"rule {self.name!r}: a written check needs `files`")
-        if self.check == "passed" and not self.command:
-            raise ValueError(f"rule {self.name!r}: a passed check needs `command`")
+        if self.check == "passed" and not self.runner:
+            raise ValueError(f"rule {self.name!r}: a passed check needs `runner`")
         return self
 
 
@@ -87,28 +96,59 @@ def load(user: Path | None = None) -> tuple[CompletionRule, ...]:
     return parse(text, str(user)) + rules
 
 
+def file_name(text: str, exists: Callable[[str], bool] = lambda _: False) -> str | None:
+    """Pure but for ``exists``: the first word of ``text`` that confidently names a file, or
+    None. Confident: an extension from ``EXTENSIONS``, a directory part with a named last
+    part, a name without dots in backticks or quotes (`Makefile`), or a file ``exists`` finds
+    in the workspace. Never an abbreviation ("e.g", "etc.") or a dotted module name
+    ("http.client", "`os.path`")."""
+    found = [(m.start(), next(g for g in m.groups() if g), True) for m in _QUOTED.finditer(text)]
+    found += [(m.start(), m.group("name"), False) for m in _WORD.finditer(text)]
+    for _, raw, quoted in sorted(found, key=lambda f: f[0]):
+        name = raw.rstrip(".,;:!?").removeprefix("./")
+        if not _NAME.fullmatch(name) or name.startswith("-"):
+            continue
+        if "." not in name and "/" not in name and not quoted:
+            continue
+        if _path_like(name) or exists(name) or (quoted and "." not in PurePosixPath(name).name):
+            return name
+    return None
+
+
+_NAME = re.compile(r"[\w.~/-]+")
+
+
+def _path_like(name: str) -> bool:
+    """Pure: a known extension, or a directory part and a last part with an extension."""
+    path = PurePosixPath(name)
+    suffix = path.suffix.lower().lstrip(".")
+    if not path.stem or not suffix:
+        return False
+    return suffix in EXTENSIONS or (len(path.parts) > 1 and suffix.isalpha())
+
+
 def infer(
-    text: str, cwd: str | None, rules: Sequence[CompletionRule]
-) -> WrittenCheck | PassedCheck | None:
+    text: str, cwd: str | None, rules: Sequence[CompletionRule],
+    exists: Callable[[str], bool] = lambda _: False,
+) -> WrittenCheck | PassedCheck | None:  # fmt: skip
     """The check that closes ``text``, or None when no rule applies (a human closes it).
 
-    Without a working directory nothing can be checked in a workspace: None."""
+    ``exists``: whether a name is a file of the workspace (a name not otherwise path-like
+    counts then). Without a working directory nothing can be checked in a workspace: None."""
     if cwd is None:
         return None
     for rule in rules:
         if re.search(rule.when, text, re.I) is None:
             continue
         if rule.check == "passed":
-            assert rule.command is not None
-            return PassedCheck(command=rule.command, cwd=cwd, what=rule.what or rule.name)
+            assert rule.runner is not None
+            return PassedCheck(runner=rule.runner, cwd=cwd)
         assert rule.files is not None
         pattern = rule.files
         if "{file}" in pattern:
-            named = FILE_NAME.search(text)
+            named = file_name(text, exists)
             if named is None:
                 continue
-            pattern = pattern.replace("{file}", named.group("name").strip("./") or "")
-            if not pattern:
-                continue
+            pattern = pattern.replace("{file}", named)
         return WrittenCheck(pattern=pattern, cwd=cwd)
     return None

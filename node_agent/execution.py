@@ -37,16 +37,16 @@ from ledger.events import (
     ResourceModified,
     ResourceObserved,
 )
-from node_agent.checks import Run
 from node_agent.settings import CacheRule, cache_rule
 from node_agent.store import Session, Store
+from node_agent.workspace import SKIP_DIRS as WORKSPACE_SKIP
+from node_agent.workspace import Workspace
 
 VersionFn = Callable[[str], str | None]  # the name after ``scheme:`` -> its version, or None
 
 ABSENT = "absent"
 MAX_OUTPUT = 3000  # characters of a command's output kept with its record
-SKIP_DIRS = frozenset({".git", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
-                       ".ruff_cache", ".pytest_cache", ".tox", "dist", "build"})  # fmt: skip
+SKIP_DIRS = WORKSPACE_SKIP | {"dist", "build"}  # what no workspace holds, and build output
 # a command with any of these is not cached: pipes, redirections, substitutions, globs, chains
 SHELL_META = re.compile(r"[;&|<>`$(){}*?\[\]~!\n\\]")
 
@@ -228,7 +228,10 @@ class ExecutionState:
         shared: Mapping[str, str] | None = None,
         scan_limit: int = 5000,
         cache_failures: bool = False,
+        workspace: Workspace | None = None,
     ) -> None:
+        """``workspace``: the fingerprints a ``CacheRule.workspace`` record holds by (its stat
+        cache shared with the node's own test runs)."""
         self.store = store
         self.rules = list(rules)
         # longest root first so nested roots win
@@ -238,6 +241,9 @@ class ExecutionState:
         )
         self.scan_limit, self.cache_failures = scan_limit, cache_failures
         self.versions: dict[str, VersionFn] = {}
+        self.workspace = workspace or Workspace()
+        # ``workspace:<cwd>``: everything under the directory (``node_agent.workspace``)
+        self.register_version("workspace", lambda cwd: self.workspace.fingerprint(cwd).digest)
 
     def register_version(self, scheme: str, fn: VersionFn) -> None:
         """Give a kind of resource (``svc``, ``db``...) a version function."""
@@ -403,6 +409,11 @@ class ExecutionState:
     def inputs(self, rule: CacheRule, cwd: str, extra: Iterable[str] = ()) -> dict[str, str] | None:
         """Versions of everything ``rule`` says the command reads; None when unsure (too many)."""
         found: dict[str, str] = {}
+        if rule.workspace:
+            digest = self.workspace.fingerprint(cwd).digest
+            if digest is None:
+                return None  # more than the bounds, or unreadable: uncertain
+            found[f"workspace:{cwd}"] = digest
         patterns = list(rule.inputs)
         if patterns:
             for dirpath, dirnames, filenames in os.walk(cwd):
@@ -494,7 +505,7 @@ class ExecutionState:
             )  # fmt: skip
         return fp
 
-    # --- what completion checks ask (checks.WrittenCheck, checks.PassedCheck) ----------------
+    # --- what a written completion check asks (checks.WrittenCheck) ------------------------------
 
     def matching(self, cwd: str, pattern: str) -> dict[str, str]:
         """The files under ``cwd`` matching ``pattern`` (globs, case-insensitive, ``|`` between
@@ -518,33 +529,9 @@ class ExecutionState:
                     return found
         return found
 
-    def _valid(self, command: str, cwd: str, fp: str, inputs: Mapping[str, str]) -> bool:
-        """A recorded run still answers: the files its rule reads now fingerprint to it (new
-        files included), else (no rule now) every input it read is unchanged."""
-        rule = next((r for r in self.rules if re.search(r.pattern, command)), None)
-        if rule is not None:
-            now = self.inputs(rule, cwd)
-            return now is not None and fingerprint(command, cwd, now) == fp
-        return self.unchanged(inputs)
-
     def unchanged(self, inputs: Mapping[str, str]) -> bool:
         """Every input a recorded run read is at the version it read."""
         return all(self.current(rid) == v for rid, v in inputs.items())
-
-    def last_run(self, pattern: str, cwd: str) -> Run | None:
-        """The latest recorded run in ``cwd`` whose command matches ``pattern``, and whether it
-        still answers (S5.3's rule: none of the files it read changed since)."""
-        rows = self.store.db.execute(
-            "SELECT fingerprint, command, inputs, exit_status FROM commands WHERE cwd = ? "
-            "ORDER BY rowid DESC LIMIT 200",
-            (cwd,),
-        ).fetchall()
-        for row in rows:
-            if re.search(pattern, row["command"]) is None:
-                continue
-            valid = self._valid(row["command"], cwd, row["fingerprint"], json.loads(row["inputs"]))
-            return Run(row["command"], int(row["exit_status"]), valid)
-        return None
 
     # --- the summary on the way in ----------------------------------------------------------
 

@@ -61,8 +61,10 @@ class CacheRule(BaseModel):
     """A command whose result can be answered from the record while its inputs are unchanged.
 
     ``inputs`` are globs relative to the command's working directory (``**/*.py``); ``resources``
-    are extra resource ids it reads (``svc:orders``). Commands with pipes, redirections, chains
-    or substitutions are never cached, whatever the pattern says.
+    are extra resource ids it reads (``svc:orders``); ``workspace``: it may read any file of the
+    workspace (a test run reads data and config too), so its record holds only while the
+    workspace fingerprint does (``node_agent.workspace``). Commands with pipes, redirections,
+    chains or substitutions are never cached, whatever the pattern says.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -71,6 +73,7 @@ class CacheRule(BaseModel):
     pattern: str  # regex searched in the command
     inputs: tuple[str, ...] = ()
     resources: tuple[str, ...] = ()
+    workspace: bool = False
 
     def matches(self, tool: str, command: str) -> bool:
         return (
@@ -88,12 +91,13 @@ PY_INPUTS = (
     "mypy.ini", ".mypy.ini", "ruff.toml", ".ruff.toml", "requirements*.txt",
 )  # fmt: skip
 
-# Conservative: read-only checkers whose result depends on the Python sources and their config.
+# Conservative: read-only checkers whose result depends on the Python sources and their config;
+# a test run may read any file (data, fixtures, conftest), so it follows the whole workspace.
 DEFAULT_CACHEABLE: tuple[CacheRule, ...] = (
     CacheRule(pattern=r"^\s*(python3? -m )?ruff (check|format --check)\b", inputs=PY_INPUTS),
     CacheRule(pattern=r"^\s*(python3? -m )?(mypy|pyright|flake8)\b", inputs=PY_INPUTS),
-    CacheRule(pattern=r"^\s*(python3? -m )?pytest\b", inputs=PY_INPUTS),
-    CacheRule(pattern=r"^\s*python3? -m unittest\b", inputs=PY_INPUTS),
+    CacheRule(pattern=r"^\s*(python3? -m )?pytest\b", workspace=True),
+    CacheRule(pattern=r"^\s*python3? -m unittest\b", workspace=True),
 )
 
 

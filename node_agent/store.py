@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
+from pydantic import ValidationError
+
 from ledger.clock import Clock, SystemClock
 from ledger.errors import ErrorCode, InvalidInput
 from ledger.events import (
@@ -40,7 +42,7 @@ from ledger.identity import sign
 from ledger.invariants import RiskFact
 from ledger.items import Actor, Item, ItemStatus, JudgedStatus, record_judgement, transition
 from ledger.protocol import subject_of
-from node_agent.checks import CHECK, Check
+from node_agent.checks import CHECK, Check, CheckResult
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -118,6 +120,12 @@ CREATE TABLE IF NOT EXISTS commands (
 CREATE TABLE IF NOT EXISTS pending_commands (
     session_id TEXT NOT NULL, key TEXT NOT NULL, inputs TEXT NOT NULL,
     PRIMARY KEY (session_id, key)
+);
+-- the node's own test/lint runs (suite.py), by the workspace fingerprint they saw
+CREATE TABLE IF NOT EXISTS suite_runs (
+    cwd TEXT NOT NULL, runner TEXT NOT NULL, fingerprint TEXT NOT NULL, passed INTEGER NOT NULL,
+    detail TEXT NOT NULL, ms REAL NOT NULL, at TEXT NOT NULL,
+    PRIMARY KEY (cwd, runner, fingerprint)
 );
 -- the claims cache (claims.py): owner-scoped claims, FTS5 over them, a receipt per turn
 CREATE TABLE IF NOT EXISTS claims (
@@ -350,7 +358,12 @@ class Store:
     # --- items ------------------------------------------------------------------------------
 
     def _row_item(self, row: sqlite3.Row) -> StoredItem:
-        check = CHECK.validate_json(row["check_json"]) if row["check_json"] else None
+        check, detail = None, row["check_detail"]
+        if row["check_json"]:
+            try:
+                check = CHECK.validate_json(row["check_json"])
+            except ValidationError:  # written by an older node agent: a human closes it now
+                detail = "its stored check is of an older kind this node cannot verify"
         item = Item(
             item_id=row["item_id"],
             text=row["text"],
@@ -359,9 +372,7 @@ class Store:
             model_claim=row["model_claim"],
             stored_by=row["stored_by"],
         )
-        return StoredItem(
-            item, row["session_id"], row["short_id"], row["ord"], check, row["check_detail"]
-        )
+        return StoredItem(item, row["session_id"], row["short_id"], row["ord"], check, detail)
 
     def items(self, session_id: str) -> list[StoredItem]:
         rows = self.db.execute(
@@ -612,6 +623,30 @@ class Store:
                 (tokens, run_id),
             )
         return True
+
+    # --- the node's own suite runs (suite.Verifier) -----------------------------------------
+
+    def suite_result(self, cwd: str, runner: str, fingerprint: str) -> CheckResult | None:
+        """The result of the node's own run of ``runner`` on this workspace state, if any."""
+        row = self.db.execute(
+            "SELECT passed, detail FROM suite_runs WHERE cwd = ? AND runner = ? AND "
+            "fingerprint = ?",
+            (cwd, runner, fingerprint),
+        ).fetchone()
+        return None if row is None else CheckResult(passed=bool(row[0]), detail=row[1])
+
+    def save_suite_result(
+        self, cwd: str, runner: str, fingerprint: str, result: CheckResult, ms: float
+    ) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO suite_runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (cwd, runner, fingerprint, int(result.passed), result.detail, ms,
+             self.clock.now().isoformat(timespec="seconds")),
+        )  # fmt: skip
+
+    def suite_run_ms(self) -> list[float]:
+        """How long each of the node's own runs took (for bench/judge.py)."""
+        return [float(r[0]) for r in self.db.execute("SELECT ms FROM suite_runs")]
 
     def meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

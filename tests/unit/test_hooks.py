@@ -198,7 +198,9 @@ async def test_two_identical_gemini_pushes_get_keys_of_their_own(
 async def test_a_record_answered_command_reaches_claude_code_as_updated_input(
     node: NodeAgent, tmp_path: Path
 ) -> None:
-    pre = {**sample("claude-code", "PreToolUse"), "cwd": str(tmp_path),
+    work = tmp_path / "work"  # a workspace of its own: the node's database is not in it
+    work.mkdir()
+    pre = {**sample("claude-code", "PreToolUse"), "cwd": str(work),
            "tool_input": {"command": "pytest -q"}}  # fmt: skip
     await hook(node, "claude-code", "PreToolUse", pre)
     ran = {

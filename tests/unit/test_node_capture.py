@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from ledger.items import Actor, ItemStatus
 from node_agent.auditor import audit, reminder
@@ -70,3 +74,63 @@ def test_reminder_lists_open_items_in_order_with_their_claims(tmp_path: Path) ->
     assert text is not None
     assert text.index("[t1] write the docs") < text.index("[t2] fix the bug")
     assert "not independently verified" in text
+
+
+# --- one sentence, several tasks (issue 22, finding 3) -------------------------------------
+
+COMPOUND = json.loads(
+    (Path(__file__).parents[1] / "fixtures" / "compound_prompts.json").read_text()
+)
+
+
+@pytest.mark.parametrize("case", COMPOUND, ids=[c["prompt"][:40] for c in COMPOUND])
+def test_a_sentence_of_tasks_is_one_item_per_task(case: dict[str, Any]) -> None:
+    """Real-world phrasings: "A, B and C" splits when every part is a task of its own; a part
+    that is no task ("docs"), or points back ("test it"), keeps the sentence whole."""
+    assert list(parse_prompt(case["prompt"]).items) == case["items"]
+
+
+def test_the_fixture_holds_at_least_30_phrasings_of_both_kinds() -> None:
+    split = [c for c in COMPOUND if len(c["items"]) > 1]
+    whole = [c for c in COMPOUND if len(c["items"]) == 1]
+    assert len(COMPOUND) >= 30 and len(split) >= 12 and len(whole) >= 12
+
+
+def test_each_part_of_a_split_sentence_gets_its_own_check() -> None:
+    from node_agent.completion import infer, load
+
+    parts = parse_prompt("Write hello.txt, run the tests and update the changelog.").items
+    checks = [infer(p, "/w", load()) for p in parts]
+    assert [c.type if c else None for c in checks] == ["written", "passed", "written"]
+    assert getattr(checks[0], "pattern", None) == "hello.txt"
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("Fix the crash, e.g. the one in parse()", None),
+        ("i.e. tidy it up, etc.", None),
+        ("replace the http.client usage in api.py", "api.py"),
+        ("stop using os.path", None),
+        ("update the version to 0.2.0", None),
+        ("write hello.txt", "hello.txt"),
+        ("update `docs/usage.md`", "docs/usage.md"),
+        ("edit `Makefile`", "Makefile"),
+        ("fix `os.path` in util.py", "util.py"),
+        ("see src/app/main.rs", "src/app/main.rs"),
+        ("read and/or write", None),
+        ("update pyproject.toml.", "pyproject.toml"),
+        ("document example.com", None),
+    ],
+)
+def test_a_file_check_names_a_file_never_a_word(text: str, named: str | None) -> None:
+    from node_agent.completion import file_name
+
+    assert file_name(text) == named
+
+
+def test_a_file_of_the_workspace_counts_as_named() -> None:
+    from node_agent.completion import file_name
+
+    assert file_name("update Procfile.web") is None
+    assert file_name("update Procfile.web", exists=lambda n: n == "Procfile.web") == "Procfile.web"

@@ -1,0 +1,308 @@
+"""The node's own test and lint runs: a passed check reads the runner's result (SPEC S5.1).
+
+A ``PassedCheck`` never trusts the agent's command or its exit code. When a claim or a turn end
+asks, the node runs the suite itself, in the session's working directory, with a clean
+environment (no ``PYTHONPATH``, ``PYTEST_ADDOPTS`` or the agent's variables), its own interpreter
+in isolated mode (``-I``: a workspace ``pytest.py`` cannot stand in for the runner) and a result
+file of its own in a private temporary directory; it chooses the selection itself (the whole
+working directory), under a hard timeout. "Passed" is decided from what the runner reports
+(``verdict``): at least one test ran (its call phase reported; skipped and xfail do not count),
+none failed or errored, nothing deselected or dropped after collection, every test file of the
+workspace collected, the configuration read from inside the workspace. For ruff: its JSON
+report, at least one file checked, no violation; for mypy, its summary line, at least one
+source file checked, no error. Whatever cannot be read is "not verified".
+
+Results are cached by the workspace fingerprint (``workspace.py``), so a claim costs at most one
+run per workspace state, and a verified run stays valid exactly while that fingerprint holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Any
+
+from node_agent.checks import CheckResult, PassedCheck, Runner
+from node_agent.store import Store
+from node_agent.workspace import Fingerprint, Workspace
+
+CHILD = Path(__file__).with_name("suite_child.py")
+# pytest's default python_files and norecursedirs: where a workspace's test files are
+TEST_FILES = ("test_*.py", "*_test.py")
+NORECURSE = ("*.egg", ".*", "_darcs", "build", "CVS", "dist", "node_modules", "venv", "{arch}")
+SHOWN = 3  # failing test names kept in a detail
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a runner reported of one run, parsed; ``problem`` when it could not be read."""
+
+    runner: str
+    ran: int = 0
+    failed: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    skipped: int = 0
+    deselected: int = 0
+    dropped: int = 0  # collected, not deselected, yet not selected (a plugin or conftest)
+    unrun: int = 0  # selected, yet neither run nor skipped (a session stopped early)
+    uncollected: tuple[str, ...] = ()  # test files of the workspace the run did not collect
+    outside: str | None = None  # configuration read from outside the workspace
+    problem: str | None = None
+
+
+# --- the pure core --------------------------------------------------------------------------
+
+
+def workspace_tests(files: Sequence[str]) -> list[str]:
+    """Pure: the workspace's test files by pytest's default naming, outside skipped dirs."""
+    found = []
+    for rel in files:
+        path = PurePath(rel)
+        if not any(fnmatch.fnmatch(path.name, p) for p in TEST_FILES):
+            continue
+        if any(fnmatch.fnmatch(part, p) for part in path.parts[:-1] for p in NORECURSE):
+            continue
+        found.append(rel)
+    return found
+
+
+def read_counts(raw: dict[str, Any], cwd: str, files: Sequence[str]) -> Report:
+    """Pure: a ``Report`` from the child's counts (``suite_child``: pytest's or unittest's) and
+    the workspace's files."""
+    collected, selected = int(raw["collected"]), int(raw["selected"])
+    deselected, ran, skipped = int(raw["deselected"]), int(raw["ran"]), int(raw["skipped"])
+    failed, errors = tuple(raw["failed"]), tuple(raw["errors"])
+    modules = {os.path.normpath(m) for m in raw.get("modules", [])}
+    inipath = raw.get("inipath")
+    outside = None
+    if inipath and not _inside(str(inipath), cwd):
+        outside = str(inipath)
+    return Report(
+        runner=str(raw["runner"]), ran=ran, failed=failed, errors=errors, skipped=skipped,
+        deselected=deselected, dropped=max(0, collected - deselected - selected),
+        unrun=max(0, selected - ran - skipped - len(errors)),
+        uncollected=tuple(f for f in workspace_tests(files) if os.path.normpath(f) not in modules)
+        if raw["runner"] == "pytest" else (),
+        outside=outside,
+    )  # fmt: skip
+
+
+def read_ruff(listed: str, report: str, code: int) -> Report:
+    """Pure: ruff's ``--show-files`` listing and its JSON report of the same tree."""
+    files = [line for line in listed.splitlines() if line.strip()]
+    try:
+        found = json.loads(report)
+    except ValueError:
+        return Report("ruff", problem=f"ruff wrote no JSON report (exit {code})")
+    if not isinstance(found, list) or code not in (0, 1):
+        return Report("ruff", problem=f"ruff did not report (exit {code})")
+    failed = tuple(
+        f"{os.path.basename(str(v.get('filename')))}:{(v.get('location') or {}).get('row')} "
+        f"{v.get('code')}"
+        for v in found
+        if isinstance(v, dict)
+    )
+    if code == 1 and not failed:
+        return Report("ruff", problem="ruff exited 1 with no violation reported")
+    return Report("ruff", ran=len(files), failed=failed)
+
+
+_MYPY_OK = re.compile(r"^Success: no issues found in (\d+) source files?$", re.M)
+_MYPY_FOUND = re.compile(
+    r"^Found (\d+) errors? in \d+ files? \(checked (\d+) source files?\)$", re.M
+)
+_MYPY_ERROR = re.compile(r"^(?P<where>[^\s:][^:]*:\d+): error: ", re.M)
+
+
+def read_mypy(out: str, code: int) -> Report:
+    """Pure: mypy's own summary line (and its error lines) of a run over the workspace."""
+    ok, found = _MYPY_OK.search(out), _MYPY_FOUND.search(out)
+    if code == 0 and ok:
+        return Report("mypy", ran=int(ok.group(1)))
+    if code == 1 and found:
+        errors = tuple(m.group("where") for m in _MYPY_ERROR.finditer(out))
+        return Report("mypy", ran=int(found.group(2)), failed=errors or (found.group(0),))
+    return Report("mypy", problem=f"mypy did not report a result (exit {code})")
+
+
+def verdict(report: Report) -> CheckResult:
+    """Pure: "passed" only when the runner's own report says the whole selection ran clean."""
+    name = f"{report.runner} (the node's own run)"
+    if report.problem is not None:
+        return CheckResult(passed=False, detail=f"{name}: not verified: {report.problem}")
+    unit = "file" if report.runner in ("ruff", "mypy") else "test"
+    counts = f"{report.ran} {unit}{'s' if report.ran != 1 else ''} checked" if unit == "file" else (
+        f"{report.ran} ran, {len(report.failed)} failed, {len(report.errors)} errors, "
+        f"{report.skipped} skipped"
+    )  # fmt: skip
+    why = None
+    if report.failed:
+        label = {"ruff": "violations", "mypy": "errors"}.get(report.runner, "failed")
+        why = f"{label}: {', '.join(report.failed[:SHOWN])}"
+        if len(report.failed) > SHOWN:
+            why += f" and {len(report.failed) - SHOWN} more"
+    elif report.errors:
+        why = f"errors: {', '.join(report.errors[:SHOWN])}"
+    elif report.outside is not None:
+        why = f"not verified: its configuration {report.outside} is outside the workspace"
+    elif report.deselected or report.dropped:
+        why = f"not verified: {report.deselected + report.dropped} collected tests did not run"
+    elif report.uncollected:
+        why = f"not verified: test files not collected: {', '.join(report.uncollected[:SHOWN])}"
+    elif report.ran == 0:
+        why = f"not verified: no {unit} was {'checked' if unit == 'file' else 'run'}"
+    elif report.unrun:
+        why = f"not verified: {report.unrun} selected tests neither ran nor were skipped"
+    if why is not None:
+        return CheckResult(passed=False, detail=f"{name}: {counts}; {why}")
+    return CheckResult(passed=True, detail=f"{name}: {counts}")
+
+
+def _inside(path: str, cwd: str) -> bool:
+    root = os.path.realpath(cwd)
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root + os.sep)
+
+
+def clean_env(tmp: str, python: str) -> dict[str, str]:
+    """Pure: the environment of the node's own run: no variable of the agent's session; the
+    interpreter's directory first on PATH, as in its activated environment."""
+    path = os.pathsep.join([os.path.dirname(python), os.defpath])
+    return {"PATH": path, "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            # plugins load when the workspace names them (``-p``, ``pytest_plugins``), not
+            # because the node's interpreter has them (seconds of start-up each run)
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # fmt: skip
+
+
+# --- the shell: running the suite ---------------------------------------------------------
+
+
+async def _run(argv: list[str], cwd: str, env: dict[str, str], timeout: float) -> tuple[
+    int, str
+]:  # fmt: skip
+    """Run ``argv``; its exit code and stdout. Raises TimeoutError (its process group killed)."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(timeout):
+            out, _ = await proc.communicate()
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        raise
+    return proc.returncode if proc.returncode is not None else -1, out.decode(errors="replace")
+
+
+async def run_suite(
+    runner: Runner, cwd: str, files: Sequence[str], *, python: str, timeout: float
+) -> Report:
+    """The node's own run of ``runner`` in ``cwd`` (``files``: the workspace it fingerprinted)."""
+    with tempfile.TemporaryDirectory(prefix="fleet-verify-") as tmp:
+        env = clean_env(tmp, python)
+        try:
+            if runner == "ruff":
+                base = [python, "-I", "-m", "ruff", "check", "--no-cache"]
+                code, listed = await _run([*base, "--show-files", "."], cwd, env, timeout)
+                if code != 0:
+                    return Report("ruff", problem=f"ruff could not list its files (exit {code})")
+                code, out = await _run([*base, "--output-format", "json", "."], cwd, env, timeout)
+                return read_ruff(listed, out, code)
+            if runner == "mypy":
+                argv = [python, "-I", "-m", "mypy", "--cache-dir", os.path.join(tmp, "mypy"),
+                        "--no-color-output", "--no-pretty", "."]  # fmt: skip
+                code, out = await _run(argv, cwd, env, timeout)
+                return read_mypy(out, code)
+            chosen = runner if runner != "tests" else await _test_runner(python, cwd, env)
+            report, collected = await _child(chosen, cwd, files, python, env, tmp, timeout)
+            if runner == "tests" and chosen == "pytest" and collected == 0 and not report.errors:
+                # pytest found no test at all: unittest discovery (``test*.py``) may
+                report, _ = await _child("unittest", cwd, files, python, env, tmp, timeout)
+            return report
+        except TimeoutError:
+            return Report(runner, problem=f"timed out after {timeout:g}s")
+        except OSError as exc:
+            return Report(runner, problem=f"cannot run ({exc.strerror or exc})")
+
+
+async def _child(
+    runner: str, cwd: str, files: Sequence[str], python: str, env: dict[str, str], tmp: str,
+    timeout: float,
+) -> tuple[Report, int]:  # fmt: skip
+    """One run of ``suite_child``: its report, and how many tests it collected."""
+    result = os.path.join(tmp, f"{runner}.json")
+    code, _ = await _run([python, "-I", "-B", str(CHILD), result, runner], cwd, env, timeout)
+    try:
+        raw = json.loads(Path(result).read_text(encoding="utf-8"))
+        return read_counts(raw, cwd, files), int(raw["collected"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return Report(runner, problem=f"the run wrote no result (exit {code})"), -1
+
+
+_HAS_PYTEST: dict[str, bool] = {}  # interpreter -> whether it has pytest (asked once)
+
+
+async def _test_runner(python: str, cwd: str, env: dict[str, str]) -> str:
+    """pytest when the node's interpreter has it (it runs unittest tests too), else unittest."""
+    if python not in _HAS_PYTEST:
+        probe = [python, "-I", "-c", "import importlib.util as u; print(u.find_spec('pytest'))"]
+        try:
+            code, out = await _run(probe, cwd, env, 10.0)
+        except (TimeoutError, OSError):
+            return "unittest"  # not remembered: the next run asks again
+        _HAS_PYTEST[python] = code == 0 and out.strip() != "None"
+    return "pytest" if _HAS_PYTEST[python] else "unittest"
+
+
+class Verifier:
+    """Verifies passed checks by the node's own runs, cached by workspace fingerprint."""
+
+    def __init__(
+        self, store: Store, *, workspace: Workspace | None = None, python: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:  # fmt: skip
+        self.store, self.workspace = store, workspace or Workspace()
+        self.python, self.timeout = python or sys.executable, timeout
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    async def check(
+        self, check: PassedCheck, seen: dict[str, Fingerprint] | None = None
+    ) -> CheckResult:
+        """The check's result on the workspace as it is now: cached, else one run.
+
+        ``seen``: fingerprints taken already in this turn end, by directory (one per turn)."""
+        fp = seen.get(check.cwd) if seen is not None else None
+        if fp is None:
+            fp = await asyncio.to_thread(self.workspace.fingerprint, check.cwd)
+            if seen is not None:
+                seen[check.cwd] = fp
+        if fp.digest is None:
+            return CheckResult(passed=False, detail=f"not verified: {fp.problem}")
+        key = (check.cwd, check.runner)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:  # one run per workspace state, however many items ask
+            cached = await self.store.run(self.store.suite_result, *key, fp.digest)
+            if cached is not None:
+                return cached
+            started = time.perf_counter()
+            report = await run_suite(check.runner, check.cwd, fp.files, python=self.python,
+                                     timeout=self.timeout)  # fmt: skip
+            result = verdict(report)
+            ms = (time.perf_counter() - started) * 1000
+            await self.store.run(self.store.save_suite_result, *key, fp.digest, result, ms)
+        return result

@@ -1,0 +1,125 @@
+"""The pure core of verified runs (issue 22): the verdict on a runner's report, the names a
+file check accepts, and the workspace fingerprint a run stays valid by."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from node_agent.completion import EXTENSIONS, file_name
+from node_agent.suite import (
+    Report,
+    read_counts,
+    read_mypy,
+    read_ruff,
+    run_suite,
+    verdict,
+    workspace_tests,
+)
+from node_agent.workspace import Workspace
+
+NAMES = st.lists(st.from_regex(r"[a-z_]{1,8}\.py::test_[a-z]{1,5}", fullmatch=True), max_size=3)
+REPORTS = st.builds(
+    Report,
+    runner=st.sampled_from(["pytest", "unittest", "ruff", "mypy"]),
+    ran=st.integers(0, 5), failed=NAMES.map(tuple), errors=NAMES.map(tuple),
+    skipped=st.integers(0, 3), deselected=st.integers(0, 2), dropped=st.integers(0, 2),
+    unrun=st.integers(0, 2), uncollected=NAMES.map(tuple),
+    outside=st.one_of(st.none(), st.just("/etc/pytest.ini")),
+    problem=st.one_of(st.none(), st.just("the run wrote no result (exit 1)")),
+)  # fmt: skip
+
+
+@given(REPORTS)
+def test_passed_only_when_the_whole_selection_ran_clean(report: Report) -> None:
+    clean = (
+        report.problem is None and report.ran >= 1 and not report.failed and not report.errors
+        and report.outside is None and not report.deselected and not report.dropped
+        and not report.uncollected and not report.unrun
+    )  # fmt: skip
+    result = verdict(report)
+    assert result.passed is clean
+    assert result.detail.startswith(f"{report.runner} (the node's own run)")
+
+
+def test_the_childs_counts_read_as_a_report() -> None:
+    raw = {"runner": "pytest", "ran": 1, "passed": 1, "failed": [], "errors": [], "skipped": 0,
+           "deselected": 0, "collected": 2, "selected": 1, "modules": ["tests/test_a.py"],
+           "inipath": "/elsewhere/pytest.ini"}  # fmt: skip
+    files = ["tests/test_a.py", "tests/test_b.py", "venv/test_x.py", ".hidden/test_y.py", "a.py"]
+    report = read_counts(raw, "/work/p", files)
+    assert (report.dropped, report.uncollected, report.outside) == (
+        1, ("tests/test_b.py",), "/elsewhere/pytest.ini",
+    )  # fmt: skip
+    assert workspace_tests(files) == ["tests/test_a.py", "tests/test_b.py"]
+
+
+def test_ruff_and_mypy_reports_are_read_from_their_own_output() -> None:
+    listed = "/p/a.py\n/p/b.py\n"
+    violation = '[{"filename": "/p/a.py", "location": {"row": 3}, "code": "F401"}]'
+    assert read_ruff(listed, "[]", 0) == Report("ruff", ran=2)
+    assert read_ruff(listed, violation, 1).failed == ("a.py:3 F401",)
+    assert read_ruff(listed, "not json", 2).problem is not None
+    assert read_mypy("Success: no issues found in 4 source files\n", 0) == Report("mypy", ran=4)
+    found = "a.py:2: error: Incompatible types\nFound 1 error in 1 file (checked 4 source files)\n"
+    assert read_mypy(found, 1).failed == ("a.py:2",)
+    assert read_mypy("mypy: can't read file\n", 2).problem is not None
+
+
+@given(st.from_regex(r"[a-z]{1,6}\.[a-z]{1,7}", fullmatch=True))
+def test_a_dotted_word_names_a_file_only_by_a_known_extension(word: str) -> None:
+    named = file_name(f"replace the {word} usage")
+    assert (named == word) is (word.rsplit(".", 1)[1] in EXTENSIONS)
+
+
+def test_the_fingerprint_covers_what_git_tracks_or_would_track(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / ".gitignore").write_text("out/\n")
+    (tmp_path / "data.json").write_text("[1]\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "report.txt").write_text("x\n")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "a.pyc").write_bytes(b"\0")
+    ws = Workspace()
+    first = ws.fingerprint(str(tmp_path))
+    assert first.source == "git" and first.files == (".gitignore", "data.json")
+    (tmp_path / "out" / "report.txt").write_text("y\n")  # ignored: the same workspace
+    assert ws.fingerprint(str(tmp_path)).digest == first.digest
+    (tmp_path / "data.json").write_text("[2]\n")  # untracked but not ignored: a change
+    assert ws.fingerprint(str(tmp_path)).digest != first.digest
+
+
+def test_outside_git_the_fingerprint_is_bounded(tmp_path: Path) -> None:
+    for n in range(5):
+        (tmp_path / f"f{n}.txt").write_text(str(n))
+    assert Workspace(max_files=5).fingerprint(str(tmp_path)).source == "walk"
+    over = Workspace(max_files=4).fingerprint(str(tmp_path))
+    assert over.digest is None and over.problem == f"more than 4 files under {tmp_path}"
+    big = Workspace(max_bytes=3).fingerprint(str(tmp_path))
+    assert big.digest is None and big.problem == f"more than 3 bytes under {tmp_path}"
+
+
+async def test_a_unittest_project_pytest_does_not_collect_runs_under_unittest(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "tests.py").write_text(
+        "import unittest\n\n\nclass T(unittest.TestCase):\n"
+        "    def test_a(self):\n        self.assertEqual(1, 2)\n"
+    )
+    report = await run_suite("tests", str(tmp_path), ["tests.py"], python=sys.executable,
+                             timeout=60)  # fmt: skip
+    assert (report.runner, report.ran, len(report.failed)) == ("unittest", 1, 1)
+
+
+async def test_pytest_tests_hidden_from_pytest_are_not_run_by_unittest_either(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "conftest.py").write_text("collect_ignore_glob = ['test_*.py']\n")
+    (tmp_path / "test_a.py").write_text("def test_a():\n    assert False\n")
+    report = await run_suite("tests", str(tmp_path), ["conftest.py", "test_a.py"],
+                             python=sys.executable, timeout=60)  # fmt: skip
+    assert not verdict(report).passed and report.ran == 0
