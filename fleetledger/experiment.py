@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -78,6 +78,7 @@ from node_agent.checks import FileCheck
 from node_agent.client import NodeClient
 from node_agent.hooks import hook_command  # the installed command line, as agents run it
 from reservations import (
+    BranchesResult,
     Budget,
     CommitResult,
     ExpiringResult,
@@ -346,6 +347,11 @@ class IndependentCounters:
 
     async def holding(self, mission_id: str) -> dict[str, str]:
         return await self.inner.holding(mission_id)
+
+    async def branches(
+        self, mission_ids: Sequence[str], *, unlist: Mapping[str, Sequence[str]] | None = None
+    ) -> list[BranchesResult]:
+        return await self.inner.branches(mission_ids, unlist=unlist)
 
     async def close(self) -> None:
         await self.inner.close()
