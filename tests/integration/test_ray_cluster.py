@@ -117,6 +117,7 @@ async def die(when: str, ctx: BranchContext) -> int:
 @pytest.mark.parametrize(
     ("when", "settled", "state"),
     [("before", 0, ReservationState.EXPIRED), ("after", HALF, ReservationState.SETTLED)],
+    ids=["before-effect-returned", "after-effect-settled-in-full"],
 )
 async def test_a_worker_killed_mid_branch_gives_its_money_back_or_is_settled_in_full(
     cluster: RayCluster, coordinator: Any, fleet: Any, admin: ReservationClient,
