@@ -127,7 +127,12 @@ class RayCluster:
     def stop(self) -> None:
         for name in list(self.nodes):
             self.kill(name)
+        # a process of the group may still be writing its last log line as it dies
+        wait_for("the cluster's session files removed", self._removed, 10)
+
+    def _removed(self) -> bool:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+        return not self.temp_dir.exists()
 
     def log(self, name: str) -> str:
         path = self.root / f"{name}.log"
