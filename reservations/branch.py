@@ -136,7 +136,7 @@ class Branch:
             await asyncio.sleep(self.lease_s / BEATS_PER_LEASE)
             try:
                 until = await self.store.renew(self.mission_id, self.reservation_id, self.lease_s)
-            except RuleViolation as exc:  # lease passed or resolved: nothing left to keep
+            except (RuleViolation, InvalidInput) as exc:  # lease passed, resolved or gone
                 log.warning("branch %s heartbeat stopped: %s", self.reservation_id, exc.message)
                 return
             except FleetError as exc:  # Redis unreachable for now: the lease still runs
