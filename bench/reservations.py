@@ -5,7 +5,9 @@
 (b) the same pairs with group admission (reserve_many + settle_many, pipelined) vs that raw
     baseline (target > 1x);
 (c) overspend of a naive check-then-spend (GET remaining, then INCRBY) vs ours under the same
-    concurrent load (ours must be exactly 0).
+    concurrent load (ours must be exactly 0);
+(d) branches/s through ``run_branches`` on a Ray cluster (a head and a second node, ``ray start``,
+    token auth) beside the same fan-out on a local Ray (informational: no target).
 Ends with one JSON line.
 """
 
@@ -14,8 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -23,14 +28,17 @@ from pathlib import Path
 # Run as a script, this file's directory comes first on sys.path and its name would shadow
 # the `reservations` package; drop it before importing.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' Ray cluster harness
 
 from redis.asyncio import BlockingConnectionPool, Redis  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from fleetledger.servers import REDIS_ADMIN, EmbeddedServers  # noqa: E402
+from fleetledger.servers import REDIS_ADMIN, REDIS_BRANCH, EmbeddedServers  # noqa: E402
 from ledger.errors import RuleViolation  # noqa: E402
-from reservations import ReservationClient  # noqa: E402
+from reservations import BranchContext, ReservationClient, run_branches  # noqa: E402
+from reservations.cluster import connect  # noqa: E402
+from tests.integration.raycluster import RayCluster, node_with, wait_for  # noqa: E402
 
 TRIVIAL = "return redis.call('INCR', KEYS[1])"
 ROUNDS = 5
@@ -130,7 +138,55 @@ async def our_overspend(url: str, attempts: int, concurrency: int, ceiling: int)
     return max(0, level.used - ceiling)
 
 
-async def main(quick: bool) -> dict[str, float | int]:
+def branch_cost(item: int, ctx: BranchContext) -> int:
+    return 7  # a branch that costs a little and returns at once: the fan-out's own cost
+
+
+async def branch_rate(admin_url: str, branch_url: str, branches: int) -> float:
+    """Branches/s of one fan-out on the Ray the driver is connected to (after a warm-up)."""
+    mid = f"bench-{uuid.uuid4().hex[:8]}"
+    async with ReservationClient.from_url(admin_url) as client:
+        await client.create_mission(mid, 10**12)
+    for prefix, count in (("warm", 4), ("run", branches)):  # the warm-up starts the workers
+        start = time.perf_counter()
+        outcomes = await run_branches(
+            branch_cost, range(count), redis_url=branch_url, mission_id=mid, amount_each=10,
+            lease_s=30, reservation_prefix=prefix,
+        )  # fmt: skip
+    elapsed = time.perf_counter() - start
+    assert all(o.status == "admitted" for o in outcomes), outcomes
+    return branches / elapsed
+
+
+async def ray_rates(admin_url: str, branch_url: str, branches: int) -> tuple[float, float]:
+    """(local Ray, two-node cluster) branches/s, the same fan-out on each."""
+    import ray
+    from ray._private.authentication_test_utils import reset_auth_token_state
+
+    connect(num_cpus=2, log_to_driver=False, configure_logging=False)
+    try:
+        local = await branch_rate(admin_url, branch_url, branches)
+    finally:
+        ray.shutdown()
+    root = Path(tempfile.mkdtemp(prefix="bench-ray-"))
+    cluster = RayCluster(root)
+    try:
+        cluster.start_head()
+        cluster.wait_started("head")
+        cluster.add_node("second")
+        os.environ.update({k: v for k, v in cluster.env().items() if k.startswith("RAY_AUTH")})
+        reset_auth_token_state()
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        wait_for("the second node", lambda: node_with(ray, "second"), 120)
+        on_cluster = await branch_rate(admin_url, branch_url, branches)
+    finally:
+        ray.shutdown()
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return local, on_cluster
+
+
+async def main(quick: bool, with_ray: bool = True) -> dict[str, float | int]:
     pairs = 12_800 if quick else 64_000
     concurrency, batch = 32, 50
     attempts = 20_000 if quick else 100_000
@@ -147,6 +203,12 @@ async def main(quick: bool) -> dict[str, float | int]:
         raw, ours, batched = (statistics.median(x) for x in (raws, ourss, batcheds))
         naive = await naive_overspend(url, attempts, concurrency, ceiling)
         safe = await our_overspend(url, attempts, concurrency, ceiling)
+        branches = 40 if quick else 200
+        local, on_cluster = (
+            await ray_rates(url, servers.redis_url_for(REDIS_BRANCH), branches)
+            if with_ray
+            else (0.0, 0.0)
+        )
     return {
         "concurrency": concurrency,
         "raw_evalsha_pairs_per_s": round(raw),
@@ -157,6 +219,10 @@ async def main(quick: bool) -> dict[str, float | int]:
         "attempts": attempts,
         "naive_overspend_micros": naive,
         "ours_overspend_micros": safe,
+        "branches": branches,
+        "local_ray_branches_per_s": round(local, 1),
+        "cluster_ray_branches_per_s": round(on_cluster, 1),
+        "ratio_cluster_vs_local": round(on_cluster / local, 3) if local else 0.0,
     }
 
 
@@ -179,14 +245,22 @@ def report(fig: dict[str, float | int]) -> None:
         f"{fig['ours_overspend_micros']:,}", f"{fig['naive_overspend_micros']:,} naive",
         "-", "ours = 0",
     )  # fmt: skip
+    if fig["local_ray_branches_per_s"]:
+        table.add_row(
+            f"(d) branches/s, {fig['branches']} on a 2-node Ray cluster",
+            f"{fig['cluster_ray_branches_per_s']:,}",
+            f"{fig['local_ray_branches_per_s']:,} local Ray",
+            f"{fig['ratio_cluster_vs_local']:.2f}x", "-",
+        )  # fmt: skip
     Console(stderr=True).print(table)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="finish in under a minute")
+    parser.add_argument("--no-ray", action="store_true", help="skip (d), the Ray fan-out")
     args = parser.parse_args()
-    figures = asyncio.run(main(args.quick))
+    figures = asyncio.run(main(args.quick, with_ray=not args.no_ray))
     report(figures)
     print(json.dumps(figures))
     sys.exit(0 if figures["ours_overspend_micros"] == 0 else 1)

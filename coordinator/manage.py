@@ -52,21 +52,19 @@ from ledger.identity import (
     NonceWindow,
     Principal,
     check_acting_as,
-    check_budget_recorder,
     check_effect_recorder,
     verify_request,
 )
 from ledger.invariants import check_risk_owner
-from ledger.mission import MissionState, ReservationState, admit_grant, evolve, unrecorded
+from ledger.mission import MissionState, ReservationState, admit_grant, evolve
 from ledger.protocol import (
     MANAGE_SUBJECT,
-    BudgetRecord,
     ErrorBody,
     ManageOp,
     ManageReply,
     ManageRequest,
 )
-from reservations import Budget, ReserveResult
+from reservations import Budget
 from telemetry import Telemetry, consumer_span, messaging_attributes, reservation_span, set_error
 from telemetry.conventions import (
     FLEET_MANAGE_OP,
@@ -192,35 +190,6 @@ async def _open_risk(mgr: Manager, ctx: Context, payload: RiskOpened) -> Change:
     return Change(payload)
 
 
-async def _record_budget(mgr: Manager, ctx: Context, req: BudgetRecord) -> Change:
-    """Record what Redis holds for one of the asker's branch reservations: the coordinator is
-    the only writer of budget events, each as Redis answered it (its amount, chain, time)."""
-    state, rid = ctx.state, req.reservation_id
-    history = await mgr.budget.history(state.mission_id, rid)
-    if not history:
-        raise InvalidInput(
-            f"Redis holds no reservation {rid} in mission {state.mission_id}: nothing to record",
-            code=ErrorCode.NOT_FOUND,
-        )
-    reserved = history[0]
-    assert isinstance(reserved, ReserveResult)
-    if ctx.who is not None:
-        grant = state.grants.get(reserved.grant_id) if reserved.grant_id else None
-        check_budget_recorder(
-            ctx.who, mission_id=state.mission_id, reservation_id=rid, roles=state.roles,
-            holder=grant.spec.holder if grant is not None else None,
-        )  # fmt: skip
-    todo = unrecorded(state, rid, history, scopes=reserved.scopes, grant_id=reserved.grant_id)
-    events = [
-        mgr.journal.event(
-            t.ledger_payload(), state.mission_id, at=t.at, grant_id=reserved.grant_id,
-            agent_id=ctx.req.actor,
-        )
-        for t in todo
-    ]  # fmt: skip
-    return Change(None, before=events, result={"recorded": len(events)})
-
-
 async def _treat_overrun(mgr: Manager, ctx: Context, payload: BudgetOverrunTreated) -> Change:
     evolve(ctx.state, mgr.journal.event(payload, ctx.req.mission_id, at=ctx.now))  # check first
     await mgr.budget.treat_overrun(ctx.req.mission_id, payload.scope, by=payload.by)
@@ -301,7 +270,6 @@ HANDLERS: dict[ManageOp, Operation] = {
     "effect.record": Operation(EffectObserved, _record_effect),
     "role.bind": Operation(RoleBound, _record, prepare=_binder),
     "role.unbind": Operation(RoleUnbound, _record, prepare=_binder),
-    "budget.record": Operation(BudgetRecord, _record_budget),
 }
 
 

@@ -14,7 +14,13 @@ ledger still counts, and what is left to reconcile is always Redis holding too m
 - At start, reservations Redis holds committed for an authorize the ledger never recorded (a
   coordinator died between Redis and the stream) become undecided.
 - The sweeper expires held reservations whose lease passed in two steps: Redis marks them
-  expiring (still counted), the ledger records budget.expired, then Redis frees them.
+  expiring (still counted), the ledger records budget.expired, then Redis frees them; one the
+  record never knew (a branch's) is recorded reserved and expired first, never freed silently.
+- Branch reservations (``reservations.Branch``: made by an orchestrator's workers, listed in
+  Redis until recorded) are recorded from Redis's own answer, transitions in Redis's order,
+  whether or not their worker lived to report them. A committed one whose heartbeat stopped
+  (its lease, its liveness, passed: the worker died after its effect started) is settled in
+  full: Redis first (settling the whole amount frees nothing), then recorded.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from coordinator.branches import BranchRecorder
 from coordinator.journal import Journal
 from fleetbus.bus import cancel_requested
 from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
@@ -184,6 +191,7 @@ class Reconciler:
         self.telemetry = telemetry
         self.lease_s, self.sweep_interval_s = lease_s, sweep_interval_s
         self._scanned = True  # what Redis holds was compared with the record (or not yet)
+        self.branches = BranchRecorder(journal, budget, self.unapplied)
 
     async def find_undecided(self) -> None:
         """At start, from what Redis still holds: committed authorize reservations the ledger
@@ -272,11 +280,14 @@ class Reconciler:
             await self._scan()
         await self.follow_ledger()
         expired = await self.settle_undecided()
+        leased = await self.branches.record()
         for mission_id, state in list(journal.states.items()):
             if state.mission is None:
                 continue
-            if not every_mission and not any(
-                r.state is ReservationState.HELD for r in state.reservations.values()
+            if (
+                not every_mission
+                and mission_id not in leased
+                and not any(r.state is ReservationState.HELD for r in state.reservations.values())
             ):
                 continue
             async with journal.lock(mission_id):
@@ -292,12 +303,12 @@ class Reconciler:
         marked = await budget.mark_expiring(mission_id)
         record: list[Event] = []
         free: list[str] = []  # nothing to record first
+        unrecorded = 0
         for e in marked.expiring:
             rid = e.reservation_id
             known = state.reservations.get(rid)
             if known is None:
-                log.info("lease returned unrecorded reservation %s", rid)
-                free.append(rid)
+                unrecorded += await self._expire_unrecorded(mission_id, e.at, rid)
             elif known.state is ReservationState.HELD:
                 grant_id = e.chain[0] if e.chain else None
                 record.append(
@@ -330,7 +341,28 @@ class Reconciler:
             self.telemetry.metrics.reservations.add(
                 len(chunk), {FLEET_RESERVATION_OUTCOME: "expired"}
             )
-        return len(record)
+        return len(record) + unrecorded
+
+    async def _expire_unrecorded(self, mission_id: str, at: datetime, rid: str) -> int:
+        """A reservation whose lease passed that the record never knew (a branch's whose worker
+        died before it was recorded): record what Redis did and its expiry, then free it.
+        Returns how many were recorded (0 or 1)."""
+        found = await self.budget.reservation(mission_id, rid)
+        if found is not None and found[2] == "expiring":
+            reserved = found[0]
+            events = [
+                self.journal.event(p, mission_id, at=t, grant_id=reserved.grant_id)
+                for p, t in ((reserved.ledger_payload(), reserved.at),
+                             (BudgetExpired(reservation_id=rid), at))
+            ]  # fmt: skip
+            self.unapplied.add(mission_id, rid, self.journal.clock.now())
+            await self.journal.commit(events)
+            log.warning(
+                "lease returned reservation %s of mission %s, recorded now", rid, mission_id
+            )
+        await self.budget.expire(mission_id, [rid])
+        self.unapplied.discard(mission_id, rid)
+        return 0 if found is None or found[2] != "expiring" else 1
 
     async def settle_undecided(self) -> int:
         """Return the money of undecided reservations whose time is up, recording what Redis

@@ -14,7 +14,7 @@ line only.
   the follow stream (other nodes' resource changes, grants) and the risk bucket;
 - human: asks; reads the ledger stream (replay, trace) and the dead letters through read-only
   readers;
-- service (an orchestrator of Branches): asks, and publishes its branches' budget records.
+- service (an orchestrator of Branches): asks; the coordinator records its branches from Redis.
 
 A reader is an ephemeral pull consumer created in the named form with its filter
 (``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``), that acks nothing; the nameless form,
@@ -118,7 +118,7 @@ def _human_publish() -> list[str]:
 
 
 def _service_publish() -> list[str]:
-    # requests only: the coordinator records a branch's budget facts from Redis (budget.record)
+    # requests only: the coordinator records a branch's budget facts from Redis
     return list(_REQUESTS)
 
 

@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -78,6 +78,7 @@ from node_agent.checks import FileCheck
 from node_agent.client import NodeClient
 from node_agent.hooks import hook_command  # the installed command line, as agents run it
 from reservations import (
+    BranchesResult,
     Budget,
     CommitResult,
     ExpiringResult,
@@ -87,7 +88,6 @@ from reservations import (
     ReserveResult,
     SettleResult,
     SweepResult,
-    Transition,
 )
 
 CEILING = parse_amount("0.80")
@@ -348,8 +348,10 @@ class IndependentCounters:
     async def holding(self, mission_id: str) -> dict[str, str]:
         return await self.inner.holding(mission_id)
 
-    async def history(self, mission_id: str, reservation_id: str) -> list[Transition]:
-        return await self.inner.history(self._at(mission_id, reservation_id), reservation_id)
+    async def branches(
+        self, mission_ids: Sequence[str], *, unlist: Mapping[str, Sequence[str]] | None = None
+    ) -> list[BranchesResult]:
+        return await self.inner.branches(mission_ids, unlist=unlist)
 
     async def close(self) -> None:
         await self.inner.close()

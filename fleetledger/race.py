@@ -3,7 +3,8 @@
 Each branch is an agent that works for a moment and costs 0.50; the mission has 0.80. The naive
 gateway checks the remaining budget, lets the agent work, then records the spend, as gateways
 do today: every check passes and 2.00 is spent. fleetledger reserves before the work in one Lua
-script across the grant chain: exactly one branch runs.
+script across the grant chain: exactly one branch runs, and the coordinator records every
+branch's transitions from Redis. The local Ray listens on loopback only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from fleetledger.servers import REDIS_BRANCH, REDIS_GATEWAY, EmbeddedServers
 from ledger.authority import Authority
 from ledger.money import format_amount, parse_amount
 from reservations import BranchContext, run_branches
+from reservations.cluster import connect
 
 RAY_MISSION = "ray-race"
 RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
@@ -28,10 +30,12 @@ BRANCHES = 4
 EACH = "0.50"
 CEILING = "0.80"
 WORK_S = 0.5  # how long each agent "works" between admission and spending
+RECORD_WAIT_S = 30.0  # for the coordinator's sweep rounds to record the branches
 
 
 async def agent_work(item: int, ctx: BranchContext) -> int:
-    """A branch's agent: work for a moment, report what it cost."""
+    """A branch's agent: its paid call starts (committed), works a moment, reports the cost."""
+    await ctx.effect_started()
     await asyncio.sleep(WORK_S)
     return ctx.amount
 
@@ -89,12 +93,7 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
             # Ray's token authentication stays on (its default); only its notice that it is on
             # is kept out of the middle of the demo's tables
             logging.getLogger(RAY_AUTH_LOGGER).setLevel(logging.ERROR)
-            ray.init(
-                num_cpus=BRANCHES,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-            )
+            connect(num_cpus=BRANCHES, log_to_driver=False, configure_logging=False)
     try:
         with err.status(f"{BRANCHES} naive branches on Ray…"):
             naive = ray.remote(num_cpus=0)(naive_branch)
@@ -120,13 +119,9 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
     finally:
         if started_ray:
             ray.shutdown()
-    # The coordinator records every branch's transitions as Redis holds them (it alone writes
-    # budget events), asked in Redis's own order across branches.
-    first = sorted((o.seqs[0], o.reservation_id) for o in outcomes if o.seqs)
-    for _, reservation_id in first:
-        await fleet.manage("budget.record", RAY_MISSION, {"reservation_id": reservation_id})
     ours = sum(1 for o in outcomes if o.status == "admitted")
-    view = await fleet.view(RAY_MISSION)
+    with err.status("the coordinator records the branches from Redis…"):
+        view = await _recorded(fleet, format_amount(ours * amount))
     return {
         "branches": BRANCHES,
         "naive_admitted": sum(admitted),
@@ -135,3 +130,14 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
         "ray_spend": format_amount(ours * amount),
         "ray_ledger_settled": view["budget"]["settled"],
     }
+
+
+async def _recorded(fleet: FleetClient, settled: str) -> dict[str, Any]:
+    """The mission's view once the coordinator has recorded ``settled`` (its sweep rounds read
+    the branches' reservations from Redis); the last view if that takes too long."""
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while True:
+        view = await fleet.view(RAY_MISSION)
+        if view["budget"]["settled"] == settled or time.monotonic() > deadline:
+            return view
+        await asyncio.sleep(0.2)  # its next sweep round is at most a second away

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ledger.errors import InvalidInput, Rule, RuleViolation
 from ledger.events import ID_PATTERN, OWNER_ROLE, Event, acts_for
 from ledger.invariants import holds_role
-from ledger.protocol import AUTHORIZE_RESERVATION_PREFIX, NODE_KIND_PREFIXES
+from ledger.protocol import NODE_KIND_PREFIXES
 
 _USER_SEED = (18 << 3, 20 << 3)  # nkeys: 'S' seed prefix, then 'U' user type
 _PREFIX_USER = 20 << 3
@@ -444,38 +444,6 @@ def check_effect_recorder(
     check_requester(who, mission_id=mission_id, node_id="", holder=holder, roles=roles)
 
 
-def check_budget_recorder(
-    who: Principal,
-    *,
-    mission_id: str,
-    reservation_id: str,
-    holder: str | None,
-    roles: Mapping[str, frozenset[str]],
-) -> None:
-    """May ``who`` have the coordinator record the budget facts Redis holds for
-    ``reservation_id`` on the grant held by ``holder`` (None: the mission scope)? Only for its
-    own branches: the holder of that grant, a delegate of the holder, or a mission owner;
-    never a node, never the coordinator's own authorize reservations (``r-<action>``)."""
-    if reservation_id.startswith(AUTHORIZE_RESERVATION_PREFIX):
-        raise RuleViolation(
-            Rule.BUDGET_RECORD,
-            f"reservation {reservation_id} is the coordinator's (ids starting "
-            f"{AUTHORIZE_RESERVATION_PREFIX!r}); its facts are recorded with its decision",
-        )
-    if who.role is Role.NODE:
-        raise RuleViolation(
-            Rule.BUDGET_RECORD, f"node {who.name} runs no branches; it records no budget"
-        )
-    try:
-        check_requester(who, mission_id=mission_id, node_id="", holder=holder, roles=roles)
-    except RuleViolation as exc:
-        raise RuleViolation(
-            Rule.BUDGET_RECORD,
-            f"{who.name} may not record reservation {reservation_id}: it is on the grant of "
-            f"{holder or 'the mission'}, not its own ({exc.reason})",
-        ) from None
-
-
 def check_producer(who: Principal, event: Event) -> None:
     """May ``who`` emit ``event``? Nodes: observations of their own node; coordinators:
     decision state; services: their branches' budget records; humans: nothing directly
@@ -503,8 +471,8 @@ def check_producer(who: Principal, event: Event) -> None:
                 Rule.PRODUCER_PERMISSION,
                 f"coordinator {who.name} may not emit the node observation {event.kind}",
             )
-    else:  # an orchestrator's budget facts too: the coordinator records them from Redis
-        # (`budget.record`), so no key but the one that talked to Redis writes budget events
+    else:  # an orchestrator's budget facts too: the coordinator records its branches' from
+        # Redis (coordinator.branches), so no key but the one that talked to Redis writes them
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION,
             f"{who.role} {who.name} sends requests; it may not append {event.kind} itself",
@@ -520,7 +488,6 @@ __all__ = [
     "as_of",
     "canonical",
     "check_acting_as",
-    "check_budget_recorder",
     "check_effect_recorder",
     "check_fresh_nonce",
     "check_node_binding",

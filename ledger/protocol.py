@@ -268,17 +268,7 @@ ManageOp = Literal[
     "overrun.treat",
     "role.bind",
     "role.unbind",
-    "budget.record",
 ]
-
-
-class BudgetRecord(BaseModel):
-    """``budget.record``: record what Redis holds for one of the asker's branch reservations
-    (the coordinator reads it; an orchestrator sends no budget events of its own)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    reservation_id: str = Field(pattern=ID_PATTERN)
 
 
 class ManageRequest(BaseModel):

@@ -5,12 +5,15 @@ commits, settles (an overrun is recorded and blocks its scope) or releases. Held
 whose lease passed are returned in two steps, so the ledger records a free before Redis makes
 it: ``mark_expiring`` (still counted), then ``expire`` once recorded (``sweep`` does both, for a
 store without a ledger). ``Branch`` and ``run_branches`` put agent branches on
-Ray under one mission budget.
+Ray under one mission budget (``cluster.connect``: a cluster, or a local Ray on loopback); the
+coordinator records their transitions from Redis (``branches``).
 """
 
 from reservations.branch import Branch, BranchContext, BranchOutcome, run_branches
 from reservations.keys import MISSION_SCOPE
 from reservations.results import (
+    BranchesResult,
+    BranchRecord,
     CommitResult,
     ExpiredReservation,
     ExpiringResult,
@@ -21,13 +24,15 @@ from reservations.results import (
     SettleResult,
     SweepResult,
 )
-from reservations.store import Budget, ReservationClient, ReservationStore, Transition
+from reservations.store import Budget, ReservationClient, ReservationStore
 
 __all__ = [
     "MISSION_SCOPE",
     "Branch",
     "BranchContext",
     "BranchOutcome",
+    "BranchRecord",
+    "BranchesResult",
     "Budget",
     "CommitResult",
     "ExpiredReservation",
@@ -40,6 +45,5 @@ __all__ = [
     "ReserveResult",
     "SettleResult",
     "SweepResult",
-    "Transition",
     "run_branches",
 ]

@@ -1,20 +1,27 @@
 """Agent branches under one mission budget: ``Branch`` (async context) and Ray fan-out.
 
-A branch reserves before it runs and commits when entered; on a normal exit it settles with
-the cost it reported (``spend``), on an exception it releases. A worker that dies while its
-reservation is still held gets nothing: the lease passes and ``sweep`` returns the amount.
+A branch reserves before it runs and holds its reservation under a lease that a heartbeat
+renews while it runs; ``effect_started()`` commits it at the moment its external effect (a paid
+call, a purchase) begins. On a normal exit it settles with the cost it reported (``spend``), on
+an exception it releases. Its worker may die instead (OOM, a lost node): before the effect, the
+heartbeat stops, the lease passes and the sweep returns the amount; after it, the lease is its
+liveness, and once that passes the coordinator settles it in full (the cost is unknown: never
+under-record). Either way the coordinator records every transition from Redis: a Branch
+reserves as one (``branch=True``), listed until its resolution is on the record.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Literal, Self
 
-from ledger.errors import InvalidInput, RuleViolation
+from ledger.errors import FleetError, InvalidInput, RuleViolation
 from ledger.ids import new_id
 from ledger.protocol import AUTHORIZE_RESERVATION_PREFIX
 from reservations.results import CommitResult, ReleaseResult, ReserveResult, SettleResult
@@ -22,13 +29,18 @@ from reservations.store import ReservationClient, ReservationStore
 
 __all__ = ["Branch", "BranchContext", "BranchOutcome", "run_branches"]
 
+log = logging.getLogger("fleetledger.reservations.branch")
+
 Status = Literal["admitted", "denied", "failed"]
+BEATS_PER_LEASE = 3  # heartbeats per lease: two may be lost before the lease passes
 
 
 class Branch:
-    """Reserve ``amount`` on entry (and commit), settle the reported cost or release on error.
+    """Reserve ``amount`` on entry, renewed by a heartbeat; commit at ``effect_started()``;
+    settle the reported cost or release on error.
 
-    ``commit_on_enter=False`` keeps the reservation held (and leased) while the body runs.
+    ``lease_s``: how long the reservation outlives its last heartbeat. ``commit_on_enter``:
+    the effect starts with the body (commit on entry).
     """
 
     def __init__(
@@ -40,7 +52,7 @@ class Branch:
         *,
         reservation_id: str | None = None,
         lease_s: float = 60.0,
-        commit_on_enter: bool = True,
+        commit_on_enter: bool = False,
     ) -> None:
         self.store = store
         self.mission_id = mission_id
@@ -54,10 +66,18 @@ class Branch:
         self.reserved: ReserveResult | None = None
         self.committed: CommitResult | None = None
         self.resolved: SettleResult | ReleaseResult | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
 
     def spend(self, actual: int) -> None:
         """Report the branch's actual cost (micro-units); settled on a normal exit."""
         self.actual = actual
+
+    async def effect_started(self) -> None:
+        """The branch's external effect begins now: commit (idempotent). From here a dead
+        worker's reservation is settled in full, not returned. Raises ``RuleViolation`` if the
+        lease already passed (its money is being returned): do not start the effect."""
+        if self.committed is None:
+            self.committed = await self.store.commit(self.mission_id, self.reservation_id)
 
     def ledger_payloads(self) -> list[Any]:
         """The ledger events of every transition this branch made, in order."""
@@ -74,13 +94,16 @@ class Branch:
 
     async def __aenter__(self) -> Self:
         self.reserved = await self.store.reserve(
-            self.mission_id, self.chain, self.reservation_id, self.amount, self.lease_s
-        )
+            self.mission_id, self.chain, self.reservation_id, self.amount, self.lease_s,
+            branch=True,
+        )  # fmt: skip
+        self._heartbeat = asyncio.create_task(self._beat())
         if self.commit_on_enter:
             try:
-                self.committed = await self.store.commit(self.mission_id, self.reservation_id)
+                await self.effect_started()
             except BaseException:
-                self.resolved = await self.store.release(self.mission_id, self.reservation_id)
+                await self._stop_heartbeat()
+                await self._release()
                 raise
         return self
 
@@ -90,12 +113,43 @@ class Branch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        await self._stop_heartbeat()
         if exc is not None:
-            self.resolved = await self.store.release(self.mission_id, self.reservation_id)
+            await self._release()
             return
         # No reported cost: assume the whole reservation was spent rather than under-record.
         actual = self.amount if self.actual is None else self.actual
         self.resolved = await self.store.settle(self.mission_id, self.reservation_id, actual)
+
+    async def _release(self) -> None:
+        """Give the money back after a failure; one whose lease passed is the sweeper's (or,
+        committed, the coordinator's): the original error is what the caller needs to see."""
+        try:
+            self.resolved = await self.store.release(self.mission_id, self.reservation_id)
+        except RuleViolation as exc:
+            log.warning("branch %s not released: %s", self.reservation_id, exc.message)
+
+    async def _beat(self) -> None:
+        """Renew the lease every ``lease_s / BEATS_PER_LEASE`` until stopped or refused."""
+        assert self.reserved is not None
+        while True:
+            await asyncio.sleep(self.lease_s / BEATS_PER_LEASE)
+            try:
+                until = await self.store.renew(self.mission_id, self.reservation_id, self.lease_s)
+            except (RuleViolation, InvalidInput) as exc:  # lease passed, resolved or gone
+                log.warning("branch %s heartbeat stopped: %s", self.reservation_id, exc.message)
+                return
+            except FleetError as exc:  # Redis unreachable for now: the lease still runs
+                log.warning("branch %s heartbeat missed: %s", self.reservation_id, exc.message)
+                continue
+            self.reserved = replace(self.reserved, lease_until=until)
+
+    async def _stop_heartbeat(self) -> None:
+        task, self._heartbeat = self._heartbeat, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def _not_authorize_id(reservation_id: str) -> None:
@@ -118,6 +172,15 @@ class BranchContext:
     reservation_id: str
     amount: int
     carrier: dict[str, str] = field(default_factory=dict)  # W3C trace context (traceparent)
+    _branch: Branch | None = field(default=None, repr=False, compare=False)
+
+    async def effect_started(self) -> None:
+        """The branch's external effect begins now (``Branch.effect_started``): await it just
+        before the first step whose cost cannot be taken back. A sync branch function cannot
+        await it: its reservation is committed before it runs."""
+        if self._branch is None:
+            raise InvalidInput("this branch context belongs to no running branch")
+        await self._branch.effect_started()
 
 
 @dataclass(frozen=True)
@@ -128,7 +191,7 @@ class BranchOutcome:
     actual: int | None = None
     error: str | None = None
     events: tuple[Any, ...] = ()  # ledger payloads of the branch's transitions, in order
-    seqs: tuple[int, ...] = ()  # their Redis transition counters (record all branches by seq)
+    seqs: tuple[int, ...] = ()  # their Redis transition counters (what the coordinator records)
 
 
 BranchFn = Callable[[Any, BranchContext], int | Awaitable[int]]
@@ -147,15 +210,20 @@ async def run_branch(
     reservation_id: str,
     carrier: dict[str, str],
 ) -> BranchOutcome:
-    """One branch in this process with its own client: reserve, run ``fn``, settle/release."""
-    ctx = BranchContext(index, mission_id, reservation_id, amount, dict(carrier))
+    """One branch in this process with its own client: reserve, run ``fn``, settle/release.
+
+    An async ``fn`` awaits ``context.effect_started()`` when its effect begins; a sync one
+    runs in a thread (the heartbeat keeps beating) and is committed before it runs."""
+    is_async = inspect.iscoroutinefunction(fn)
     async with ReservationClient.from_url(redis_url) as client:
         branch = Branch(
-            client, mission_id, chain, amount, reservation_id=reservation_id, lease_s=lease_s
-        )
+            client, mission_id, chain, amount, reservation_id=reservation_id, lease_s=lease_s,
+            commit_on_enter=not is_async,
+        )  # fmt: skip
+        ctx = BranchContext(index, mission_id, reservation_id, amount, dict(carrier), branch)
         try:
             async with branch:
-                cost = fn(item, ctx)
+                cost = fn(item, ctx) if is_async else await asyncio.to_thread(fn, item, ctx)
                 if inspect.isawaitable(cost):
                     cost = await cost
                 branch.spend(int(cost))
@@ -204,22 +272,30 @@ async def run_branches(
     carrier: dict[str, str] | None = None,
     ray_address: str | None = None,
     reservation_prefix: str | None = None,
+    task_options: Mapping[str, Any] | None = None,
 ) -> list[BranchOutcome]:
     """Fan ``branches`` out as Ray tasks under one mission budget; one outcome per branch.
 
     Each task builds its own Redis client from ``redis_url``, reserves ``amount_each`` on
     ``chain``, calls ``fn(item, context)`` (sync or async; returns the actual cost in micro-units)
     and settles it, or releases on error. ``carrier`` (default: the current OpenTelemetry
-    context) reaches every worker. Ray is initialised only if it is not already.
+    context) reaches every worker. Ray is connected (``reservations.cluster.connect``:
+    ``ray_address``, or a local Ray on loopback) only if it is not already.
+    ``task_options``: Ray's task options (resources, scheduling strategy, ``max_retries``:
+    0 unless given; a retried task reserves under the same id, so it holds one reservation).
+    The coordinator records every branch's transitions from Redis, whether its task returns
+    or not; an outcome's ``events`` are for the caller's own use.
     """
     import ray
 
+    from reservations.cluster import connect
+
     if not ray.is_initialized():
-        ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
+        connect(ray_address, log_to_driver=False)
     prefix = reservation_prefix or f"br-{new_id()}"
     _not_authorize_id(prefix)
     carrier = _current_carrier() if carrier is None else carrier
-    task = ray.remote(max_retries=0)(_branch_task)
+    task = ray.remote(_branch_task).options(**{"max_retries": 0, **(task_options or {})})
     refs = []
     for index, item in enumerate(branches):
         kwargs = dict(

@@ -4,6 +4,7 @@
     fl:{<mission>}:grant:<grant>    hash  ceiling reserved committed settled parent [blocked]
     fl:{<mission>}:res:<id>         hash  amount scopes state lease_until at actual ...
     fl:{<mission>}:leases           zset  held reservation id -> lease end (Redis ms)
+    fl:{<mission>}:branches         zset  Branch reservation id -> reserve seq, until recorded
 
 ``parent`` is ``mission`` for a root grant; ``scopes`` is the grant chain leaf first, comma
 joined (the mission is implicit); ``blocked`` names the overrun reservation blocking the scope;
@@ -54,3 +55,7 @@ def reservation_key(mission_id: str, reservation_id: str) -> str:
 
 def leases_key(mission_id: str) -> str:
     return f"fl:{{{mission_id}}}:leases"
+
+
+def branches_key(mission_id: str) -> str:
+    return f"fl:{{{mission_id}}}:branches"

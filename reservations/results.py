@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from ledger.events import (
     BudgetCommitted,
@@ -24,6 +25,8 @@ from ledger.events import (
 from reservations.keys import MISSION_SCOPE
 
 __all__ = [
+    "BranchRecord",
+    "BranchesResult",
     "CommitResult",
     "ExpiredReservation",
     "ExpiringResult",
@@ -182,3 +185,74 @@ class OverrunTreatedResult:
 
     def ledger_payload(self) -> BudgetOverrunTreated:
         return BudgetOverrunTreated(scope=self.scope, by=self.by)
+
+
+RESOLVED_STATES = ("settled", "overrun", "released", "expired")
+
+
+@dataclass(frozen=True, slots=True)
+class BranchRecord:
+    """A branch reservation as Redis holds it, with the transitions it made: what the
+    coordinator records for a Branch, whether or not the Branch's worker lived to report it."""
+
+    mission_id: str
+    reservation_id: str
+    chain: tuple[str, ...]
+    amount: int
+    state: str  # held, committed, expiring, settled, overrun, released, expired
+    lease_until: datetime  # the last lease its heartbeat set (its liveness once committed)
+    at: datetime
+    seq: int
+    committed_at: datetime | None = None
+    committed_seq: int = 0
+    actual: int | None = None
+    resolved_at: datetime | None = None
+    resolved_seq: int = 0
+
+    @property
+    def grant_id(self) -> str | None:
+        return self.chain[0] if self.chain else None
+
+    @property
+    def resolved(self) -> bool:
+        return self.state in RESOLVED_STATES
+
+    def transitions(self) -> list[tuple[int, datetime, Any]]:
+        """``(seq, effective time, ledger payload)`` of every transition Redis made, in order."""
+        reserved = BudgetReserved(
+            reservation_id=self.reservation_id, grant_id=self.grant_id, amount=self.amount,
+            lease_until=self.lease_until,
+        )  # fmt: skip
+        out: list[tuple[int, datetime, Any]] = [(self.seq, self.at, reserved)]
+        if self.committed_at is not None:
+            out.append(
+                (
+                    self.committed_seq,
+                    self.committed_at,
+                    BudgetCommitted(reservation_id=self.reservation_id),
+                )
+            )
+        if self.resolved and self.resolved_at is not None:
+            out.append((self.resolved_seq, self.resolved_at, self._resolution()))
+        return out
+
+    def _resolution(self) -> Any:
+        rid = self.reservation_id
+        if self.state == "settled":
+            assert self.actual is not None
+            return BudgetSettled(reservation_id=rid, actual=self.actual)
+        if self.state == "overrun":
+            assert self.actual is not None
+            return BudgetOverrun(reservation_id=rid, actual=self.actual)
+        if self.state == "released":
+            return BudgetReleased(reservation_id=rid)
+        return BudgetExpired(reservation_id=rid)
+
+
+@dataclass(frozen=True, slots=True)
+class BranchesResult:
+    """Every listed branch reservation of a mission, read at one instant (``at``, Redis time)."""
+
+    mission_id: str
+    at: datetime
+    records: tuple[BranchRecord, ...]

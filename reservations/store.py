@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ssl
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from importlib.resources import files
 from types import TracebackType
@@ -25,6 +25,8 @@ from ledger.money import check_micros, format_amount
 from reservations import keys as k
 from reservations.resp import RespAuthError, RespConnection, RespConnectionError, RespError
 from reservations.results import (
+    BranchesResult,
+    BranchRecord,
     CommitResult,
     ExpiredReservation,
     ExpiringResult,
@@ -37,16 +39,13 @@ from reservations.results import (
     from_ms,
 )
 
-__all__ = ["MAX_LEASE_S", "Budget", "ReservationClient", "ReservationStore", "Transition"]
-
-# one transition of a reservation as Redis holds it (``history``), with its ledger payload
-Transition = ReserveResult | CommitResult | SettleResult | ReleaseResult | ExpiredReservation
+__all__ = ["MAX_LEASE_S", "Budget", "ReservationClient", "ReservationStore"]
 
 MAX_LEASE_S = 24 * 3600.0
 SWEEP_BATCH = 1000
 _SCRIPTS = (
     "create_mission", "create_grant", "reserve", "commit", "settle", "release", "sweep",
-    "expire", "treat_overrun",
+    "expire", "treat_overrun", "renew", "branches",
 )  # fmt: skip
 _BACKOFF_S, _BACKOFF_CAP_S = 0.02, 0.5
 _HOLDING = ("held", "committed", "expiring")  # Redis states whose amount is still counted
@@ -99,7 +98,9 @@ class Budget(Protocol):
 
     async def holding(self, mission_id: str) -> dict[str, str]: ...
 
-    async def history(self, mission_id: str, reservation_id: str) -> list[Transition]: ...
+    async def branches(
+        self, mission_ids: Sequence[str], *, unlist: Mapping[str, Sequence[str]] | None = None
+    ) -> list[BranchesResult]: ...
 
     async def close(self) -> None: ...
 
@@ -112,8 +113,10 @@ class ReservationStore(Budget, Protocol):
 
     async def reserve(
         self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
-        lease_s: float,
+        lease_s: float, *, branch: bool = False,
     ) -> ReserveResult: ...  # fmt: skip
+
+    async def renew(self, mission_id: str, reservation_id: str, lease_s: float) -> datetime: ...
 
     async def sweep(self, mission_id: str) -> SweepResult: ...
 
@@ -176,6 +179,26 @@ def _expired(
 ) -> ExpiredReservation:
     chain = tuple(g for g in _s(scopes).split(",") if g)
     return ExpiredReservation(mission_id, _s(rid), int(amount), chain, at, seq=int(seq))
+
+
+def _lease_ms(lease_s: float) -> int:
+    if isinstance(lease_s, bool) or not 0 < lease_s <= MAX_LEASE_S:
+        raise InvalidInput(f"lease of {lease_s!r}s must be in (0, {MAX_LEASE_S:.0f}] seconds")
+    return max(1, round(lease_s * 1000))
+
+
+def _ms(value: Any) -> datetime | None:
+    return from_ms(int(value)) if value not in ("", b"", None) else None
+
+
+def _branch_record(mission_id: str, row: Sequence[Any]) -> BranchRecord:
+    """One reservation of ``branches.lua``'s reply (12 fields, '' for none)."""
+    rid, amount, scopes, state, lease, at, seq, c_at, c_seq, actual, r_at, r_seq = map(_s, row)
+    return BranchRecord(
+        mission_id, rid, tuple(g for g in scopes.split(",") if g), int(amount), state,
+        from_ms(int(lease)), from_ms(int(at)), int(seq or 0), _ms(c_at), int(c_seq or 0),
+        int(actual) if actual else None, _ms(r_at), int(r_seq or 0),
+    )  # fmt: skip
 
 
 def _noscript(reply: Any) -> bool:
@@ -479,34 +502,6 @@ class ReservationClient:
         )
         return reserved, committed, r[3]
 
-    async def history(self, mission_id: str, reservation_id: str) -> list[Transition]:
-        """Every transition Redis holds for ``reservation_id`` (reserve, commit, resolution),
-        in its transition order, each with Redis's time: what the coordinator records of a
-        branch reservation (nobody else writes budget events). Empty: Redis holds none."""
-        found = await self.reservation(mission_id, reservation_id)
-        if found is None:
-            return []
-        reserved, committed, state = found
-        out: list[Transition] = [reserved] if committed is None else [reserved, committed]
-        if state not in ("settled", "overrun", "released", "expired"):
-            return out
-        key = k.reservation_key(mission_id, reservation_id)
-        (raw,) = await self._reads([("HMGET", key, "actual", "resolved_at", "resolved_seq")])
-        actual, at, seq = (0 if v is None else int(_s(v)) for v in raw)
-        when = from_ms(at)
-        if state == "released":
-            out.append(ReleaseResult(mission_id, reservation_id, when, replayed=True, seq=seq))
-        elif state == "expired":
-            out.append(ExpiredReservation(
-                mission_id, reservation_id, reserved.amount, reserved.chain, when, seq=seq
-            ))  # fmt: skip
-        else:
-            out.append(SettleResult(
-                mission_id, reservation_id, actual, state == "overrun", when, replayed=True,
-                seq=seq,
-            ))  # fmt: skip
-        return out
-
     async def committed_ids(self, mission_id: str) -> list[str]:
         """Every reservation of the mission that Redis holds committed (scanned: for start-up
         reconciliation, not for the hot path)."""
@@ -563,19 +558,18 @@ class ReservationClient:
 
     def _reserve_call(
         self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
-        lease_s: float, *, commit: bool = False,
+        lease_s: float, *, commit: bool = False, branch: bool = False,
     ) -> tuple[list[str], list[Any]]:  # fmt: skip
         k.check_id(mission_id, what="mission id")
         k.check_id(reservation_id, what="reservation id")
         for grant_id in chain:
             k.check_id(grant_id, what="grant id")
         check_micros(amount)
-        if isinstance(lease_s, bool) or not 0 < lease_s <= MAX_LEASE_S:
-            raise InvalidInput(f"lease of {lease_s!r}s must be in (0, {MAX_LEASE_S:.0f}] seconds")
         # The script derives the mission, grant and leases keys from the reservation key's
         # prefix (one hash tag): fewer arguments per call on the hot path.
+        flag = "1" if commit else "b" if branch else "0"
         return [k.reservation_key(mission_id, reservation_id)], [
-            amount, max(1, round(lease_s * 1000)), "1" if commit else "0", *chain,
+            amount, _lease_ms(lease_s), flag, *chain,
         ]  # fmt: skip
 
     def _reserve_result(
@@ -604,13 +598,17 @@ class ReservationClient:
 
     async def reserve(
         self, mission_id: str, chain: Sequence[str], reservation_id: str, amount: int,
-        lease_s: float,
+        lease_s: float, *, branch: bool = False,
     ) -> ReserveResult:  # fmt: skip
         """Hold ``amount`` on every level of ``chain`` (leaf first) and the mission, or deny.
 
+        ``branch``: a Branch's reservation, which the coordinator records from Redis (listed
+        among the mission's branches until its resolution is on the record).
         Raises ``RuleViolation(BUDGET_CONSERVATION)`` naming the level that refused it.
         """
-        keys, args = self._reserve_call(mission_id, chain, reservation_id, amount, lease_s)
+        keys, args = self._reserve_call(
+            mission_id, chain, reservation_id, amount, lease_s, branch=branch
+        )
         reply = await self._run("reserve", keys, args)
         result = self._reserve_result(mission_id, tuple(chain), reservation_id, amount, reply)
         if isinstance(result, FleetError):
@@ -662,6 +660,37 @@ class ReservationClient:
             for (rid, amt), reply in zip(requests, replies, strict=True)
         ]
 
+    async def renew(self, mission_id: str, reservation_id: str, lease_s: float) -> datetime:
+        """A Branch's heartbeat: its lease now ends ``lease_s`` from now (Redis time); returns
+        the new end. Raises ``RuleViolation`` once the lease has passed (the sweeper or the
+        coordinator decides from it; it is never renewed) or the reservation resolved."""
+        keys, args = self._ids(mission_id, reservation_id)
+        reply = await self._run("renew", keys, [*args, _lease_ms(lease_s)])
+        if reply[0] == "ok":
+            return from_ms(int(reply[1]))
+        raise self._unresolvable(reservation_id, reply, "renewed")
+
+    async def branches(
+        self, mission_ids: Sequence[str], *, unlist: Mapping[str, Sequence[str]] | None = None,
+        limit: int = SWEEP_BATCH,
+    ) -> list[BranchesResult]:  # fmt: skip
+        """Every listed branch reservation of each mission with what Redis did (one pipelined
+        round trip), after unlisting ``unlist[mission]``: those whose resolution the record
+        holds. For the coordinator's reconciliation, which records them."""
+        unlist = unlist or {}
+        calls = []
+        for mid in mission_ids:
+            k.check_id(mid, what="mission id")
+            drop = [k.check_id(r, what="reservation id") for r in unlist.get(mid, ())]
+            calls.append(([k.branches_key(mid)], [k.prefix(mid), limit, *drop]))
+        replies = await self._pipeline("branches", calls) if calls else []
+        out = []
+        for mid, reply in zip(mission_ids, replies, strict=True):
+            rows = list(reply)
+            records = tuple(_branch_record(mid, rows[i : i + 12]) for i in range(1, len(rows), 12))
+            out.append(BranchesResult(mid, from_ms(int(rows[0])), records))
+        return out
+
     def _ids(self, mission_id: str, reservation_id: str) -> tuple[list[str], list[Any]]:
         k.check_id(mission_id, what="mission id")
         k.check_id(reservation_id, what="reservation id")
@@ -678,7 +707,7 @@ class ReservationClient:
             return RuleViolation(
                 Rule.BUDGET_CONSERVATION,
                 f"reservation {reservation_id}'s lease ended at "
-                f"{from_ms(int(reply[1])).isoformat()}; it cannot be committed",
+                f"{from_ms(int(reply[1])).isoformat()}; it cannot be {wanted}",
             )
         if tag == "resolved" and reply[1] == "expiring":
             return RuleViolation(

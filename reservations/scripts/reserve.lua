@@ -4,7 +4,8 @@
 -- Every check (existence, parent links, overrun blocks, ceilings) runs before the first write.
 -- KEYS[1] reservation hash fl:{m}:res:<id>; the mission, grant and leases keys share its
 -- prefix (one hash tag, one Cluster slot). Few arguments keep the hot path cheap.
--- ARGV[1] amount   ARGV[2] lease (ms)   ARGV[3] commit ('1') or not ('0')
+-- ARGV[1] amount   ARGV[2] lease (ms)   ARGV[3] commit ('1'), hold ('0'), or hold and list it
+-- among the mission's branch reservations ('b': a Branch's, for the coordinator to record)
 -- ARGV[4..] grant ids, leaf first
 -- Reply without commit: {'ok'|'dup', lease_until, reserved_at, reserved_seq}
 -- Reply with commit: the same and committed_at, committed_seq; 'held' instead of 'dup' when
@@ -75,4 +76,5 @@ redis.call('HSET', KEYS[1], 'amount', ARGV[1], 'scopes', csv, 'lease_until', lea
   'state', 'held', 'at', now, 'seq', seq)
 if with_commit then return commit('ok', lease_until, now, seq) end
 redis.call('ZADD', leases, lease_until, rid)
+if ARGV[3] == 'b' then redis.call('ZADD', prefix .. 'branches', seq, rid) end
 return {'ok', lease_until, now, seq}

@@ -8,7 +8,7 @@ ambiguous case: money moved, the answer lost). The sweep has the Lua scripts' tw
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -16,6 +16,7 @@ from ledger.clock import Clock
 from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation, Unreachable
 from reservations import (
     MISSION_SCOPE,
+    BranchesResult,
     CommitResult,
     ExpiredReservation,
     ExpiringResult,
@@ -24,7 +25,6 @@ from reservations import (
     ReserveResult,
     SettleResult,
     SweepResult,
-    Transition,
 )
 
 
@@ -220,17 +220,13 @@ class FakeBudget:
             if mid == mission_id and held.state in ("held", "committed", "expiring")
         }
 
-    async def history(self, mission_id: str, reservation_id: str) -> list[Transition]:
-        self._call("history")
-        held = self.reservations.get((mission_id, reservation_id))
-        if held is None:
-            return []
-        out: list[Transition] = [held.reserve]
-        if held.commit is not None:
-            out.append(held.commit)
-        if held.state == "released":
-            out.append(ReleaseResult(mission_id, reservation_id, self.clock.now()))
-        return out
+    async def branches(
+        self, mission_ids: Sequence[str], *, unlist: Mapping[str, Sequence[str]] | None = None
+    ) -> list[BranchesResult]:
+        """The fake holds no Branch's reservations (only the coordinator's own)."""
+        if self.down:
+            raise Unreachable("fake Redis is down")
+        return [BranchesResult(m, self.clock.now(), ()) for m in mission_ids]
 
     async def close(self) -> None:
         return None

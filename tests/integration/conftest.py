@@ -1,4 +1,4 @@
-"""Integration fixtures: a local Ray for the session (2 CPUs, no dashboard)."""
+"""Integration fixtures: a local Ray on loopback (2 CPUs, no dashboard), shut down at the end."""
 
 from __future__ import annotations
 
@@ -7,15 +7,24 @@ from typing import Any
 
 import pytest
 
+from reservations.cluster import connect
+
 
 @pytest.fixture(scope="session")
-def ray_local() -> Iterator[Any]:
-    """Ray started locally once per session; shut down at the end (unless already running)."""
+def _ray_session() -> Iterator[None]:
+    yield
     import ray
 
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray
-    if started:
+    if ray.is_initialized():
         ray.shutdown()
+
+
+@pytest.fixture
+def ray_local(_ray_session: None) -> Any:
+    """Ray started locally on loopback at first use, and again after a module that connected
+    to a cluster (``test_ray_cluster``) disconnected."""
+    import ray
+
+    if not ray.is_initialized():
+        connect(num_cpus=2, log_to_driver=False, configure_logging=False)
+    return ray

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import multiprocessing
 import os
+import re
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ledger.errors import InvalidInput, RuleViolation
 from ledger.events import BudgetCommitted, BudgetReleased, BudgetReserved, BudgetSettled
+from ledger.mission import ReservationState
 from reservations import MISSION_SCOPE, ReservationClient
 from reservations.branch import Branch, BranchContext, run_branches
+from tests.integration.branch_checks import new_mission, wait_settled
 
 pytestmark = pytest.mark.integration
 
@@ -31,10 +38,15 @@ async def client(redis_url: str) -> AsyncIterator[ReservationClient]:
         yield c
 
 
-async def test_branch_settles_the_reported_cost_on_normal_exit(client: ReservationClient):
+async def test_branch_holds_until_its_effect_starts_then_settles_the_reported_cost(
+    client: ReservationClient,
+):
     mid = uid("m")
     await client.create_mission(mid, 1_000)
     async with Branch(client, mid, [], 400) as branch:
+        level = await client.level(mid, MISSION_SCOPE)
+        assert (level.reserved, level.committed) == (400, 0)  # held: a death returns it
+        await branch.effect_started()
         assert (await client.level(mid, MISSION_SCOPE)).committed == 400
         branch.spend(150)
     assert (await client.level(mid, MISSION_SCOPE)).settled == 150
@@ -190,3 +202,108 @@ async def test_concurrent_branches_recorded_by_seq_fold_into_the_ledger_without_
 def test_a_branch_cannot_take_an_authorize_reservation_id(client: ReservationClient) -> None:
     with pytest.raises(InvalidInput, match="'r-' are the coordinator's"):
         Branch(client, "m", [], 1, reservation_id="r-a1")
+
+
+async def test_a_heartbeat_keeps_a_running_branch_held_past_its_lease(
+    client: ReservationClient,
+) -> None:
+    mid = uid("m")
+    await client.create_mission(mid, 1_000)
+    async with Branch(client, mid, [], 400, lease_s=0.3) as branch:
+        first = branch.reserved
+        assert first is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 1.5  # five leases: only the heartbeat keeps it
+        while loop.time() < deadline:
+            assert (await client.sweep(mid)).expired == ()
+            await asyncio.sleep(0.05)  # the branch works; the sweeper runs meanwhile
+        assert branch.reserved is not None and branch.reserved.lease_until > first.lease_until
+        await branch.effect_started()  # the lease still holds: the commit is admitted
+    assert (await client.level(mid, MISSION_SCOPE)).settled == 400
+
+
+async def test_the_coordinator_records_a_branch_that_never_reported_itself(
+    coordinator: Any, fleet: Any, redis_url: str, redis_branch_url: str, nats_url: str
+) -> None:
+    mid = await new_mission(fleet, 800_000)
+    branch_client = ReservationClient.from_url(redis_branch_url)
+    async with branch_client, Branch(branch_client, mid, [], 500_000, reservation_id="br-q") as b:
+        await b.effect_started()
+        b.spend(300_000)  # nobody publishes these transitions: Redis is the only witness
+    async with ReservationClient.from_url(redis_url) as client:
+        done = await wait_settled(
+            coordinator, client, nats_url, mid, ceiling=800_000, reservations=1, timeout=20
+        )
+    assert done.settled == 300_000
+    assert done.states == {"br-q": ReservationState.SETTLED}
+
+
+def enter_and_die(redis_url: str, mid: str, rid: str, after_effect: bool) -> None:
+    """A worker process: its branch enters (and its effect starts), then the process dies."""
+
+    async def run() -> None:
+        async with ReservationClient.from_url(redis_url) as client:
+            branch = Branch(client, mid, [], 500_000, reservation_id=rid, lease_s=1.0)
+            await branch.__aenter__()
+            if after_effect:
+                await branch.effect_started()
+            os._exit(1)  # as an OOM kill would: no exit, no release
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("after_effect", "settled", "state"),
+    [(False, 0, ReservationState.EXPIRED), (True, 500_000, ReservationState.SETTLED)],
+    ids=["before-effect-returned", "after-effect-settled-in-full"],
+)
+async def test_a_dead_worker_branch_is_returned_or_settled_and_recorded(
+    coordinator: Any, fleet: Any, redis_url: str, redis_branch_url: str, nats_url: str,
+    after_effect: bool, settled: int, state: ReservationState,
+) -> None:  # fmt: skip
+    mid = await new_mission(fleet, 800_000)
+    worker = multiprocessing.get_context("spawn").Process(
+        target=enter_and_die, args=(redis_branch_url, mid, "br-dead", after_effect)
+    )
+    worker.start()
+    await asyncio.to_thread(worker.join, 60)
+    assert worker.exitcode == 1
+    async with ReservationClient.from_url(redis_url) as client:
+        done = await wait_settled(
+            coordinator, client, nats_url, mid, ceiling=800_000, reservations=1, timeout=30
+        )
+    assert (done.settled, done.states) == (settled, {"br-dead": state})
+
+
+def listening(pids: set[int]) -> list[str]:
+    """Local addresses that processes ``pids`` listen on (TCP), from ``ss -ltnp``."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if owners & pids:
+            found.append(line.split()[3])
+    return found
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, set[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), set()).add(int(stat.parent.name))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+@pytest.mark.slow
+def test_the_local_ray_listens_on_loopback_only(ray_local: Any) -> None:
+    pids = descendants(os.getpid())
+    addresses = listening(pids)
+    assert addresses, "the local Ray listens nowhere?"
+    hosts = {a.rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:") for a in addresses}
+    assert hosts <= {"127.0.0.1", "::1"}, addresses

@@ -20,12 +20,12 @@ from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from fleetbus.client import FleetClient
 from fleetbus.identity import KeyStore
-from fleetledger.servers import REDIS_BRANCH, EmbeddedServers, fleet_keys
+from fleetledger.servers import EmbeddedServers, fleet_keys
 from ledger.authority import Authority
 from ledger.errors import InvalidInput, Rule, RuleViolation
 from ledger.kernel import ActionRequest
 from ledger.money import parse_amount
-from reservations import Branch, ReservationClient
+from reservations import ReservationClient
 
 pytestmark = pytest.mark.integration
 
@@ -118,21 +118,8 @@ async def test_an_orchestrator_cannot_freeze_another_holders_budget(fleet: Fleet
         with pytest.raises(Exception):  # noqa: B017 - NATS refuses it (no budget subject)
             await publish_checked(orchestrator.js, subject_of(forged), forged.to_json(),
                                   msg_id=str(forged.event_id))  # fmt: skip
-        # the relationship the coordinator checks when asked to record a branch: Redis holds
-        # no such reservation
-        with pytest.raises(InvalidInput, match="Redis holds no reservation br-forged"):
-            await orchestrator.manage("budget.record", "m-freeze", {"reservation_id": "br-forged"})
-        # a real reservation Redis holds on g-ap, made with the branch user, is not the
-        # orchestrator's to record: g-ap is ap-agent's grant
-        async with ReservationClient.from_url(fleet.servers.redis_url_for(REDIS_BRANCH)) as store:
-            await store.reserve("m-freeze", ["g-ap"], "br-real", parse_amount("0.55"), 60)
-            with pytest.raises(RuleViolation) as exc:
-                await orchestrator.manage(
-                    "budget.record", "m-freeze", {"reservation_id": "br-real"}
-                )
-            assert exc.value.rule is Rule.BUDGET_RECORD
-            assert "grant of ap-agent, not its own" in exc.value.reason
-            await store.release("m-freeze", "br-real")  # nothing of it stays held in Redis
+        # nothing Redis does not hold reaches the record (the coordinator records branches
+        # from Redis alone: coordinator.branches, tests/integration/test_branches.py)
         assert fleet.co.states["m-freeze"].reservations == {}
         # the holder's affordable 0.10 (0.55 + 0.10 would pass the 0.60 ceiling)
         reply = await holder.authorize("m-freeze", credit("a-credit", cost="0.10"))
@@ -140,38 +127,6 @@ async def test_an_orchestrator_cannot_freeze_another_holders_budget(fleet: Fleet
     finally:
         await orchestrator.close()
         await holder.close()
-
-
-async def test_the_coordinator_records_an_orchestrators_branch_as_redis_holds_it(
-    fleet: Fleet,
-) -> None:
-    lead = await fleet.client("finance-lead")
-    orchestrator = await fleet.client("orchestrator")
-    try:
-        soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
-        await lead.manage("mission.create", "m-branch", {
-            "purpose": "fan out", "owner": "finance-lead", "ceiling": 500_000,
-            "expires_at": soon,
-        })  # fmt: skip
-        await lead.manage("grant.issue", "m-branch", {
-            "grant_id": "g-ray", "holder": "orchestrator", "purpose": "fan out",
-            "owner": "finance-lead", "authority": Authority.of(["research.run"]).model_dump(
-                mode="json"), "budget": 500_000,
-        })  # fmt: skip
-        async with (
-            ReservationClient.from_url(fleet.servers.redis_url_for(REDIS_BRANCH)) as store,
-            Branch(store, "m-branch", ["g-ray"], 300_000, reservation_id="br-0") as branch,
-        ):
-            branch.spend(120_000)
-        first = await orchestrator.manage("budget.record", "m-branch", {"reservation_id": "br-0"})
-        assert first.result == {"recorded": 3}
-        again = await orchestrator.manage("budget.record", "m-branch", {"reservation_id": "br-0"})
-        assert again.result == {"recorded": 0}  # idempotent: nothing new
-        view = await lead.view("m-branch")
-        assert view["budget"]["settled"] == "0.12"
-    finally:
-        await lead.close()
-        await orchestrator.close()
 
 
 # --- finding 3: a person with no role cannot supersede the owner's evidence --------------

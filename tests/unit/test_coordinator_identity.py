@@ -303,24 +303,3 @@ async def test_a_risk_owner_names_a_principal_or_a_role(secured: Secured) -> Non
     assert (await secured.manage("olga", "risk.open", {**risk, "owner": "treasury"})).ok
     by_role = {**risk, "risk_id": "k2", "owner": "risk-officer"}  # a role of the mission
     assert (await secured.manage("olga", "risk.open", by_role)).ok
-
-
-async def test_the_coordinator_records_budget_facts_only_for_the_askers_own_grant(
-    secured: Secured,
-) -> None:
-    issued = await secured.manage(
-        "olga", "grant.issue",
-        {"grant_id": "g-orch", "holder": "orchestrator", "purpose": "fan out", "owner": "olga",
-         "authority": Authority.of(["pay"]).model_dump(mode="json"), "budget": 300},
-    )  # fmt: skip
-    assert issued.ok, issued
-    secured.budget.hold(MID, ["g-orch"], "br-1", 100, 60)
-    secured.budget.hold(MID, ["g"], "br-2", 100, 60)  # on agent-1's grant
-    recorded = await secured.manage("orchestrator", "budget.record", {"reservation_id": "br-1"})
-    assert recorded.ok and recorded.result == {"recorded": 1}, recorded
-    assert secured.co.states[MID].reservations["br-1"].amount == 100
-    refused(await secured.manage("orchestrator", "budget.record", {"reservation_id": "br-2"}),
-            "budget_record", "grant of agent-1, not its own")  # fmt: skip
-    missing = await secured.manage("orchestrator", "budget.record", {"reservation_id": "br-9"})
-    assert missing.error is not None and "Redis holds no reservation br-9" in missing.error.message
-    assert "br-2" not in secured.co.states[MID].reservations
