@@ -127,6 +127,7 @@ async def test_a_branch_reserves_commits_settles_and_releases_as_the_branch_user
         await coordinator.create_mission(mid, 1_000)
         await coordinator.create_grant(mid, "g", 800)
         async with Branch(branch, mid, ["g"], 500) as ok:
+            await ok.effect_started()  # the branch's effect begins: committed from here
             ok.spend(300)
         with pytest.raises(RuntimeError):
             async with Branch(branch, mid, ["g"], 400):
