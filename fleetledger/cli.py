@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import click
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -63,7 +64,7 @@ def _refuse_for_agents(
         path.append(str(name))
     if hasattr(cmd, "resolve_command"):  # a group without its subcommand: help or usage error
         return
-    if not set(rest).isdisjoint(cmd.get_help_option_names(ctx)):
+    if _asks_for_help(ctx, path, cmd, rest):
         return  # --help reads
     given: list[str] = []
     if tuple(path) in AGENT_MAY_NOT_PASS:  # which options were given, as click parses them
@@ -84,6 +85,19 @@ def _refuse_for_agents(
             soft_wrap=True,
         )
         raise typer.Exit(2)
+
+
+def _asks_for_help(ctx: Any, path: list[str], cmd: Any, rest: list[str]) -> bool:
+    """Whether click's own parse of ``rest`` reads the help option (``-- --help`` is an
+    operand and ``--by --help`` a value: neither asks for help). A line click cannot parse
+    asks for nothing."""
+    sub = cmd.make_context(path[-1], list(rest), parent=ctx, resilient_parsing=True)
+    helper = cmd.get_help_option(sub)
+    try:
+        _, _, order = cmd.make_parser(sub).parse_args(list(rest))
+    except click.ClickException:
+        return False
+    return helper is not None and helper in order
 
 
 app = typer.Typer(

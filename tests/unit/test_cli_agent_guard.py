@@ -148,3 +148,14 @@ def test_person_env_names_who_acts_outside_an_agent_session_only(
     assert (person().principal, person().identity_dir) == ("ann", keys)
     monkeypatch.setenv("CLAUDECODE", "1")
     assert person().principal is None  # an agent's shell acts as nobody
+
+
+def test_help_is_what_click_parses_not_a_word_anywhere() -> None:
+    # `-- --help` is an operand and `--by --help` a value: neither is the help option
+    for argv in (
+        ["todo", "done", "--by", "alice", "--", "--help"],
+        ["todo", "done", "1", "--by", "--help"],
+        ["todo", "add", "--check-cmd", "true", "--", "--help"],
+    ):
+        result = runner.invoke(app, argv, env={"CLAUDECODE": "1"})
+        assert result.exit_code == 2 and REFUSED in " ".join(result.stderr.split()), argv
