@@ -9,6 +9,8 @@ Stdlib only, like ``shell``.
 
 from __future__ import annotations
 
+from fleetledger_hook import getopt, settings
+from fleetledger_hook.options import Spec
 from fleetledger_hook.shellwords import Word
 
 # `git --list-cmds=main` (git 2.39) less its helpers: git's own commands. A newer command is
@@ -31,13 +33,20 @@ range-diff read-tree rebase receive-pack reflog remote remote-ext remote-fd remo
 remote-ftps remote-http remote-https repack replace request-pull rerere reset restore
 rev-list rev-parse revert rm send-pack shell shortlog show show-branch show-index show-ref
 sparse-checkout stage stash status stripspace submodule subtree switch symbolic-ref tag
-unpack-file unpack-objects update-index update-ref update-server-info upload-archive
+unpack-file unpack-objects update-index send-email update-ref update-server-info upload-archive
 upload-pack var verify-commit verify-pack verify-tag version whatchanged worktree
 write-tree
 """
 COMMANDS = frozenset(_COMMANDS.split())
 FILTERS = frozenset({"--tree-filter", "--index-filter", "--msg-filter", "--commit-filter",
                      "--env-filter", "--parent-filter", "--tag-name-filter"})  # fmt: skip
+# The options of the subcommands whose values git runs (read by ``getopt.scan``).
+REBASE = Spec("-x --exec -s --strategy -X --strategy-option --onto -C --whitespace --empty",
+              "-i --interactive -q --quiet -v --verbose -n --no-stat -f --force-rebase -r "
+              "--rebase-merges -k --keep-empty -m --merge --autosquash --autostash --root "
+              "--continue --abort --skip --quit --keep-base --no-verify --stat")  # fmt: skip
+FILTER_BRANCH = Spec(" ".join(sorted(FILTERS)) + " --subdirectory-filter -d --original",
+                     "-f --force --prune-empty")  # fmt: skip
 
 
 class Runs:
@@ -57,21 +66,21 @@ def runs(args: list[Word]) -> Runs:
     if not args or args[0].literal is None or args[0].text.startswith("-"):
         return out
     sub, rest = args[0].text, args[1:]
-    if sub not in COMMANDS:
-        out.undecidable.append(
-            f"git {sub} is no git command: an alias or a git-{sub} program fleetledger cannot see"
-        )
+    if sub not in COMMANDS:  # an extension (git-lfs, git-flow): a program of its own
+        out.argvs.append([Word(f"git-{sub}"), *rest])
+    elif sub == "config":
+        _config(rest, out)
     elif sub == "submodule" and rest and rest[0].text == "foreach":
         tail = rest[1:]
         while tail and tail[0].text in ("--quiet", "-q", "--recursive"):
             tail = tail[1:]
         out.strings.append(_joined(tail))
     elif sub == "rebase":
-        out.strings += _values(rest, ("-x", "--exec"))
+        out.strings += getopt.scan(REBASE, rest, ("-x", "--exec"))
     elif sub == "bisect" and rest and rest[0].text == "run":
         out.argvs.append(rest[1:])
     elif sub == "filter-branch":
-        out.strings += _values(rest, tuple(FILTERS))
+        out.strings += getopt.scan(FILTER_BRANCH, rest, tuple(FILTERS))
     return out
 
 
@@ -81,11 +90,27 @@ def _joined(words: list[Word]) -> Word:
     return Word(" ".join(w.text for w in words), why)
 
 
-def _values(args: list[Word], options: tuple[str, ...]) -> list[Word]:
-    found = []
-    for at, word in enumerate(args):
-        if word.text in options and at + 1 < len(args):
-            found.append(args[at + 1])
-        elif word.text.startswith(tuple(o + "=" for o in options if o.startswith("--"))):
-            found.append(Word(word.text.split("=", 1)[1], word.why))
-    return found
+def _config(args: list[Word], out: Runs) -> None:
+    """``git config [set] KEY VALUE``: a key whose value git runs (``settings``) is read."""
+    operands = [w for w in args if not w.text.startswith("-")]
+    if operands and operands[0].text == "set":
+        operands = operands[1:]
+    if len(operands) < 2:
+        return
+    key, value = operands[0], operands[1]
+    setting(key, value, out, "git config")
+
+
+def setting(key: Word, value: Word, out: Runs, what: str) -> None:
+    """A git config ``key`` given ``value`` in the command line (``git -c``, ``git config``)."""
+    if key.literal is None:
+        out.undecidable.append(f"the key of {what} is chosen at run time ({key.why})")
+        return
+    kind = settings.git_config(key.text)
+    if kind == settings.FILE and key.text.lower().startswith("alias."):
+        out.undecidable.append(f"a git alias is defined in the command ({what} {key.text})")
+    elif kind == settings.FILE:
+        out.undecidable.append(f"{what} {key.text} names a file or definition fleetledger "
+                               "cannot see")  # fmt: skip
+    elif kind == settings.COMMAND:
+        out.strings.append(value)

@@ -50,6 +50,10 @@ WRAPPERS: dict[str, Spec] = {
 XARGS = Spec("-n --max-args -L --max-lines -P --max-procs -I -d --delimiter -E -s --max-chars "
               "-a --arg-file --process-slot-var", "-0 --null -r --no-run-if-empty -t --verbose "
               "-p --interactive -x --exit -o --open-tty")  # fmt: skip
+# ssh's options: with no operand after them (`GIT_SSH_COMMAND="ssh -i key"`, git adds the host
+# and its command) it runs nothing of its own; with operands it is UNMODELLED.
+SSH = Spec("-B -b -c -D -E -e -F -I -i -J -L -l -m -O -o -P -p -Q -R -S -W -w", "-4 -6 -A -a "
+           "-C -f -G -g -K -k -M -N -n -q -s -T -t -V -v -X -x -Y -y")  # fmt: skip
 SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "busybox-sh"})
 # Runners that start a program of the project's environment: `uv run X`, `poetry run X`...
 RUNNERS: dict[tuple[str, str], Spec] = {
@@ -71,11 +75,10 @@ PYTHON_NAME = re.compile(r"(python|pypy)(\d+(\.\d+)*)?[a-z]?")
 PYTHON = Spec("-W -X --check-hash-based-pycs", "-b -B -d -E -h -i -I -O -OO -q -s -S -u -v "
                "-V -x -P")  # fmt: skip
 MODULE_PROGRAMS = {"fleetledger.__main__": "fleetledger"}  # `python -m M` runs program M
-# Builtins whose commands cannot be seen before they run.
+# Builtins whose commands cannot be seen before they run. (``source FILE`` and ``. FILE`` run a
+# file, like ``bash FILE``: a program of its own, whose content the gate does not see.)
 OPAQUE: dict[str, str] = {
     "eval": "eval runs a string built at run time",
-    "source": "source runs the commands of a file fleetledger cannot see",
-    ".": ". (source) runs the commands of a file fleetledger cannot see",
     "alias": "an alias is defined in the command",
 }
 # Programs that run another program in ways not modelled here: refused rather than guessed.
@@ -144,4 +147,23 @@ GLOBALS: dict[str, Spec] = {
     "podman": Spec("--connection -c --url --root --runroot --log-level --cgroup-manager",
                     "--remote -r"),
     "fleetledger": Spec(),
+}  # fmt: skip
+
+# Builtins that evaluate a string as code: their command operands (a trap's action, mapfile's
+# -C callback) are parsed like `sh -c`; their name operands (`a[$(cmd)]`: bash expands a
+# subscript's substitutions) are read for substitutions. name: (options, names of the options
+# whose value is a command, names of the options whose value is a name, operands: "names",
+# "command" (the first operand) or "" (none)).
+EVALUATES: dict[str, tuple[Spec, tuple[str, ...], tuple[str, ...], str]] = {
+    "trap": (Spec("", "-l -p"), (), (), "command"),
+    "mapfile": (Spec("-d -n -O -s -u -C -c", "-t"), ("-C",), (), "names"),
+    "readarray": (Spec("-d -n -O -s -u -C -c", "-t"), ("-C",), (), "names"),
+    "let": (Spec(), (), (), "names"),
+    "printf": (Spec("-v"), (), ("-v",), ""),
+    "read": (Spec("-a -d -i -n -N -p -t -u", "-e -r -s"), (), ("-a",), "names"),
+    "unset": (Spec("", "-f -v -n"), (), (), "names"),
+    "test": (Spec("-v"), (), ("-v",), ""),
+    "[": (Spec("-v"), (), ("-v",), ""),
+    **{name: (Spec("", "-a -A -f -F -g -i -I -l -n -r -t -u -x -p"), (), (), "names")
+       for name in ("declare", "local", "export", "readonly", "typeset")},
 }  # fmt: skip

@@ -52,6 +52,7 @@ PERSON_RULES: tuple[dict[str, Any], ...] = (
 DEFAULT_RULES: tuple[dict[str, Any], ...] = (
     *(_shell("git", path, "git.push") for path in (
         ["push"], ["send-pack"], ["http-push"], ["subtree", "push"])),
+    _shell("git-lfs", ["push"], "git.push"),
     *(_shell("kubectl", [verb], "deploy") for verb in (
         "apply", "create", "delete", "replace", "patch", "edit", "scale", "autoscale", "set",
         "label", "annotate", "taint", "drain", "cordon", "uncordon", "expose", "run")),

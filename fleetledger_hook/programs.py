@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import re
 
-from fleetledger_hook import git, shell
+from fleetledger_hook import getopt, git, settings, shell
 from fleetledger_hook.options import (
+    EVALUATES,
     GLOBALS,
     MODULE_PROGRAMS,
     OPAQUE,
@@ -27,6 +28,7 @@ from fleetledger_hook.options import (
     PYTHON_NAME,
     RUNNERS,
     SHELLS,
+    SSH,
     UNMODELLED,
     WRAPPERS,
     XARGS,
@@ -69,12 +71,32 @@ def run(command: str | Sequence[str], depth: int = 0) -> Programs:
     if isinstance(command, str):
         parsed = shell.parse(command, depth=depth)
         out.undecidable += parsed.undecidable
-        simples = [s.words for s in parsed.commands]
+        for simple in parsed.commands:
+            for assign in simple.assigns:
+                setting(assign, "an assignment", depth, out)
+        simples = [s.words for s in parsed.commands if s.words]
     else:
         simples = [shell.words(command)]
     for argv in simples:
         _resolve(argv, depth, out, 0)
     return out
+
+
+def setting(assign: Word, what: str, depth: int, out: Programs) -> None:
+    """``NAME=VALUE`` of the environment: a value some program runs is read (``settings``);
+    a literal value holding ``$(``/backticks is read as code (``$((x))`` and ``[ "$x" -eq 0 ]``
+    evaluate it, subscripts and all)."""
+    name, _, value = assign.text.partition("=")
+    _code(Word(value, assign.why), f"the value of {name}", depth, out)
+    _setting(settings.environment(name.rstrip("+")), f"{what} of {name}",
+             Word(value, assign.why), depth, out)  # fmt: skip
+
+
+def _setting(kind: str | None, what: str, value: Word, depth: int, out: Programs) -> None:
+    if kind == settings.FILE:
+        out.undecidable.append(f"{what} names a file or definition fleetledger cannot see")
+    elif kind == settings.COMMAND:
+        _string(value, what, depth, out)
 
 
 def _resolve(argv: Sequence[Word], depth: int, out: Programs, fanout: int) -> None:
@@ -97,15 +119,17 @@ def _resolve(argv: Sequence[Word], depth: int, out: Programs, fanout: int) -> No
     elif name in ("hash", "enable") and _options(rest) & {"p", "f"}:
         out.undecidable.append(f"{name} -{'p' if name == 'hash' else 'f'} maps a name to "
                                "another program")  # fmt: skip
+    elif name == "ssh" and all(not r for r in _after_options(SSH, rest, wrapper=name)):
+        out.invocations.append(Invocation(name, rest))
     elif name in UNMODELLED and any(not w.text.startswith("-") for w in rest):
         out.undecidable.append(f"{name} runs another program in a way fleetledger does not model")
     elif name in SHELLS:
         _shell(name, rest, depth, out)
     elif name == "command" and _options(rest) & {"v", "V"}:
         return  # `command -v git` only says where git is
+    elif name == "env":
+        _env(rest, depth, out, fanout)
     elif name in WRAPPERS:
-        if name == "env":
-            rest = _env_split(rest) or rest
         for inner in _after_options(WRAPPERS[name], rest, wrapper=name):
             _wrapped(name, inner, depth, out, fanout + 1)
     elif name == "xargs":
@@ -114,10 +138,8 @@ def _resolve(argv: Sequence[Word], depth: int, out: Programs, fanout: int) -> No
             _resolve([*(inner or [Word("echo")]), arguments], depth, out, fanout + 1)
     elif name == "find":
         _find(rest, depth, out, fanout)
-    elif (
-        name == "trap" and rest and rest[0].literal is not None and not rest[0].text.startswith("-")
-    ):
-        _string(rest[0], "trap", depth, out)
+    elif name in EVALUATES:
+        _evaluates(name, rest, depth, out)
     elif PYTHON_NAME.fullmatch(name):
         _python(name, rest, depth, out, fanout)
     elif rest and (name, rest[0].text) in RUNNERS:
@@ -137,6 +159,46 @@ def _resolve(argv: Sequence[Word], depth: int, out: Programs, fanout: int) -> No
             _git(args, depth, out, fanout)
 
 
+def _evaluates(name: str, args: list[Word], depth: int, out: Programs) -> None:
+    """A builtin that evaluates strings as code (``options.EVALUATES``): its commands are
+    parsed, the substitutions in its names read; the builtin itself is an ordinary program."""
+    out.invocations.append(Invocation(name, args))
+    spec, commands, names, operands = EVALUATES[name]
+    if name in ("test", "["):  # `-v NAME` anywhere among the expression's words
+        names_given = [args[at + 1] for at in range(len(args) - 1) if args[at].text == "-v"]
+        for word in names_given:
+            _code(word, f"{name} -v", depth, out)
+        return
+    try:
+        readings = getopt.read(spec, args, program=name)
+    except getopt.Undecidable as exc:
+        out.undecidable.append(str(exc))
+        return
+    for reading in readings:
+        for word in reading.values(*commands):
+            _string(word, f"{name}'s command", depth, out)
+        code = reading.values(*names)
+        rest = args[reading.at :]
+        if operands == "command" and rest:
+            _string(rest[0], f"{name}'s action", depth, out)
+        elif operands == "names":
+            code += rest
+        for word in code:
+            _code(word, f"{name}'s operand", depth, out)
+
+
+def _code(word: Word, what: str, depth: int, out: Programs) -> None:
+    """A literal some builtin evaluates as code: the commands of its substitutions."""
+    if word.literal is None or not any(c in word.text for c in "$`"):
+        return
+    found = shell.substitutions(word.text, depth=depth + 1)
+    out.undecidable += found.undecidable
+    for simple in found.commands:
+        for assign in simple.assigns:
+            setting(assign, "an assignment", depth + 1, out)
+        _resolve(simple.words, depth + 1, out, 0)
+
+
 def _options(args: list[Word]) -> set[str]:
     """The letters of the leading short options (``-pv``: p and v)."""
     letters: set[str] = set()
@@ -148,11 +210,6 @@ def _options(args: list[Word]) -> set[str]:
 
 
 def _wrapped(name: str, inner: list[Word], depth: int, out: Programs, fanout: int) -> None:
-    if name == "env":
-        while inner and inner[0].literal is not None and "=" in inner[0].text.lstrip("="):
-            if not re.match(r"[A-Za-z_][A-Za-z0-9_]*=", inner[0].text):
-                break
-            inner = inner[1:]
     if name == "timeout" and inner:
         inner = inner[1:]  # the duration
     if name == "nice" and inner and re.fullmatch(r"-\d+", inner[0].text):
@@ -161,91 +218,66 @@ def _wrapped(name: str, inner: list[Word], depth: int, out: Programs, fanout: in
 
 
 def _after_options(spec: Spec, args: list[Word], *, wrapper: str) -> list[list[Word]]:
-    """What follows a wrapper's options: one reading, or two per option it does not know
-    (with and without a value)."""
-    readings: list[list[Word]] = []
-    stack, tried = [0], set()
-    while stack:
-        at = stack.pop()
-        if at in tried:
+    """What follows a wrapper's options, for each reading of them (``getopt``)."""
+    try:
+        return [args[r.at :] for r in getopt.read(spec, args, program=wrapper)]
+    except getopt.Undecidable as exc:
+        return [[Word("", str(exc))]]
+
+
+def _env(args: list[Word], depth: int, out: Programs, fanout: int) -> None:
+    """``env [OPTIONS] [NAME=VALUE]... [COMMAND]``: every leading word holding ``=`` is an
+    assignment (env takes any name); ``-S STRING`` splits STRING into the arguments."""
+    try:
+        readings = getopt.read(WRAPPERS["env"], args, program="env")
+    except getopt.Undecidable as exc:
+        out.undecidable.append(str(exc))
+        return
+    for reading in readings:
+        inner = args[reading.at :]
+        split = reading.values("-S", "--split-string")
+        if split:
+            _resolve([Word("env"), *_split(split[-1]), *inner], depth, out, fanout + 1)
             continue
-        tried.add(at)
-        while at < len(args):
-            word = args[at]
-            text = word.text
-            if word.split and text.startswith("-"):  # `-u $U`: may be options and a program
-                why = f"{wrapper}'s options hold {word.why}, which may be several words"
-                return [[Word("", why)]]
-            if word.literal is None or not text.startswith("-"):
-                break
-            if text == "-" and "-" not in spec.flags:
-                break
-            if text == "--":
-                at += 1
-                break
-            option = text.split("=", 1)[0]
-            value = args[at + 1] if at + 1 < len(args) else None
-            if value is not None and value.split and "=" not in text and option not in spec.flags:
-                why = f"{wrapper}'s options hold {value.why}, which may be several words"
-                return [[Word("", why)]]
-            if "=" in text or option in spec.flags:
-                at += 1
-            elif option in spec.values:
-                at += 2
-            elif not text.startswith("--") and len(option) > 2 and option[:2] in spec.values:
-                at += 1  # -n5, -oL: the value attached
-            elif (
-                not text.startswith("--")
-                and len(option) > 2
-                and all(f"-{c}" in spec.flags for c in option[1:])
-            ):
-                at += 1  # -Hn: flags bundled
-            else:
-                stack.append(at + 2)  # unknown: maybe it takes the next word as its value
-                at += 1
-        readings.append(args[at:])
-        if len(readings) > MAX_CANDIDATES:  # a program that would go unread: undecidable
-            return [[Word("", f"over {MAX_CANDIDATES} readings of {wrapper}'s options")]]
-    return readings
-
-
-def _env_split(args: list[Word]) -> list[Word] | None:
-    for at, word in enumerate(args):
-        if word.text in ("-S", "--split-string") and at + 1 < len(args):
-            return [*args[:at], *_split(args[at + 1]), *args[at + 2 :]]
-        if word.text.startswith(("-S", "--split-string=")) and len(word.text) > 2:
-            value = word.text.split("=", 1)[1] if "=" in word.text else word.text[2:]
-            return [*args[:at], *_split(Word(value, word.why)), *args[at + 1 :]]
-    return None
+        while inner and "=" in inner[0].text and not inner[0].split:
+            if inner[0].literal is None and inner[0].text.startswith("$"):
+                break  # `$X=1`: the program is chosen at run time
+            setting(inner[0], "env's assignment", depth, out)
+            inner = inner[1:]
+        _resolve(inner, depth, out, fanout + 1)
 
 
 def _split(word: Word) -> list[Word]:
     if word.literal is None:
-        return [word]
+        return [Word("", f"env -S's string is built at run time ({word.why})")]
     parsed = shell.parse(word.text)
-    return parsed.commands[0].words if len(parsed.commands) == 1 else [Word("", "env -S")]
+    if parsed.undecidable or len(parsed.commands) != 1:
+        return [Word("", "env -S's string is not one command")]
+    return parsed.commands[0].words
 
 
 def _shell(name: str, args: list[Word], depth: int, out: Programs) -> None:
-    """``bash -c STRING``: the string is parsed as a command line; ``bash FILE`` runs a file
-    (a program of its own); a shell with neither reads its commands from its input."""
-    at = 0
-    while at < len(args) and args[at].text.startswith(("-", "+")) and args[at].text != "-":
-        option = args[at].text
-        if option == "--":
-            at += 1
+    """``bash -c [OPTIONS] [--] STRING``: the string is parsed as a command line; ``bash FILE``
+    runs a file (a program of its own); a shell with neither reads its commands from its input."""
+    at, command = 0, False
+    while at < len(args):
+        word, option = args[at], args[at].text
+        if word.literal is None or option == "-" or not option.startswith(("-", "+")):
             break
-        if option in ("--rcfile", "--init-file") or (
-            not option.startswith("--") and option[-1] in "oO"
-        ):
-            at += 1  # -o pipefail, -euo pipefail: the option's value
-        if option.startswith("-") and not option.startswith("--") and "c" in option:
-            if at + 1 >= len(args):
-                out.undecidable.append(f"{name} -c without a command")
-            else:
-                _string(args[at + 1], f"{name} -c", depth, out)
-            return
         at += 1
+        if option == "--":
+            break
+        if option in ("--rcfile", "--init-file"):
+            at += 1
+        elif not option.startswith("--"):
+            command = command or (option[0] == "-" and "c" in option)
+            at += option.count("o") + option.count("O")  # -o pipefail, -euo pipefail
+    if command:
+        if at >= len(args):
+            out.undecidable.append(f"{name} -c without a command")
+        else:
+            _string(args[at], f"{name} -c", depth, out)
+        return
     if at >= len(args) or args[at].text == "-" or any(a.text == "-s" for a in args[:at]):
         out.undecidable.append(f"{name} reads its commands from its input")
         return
@@ -352,5 +384,20 @@ def _strip_globals(name: str, args: list[Word], out: Programs) -> list[Word]:
 
 
 def _global_value(program: str, option: str, value: Word, out: Programs) -> None:
-    if program == "git" and option == "-c" and value.text.lower().startswith("alias."):
-        out.undecidable.append(f"a git alias is defined in the command (-c {value.text})")
+    """git's ``-c KEY=VALUE`` and ``--config-env=KEY=VAR``: a setting git runs (``settings``)."""
+    if program != "git" or option not in ("-c", "--config-env"):
+        return
+    key, _, given = value.text.partition("=")
+    dynamic = value.why is not None and any(c in key for c in "$`*?[")
+    if dynamic or (value.why is not None and "=" not in value.text):
+        out.undecidable.append(f"git {option}'s key is chosen at run time ({value.why})")
+        return
+    if option == "--config-env":  # the value is the environment's: not in the command
+        given_word = Word("", f"the environment variable {given}")
+    else:
+        given_word = Word(given, value.why)
+    found = git.Runs()
+    git.setting(Word(key), given_word, found, f"git {option}")
+    out.undecidable += found.undecidable
+    for string in found.strings:
+        _string(string, f"git {option} {key}", 0, out)

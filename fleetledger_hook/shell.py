@@ -41,7 +41,7 @@ class Simple:
 
     __slots__ = ("assigns", "words")
 
-    def __init__(self, words: list[Word], assigns: list[str]) -> None:
+    def __init__(self, words: list[Word], assigns: list[Word]) -> None:
         self.words, self.assigns = words, assigns
 
     def __repr__(self) -> str:
@@ -73,6 +73,20 @@ def parse(source: str, *, depth: int = 0) -> Shell:
         out.undecidable.append("the command could not be read")
     except RecursionError:
         out.undecidable.append(f"the command nests deeper than {MAX_DEPTH} levels")
+    return out
+
+
+def substitutions(text: str, *, depth: int = 0) -> Shell:
+    """The commands of the ``$(...)`` and backticks inside ``text`` read as a double-quoted
+    string: what a builtin that evaluates ``text`` as code (``let``, a subscript of
+    ``declare``'s or ``test -v``'s name, arithmetic on a variable holding it) would run."""
+    out = Shell()
+    try:
+        _Parser(text, out, depth).expansions(text)
+    except ShellError as exc:
+        out.undecidable.append(str(exc))
+    except (IndexError, RecursionError):
+        out.undecidable.append("a string evaluated as code could not be read")
     return out
 
 
@@ -119,7 +133,7 @@ class _Parser(WordReader):
     def command(self) -> None:
         """One command: a subshell, an arithmetic or test command, or a simple command."""
         src = self.src
-        if src.startswith("((", self.i):
+        if src.startswith("((", self.i) and self.is_arith(self.i + 2):
             self.i = self.arith(self.i + 2)
             return
         if src[self.i] == "(":
@@ -142,7 +156,7 @@ class _Parser(WordReader):
     def simple(self) -> None:
         """Assignments, words and redirections up to an operator; reserved words steer."""
         argv: list[Word] = []
-        assigns: list[str] = []
+        assigns: list[Word] = []
         while True:
             self.blank(newlines=False)
             if self.src.startswith("&>", self.i) and self.redirect():
@@ -163,7 +177,7 @@ class _Parser(WordReader):
             if not argv:
                 text = word.text
                 if _ASSIGN.match(self.src, start):
-                    assigns.append(text)
+                    assigns.append(word)
                     if text.endswith("=") and self.src.startswith("(", self.i):
                         self.i += 1
                         self.array()
@@ -171,7 +185,7 @@ class _Parser(WordReader):
                 if not assigns and word.why is None and self.reserved(text, start):
                     return
             argv.append(word)
-        if argv:
+        if argv or assigns:  # `x='a[$(cmd)]'` alone: its value may be evaluated later
             if len(self.out.commands) >= MAX_COMMANDS:
                 raise ShellError(f"the command runs more than {MAX_COMMANDS} commands")
             self.out.commands.append(Simple(argv, assigns))
@@ -283,7 +297,11 @@ class _Parser(WordReader):
             if self.src[self.i] in "()|&<>!":
                 self.i += 1
                 continue
-            self.word()
+            if self.word().text == "-v":  # `[[ -v NAME ]]`: NAME's subscript is evaluated
+                self.blank(newlines=True)
+                name = self.word()
+                if name.why is None:
+                    self.sub_text(name.text)
 
     # --- words --------------------------------------------------------------------------------
 
@@ -355,6 +373,15 @@ class _Parser(WordReader):
                 inner.dollar_or_backtick()
             else:
                 inner.i += 1
+
+    def sub_text(self, text: str) -> None:
+        """The substitutions inside a literal ``text`` some builtin evaluates as code."""
+        if any(c in text for c in "$`"):
+            self.enter()
+            try:
+                self.expansions(text)
+            finally:
+                self.depth -= 1
 
     def sub(self, body: str) -> None:
         if self.depth + 1 > MAX_DEPTH:

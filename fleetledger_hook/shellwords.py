@@ -212,7 +212,7 @@ class WordReader:
             body, self.i = self.backtick(self.i + 1)
             self.sub(body)
             return "a command substitution (`...`)"
-        if src.startswith("$((", self.i):
+        if src.startswith("$((", self.i) and self.is_arith(self.i + 3):
             self.i = self.arith(self.i + 3)
             return "an arithmetic expansion"
         if src.startswith("$(", self.i):
@@ -270,6 +270,24 @@ class WordReader:
         finally:
             self.depth -= 1
         raise ShellError("an unclosed ${ in the command")
+
+    def is_arith(self, at: int) -> bool:
+        """Whether ``((`` (or ``$((``) before ``at`` opens arithmetic, as bash decides it: the
+        parenthesis matching the second ``(`` is followed by ``)``. Otherwise it is two
+        parentheses (``((git push);(true))``: subshells; ``$((a);(b))``: ``$( (a);(b))``)."""
+        src, level = self.src, 0
+        while at < len(src):
+            char = src[at]
+            if char == "(":
+                level += 1
+            elif char == ")":
+                if level == 0:
+                    return src.startswith("))", at)
+                level -= 1
+            elif char == "\\":
+                at += 1
+            at += 1
+        return False
 
     def arith(self, at: int) -> int:
         """Past the ``))`` of an arithmetic expression; substitutions inside it are read."""
