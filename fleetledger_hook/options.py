@@ -167,3 +167,24 @@ EVALUATES: dict[str, tuple[Spec, tuple[str, ...], tuple[str, ...], str]] = {
     **{name: (Spec("", "-a -A -f -F -g -i -I -l -n -r -t -u -x -p"), (), (), "names")
        for name in ("declare", "local", "export", "readonly", "typeset")},
 }  # fmt: skip
+
+# Options that take no value, of the subcommands whose rules have unless_flags: after one of
+# these (or an operand, or an option with its value attached), an unless flag is an option,
+# never another option's value (`git push -o -n` pushes, with push option "-n").
+FLAGS: dict[str, Spec] = {
+    "git": Spec("", "-q --quiet -v --verbose -f --force --tags --all --mirror -u "
+                     "--set-upstream --atomic --porcelain --no-verify --verify --follow-tags "
+                     "--no-follow-tags --prune -d --delete --force-with-lease --thin --no-thin "
+                     "--progress --no-progress --ipv4 -4 --ipv6 -6 --signed"),
+    "kubectl": Spec("", "--all -A --all-namespaces --force --wait --overwrite --prune "
+                         "--recursive -R --server-side --force-conflicts --validate "
+                         "--record --local"),
+    "helm": Spec("", "--install -i --atomic --wait --wait-for-jobs --debug --force "
+                      "--create-namespace --reuse-values --reset-values --reset-then-reuse-values "
+                      "--cleanup-on-fail --skip-crds --no-hooks --devel --dependency-update "
+                      "--disable-openapi-validation --render-subchart-notes --keep-history "
+                      "--take-ownership --rollback-on-failure"),
+    "terraform": Spec("", "-auto-approve -input=false -no-color -compact-warnings"),
+}  # fmt: skip
+FLAGS["tofu"] = FLAGS["terraform"]
+FLAGS["git-lfs"] = FLAGS["git"]

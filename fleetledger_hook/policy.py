@@ -18,7 +18,9 @@ import re
 
 from fleetledger_hook import programs
 from fleetledger_hook.humans import AGENT_MAY_NOT_PASS, COMMANDS
+from fleetledger_hook.options import FLAGS, Spec
 from fleetledger_hook.programs import Invocation
+from fleetledger_hook.reads import READS
 from fleetledger_hook.shellwords import Word
 
 TYPE_CHECKING = False
@@ -49,18 +51,22 @@ PERSON_RULES: tuple[dict[str, Any], ...] = (
     _shell("curl", [], "person.node-socket", person=True, flags=["--unix-socket"]),
 )  # fmt: skip
 
+_HELP = ["--help", "-h"]  # asks a program for its help: nothing is done
+_DRY = ["--dry-run", *_HELP]  # a dry run: nothing persists (kubectl's server-side one included)
+
 DEFAULT_RULES: tuple[dict[str, Any], ...] = (
-    *(_shell("git", path, "git.push") for path in (
+    *(_shell("git", path, "git.push", unless_flags=["-n", *_DRY]) for path in (
         ["push"], ["send-pack"], ["http-push"], ["subtree", "push"])),
-    _shell("git-lfs", ["push"], "git.push"),
-    *(_shell("kubectl", [verb], "deploy") for verb in (
+    _shell("git-lfs", ["push"], "git.push", unless_flags=_DRY),
+    *(_shell("kubectl", [verb], "deploy", unless_flags=_DRY) for verb in (
         "apply", "create", "delete", "replace", "patch", "edit", "scale", "autoscale", "set",
         "label", "annotate", "taint", "drain", "cordon", "uncordon", "expose", "run")),
-    *(_shell("kubectl", ["rollout", verb], "deploy") for verb in (
+    *(_shell("kubectl", ["rollout", verb], "deploy", unless_flags=_HELP) for verb in (
         "restart", "undo", "pause", "resume")),
-    *(_shell("helm", [verb], "deploy") for verb in (
+    *(_shell("helm", [verb], "deploy", unless_flags=_DRY) for verb in (
         "install", "upgrade", "uninstall", "delete", "rollback")),
-    *(_shell(tf, [verb], "infra.apply") for tf in ("terraform", "tofu") for verb in (
+    *(_shell(tf, [verb], "infra.apply", unless_flags=["-help", *_HELP])
+      for tf in ("terraform", "tofu") for verb in (
         "apply", "destroy", "import", "taint", "untaint")),
     *(_shell(tf, ["state", verb], "infra.apply") for tf in ("terraform", "tofu") for verb in (
         "rm", "mv", "push", "replace-provider")),
@@ -82,8 +88,9 @@ DEFAULT_RULES: tuple[dict[str, Any], ...] = (
 
 _ACTION = re.compile(r"[a-z][a-z0-9_.:-]*")
 _COST = re.compile(r"\d+(\.\d{1,6})?")
-_FIELDS = frozenset({"program", "subcommand", "flags", "tool", "pattern", "action", "cost",
-                     "person"})  # fmt: skip
+_FIELDS = frozenset({"program", "subcommand", "flags", "unless_flags", "tool", "pattern",
+                     "action", "cost", "person"})  # fmt: skip
+_OFF = frozenset({"none", "false", "0", "no"})  # `--dry-run=none`: the option turned off
 
 
 class RuleError(ValueError):
@@ -98,7 +105,8 @@ class Rule:
     """One consequential rule, checked: a shell rule (``program``, ``subcommand``, ``flags``)
     or a non-shell tool rule (``tool``, ``pattern``)."""
 
-    __slots__ = ("action", "cost", "flags", "pattern", "person", "program", "subcommand", "tool")
+    __slots__ = ("action", "cost", "flags", "pattern", "person", "program", "subcommand", "tool",
+                 "unless")  # fmt: skip
 
     def __init__(self, data: Mapping[str, Any], index: int = 0) -> None:
         def fail(field: str, message: str) -> RuleError:
@@ -121,6 +129,11 @@ class Rule:
             raise fail("program", "name either a program (shell commands) or a tool (others)")
         self.program, self.tool, self.pattern = program, None, None
         self.subcommand, self.flags = _words(data, "subcommand", fail), _words(data, "flags", fail)
+        self.unless = _words(data, "unless_flags", fail)
+        if self.unless and (program is None or self.person):
+            raise fail("unless_flags", "only a shell rule that is no person's has unless_flags")
+        if any(not f.startswith("-") for f in self.unless):
+            raise fail("unless_flags", "options, each starting with '-'")
         if program is not None:
             if not isinstance(program, str) or not re.fullmatch(r"[^\s/]+", program):
                 raise fail("program", "a program's name (its basename, e.g. git)")
@@ -247,6 +260,9 @@ def _program_verdict(rules: Sequence[Rule], invocation: Invocation) -> Verdict |
         matched = _matches(rule, invocation)
         if matched is None:
             continue
+        reads = READS.get((rule.program, rule.subcommand))
+        if reads is not None and not rule.person and reads(invocation.args[len(rule.subcommand) :]):
+            continue  # the request only reads (gh api -X GET)
         spelled = " ".join((rule.program, *rule.subcommand))
         if matched:
             word = next(w for w in invocation.args if w.why)
@@ -263,6 +279,8 @@ def _matches(rule: Rule, invocation: Invocation) -> bool | None:
     """None: no match; False: a match on literal words; True: a match only if a word decided
     at run time turns out so."""
     args, path = invocation.args, rule.subcommand
+    if rule.unless and _unless(rule.unless, args, FLAGS.get(rule.program or "", Spec()).flags):
+        return None  # `git push --dry-run`, `kubectl apply --help`: nothing is done
     ends: list[tuple[int, bool]] = []
     states = [(0, 0, False)]
     seen: set[tuple[int, int, bool]] = set()
@@ -298,6 +316,27 @@ def _matches(rule: Rule, invocation: Invocation) -> bool | None:
     if any(not maybe and flag == "present" for maybe, flag in readings):
         return False
     return True if any(flag != "absent" for _, flag in readings) else None
+
+
+def _unless(flags: Sequence[str], args: Sequence[Word], plain: frozenset[str]) -> bool:
+    """One of ``flags`` is given literally as an option (before ``--``; after an operand, an
+    option of ``plain`` (no value) or one with its value attached: never another option's
+    value), its last spelling not turned off (``--dry-run --dry-run=none`` applies)."""
+    last: dict[str, str] = {}
+    previous: Word | None = None
+    for word in args:
+        if word.text == "--":
+            break
+        after_value = previous is not None and previous.text.startswith("-") and not (
+            previous.literal is not None
+            and ("=" in previous.text or previous.text in plain
+                 or any(_spells(previous.text, f) for f in flags))
+        )  # fmt: skip
+        for flag in flags:
+            if word.literal is not None and _spells(word.text, flag) and not after_value:
+                last[flag] = word.text.partition("=")[2].lower()
+        previous = word
+    return any(value not in _OFF for value in last.values())
 
 
 def _flag(flags: Sequence[str], args: Sequence[Word]) -> str:

@@ -27,6 +27,7 @@ class ConsequentialRule(BaseModel):
     program: str | None = None  # the program's basename, e.g. "git"
     subcommand: tuple[str, ...] = ()  # e.g. ("push",), ("todo", "done")
     flags: tuple[str, ...] = ()  # consequential only with one of these, e.g. ("--check-cmd",)
+    unless_flags: tuple[str, ...] = ()  # not consequential with one of these: ("--dry-run",)
     tool: str | None = None  # non-shell tools: regex on the tool name, e.g. "^mcp__deploy"
     pattern: str | None = None  # non-shell tools: regex searched in the input's JSON
     action: str  # the ledger action name, e.g. "git.push"

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from fleetledger.cli import app
-from fleetledger_hook import policy
+from fleetledger_hook import policy, programs
 from fleetledger_hook.humans import COMMANDS
 from node_agent.settings import DEFAULT_RULES, NodeSettings
 
@@ -200,3 +200,13 @@ def test_configured_rules_cannot_hand_a_persons_command_to_an_agent() -> None:
     rules = policy.compile_rules([{"program": "twine", "action": "package.publish"}])
     found = policy.judge(rules, "Bash", {"command": "fleetledger todo done t1"})
     assert found is not None and (found.action, found.person) == ("todo.close", True)
+
+
+def test_unless_flags_belong_to_an_agents_shell_rule() -> None:
+    rule = policy.Rule({"program": "x", "subcommand": ["go"], "action": "x.go",
+                        "unless_flags": ["--dry-run"]})  # fmt: skip
+    assert policy._matches(rule, programs.run("x go --dry-run").invocations[0]) is None
+    assert policy._matches(rule, programs.run("x go -o --dry-run").invocations[0]) is True
+    for bad in ({"person": True}, {"unless_flags": ["dry-run"]}):
+        with pytest.raises(policy.RuleError, match="unless_flags"):
+            policy.Rule({"program": "x", "action": "x.go", "unless_flags": ["--dry-run"], **bad})
