@@ -206,7 +206,7 @@ def test_unless_flags_belong_to_an_agents_shell_rule() -> None:
     rule = policy.Rule({"program": "x", "subcommand": ["go"], "action": "x.go",
                         "unless_flags": ["--dry-run"]})  # fmt: skip
     assert policy._matches(rule, programs.run("x go --dry-run").invocations[0]) is None
-    assert policy._matches(rule, programs.run("x go -o --dry-run").invocations[0]) is True
+    assert policy._matches(rule, programs.run("x go -o --dry-run").invocations[0]) is False
     for bad in ({"person": True}, {"unless_flags": ["dry-run"]}):
         with pytest.raises(policy.RuleError, match="unless_flags"):
             policy.Rule({"program": "x", "action": "x.go", "unless_flags": ["--dry-run"], **bad})
