@@ -96,11 +96,13 @@ class NodeClient:
 
     def ask(self, op: str, request: HumanRequest, *, seed: str | None) -> dict[str, Any]:
         """A person's request, signed with their ``seed`` (None: sent unsigned, which only a
-        node run without identity accepts); see ``node_agent.people``."""
+        node run without identity accepts); see ``node_agent.people``. The signature covers
+        the node's id (its ``/healthz``), so it is valid on that node only."""
         if seed is not None:
+            node_id = str(self.get("/healthz").get("node_id", ""))
             headers = sign_request(
                 seed,
-                NODE_SUBJECT.format(op=op),
+                NODE_SUBJECT.format(node_id=node_id, op=op),
                 request.signed_bytes(),
                 datetime.now(UTC),
                 nonce=secrets.token_hex(12),

@@ -40,6 +40,7 @@ def person_of(
     principals: Mapping[str, Principal] | None,
     now: datetime,
     *,
+    node_id: str,
     named: str | None,
     trust_unsigned: bool,
     nonces: NonceWindow | None = None,
@@ -71,7 +72,7 @@ def person_of(
         NONCE_HEADER: req.proof.nonce,
         SIGNATURE_HEADER: req.proof.signature,
     }
-    subject = NODE_SUBJECT.format(op=op)
+    subject = NODE_SUBJECT.format(node_id=node_id, op=op)  # valid on this node only
     who = verify_request(headers, subject, req.signed_bytes(), principals, now, nonces=nonces)
     if who.role is not Role.HUMAN:
         raise RuleViolation(

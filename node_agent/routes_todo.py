@@ -45,7 +45,7 @@ class TodoRoutes:
     def _person(self, op: str, req: HumanRequest, named: str | None) -> str | None:
         directory = self.principals() if self.principals is not None else None
         return person_of(
-            op, req, directory, datetime.now(UTC), named=named,
+            op, req, directory, datetime.now(UTC), node_id=self.settings.node_id, named=named,
             trust_unsigned=self.settings.trust_unsigned_humans, nonces=self.nonces,
         )  # fmt: skip
 

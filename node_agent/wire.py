@@ -122,7 +122,7 @@ class TodoAdd(SessionRef):
     mission: str | None = None
 
 
-NODE_SUBJECT = "fleet.node.v1.{op}"  # what a person's signature on a local API request covers
+NODE_SUBJECT = "fleet.node.v1.{node_id}.{op}"  # what a person's signature covers: one node, one op
 
 
 class PersonProof(Request):

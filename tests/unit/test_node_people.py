@@ -26,6 +26,7 @@ from node_agent.people import person_of
 from node_agent.wire import NODE_SUBJECT, HumanRequest, PersonProof, TodoSet
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+NODE = "node-a"
 SEEDS = {name: seed_from_bytes(bytes([i + 1]) * 32) for i, name in enumerate(["ann", "node-1"])}
 ROLES = {"ann": Role.HUMAN, "node-1": Role.NODE}
 DIRECTORY = {
@@ -35,9 +36,15 @@ DIRECTORY = {
 
 
 def signed(
-    req: HumanRequest, who: str, op: str = "todo.set", at: datetime = T0, nonce: str = "n-1"
+    req: HumanRequest,
+    who: str,
+    op: str = "todo.set",
+    at: datetime = T0,
+    nonce: str = "n-1",
+    node: str = NODE,
 ) -> HumanRequest:
-    h = sign_request(SEEDS[who], NODE_SUBJECT.format(op=op), req.signed_bytes(), at, nonce=nonce)
+    subject = NODE_SUBJECT.format(node_id=node, op=op)
+    h = sign_request(SEEDS[who], subject, req.signed_bytes(), at, nonce=nonce)
     proof = PersonProof(signer=h[SIGNER_HEADER], signed_at=h[SIGNED_AT_HEADER],
                         nonce=h[NONCE_HEADER], signature=h[SIGNATURE_HEADER])  # fmt: skip
     return req.model_copy(update={"proof": proof})
@@ -45,6 +52,7 @@ def signed(
 
 def decide(req: HumanRequest, *, named: str | None, op: str = "todo.set", **kw: object) -> object:
     return person_of(op, req, kw.get("directory", DIRECTORY), T0, named=named,  # type: ignore[arg-type]
+                     node_id=str(kw.get("node", NODE)),
                      trust_unsigned=bool(kw.get("trust", False)))  # fmt: skip
 
 
@@ -78,20 +86,22 @@ def test_no_directory_stale_or_other_op_is_producer_identity() -> None:
     assert rule_of(stale, named="ann") is Rule.PRODUCER_IDENTITY
     other_op = signed(DONE, "ann", op="todo.check")  # replayed onto another route
     assert rule_of(other_op, named="ann") is Rule.PRODUCER_IDENTITY
+    other_node = signed(DONE, "ann", node="node-b")  # replayed onto another node
+    assert rule_of(other_node, named="ann") is Rule.PRODUCER_IDENTITY
 
 
 def test_a_signed_request_sent_twice_is_refused_the_second_time() -> None:
     window = NonceWindow(T0 - timedelta(seconds=1))
     once = signed(DONE, "ann", nonce="n-once")
-    assert person_of("todo.set", once, DIRECTORY, T0, named="ann", trust_unsigned=False,
-                     nonces=window) == "ann"  # fmt: skip
+    assert person_of("todo.set", once, DIRECTORY, T0, node_id=NODE, named="ann",
+                     trust_unsigned=False, nonces=window) == "ann"  # fmt: skip
     with pytest.raises(RuleViolation) as caught:
-        person_of("todo.set", once, DIRECTORY, T0, named="ann", trust_unsigned=False,
+        person_of("todo.set", once, DIRECTORY, T0, node_id=NODE, named="ann", trust_unsigned=False,
                   nonces=window)  # fmt: skip
     assert caught.value.rule is Rule.REQUEST_REPLAY
     fresh = signed(DONE, "ann", nonce="n-twice")
-    assert person_of("todo.set", fresh, DIRECTORY, T0, named="ann", trust_unsigned=False,
-                     nonces=window) == "ann"  # fmt: skip
+    assert person_of("todo.set", fresh, DIRECTORY, T0, node_id=NODE, named="ann",
+                     trust_unsigned=False, nonces=window) == "ann"  # fmt: skip
 
 
 @given(
