@@ -51,7 +51,7 @@ from node_agent.hooks import (
 )
 from node_agent.settings import NodeSettings
 from node_agent.store import Store, safe_id
-from node_agent.wire import Evidence, HumanRequest, ItemReply, Items, TodoCheck, TodoSet
+from node_agent.wire import Evidence, HumanRequest, ItemReply, Items, TodoAdd, TodoCheck, TodoSet
 
 out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
@@ -210,10 +210,12 @@ def todo_add(
     """Add an item, optionally with a completion check the node agent verifies itself."""
     check = _check(as_json, command=check_cmd, file=check_file, sha256=sha256,
                    evidence=check_evidence)  # fmt: skip
-    reply = _ask(
-        "todo.add", as_json, session_id=_session(agent, session) or "cli", text=text,
-        check=check.model_dump(mode="json") if check else None, agent=agent,
-    )  # fmt: skip
+    fields = {"session_id": _session(agent, session) or "cli", "text": text, "agent": agent}
+    if check is None:  # an agent's own note: no person's request
+        reply = _ask("todo.add", as_json, **fields)
+    else:  # what closes it is a person's: signed, like `todo check`
+        request = _request(TodoAdd, as_json, **fields, check=check)
+        reply = _ask_as_person("todo.add", as_json, request)
     if as_json:
         print(json.dumps(reply))
         return

@@ -77,6 +77,7 @@ from ledger.protocol import ManageOp
 from node_agent.checks import FileCheck
 from node_agent.client import NodeClient
 from node_agent.hooks import hook_command  # the installed command line, as agents run it
+from node_agent.wire import TodoAdd
 from reservations import (
     BranchesResult,
     Budget,
@@ -852,7 +853,7 @@ class Node:
     permissions), so its observations reach the stream signed, as `fleetledger up`'s do."""
 
     def __init__(self, state: Path, nats_url: str, keys: KeyStore) -> None:
-        self.state = state
+        self.state, self.keys = state, keys
         self.socket = state / "node-agent.sock"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
         root = str(Path(__file__).resolve().parents[1])
@@ -889,8 +890,12 @@ class Node:
         return answer
 
     def todo_add(self, session: str, text: str, check: dict[str, Any]) -> None:
+        """The operator adds an item with its check (a person's request, signed)."""
+        request = TodoAdd.model_validate(
+            {"session_id": session, "text": text, "check": check, "agent": session}
+        )
         with NodeClient(self.socket) as client:
-            client.call("todo.add", session_id=session, text=text, check=check, agent=session)
+            client.ask("todo.add", request, seed=self.keys.seed(OPERATOR_PRINCIPAL))
 
     def drained(self, timeout: float = 30) -> int:
         """Wait until the node agent is connected and its outbox has published everything;

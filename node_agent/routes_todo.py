@@ -69,6 +69,10 @@ class TodoRoutes:
         return Items(items=[ItemView.of(i) for s in sessions for i in self.store.items(s)])
 
     async def add(self, req: TodoAdd) -> ItemReply:
+        """An item; with a check, a person's signed request (what closes it is theirs)."""
+        if req.check is not None:
+            self._person("todo.add", req, None)
+
         def add() -> StoredItem:
             # a written check's baseline is the versions now, never the caller's
             check = self.ledger.baselined(req.check) if req.check is not None else None

@@ -115,13 +115,6 @@ class TodoList(Request):
     session_id: str | None = None
 
 
-class TodoAdd(SessionRef):
-    text: NonEmpty
-    check: Check | None = None
-    agent: str = "cli"
-    mission: str | None = None
-
-
 NODE_SUBJECT = "fleet.node.v1.{node_id}.{op}"  # what a person's signature covers: one node, one op
 
 
@@ -145,6 +138,16 @@ class HumanRequest(Request):
     def signed_bytes(self) -> bytes:
         """The bytes the proof covers: this request as the node reads it, without the proof."""
         return self.model_dump_json(exclude={"proof"}).encode()
+
+
+class TodoAdd(SessionRef, HumanRequest):
+    """An item; one with a ``check`` (what closes it) is a person's request, signed like
+    ``TodoCheck`` (an agent's own note carries no check)."""
+
+    text: NonEmpty
+    check: Check | None = None
+    agent: str = "cli"
+    mission: str | None = None
 
 
 class TodoCheck(HumanRequest):

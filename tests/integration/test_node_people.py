@@ -117,6 +117,8 @@ def test_an_agents_unsigned_requests_cannot_decide_for_a_person(fleet: Path) -> 
         assert why.startswith("no_model_transition")
         why = refused(lambda: client.call("evidence.register", evidence_id="EV"))
         assert why.startswith("no_model_transition")
+        why = refused(lambda: client.call("todo.add", session_id="ann", text="x", check=check))
+        assert why.startswith("no_model_transition")  # what closes an item is a person's
         claimed = client.call("claim", item="t1", status="done", session_id="ann")
     assert claimed["item"]["stored_status"] == "open"  # the agent's claim stays a claim
     stored = item(fleet, "t1")
@@ -164,6 +166,8 @@ def test_the_operator_at_a_terminal_closes_it_signed_and_as_nobody_else(fleet: P
     done = cli(fleet, "todo", "done", "t3", "--agent", "ann", "--by", "operator", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["item"]["stored_by"] == "human:operator"
+    checked = cli(fleet, "todo", "add", "ship v2", "--agent", "ann", "--check-cmd", "true")
+    assert checked.returncode == 0, checked.stderr  # signed by the operator at the terminal
     in_agent = cli(fleet, "todo", "block", "t1", "--agent", "ann", "--by", "operator",
                    CLAUDECODE="1")  # fmt: skip
     assert in_agent.returncode == 2 and "not the agent's shell" in in_agent.stderr
