@@ -2,12 +2,16 @@
 and the commands git runs for you (``submodule foreach``, ``rebase --exec``, ``bisect run``,
 ``filter-branch``'s filters).
 
-A subcommand git does not have is an alias from git's config or a ``git-NAME`` program on the
-PATH: either may be ``push``, so it cannot be decided (``git config alias.p push && git p``).
+A subcommand git does not have runs a ``git-NAME`` program on the PATH if one is installed (git
+tries those before its aliases): judged as that program (``git lfs push`` is ``git-lfs push``).
+Otherwise it is an alias from git's config, which may be ``push`` (an agent can write one into
+``.git/config``), so it cannot be decided.
 Stdlib only, like ``shell``.
 """
 
 from __future__ import annotations
+
+import shutil
 
 from fleetledger_hook import getopt, settings
 from fleetledger_hook.options import Spec
@@ -66,8 +70,14 @@ def runs(args: list[Word]) -> Runs:
     if not args or args[0].literal is None or args[0].text.startswith("-"):
         return out
     sub, rest = args[0].text, args[1:]
-    if sub not in COMMANDS:  # an extension (git-lfs, git-flow): a program of its own
-        out.argvs.append([Word(f"git-{sub}"), *rest])
+    if sub not in COMMANDS:
+        if shutil.which(f"git-{sub}"):  # an installed extension (git-lfs): a program of its own
+            out.argvs.append([Word(f"git-{sub}"), *rest])
+        else:
+            out.undecidable.append(
+                f"`git {sub}` is no git command and no git-{sub} program is installed: it is a "
+                "git alias, which may run anything (`push` too)"
+            )
     elif sub == "config":
         _config(rest, out)
     elif sub == "submodule" and rest and rest[0].text == "foreach":

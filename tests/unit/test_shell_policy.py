@@ -4,6 +4,7 @@ before use."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -30,7 +31,18 @@ def verdict(command: str, tool: str = "Bash") -> policy.Verdict | None:
     return policy.judge(RULES, tool, {"command": command})
 
 
-def test_the_corpus_has_no_miss_and_no_false_block() -> None:
+@pytest.fixture
+def git_extensions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """git-lfs and git-flow installed (the corpus judges them as the programs they are)."""
+    for name in ("git-lfs", "git-flow"):
+        tool = tmp_path / name
+        tool.write_text("#!/bin/sh\n")
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    return tmp_path
+
+
+def test_the_corpus_has_no_miss_and_no_false_block(git_extensions: Path) -> None:
     labelled = [(c, None) for c in CORPUS["ordinary"]] + [
         (c, action) for action, commands in CORPUS["consequential"].items() for c in commands
     ]
@@ -41,6 +53,12 @@ def test_the_corpus_has_no_miss_and_no_false_block() -> None:
         if (got.action if got else None) != action:
             wrong.append((command, action, got))
     assert wrong == []
+
+
+def test_a_git_subcommand_that_is_no_command_and_no_installed_program_is_an_alias() -> None:
+    got = verdict("git pp origin main")  # `alias.pp = push` in .git/config, written by the agent
+    assert got is not None and got.undecidable, got
+    assert "git alias" in got.reason
 
 
 def test_every_shell_tool_is_judged_alike() -> None:
