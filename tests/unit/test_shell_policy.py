@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -31,18 +32,20 @@ def verdict(command: str, tool: str = "Bash") -> policy.Verdict | None:
     return policy.judge(RULES, tool, {"command": command})
 
 
-@pytest.fixture
-def git_extensions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+@pytest.fixture(scope="module", autouse=True)
+def git_extensions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """git-lfs and git-flow installed (the corpus judges them as the programs they are)."""
+    bin_dir = tmp_path_factory.mktemp("git-extensions")
     for name in ("git-lfs", "git-flow"):
-        tool = tmp_path / name
+        tool = bin_dir / name
         tool.write_text("#!/bin/sh\n")
         tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
-    return tmp_path
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+        yield bin_dir
 
 
-def test_the_corpus_has_no_miss_and_no_false_block(git_extensions: Path) -> None:
+def test_the_corpus_has_no_miss_and_no_false_block() -> None:
     labelled = [(c, None) for c in CORPUS["ordinary"]] + [
         (c, action) for action, commands in CORPUS["consequential"].items() for c in commands
     ]
