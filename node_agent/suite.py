@@ -13,7 +13,9 @@ report, at least one file checked, no violation; for mypy, its summary line, at 
 source file checked, no error. Whatever cannot be read is "not verified".
 
 Results are cached by the workspace fingerprint (``workspace.py``), so a claim costs at most one
-run per workspace state, and a verified run stays valid exactly while that fingerprint holds.
+run per workspace state, and a verified run stays valid exactly while that fingerprint holds. A
+run is kept only when the workspace is the same after it as before, by content and by each
+file's stat key (a write that puts the same bytes back still changes a file's ctime).
 """
 
 from __future__ import annotations
@@ -411,5 +413,10 @@ class Verifier:
                                      timeout=self.timeout)  # fmt: skip
             result = verdict(report)
             ms = (time.perf_counter() - started) * 1000
+            after = await asyncio.to_thread(self.workspace.fingerprint, check.cwd)
+            if (after.digest, after.stamp) != (fp.digest, fp.stamp):
+                # written to while it ran: what the run saw may not be what the workspace is
+                return CheckResult(passed=False, detail=f"not verified: {check.cwd} changed "
+                                   "while the node's run was in progress")  # fmt: skip
             await self.store.run(self.store.save_suite_result, *key, fp.digest, result, ms)
         return result

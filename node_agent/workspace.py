@@ -38,6 +38,9 @@ class Fingerprint:
     files: tuple[str, ...]  # relative paths, sorted
     source: str  # "git" or "walk"
     problem: str | None = None
+    # the files' stat keys (inode, size, mtime, ctime): any write in between changes it, even
+    # one that puts the same bytes back
+    stamp: str | None = None
 
 
 def skipped(rel: str) -> bool:
@@ -67,7 +70,7 @@ class Workspace:
             return Fingerprint(cwd, None, (), "none", f"{cwd} is not a directory")
         listed = self._git_files(root)
         source = "git"
-        if listed is None:
+        if not listed:  # outside a work tree, or git lists nothing under it (all ignored)
             listed, source = self._walk(root), "walk"
         if listed is None:
             return Fingerprint(cwd, None, (), source,
@@ -76,9 +79,9 @@ class Workspace:
         if len(files) > self.max_files:
             return Fingerprint(cwd, None, (), source,
                                f"more than {self.max_files} files under {cwd}")  # fmt: skip
-        entries, total = [], 0
+        entries, stamps, total = [], [], 0
         for rel in files:
-            version, size = self._version(os.path.join(root, rel))
+            version, size, key = self._version(os.path.join(root, rel))
             if version is None:
                 return Fingerprint(cwd, None, (), source, f"{rel} cannot be read")
             total += size
@@ -86,7 +89,8 @@ class Workspace:
                 return Fingerprint(cwd, None, (), source,
                                    f"more than {self.max_bytes:,} bytes under {cwd}")  # fmt: skip
             entries.append((rel, version))
-        return Fingerprint(cwd, combine(entries), tuple(files), source)
+            stamps.append((rel, key))
+        return Fingerprint(cwd, combine(entries), tuple(files), source, stamp=combine(stamps))
 
     def _git_files(self, root: str) -> list[str] | None:
         """The files git tracks or would track under ``root``; None outside a work tree."""
@@ -114,32 +118,34 @@ class Workspace:
                     return None
         return found
 
-    def _version(self, path: str) -> tuple[str | None, int]:
-        """A file's digest (or ``absent``, ``link:<target>``) and its size; None: unreadable."""
+    def _version(self, path: str) -> tuple[str | None, int, str]:
+        """A file's digest (or ``absent``, ``link:<target>``), its size and its stat key;
+        None: unreadable."""
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            return "absent", 0  # tracked, deleted in the work tree
+            return "absent", 0, "absent"  # tracked, deleted in the work tree
         except OSError:
-            return None, 0
+            return None, 0, ""
+        stamp = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
         if stat.S_ISLNK(st.st_mode):
             try:
-                return "link:" + os.readlink(path), 0
+                return "link:" + os.readlink(path), 0, stamp
             except OSError:
-                return None, 0
+                return None, 0, ""
         if not stat.S_ISREG(st.st_mode):
-            return "special", 0
+            return "special", 0, stamp
         key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         cached = self._hashes.get(path)
         if cached is not None and cached[0] == key:
-            return cached[1], st.st_size
+            return cached[1], st.st_size, stamp
         h = hashlib.sha256()
         try:
             with open(path, "rb") as fh:
                 for block in iter(lambda: fh.read(1 << 16), b""):
                     h.update(block)
         except OSError:
-            return None, 0
+            return None, 0, ""
         version = h.hexdigest()[:32]
         self._hashes[path] = (key, version)
-        return version, st.st_size
+        return version, st.st_size, stamp

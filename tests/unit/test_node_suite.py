@@ -11,10 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from node_agent.checks import PassedCheck
 from node_agent.completion import EXTENSIONS, file_name
+from node_agent.store import Store
 from node_agent.suite import (
     Defined,
     Report,
+    Verifier,
     defined_tests,
     read_counts,
     read_mypy,
@@ -96,6 +99,34 @@ def test_the_fingerprint_covers_what_git_tracks_or_would_track(tmp_path: Path) -
     assert ws.fingerprint(str(tmp_path)).digest == first.digest
     (tmp_path / "data.json").write_text("[2]\n")  # untracked but not ignored: a change
     assert ws.fingerprint(str(tmp_path)).digest != first.digest
+
+
+def test_when_git_lists_nothing_the_fingerprint_walks_the_directory(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / ".git" / "info" / "exclude").write_text("*\n")  # every file ignored
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    ws = Workspace()
+    first = ws.fingerprint(str(tmp_path))
+    assert first.source == "walk" and first.files == ("calc.py",)
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    assert ws.fingerprint(str(tmp_path)).digest != first.digest
+
+
+async def test_a_run_during_which_the_workspace_was_written_to_is_not_kept(
+    tmp_path: Path,
+) -> None:
+    # the run itself rewrites calc.py with the same bytes: the content digest is unchanged, the
+    # file was written while the run was in progress (what a background process could do)
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (tmp_path / "test_calc.py").write_text(
+        "import pathlib\nfrom calc import add\n\n\ndef test_add():\n"
+        "    p = pathlib.Path(__file__).with_name('calc.py')\n    p.write_text(p.read_text())\n"
+        "    assert add(2, 2) == 4\n"
+    )
+    store = Store(tmp_path.parent / f"{tmp_path.name}-db" / "node.sqlite3", node_id="node-u")
+    verifier = Verifier(store, python=sys.executable, timeout=60)
+    result = await verifier.check(PassedCheck(runner="tests", cwd=str(tmp_path)))
+    assert not result.passed and "changed while the node's run was in progress" in result.detail
 
 
 def test_outside_git_the_fingerprint_is_bounded(tmp_path: Path) -> None:
