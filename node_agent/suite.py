@@ -39,7 +39,7 @@ from typing import Any
 
 from node_agent.checks import CheckResult, PassedCheck, Runner
 from node_agent.store import Store
-from node_agent.workspace import Fingerprint, Workspace
+from node_agent.workspace import Fingerprint, Workspace, skipped
 
 CHILD = Path(__file__).with_name("suite_child.py")
 # pytest's default python_files and norecursedirs: where a workspace's test files are
@@ -64,6 +64,7 @@ class Report:
     outside: str | None = None  # configuration read from outside the workspace
     missing: tuple[str, ...] = ()  # tests the workspace defines that did not run and pass
     deciders: tuple[str, ...] = ()  # the workspace's own hooks that decide test outcomes
+    reads: tuple[str, ...] = ()  # real paths the run read in, through or beyond the workspace
     problem: str | None = None
 
 
@@ -170,6 +171,7 @@ def read_counts(raw: dict[str, Any], cwd: str, files: Sequence[str], defined: De
         if raw["runner"] == "pytest" else (),
         outside=outside, missing=_missing(raw, defined),
         deciders=tuple(str(d) for d in raw.get("deciders", [])),
+        reads=tuple(str(r) for r in raw.get("reads", [])),
     )  # fmt: skip
 
 
@@ -388,6 +390,8 @@ class Verifier:
         self.store, self.workspace = store, workspace or Workspace()
         self.python, self.timeout = python or sys.executable, timeout
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # by directory: files its runs read beyond the workspace listing (hashed with it)
+        self._extra: dict[str, frozenset[str]] = {}
 
     async def check(
         self, check: PassedCheck, seen: dict[str, Fingerprint] | None = None
@@ -395,9 +399,10 @@ class Verifier:
         """The check's result on the workspace as it is now: cached, else one run.
 
         ``seen``: fingerprints taken already in this turn end, by directory (one per turn)."""
+        extra = self._extra.get(check.cwd, frozenset())
         fp = seen.get(check.cwd) if seen is not None else None
         if fp is None:
-            fp = await asyncio.to_thread(self.workspace.fingerprint, check.cwd)
+            fp = await asyncio.to_thread(self.workspace.fingerprint, check.cwd, extra)
             if seen is not None:
                 seen[check.cwd] = fp
         if fp.digest is None:
@@ -413,10 +418,33 @@ class Verifier:
                                      timeout=self.timeout)  # fmt: skip
             result = verdict(report)
             ms = (time.perf_counter() - started) * 1000
-            after = await asyncio.to_thread(self.workspace.fingerprint, check.cwd)
+            after = await asyncio.to_thread(self.workspace.fingerprint, check.cwd, extra)
             if (after.digest, after.stamp) != (fp.digest, fp.stamp):
                 # written to while it ran: what the run saw may not be what the workspace is
                 return CheckResult(passed=False, detail=f"not verified: {check.cwd} changed "
                                    "while the node's run was in progress")  # fmt: skip
+            learned = extra | beyond(fp, report.reads)
+            if learned != extra:  # the run read files the listing does not hold: hash them too
+                self._extra[check.cwd] = learned
+                fp = await asyncio.to_thread(self.workspace.fingerprint, check.cwd, learned)
+                if seen is not None:
+                    seen[check.cwd] = fp
+            if fp.digest is None:
+                return CheckResult(passed=False, detail=f"not verified: {fp.problem}")
             await self.store.run(self.store.save_suite_result, *key, fp.digest, result, ms)
         return result
+
+
+def beyond(fp: Fingerprint, reads: Sequence[str]) -> frozenset[str]:
+    """Pure: the files a run read (real paths) that the fingerprint's listing does not hold,
+    but for those in directories never part of a workspace (caches a run writes)."""
+    root = os.path.realpath(fp.cwd)
+    listed = {os.path.join(root, rel) for rel in fp.files}
+    found = set()
+    for real in reads:
+        if real in listed:
+            continue
+        if _inside(real, root) and skipped(os.path.relpath(real, root)):
+            continue
+        found.add(real)
+    return frozenset(found)

@@ -27,9 +27,12 @@ DECIDING = (
 )  # fmt: skip
 
 
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + os.sep)
+
+
 def _inside(path: str, root: str) -> bool:
-    real = os.path.realpath(path)
-    return real == root or real.startswith(root + os.sep)
+    return _under(os.path.realpath(path), root)
 
 
 def _deciders(pluginmanager: Any, cwd: str) -> list[str]:
@@ -49,6 +52,44 @@ def _deciders(pluginmanager: Any, cwd: str) -> list[str]:
             if any(_inside(where, p) for p in prefixes):
                 continue
             found.append(f"{os.path.relpath(os.path.realpath(where), root)}: {name}")
+    return found
+
+
+def _reads(cwd: str) -> Any:
+    """Record what the run reads (the ``open`` audit event; then every module's file): a
+    function giving the real paths read inside ``cwd``, through it (a symlink out of it) or
+    imported from outside the interpreter's prefix and this run's temporary directory."""
+    root = os.path.realpath(cwd)
+    opened: set[str] = set()
+    writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event != "open" or not args or not isinstance(args[0], str):
+            return
+        mode, flags = (*args, None, None)[1:3]
+        if isinstance(mode, str) and any(c in mode for c in "wax+"):
+            return
+        if mode is None and isinstance(flags, int) and flags & writes:
+            return
+        opened.add(os.path.abspath(args[0]))
+
+    sys.addaudithook(hook)
+    own = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                         os.environ.get("TMPDIR", "/nonexistent"))}  # fmt: skip
+
+    def found() -> list[str]:
+        modules = {os.path.abspath(f) for m in list(sys.modules.values())
+                   if isinstance(f := getattr(m, "__file__", None), str)}  # fmt: skip
+        modules.discard(os.path.abspath(__file__))
+        seen = set()
+        for path in opened | modules:
+            real = os.path.realpath(path)
+            if any(_under(real, p) for p in own) or not os.path.isfile(real):
+                continue
+            if _under(path, root) or _under(real, root) or path in modules:
+                seen.add(real)
+        return sorted(seen)
+
     return found
 
 
@@ -156,7 +197,11 @@ def main(argv: list[str]) -> int:
     result_path, runner = argv[1], argv[2]
     nonce = sys.stdin.readline().strip()  # before any workspace code runs
     cwd = os.getcwd()
+    # compiled files from this run's own directory, never a workspace __pycache__
+    sys.pycache_prefix = os.path.join(os.environ.get("TMPDIR", "/nonexistent"), "pycache")
+    reads = _reads(cwd)
     out = _pytest(cwd) if runner == "pytest" else _unittest(cwd)
+    out["reads"] = reads()
     tmp = result_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump({"runner": runner, **out, "nonce": nonce}, fh)

@@ -5,7 +5,9 @@ every file git tracks or would track under the working directory (``git ls-files
 --exclude-standard``: tracked, and untracked but not ignored), data, config, ``conftest.py`` and
 the runner's own configuration included. Outside one it is every regular file under the
 working directory, skipping ``SKIP_DIRS`` (``.git``, virtual environments, caches), up to
-``max_files`` files. Each file is hashed (SHA-256), with a stat cache (inode, size, mtime,
+``max_files`` files; so it is too when git lists nothing there (every file ignored). The files a
+verified run read beyond that listing (a nested repository, a symlink's target, an excluded
+file, code imported from elsewhere: ``suite_child``'s read-set) are hashed with it. Each file is hashed (SHA-256), with a stat cache (inode, size, mtime,
 ctime) so an unchanged file is not read again. More files or bytes than the bounds, or a file
 that cannot be read: no fingerprint, so nothing run there is "verified".
 """
@@ -63,8 +65,9 @@ class Workspace:
         self.max_files, self.max_bytes = max_files, max_bytes
         self._hashes: dict[str, tuple[StatKey, str]] = {}
 
-    def fingerprint(self, cwd: str) -> Fingerprint:
-        """The workspace under ``cwd`` as it is now (see the module docstring)."""
+    def fingerprint(self, cwd: str, extra: frozenset[str] = frozenset()) -> Fingerprint:
+        """The workspace under ``cwd`` as it is now (see the module docstring), with the files
+        ``extra`` (absolute paths: what a run read beyond the listing) hashed with it."""
         root = os.path.realpath(cwd)
         if not os.path.isdir(root):
             return Fingerprint(cwd, None, (), "none", f"{cwd} is not a directory")
@@ -76,11 +79,11 @@ class Workspace:
             return Fingerprint(cwd, None, (), source,
                                f"more than {self.max_files} files under {cwd}")  # fmt: skip
         files = sorted(rel for rel in listed if not skipped(rel))
-        if len(files) > self.max_files:
+        if len(files) + len(extra) > self.max_files:
             return Fingerprint(cwd, None, (), source,
                                f"more than {self.max_files} files under {cwd}")  # fmt: skip
         entries, stamps, total = [], [], 0
-        for rel in files:
+        for rel in [*files, *sorted(extra)]:
             version, size, key = self._version(os.path.join(root, rel))
             if version is None:
                 return Fingerprint(cwd, None, (), source, f"{rel} cannot be read")

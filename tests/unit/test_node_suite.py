@@ -129,6 +129,37 @@ async def test_a_run_during_which_the_workspace_was_written_to_is_not_kept(
     assert not result.passed and "changed while the node's run was in progress" in result.detail
 
 
+async def test_code_the_run_read_beyond_the_listing_is_part_of_what_it_stays_valid_by(
+    tmp_path: Path,
+) -> None:
+    # calc.py is a symlink out of the workspace; _impl.py is in .git/info/exclude; lib/ is a
+    # nested repository: the listing holds none of their contents, the run imports all three
+    ws, out = tmp_path / "ws", tmp_path / "out"
+    (ws / "lib").mkdir(parents=True)
+    out.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=ws, check=True)
+    subprocess.run(["git", "init", "-q"], cwd=ws / "lib", check=True)
+    (ws / ".git" / "info" / "exclude").write_text("_impl.py\n")
+    good = "def add(a, b):\n    return a + b\n"
+    for where in (out / "calc.py", ws / "_impl.py", ws / "lib" / "deep.py"):
+        where.write_text(good)
+    (ws / "lib" / "__init__.py").write_text("")
+    (ws / "calc.py").symlink_to(out / "calc.py")
+    (ws / "test_calc.py").write_text(
+        "import calc, _impl\nfrom lib import deep\n\n\ndef test_add():\n"
+        "    assert calc.add(2, 2) == _impl.add(2, 2) == deep.add(2, 2) == 4\n"
+    )
+    store = Store(tmp_path / "db" / "node.sqlite3", node_id="node-u")
+    verifier = Verifier(store, python=sys.executable, timeout=60)
+    check = PassedCheck(runner="tests", cwd=str(ws))
+    assert (await verifier.check(check)).passed
+    for where in (out / "calc.py", ws / "_impl.py", ws / "lib" / "deep.py"):
+        where.write_text(good.replace("+", "-"))
+        assert not (await verifier.check(check)).passed, where
+        where.write_text(good)
+        assert (await verifier.check(check)).passed
+
+
 def test_outside_git_the_fingerprint_is_bounded(tmp_path: Path) -> None:
     for n in range(5):
         (tmp_path / f"f{n}.txt").write_text(str(n))
