@@ -7,8 +7,9 @@ the runner's own configuration included. Outside one it is every regular file un
 working directory, skipping ``SKIP_DIRS`` (``.git``, virtual environments, caches), up to
 ``max_files`` files; so it is too when git lists nothing there (every file ignored). The files a
 verified run read beyond that listing (a nested repository, a symlink's target, an excluded
-file, code imported from elsewhere: ``suite_child``'s read-set) are hashed with it. Each file is hashed (SHA-256), with a stat cache (inode, size, mtime,
-ctime) so an unchanged file is not read again. More files or bytes than the bounds, or a file
+file, code imported from elsewhere: ``suite_child``'s read-set) are hashed with it. Each file
+is hashed (SHA-256), with a stat cache (inode, size, mtime, ctime) so an unchanged file is not
+read again. More files or bytes than the bounds, or a file
 that cannot be read: no fingerprint, so nothing run there is "verified".
 """
 
