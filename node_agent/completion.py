@@ -8,6 +8,7 @@ shell (``autoledger``) fills in a written check's baseline from the workspace.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import tomllib
 from collections.abc import Callable, Sequence
@@ -98,21 +99,28 @@ def load(user: Path | None = None) -> tuple[CompletionRule, ...]:
 
 def file_name(text: str, exists: Callable[[str], bool] = lambda _: False) -> str | None:
     """Pure but for ``exists``: the first word of ``text`` that confidently names a file, or
-    None. Confident: an extension from ``EXTENSIONS``, a directory part with a named last
-    part, a name without dots in backticks or quotes (`Makefile`), or a file ``exists`` finds
-    in the workspace. Never an abbreviation ("e.g", "etc.") or a dotted module name
-    ("http.client", "`os.path`")."""
+    None (``file_names``)."""
+    return next(iter(file_names(text, exists)), None)
+
+
+def file_names(text: str, exists: Callable[[str], bool] = lambda _: False) -> list[str]:
+    """Pure but for ``exists``: the words of ``text`` that confidently name a file, in order.
+    Confident: an extension from ``EXTENSIONS``, a directory part with a named last part, a
+    name without dots in backticks or quotes (`Makefile`), or a file ``exists`` finds in the
+    workspace. Never an abbreviation ("e.g", "etc.") or a dotted module name ("http.client",
+    "`os.path`")."""
     found = [(m.start(), next(g for g in m.groups() if g), True) for m in _QUOTED.finditer(text)]
     found += [(m.start(), m.group("name"), False) for m in _WORD.finditer(text)]
+    named: list[str] = []
     for _, raw, quoted in sorted(found, key=lambda f: f[0]):
         name = raw.rstrip(".,;:!?").removeprefix("./")
-        if not _NAME.fullmatch(name) or name.startswith("-"):
+        if not _NAME.fullmatch(name) or name.startswith("-") or name in named:
             continue
         if "." not in name and "/" not in name and not quoted:
             continue
         if _path_like(name) or exists(name) or (quoted and "." not in PurePosixPath(name).name):
-            return name
-    return None
+            named.append(name)
+    return named
 
 
 _NAME = re.compile(r"[\w.~/-]+")
@@ -133,22 +141,39 @@ def infer(
 ) -> WrittenCheck | PassedCheck | None:  # fmt: skip
     """The check that closes ``text``, or None when no rule applies (a human closes it).
 
+    Every matching rule and every file the text confidently names is a part of the item; an
+    item of more than one part (a file named beside the changelog or a test run, two files)
+    gets no inferred check: one part's check closing it would close the others unchecked.
     ``exists``: whether a name is a file of the workspace (a name not otherwise path-like
     counts then). Without a working directory nothing can be checked in a workspace: None."""
     if cwd is None:
         return None
+    parts: list[WrittenCheck | PassedCheck] = []
+    named = file_names(text, exists)
     for rule in rules:
         if re.search(rule.when, text, re.I) is None:
             continue
         if rule.check == "passed":
             assert rule.runner is not None
-            return PassedCheck(runner=rule.runner, cwd=cwd)
-        assert rule.files is not None
-        pattern = rule.files
-        if "{file}" in pattern:
-            named = file_name(text, exists)
-            if named is None:
-                continue
-            pattern = pattern.replace("{file}", named)
-        return WrittenCheck(pattern=pattern, cwd=cwd)
-    return None
+            parts.append(PassedCheck(runner=rule.runner, cwd=cwd))
+        elif rule.files is not None and "{file}" not in rule.files:
+            parts.append(WrittenCheck(pattern=rule.files, cwd=cwd))
+    verb = _verb_rule(text, rules)
+    for name in named:  # a named file is a part unless a rule's files cover it
+        covered = any(
+            isinstance(p, WrittenCheck)
+            and any(fnmatch.fnmatch(name.lower(), g.lower()) for g in p.pattern.split("|"))
+            for p in parts
+        )
+        if not covered and (verb or parts):
+            parts.append(WrittenCheck(pattern=name, cwd=cwd))
+    unique = [p for i, p in enumerate(parts) if p not in parts[:i]]
+    return unique[0] if len(unique) == 1 else None
+
+
+def _verb_rule(text: str, rules: Sequence[CompletionRule]) -> bool:
+    """Pure: a ``{file}`` rule finds ``text`` (a named file is its object)."""
+    return any(
+        r.files is not None and "{file}" in r.files and re.search(r.when, text, re.I) is not None
+        for r in rules
+    )

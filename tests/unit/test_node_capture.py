@@ -134,3 +134,26 @@ def test_a_file_of_the_workspace_counts_as_named() -> None:
 
     assert file_name("update Procfile.web") is None
     assert file_name("update Procfile.web", exists=lambda n: n == "Procfile.web") == "Procfile.web"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Create hello.txt and goodbye.txt",
+        "Update README.md and CHANGELOG.md",
+        "Write hello.txt and a changelog entry",
+        "Fix the tests and the linter errors",
+        "Write hello.txt as well as update the changelog",
+        "Write hello.txt plus run the tests",
+        "Write hello.txt before running the tests",
+        "Run the tests after you write hello.txt",
+        "Update the changelog once you have fixed the failing tests",
+        "Make the tests pass & update CHANGELOG.md",
+    ],
+)
+def test_an_item_of_several_tasks_never_closes_on_one_parts_check(text: str) -> None:
+    from node_agent.completion import infer, load
+
+    # capture leaves each of these whole: an item of two tasks, which no one check closes
+    (item,) = parse_prompt(text).items
+    assert infer(item, "/w", load()) is None
