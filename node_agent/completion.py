@@ -135,6 +135,35 @@ def _path_like(name: str) -> bool:
     return suffix in EXTENSIONS or (len(path.parts) > 1 and suffix.isalpha())
 
 
+# the words that end a verb's object (prepositions, conjunctions: a closed class); edit verbs
+# name their object after "in" or "to" too ("fix the bug in util.py")
+_ENDS_OBJECT = frozenset(
+    """about after against as at because before but by during for from if in into like of
+    on onto or per since so than then though to until via when while with without and""".split()  # noqa: SIM905
+)
+EDIT_VERBS = frozenset({"update", "fix", "edit", "replace", "change"})
+
+
+def verb_object(text: str, exists: Callable[[str], bool] = lambda _: False) -> str | None:
+    """Pure but for ``exists``: the file ``text``'s leading verb acts on: the first confidently
+    named file after the verb (articles and adjectives between them), before any word that
+    ends the object; after "in"/"to" too for an edit verb, whose file must exist already
+    ("Update Node.js to v20" names none). Never a file after "for" ("write tests for calc.py")."""
+    words = text.split()
+    if not words:
+        return None
+    verb = words[0].lower().strip("`'\"")
+    for word in words[1:]:
+        named = file_names(word, exists)
+        if named:
+            name = named[0]
+            return name if verb not in EDIT_VERBS or exists(name) else None
+        bare = word.strip("`'\"").rstrip(".,;:!?").lower()
+        if bare in _ENDS_OBJECT and not (verb in EDIT_VERBS and bare in ("in", "to")):
+            return None
+    return None
+
+
 def infer(
     text: str, cwd: str | None, rules: Sequence[CompletionRule],
     exists: Callable[[str], bool] = lambda _: False,
@@ -143,13 +172,14 @@ def infer(
 
     Every matching rule and every file the text confidently names is a part of the item; an
     item of more than one part (a file named beside the changelog or a test run, two files)
-    gets no inferred check: one part's check closing it would close the others unchecked.
+    gets no inferred check: one part's check closing it would close the others unchecked. A
+    ``{file}`` rule's file is the leading verb's object (``verb_object``).
     ``exists``: whether a name is a file of the workspace (a name not otherwise path-like
     counts then). Without a working directory nothing can be checked in a workspace: None."""
     if cwd is None:
         return None
     parts: list[WrittenCheck | PassedCheck] = []
-    named = file_names(text, exists)
+    target = verb_object(text, exists)
     for rule in rules:
         if re.search(rule.when, text, re.I) is None:
             continue
@@ -158,22 +188,15 @@ def infer(
             parts.append(PassedCheck(runner=rule.runner, cwd=cwd))
         elif rule.files is not None and "{file}" not in rule.files:
             parts.append(WrittenCheck(pattern=rule.files, cwd=cwd))
-    verb = _verb_rule(text, rules)
-    for name in named:  # a named file is a part unless a rule's files cover it
+        elif rule.files is not None and target is not None:
+            parts.append(WrittenCheck(pattern=rule.files.replace("{file}", target), cwd=cwd))
+    for name in file_names(text, exists):  # a named file is a part unless a check covers it
         covered = any(
             isinstance(p, WrittenCheck)
             and any(fnmatch.fnmatch(name.lower(), g.lower()) for g in p.pattern.split("|"))
             for p in parts
         )
-        if not covered and (verb or parts):
-            parts.append(WrittenCheck(pattern=name, cwd=cwd))
+        if not covered and parts:
+            return None  # a file named beside another part: more than one task
     unique = [p for i, p in enumerate(parts) if p not in parts[:i]]
     return unique[0] if len(unique) == 1 else None
-
-
-def _verb_rule(text: str, rules: Sequence[CompletionRule]) -> bool:
-    """Pure: a ``{file}`` rule finds ``text`` (a named file is its object)."""
-    return any(
-        r.files is not None and "{file}" in r.files and re.search(r.when, text, re.I) is not None
-        for r in rules
-    )

@@ -157,3 +157,25 @@ def test_an_item_of_several_tasks_never_closes_on_one_parts_check(text: str) -> 
     # capture leaves each of these whole: an item of two tasks, which no one check closes
     (item,) = parse_prompt(text).items
     assert infer(item, "/w", load()) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "existing", "closes"),
+    [
+        ("Update Node.js to v20", (), None),  # a product name, no file of the workspace
+        ("Add support for Vue.js 3", (), None),
+        ("Write tests for calc.py", ("calc.py",), None),  # the subject, not the object
+        ("update notes.txt", (), None),  # an edit verb's file must exist at capture
+        ("update notes.txt", ("notes.txt",), "notes.txt"),
+        ("fix the bug in util.py", ("util.py",), "util.py"),
+        ("write a new hello.txt", (), "hello.txt"),
+        ("add a section to guide.md", (), None),  # "to" ends the object of a verb that adds
+    ],
+)
+def test_a_file_check_takes_its_file_from_the_verbs_object(
+    text: str, existing: tuple[str, ...], closes: str | None
+) -> None:
+    from node_agent.completion import infer, load
+
+    found = infer(text, "/w", load(), exists=lambda name: name in existing)
+    assert getattr(found, "pattern", None) == closes
