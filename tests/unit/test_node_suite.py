@@ -293,3 +293,13 @@ async def test_a_workspace_that_forges_the_outcome_in_process_is_not_verified(
 ) -> None:
     result = verdict(await node_run(tmp_path, files))
     assert not result.passed and why in result.detail
+
+
+async def test_a_pytest_usage_error_never_falls_back_to_unittest(tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = --no-such-option\n")
+    (tmp_path / "test_zz.py").write_text(UNIT)  # unittest-only: no pytest-style test
+    report = await run_suite("tests", str(tmp_path), ["pytest.ini", "test_zz.py"],
+                             python=sys.executable, timeout=60)  # fmt: skip
+    assert (
+        report.runner == "pytest" and report.problem == "pytest exited 4 with no failure reported"
+    )
