@@ -8,6 +8,7 @@ shell (``autoledger``) fills in a written check's baseline from the workspace.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import tomllib
 from collections.abc import Callable, Sequence
@@ -98,21 +99,28 @@ def load(user: Path | None = None) -> tuple[CompletionRule, ...]:
 
 def file_name(text: str, exists: Callable[[str], bool] = lambda _: False) -> str | None:
     """Pure but for ``exists``: the first word of ``text`` that confidently names a file, or
-    None. Confident: an extension from ``EXTENSIONS``, a directory part with a named last
-    part, a name without dots in backticks or quotes (`Makefile`), or a file ``exists`` finds
-    in the workspace. Never an abbreviation ("e.g", "etc.") or a dotted module name
-    ("http.client", "`os.path`")."""
+    None (``file_names``)."""
+    return next(iter(file_names(text, exists)), None)
+
+
+def file_names(text: str, exists: Callable[[str], bool] = lambda _: False) -> list[str]:
+    """Pure but for ``exists``: the words of ``text`` that confidently name a file, in order.
+    Confident: an extension from ``EXTENSIONS``, a directory part with a named last part, a
+    name without dots in backticks or quotes (`Makefile`), or a file ``exists`` finds in the
+    workspace. Never an abbreviation ("e.g", "etc.") or a dotted module name ("http.client",
+    "`os.path`")."""
     found = [(m.start(), next(g for g in m.groups() if g), True) for m in _QUOTED.finditer(text)]
     found += [(m.start(), m.group("name"), False) for m in _WORD.finditer(text)]
+    named: list[str] = []
     for _, raw, quoted in sorted(found, key=lambda f: f[0]):
         name = raw.rstrip(".,;:!?").removeprefix("./")
-        if not _NAME.fullmatch(name) or name.startswith("-"):
+        if not _NAME.fullmatch(name) or name.startswith("-") or name in named:
             continue
         if "." not in name and "/" not in name and not quoted:
             continue
         if _path_like(name) or exists(name) or (quoted and "." not in PurePosixPath(name).name):
-            return name
-    return None
+            named.append(name)
+    return named
 
 
 _NAME = re.compile(r"[\w.~/-]+")
@@ -127,28 +135,68 @@ def _path_like(name: str) -> bool:
     return suffix in EXTENSIONS or (len(path.parts) > 1 and suffix.isalpha())
 
 
+# the words that end a verb's object (prepositions, conjunctions: a closed class); edit verbs
+# name their object after "in" or "to" too ("fix the bug in util.py")
+_ENDS_OBJECT = frozenset(
+    """about after against as at because before but by during for from if in into like of
+    on onto or per since so than then though to until via when while with without and""".split()  # noqa: SIM905
+)
+EDIT_VERBS = frozenset({"update", "fix", "edit", "replace", "change"})
+
+
+def verb_object(text: str, exists: Callable[[str], bool] = lambda _: False) -> str | None:
+    """Pure but for ``exists``: the file ``text``'s leading verb acts on: the first confidently
+    named file after the verb (articles and adjectives between them), before any word that
+    ends the object; after "in"/"to" too for an edit verb, whose file must exist already
+    ("Update Node.js to v20" names none). Never a file after "for" ("write tests for calc.py")."""
+    words = text.split()
+    if not words:
+        return None
+    verb = words[0].lower().strip("`'\"")
+    for word in words[1:]:
+        named = file_names(word, exists)
+        if named:
+            name = named[0]
+            return name if verb not in EDIT_VERBS or exists(name) else None
+        bare = word.strip("`'\"").rstrip(".,;:!?").lower()
+        if bare in _ENDS_OBJECT and not (verb in EDIT_VERBS and bare in ("in", "to")):
+            return None
+    return None
+
+
 def infer(
     text: str, cwd: str | None, rules: Sequence[CompletionRule],
     exists: Callable[[str], bool] = lambda _: False,
 ) -> WrittenCheck | PassedCheck | None:  # fmt: skip
     """The check that closes ``text``, or None when no rule applies (a human closes it).
 
+    Every matching rule and every file the text confidently names is a part of the item; an
+    item of more than one part (a file named beside the changelog or a test run, two files)
+    gets no inferred check: one part's check closing it would close the others unchecked. A
+    ``{file}`` rule's file is the leading verb's object (``verb_object``).
     ``exists``: whether a name is a file of the workspace (a name not otherwise path-like
     counts then). Without a working directory nothing can be checked in a workspace: None."""
     if cwd is None:
         return None
+    parts: list[WrittenCheck | PassedCheck] = []
+    target = verb_object(text, exists)
     for rule in rules:
         if re.search(rule.when, text, re.I) is None:
             continue
         if rule.check == "passed":
             assert rule.runner is not None
-            return PassedCheck(runner=rule.runner, cwd=cwd)
-        assert rule.files is not None
-        pattern = rule.files
-        if "{file}" in pattern:
-            named = file_name(text, exists)
-            if named is None:
-                continue
-            pattern = pattern.replace("{file}", named)
-        return WrittenCheck(pattern=pattern, cwd=cwd)
-    return None
+            parts.append(PassedCheck(runner=rule.runner, cwd=cwd))
+        elif rule.files is not None and "{file}" not in rule.files:
+            parts.append(WrittenCheck(pattern=rule.files, cwd=cwd))
+        elif rule.files is not None and target is not None:
+            parts.append(WrittenCheck(pattern=rule.files.replace("{file}", target), cwd=cwd))
+    for name in file_names(text, exists):  # a named file is a part unless a check covers it
+        covered = any(
+            isinstance(p, WrittenCheck)
+            and any(fnmatch.fnmatch(name.lower(), g.lower()) for g in p.pattern.split("|"))
+            for p in parts
+        )
+        if not covered and parts:
+            return None  # a file named beside another part: more than one task
+    unique = [p for i, p in enumerate(parts) if p not in parts[:i]]
+    return unique[0] if len(unique) == 1 else None

@@ -13,29 +13,33 @@ report, at least one file checked, no violation; for mypy, its summary line, at 
 source file checked, no error. Whatever cannot be read is "not verified".
 
 Results are cached by the workspace fingerprint (``workspace.py``), so a claim costs at most one
-run per workspace state, and a verified run stays valid exactly while that fingerprint holds.
+run per workspace state, and a verified run stays valid exactly while that fingerprint holds. A
+run is kept only when the workspace is the same after it as before, by content and by each
+file's stat key (a write that puts the same bytes back still changes a file's ctime).
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import fnmatch
 import json
 import os
 import re
+import secrets
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
 from node_agent.checks import CheckResult, PassedCheck, Runner
 from node_agent.store import Store
-from node_agent.workspace import Fingerprint, Workspace
+from node_agent.workspace import Fingerprint, Workspace, skipped
 
 CHILD = Path(__file__).with_name("suite_child.py")
 # pytest's default python_files and norecursedirs: where a workspace's test files are
@@ -58,6 +62,20 @@ class Report:
     unrun: int = 0  # selected, yet neither run nor skipped (a session stopped early)
     uncollected: tuple[str, ...] = ()  # test files of the workspace the run did not collect
     outside: str | None = None  # configuration read from outside the workspace
+    missing: tuple[str, ...] = ()  # tests the workspace defines that did not run and pass
+    deciders: tuple[str, ...] = ()  # the workspace's own hooks that decide test outcomes
+    reads: tuple[str, ...] = ()  # real paths the run read in, through or beyond the workspace
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Defined:
+    """The tests the workspace's test files define, by their syntax tree: pytest node ids
+    (``path::name``, ``path::Class::name``) and unittest ids (``module.Class.name``)."""
+
+    pytest: frozenset[str] = frozenset()
+    unittest: frozenset[str] = frozenset()
+    pytest_style: bool = False  # a test function or a ``Test*`` class that is no TestCase
     problem: str | None = None
 
 
@@ -77,9 +95,66 @@ def workspace_tests(files: Sequence[str]) -> list[str]:
     return found
 
 
-def read_counts(raw: dict[str, Any], cwd: str, files: Sequence[str]) -> Report:
-    """Pure: a ``Report`` from the child's counts (``suite_child``: pytest's or unittest's) and
-    the workspace's files."""
+def _is_testcase(node: ast.ClassDef) -> bool:
+    names = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases]
+    return any(str(n).endswith("TestCase") for n in names)
+
+
+def defined_tests(sources: Mapping[str, str]) -> Defined:
+    """Pure: the tests ``sources`` (test file path -> text) define: top-level ``def test*`` and
+    ``async def test*``, the ``test*`` methods of top-level ``Test*`` classes and of
+    ``unittest.TestCase`` subclasses."""
+    found: set[str] = set()
+    dotted: set[str] = set()
+    style = False
+    for rel, text in sources.items():
+        try:
+            tree = ast.parse(text, filename=rel)
+        except (SyntaxError, ValueError):
+            return Defined(problem=f"{rel} does not parse as Python")
+        module = ".".join(PurePath(rel).with_suffix("").parts)
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if node.name.startswith("test"):
+                    found.add(f"{rel}::{node.name}")
+                    style = True
+            elif isinstance(node, ast.ClassDef):
+                unit = _is_testcase(node)
+                if not unit and not node.name.startswith("Test"):
+                    continue
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and (
+                        item.name.startswith("test")
+                    ):
+                        found.add(f"{rel}::{node.name}::{item.name}")
+                        style = style or not unit
+                        if unit:
+                            dotted.add(f"{module}.{node.name}.{item.name}")
+    return Defined(frozenset(found), frozenset(dotted), style)
+
+
+def _missing(raw: dict[str, Any], defined: Defined) -> tuple[str, ...]:
+    """Pure: the defined tests that did not run and pass (each parametrised case of a function
+    counts for it; one skipped case of it is a skipped test)."""
+    wanted = defined.pytest if raw["runner"] == "pytest" else defined.unittest
+
+    def base(nodeid: str) -> str:
+        return nodeid.split("[", 1)[0]
+
+    passed = {base(str(n)) for n in raw.get("passed_ids", [])}
+    passed -= {base(str(n)) for n in raw.get("skipped_ids", [])}
+    return tuple(sorted(wanted - passed))
+
+
+def read_counts(raw: dict[str, Any], cwd: str, files: Sequence[str], defined: Defined) -> Report:
+    """Pure: a ``Report`` from the child's counts (``suite_child``: pytest's or unittest's), the
+    workspace's files and the tests they define."""
+    if defined.problem is not None:
+        return Report(str(raw["runner"]), problem=defined.problem)
+    code = int(raw["exit"])
+    if code != 0 and not raw["failed"] and not raw["errors"]:
+        return Report(str(raw["runner"]), problem=f"{raw['runner']} exited {code} with no "
+                      "failure reported")  # fmt: skip
     collected, selected = int(raw["collected"]), int(raw["selected"])
     deselected, ran, skipped = int(raw["deselected"]), int(raw["ran"]), int(raw["skipped"])
     failed, errors = tuple(raw["failed"]), tuple(raw["errors"])
@@ -94,7 +169,9 @@ def read_counts(raw: dict[str, Any], cwd: str, files: Sequence[str]) -> Report:
         unrun=max(0, selected - ran - skipped - len(errors)),
         uncollected=tuple(f for f in workspace_tests(files) if os.path.normpath(f) not in modules)
         if raw["runner"] == "pytest" else (),
-        outside=outside,
+        outside=outside, missing=_missing(raw, defined),
+        deciders=tuple(str(d) for d in raw.get("deciders", [])),
+        reads=tuple(str(r) for r in raw.get("reads", [])),
     )  # fmt: skip
 
 
@@ -154,6 +231,9 @@ def verdict(report: Report) -> CheckResult:
             why += f" and {len(report.failed) - SHOWN} more"
     elif report.errors:
         why = f"errors: {', '.join(report.errors[:SHOWN])}"
+    elif report.deciders:
+        why = (f"not verified: the workspace decides test outcomes itself "
+               f"({', '.join(report.deciders[:SHOWN])}): a person must look")  # fmt: skip
     elif report.outside is not None:
         why = f"not verified: its configuration {report.outside} is outside the workspace"
     elif report.deselected or report.dropped:
@@ -164,6 +244,12 @@ def verdict(report: Report) -> CheckResult:
         why = f"not verified: no {unit} was {'checked' if unit == 'file' else 'run'}"
     elif report.unrun:
         why = f"not verified: {report.unrun} selected tests neither ran nor were skipped"
+    elif report.missing:
+        why = (
+            f"not verified: defined tests did not run and pass: {', '.join(report.missing[:SHOWN])}"
+        )
+        if len(report.missing) > SHOWN:
+            why += f" and {len(report.missing) - SHOWN} more"
     if why is not None:
         return CheckResult(passed=False, detail=f"{name}: {counts}; {why}")
     return CheckResult(passed=True, detail=f"{name}: {counts}")
@@ -189,18 +275,20 @@ def clean_env(tmp: str, python: str) -> dict[str, str]:
 # --- the shell: running the suite ---------------------------------------------------------
 
 
-async def _run(argv: list[str], cwd: str, env: dict[str, str], timeout: float) -> tuple[
-    int, str
-]:  # fmt: skip
-    """Run ``argv``; its exit code and stdout. Raises TimeoutError (its process group killed)."""
+async def _run(
+    argv: list[str], cwd: str, env: dict[str, str], timeout: float, stdin: bytes | None = None
+) -> tuple[int, str]:
+    """Run ``argv`` (``stdin`` written to it); its exit code and stdout. Raises TimeoutError
+    (its process group killed)."""
     proc = await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+        *argv, cwd=cwd, env=env,
+        stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
         start_new_session=True,
     )  # fmt: skip
     try:
         async with asyncio.timeout(timeout):
-            out, _ = await proc.communicate()
+            out, _ = await proc.communicate(stdin)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -228,11 +316,14 @@ async def run_suite(
                         "--no-color-output", "--no-pretty", "."]  # fmt: skip
                 code, out = await _run(argv, cwd, env, timeout)
                 return read_mypy(out, code)
+            defined = _defined(cwd, files)
             chosen = runner if runner != "tests" else await _test_runner(python, cwd, env)
-            report, collected = await _child(chosen, cwd, files, python, env, tmp, timeout)
-            if runner == "tests" and chosen == "pytest" and collected == 0 and not report.errors:
-                # pytest found no test at all: unittest discovery (``test*.py``) may
-                report, _ = await _child("unittest", cwd, files, python, env, tmp, timeout)
+            report, code = await _child(chosen, cwd, files, defined, python, env, tmp, timeout)
+            if runner == "tests" and chosen == "pytest" and code == 5 and not defined.pytest_style:
+                # pytest collected nothing, cleanly, and the workspace defines no pytest-style
+                # test: unittest discovery (``test*.py``) may find its tests
+                report, _ = await _child("unittest", cwd, files, defined, python, env, tmp,
+                                         timeout)  # fmt: skip
             return report
         except TimeoutError:
             return Report(runner, problem=f"timed out after {timeout:g}s")
@@ -240,16 +331,36 @@ async def run_suite(
             return Report(runner, problem=f"cannot run ({exc.strerror or exc})")
 
 
+def _defined(cwd: str, files: Sequence[str]) -> Defined:
+    """The tests the workspace's test files define (``defined_tests``), read from ``cwd``."""
+    sources = {}
+    for rel in workspace_tests(files):
+        try:
+            sources[rel] = Path(cwd, rel).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            continue  # tracked, deleted in the work tree
+        except (OSError, UnicodeDecodeError):
+            return Defined(problem=f"{rel} cannot be read")
+    return defined_tests(sources)
+
+
 async def _child(
-    runner: str, cwd: str, files: Sequence[str], python: str, env: dict[str, str], tmp: str,
-    timeout: float,
+    runner: str, cwd: str, files: Sequence[str], defined: Defined, python: str,
+    env: dict[str, str], tmp: str, timeout: float,
 ) -> tuple[Report, int]:  # fmt: skip
-    """One run of ``suite_child``: its report, and how many tests it collected."""
+    """One run of ``suite_child``: its report, and the runner's exit code (-1: none)."""
     result = os.path.join(tmp, f"{runner}.json")
-    code, _ = await _run([python, "-I", "-B", str(CHILD), result, runner], cwd, env, timeout)
+    nonce = secrets.token_hex(16)
+    argv = [python, "-I", "-B", str(CHILD), result, runner]
+    code, _ = await _run(argv, cwd, env, timeout, stdin=nonce.encode() + b"\n")
     try:
         raw = json.loads(Path(result).read_text(encoding="utf-8"))
-        return read_counts(raw, cwd, files), int(raw["collected"])
+        if not isinstance(raw, dict) or raw.get("nonce") != nonce:
+            return Report(runner, problem="the result was not written by the node's run"), -1
+        if int(raw["exit"]) != code:
+            why = f"the run exited {code}, its runner {raw['exit']}"
+            return Report(runner, problem=why), -1
+        return read_counts(raw, cwd, files, defined), code
     except (OSError, ValueError, KeyError, TypeError):
         return Report(runner, problem=f"the run wrote no result (exit {code})"), -1
 
@@ -279,6 +390,8 @@ class Verifier:
         self.store, self.workspace = store, workspace or Workspace()
         self.python, self.timeout = python or sys.executable, timeout
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # by directory: files its runs read beyond the workspace listing (hashed with it)
+        self._extra: dict[str, frozenset[str]] = {}
 
     async def check(
         self, check: PassedCheck, seen: dict[str, Fingerprint] | None = None
@@ -286,9 +399,10 @@ class Verifier:
         """The check's result on the workspace as it is now: cached, else one run.
 
         ``seen``: fingerprints taken already in this turn end, by directory (one per turn)."""
+        extra = self._extra.get(check.cwd, frozenset())
         fp = seen.get(check.cwd) if seen is not None else None
         if fp is None:
-            fp = await asyncio.to_thread(self.workspace.fingerprint, check.cwd)
+            fp = await asyncio.to_thread(self.workspace.fingerprint, check.cwd, extra)
             if seen is not None:
                 seen[check.cwd] = fp
         if fp.digest is None:
@@ -304,5 +418,33 @@ class Verifier:
                                      timeout=self.timeout)  # fmt: skip
             result = verdict(report)
             ms = (time.perf_counter() - started) * 1000
+            after = await asyncio.to_thread(self.workspace.fingerprint, check.cwd, extra)
+            if (after.digest, after.stamp) != (fp.digest, fp.stamp):
+                # written to while it ran: what the run saw may not be what the workspace is
+                return CheckResult(passed=False, detail=f"not verified: {check.cwd} changed "
+                                   "while the node's run was in progress")  # fmt: skip
+            learned = extra | beyond(fp, report.reads)
+            if learned != extra:  # the run read files the listing does not hold: hash them too
+                self._extra[check.cwd] = learned
+                fp = await asyncio.to_thread(self.workspace.fingerprint, check.cwd, learned)
+                if seen is not None:
+                    seen[check.cwd] = fp
+            if fp.digest is None:
+                return CheckResult(passed=False, detail=f"not verified: {fp.problem}")
             await self.store.run(self.store.save_suite_result, *key, fp.digest, result, ms)
         return result
+
+
+def beyond(fp: Fingerprint, reads: Sequence[str]) -> frozenset[str]:
+    """Pure: the files a run read (real paths) that the fingerprint's listing does not hold,
+    but for those in directories never part of a workspace (caches a run writes)."""
+    root = os.path.realpath(fp.cwd)
+    listed = {os.path.join(root, rel) for rel in fp.files}
+    found = set()
+    for real in reads:
+        if real in listed:
+            continue
+        if _inside(real, root) and skipped(os.path.relpath(real, root)):
+            continue
+        found.add(real)
+    return frozenset(found)

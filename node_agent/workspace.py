@@ -5,8 +5,11 @@ every file git tracks or would track under the working directory (``git ls-files
 --exclude-standard``: tracked, and untracked but not ignored), data, config, ``conftest.py`` and
 the runner's own configuration included. Outside one it is every regular file under the
 working directory, skipping ``SKIP_DIRS`` (``.git``, virtual environments, caches), up to
-``max_files`` files. Each file is hashed (SHA-256), with a stat cache (inode, size, mtime,
-ctime) so an unchanged file is not read again. More files or bytes than the bounds, or a file
+``max_files`` files; so it is too when git lists nothing there (every file ignored). The files a
+verified run read beyond that listing (a nested repository, a symlink's target, an excluded
+file, code imported from elsewhere: ``suite_child``'s read-set) are hashed with it. Each file
+is hashed (SHA-256), with a stat cache (inode, size, mtime, ctime) so an unchanged file is not
+read again. More files or bytes than the bounds, or a file
 that cannot be read: no fingerprint, so nothing run there is "verified".
 """
 
@@ -38,6 +41,9 @@ class Fingerprint:
     files: tuple[str, ...]  # relative paths, sorted
     source: str  # "git" or "walk"
     problem: str | None = None
+    # the files' stat keys (inode, size, mtime, ctime): any write in between changes it, even
+    # one that puts the same bytes back
+    stamp: str | None = None
 
 
 def skipped(rel: str) -> bool:
@@ -60,25 +66,26 @@ class Workspace:
         self.max_files, self.max_bytes = max_files, max_bytes
         self._hashes: dict[str, tuple[StatKey, str]] = {}
 
-    def fingerprint(self, cwd: str) -> Fingerprint:
-        """The workspace under ``cwd`` as it is now (see the module docstring)."""
+    def fingerprint(self, cwd: str, extra: frozenset[str] = frozenset()) -> Fingerprint:
+        """The workspace under ``cwd`` as it is now (see the module docstring), with the files
+        ``extra`` (absolute paths: what a run read beyond the listing) hashed with it."""
         root = os.path.realpath(cwd)
         if not os.path.isdir(root):
             return Fingerprint(cwd, None, (), "none", f"{cwd} is not a directory")
         listed = self._git_files(root)
         source = "git"
-        if listed is None:
+        if not listed:  # outside a work tree, or git lists nothing under it (all ignored)
             listed, source = self._walk(root), "walk"
         if listed is None:
             return Fingerprint(cwd, None, (), source,
                                f"more than {self.max_files} files under {cwd}")  # fmt: skip
         files = sorted(rel for rel in listed if not skipped(rel))
-        if len(files) > self.max_files:
+        if len(files) + len(extra) > self.max_files:
             return Fingerprint(cwd, None, (), source,
                                f"more than {self.max_files} files under {cwd}")  # fmt: skip
-        entries, total = [], 0
-        for rel in files:
-            version, size = self._version(os.path.join(root, rel))
+        entries, stamps, total = [], [], 0
+        for rel in [*files, *sorted(extra)]:
+            version, size, key = self._version(os.path.join(root, rel))
             if version is None:
                 return Fingerprint(cwd, None, (), source, f"{rel} cannot be read")
             total += size
@@ -86,7 +93,8 @@ class Workspace:
                 return Fingerprint(cwd, None, (), source,
                                    f"more than {self.max_bytes:,} bytes under {cwd}")  # fmt: skip
             entries.append((rel, version))
-        return Fingerprint(cwd, combine(entries), tuple(files), source)
+            stamps.append((rel, key))
+        return Fingerprint(cwd, combine(entries), tuple(files), source, stamp=combine(stamps))
 
     def _git_files(self, root: str) -> list[str] | None:
         """The files git tracks or would track under ``root``; None outside a work tree."""
@@ -114,32 +122,34 @@ class Workspace:
                     return None
         return found
 
-    def _version(self, path: str) -> tuple[str | None, int]:
-        """A file's digest (or ``absent``, ``link:<target>``) and its size; None: unreadable."""
+    def _version(self, path: str) -> tuple[str | None, int, str]:
+        """A file's digest (or ``absent``, ``link:<target>``), its size and its stat key;
+        None: unreadable."""
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            return "absent", 0  # tracked, deleted in the work tree
+            return "absent", 0, "absent"  # tracked, deleted in the work tree
         except OSError:
-            return None, 0
+            return None, 0, ""
+        stamp = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
         if stat.S_ISLNK(st.st_mode):
             try:
-                return "link:" + os.readlink(path), 0
+                return "link:" + os.readlink(path), 0, stamp
             except OSError:
-                return None, 0
+                return None, 0, ""
         if not stat.S_ISREG(st.st_mode):
-            return "special", 0
+            return "special", 0, stamp
         key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         cached = self._hashes.get(path)
         if cached is not None and cached[0] == key:
-            return cached[1], st.st_size
+            return cached[1], st.st_size, stamp
         h = hashlib.sha256()
         try:
             with open(path, "rb") as fh:
                 for block in iter(lambda: fh.read(1 << 16), b""):
                     h.update(block)
         except OSError:
-            return None, 0
+            return None, 0, ""
         version = h.hexdigest()[:32]
         self._hashes[path] = (key, version)
-        return version, st.st_size
+        return version, st.st_size, stamp

@@ -134,3 +134,48 @@ def test_a_file_of_the_workspace_counts_as_named() -> None:
 
     assert file_name("update Procfile.web") is None
     assert file_name("update Procfile.web", exists=lambda n: n == "Procfile.web") == "Procfile.web"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Create hello.txt and goodbye.txt",
+        "Update README.md and CHANGELOG.md",
+        "Write hello.txt and a changelog entry",
+        "Fix the tests and the linter errors",
+        "Write hello.txt as well as update the changelog",
+        "Write hello.txt plus run the tests",
+        "Write hello.txt before running the tests",
+        "Run the tests after you write hello.txt",
+        "Update the changelog once you have fixed the failing tests",
+        "Make the tests pass & update CHANGELOG.md",
+    ],
+)
+def test_an_item_of_several_tasks_never_closes_on_one_parts_check(text: str) -> None:
+    from node_agent.completion import infer, load
+
+    # capture leaves each of these whole: an item of two tasks, which no one check closes
+    (item,) = parse_prompt(text).items
+    assert infer(item, "/w", load()) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "existing", "closes"),
+    [
+        ("Update Node.js to v20", (), None),  # a product name, no file of the workspace
+        ("Add support for Vue.js 3", (), None),
+        ("Write tests for calc.py", ("calc.py",), None),  # the subject, not the object
+        ("update notes.txt", (), None),  # an edit verb's file must exist at capture
+        ("update notes.txt", ("notes.txt",), "notes.txt"),
+        ("fix the bug in util.py", ("util.py",), "util.py"),
+        ("write a new hello.txt", (), "hello.txt"),
+        ("add a section to guide.md", (), None),  # "to" ends the object of a verb that adds
+    ],
+)
+def test_a_file_check_takes_its_file_from_the_verbs_object(
+    text: str, existing: tuple[str, ...], closes: str | None
+) -> None:
+    from node_agent.completion import infer, load
+
+    found = infer(text, "/w", load(), exists=lambda name: name in existing)
+    assert getattr(found, "pattern", None) == closes

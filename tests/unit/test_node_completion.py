@@ -321,7 +321,7 @@ async def test_each_agent_has_its_own_block_cap(tmp_path: Path, project: Path) -
     ("text", "closes"),
     [
         ("write hello.txt", "hello.txt is written"),
-        ("Update `docs/usage.md`", "docs/usage.md is written"),
+        ("Write `docs/usage.md`", "docs/usage.md is written"),
         ("update the CHANGELOG.md", "CHANGELOG or CHANGELOG.md or CHANGELOG.rst or CHANGELOG.txt"),
         ("make the linter pass", "the node's own ruff check passes on the workspace as it is"),
         ("fix the failing tests", "the node's own test run (pytest, or unittest without it)"),

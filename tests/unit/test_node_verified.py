@@ -260,6 +260,7 @@ async def test_an_abbreviation_is_no_file_to_write(node: NodeAgent, repo: Path) 
 
 
 async def test_a_module_name_is_no_file_to_write(node: NodeAgent, repo: Path) -> None:
+    (repo / "api.py").write_text("import http.client\n")  # an edit verb's file exists
     await prompt(node, repo, "replace the http.client usage in api.py")
     (item,) = await items(node)
     assert item["check"].startswith("api.py is written")
@@ -275,6 +276,7 @@ async def test_a_file_of_the_workspace_is_named_without_an_extension(
     node: NodeAgent, repo: Path
 ) -> None:
     (repo / "Dockerfile.dev").write_text("FROM scratch\n")
+    (repo / "Makefile").write_text("all:\n")
     os.makedirs(repo / "docs")
     await prompt(node, repo, "1. update Dockerfile.dev 2. edit `Makefile` 3. update os.path use")
     checks = [i["check"] for i in await items(node)]
