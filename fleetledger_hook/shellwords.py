@@ -12,6 +12,7 @@ Stdlib only, like ``shell``.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 
 MAX_DEPTH = 16  # nested $(...), (...), `...`, sh -c '...' inside one another
 
@@ -53,7 +54,7 @@ class Word:
         return hash((self.text, self.why, self.split))
 
 
-class WordReader:
+class WordReader(ABC):
     """A position in a shell line and its word-level forms; the grammar (``shell``) supplies
     ``subshell`` (commands up to a ``)``) and ``sub`` (the commands of a backtick body)."""
 
@@ -62,11 +63,13 @@ class WordReader:
             raise ShellError(f"the command nests deeper than {MAX_DEPTH} levels")
         self.src, self.depth, self.i = src, depth, 0
 
+    @abstractmethod
     def subshell(self) -> None:
-        raise NotImplementedError
+        """Read the commands up to the ``)`` that closes a ``$(``."""
 
+    @abstractmethod
     def sub(self, body: str) -> None:
-        raise NotImplementedError
+        """Read the commands of a backtick body."""
 
     def enter(self) -> None:
         self.depth += 1
