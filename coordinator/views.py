@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ledger.invariants import RiskStatus
+from ledger.invariants import RiskStatus, risk_treaters
 from ledger.mission import MISSION_SCOPE, ItemProgress, ItemStanding, MissionState
 from ledger.money import format_amount
 
@@ -37,6 +37,12 @@ def _level(state: MissionState, scope: str) -> dict[str, Any]:
         "settled": format_amount(lvl.settled),
         "remaining": format_amount(lvl.remaining),
         "blocked_by_overrun": state.blocked_scopes.get(scope),
+        "micros": {  # the same amounts as integers (micro-units), for a page's bars
+            "ceiling": lvl.ceiling,
+            "reserved": lvl.reserved,
+            "committed": lvl.committed,
+            "settled": lvl.settled,
+        },
     }
 
 
@@ -131,6 +137,7 @@ def operator_view(
                 "budget": _level(state, gid),
             }
         )
+    risk_roles = mission.risk_roles if mission else frozenset()
     risks = [
         {
             "risk_id": r.risk_id,
@@ -139,6 +146,8 @@ def operator_view(
             "summary": r.summary,
             "scope": r.grant_id or MISSION_SCOPE,
             "status": "open" if r.open else "treated",
+            "risk_roles": sorted(risk_roles),  # besides its owner, holders of these may treat it
+            "may_treat": sorted(risk_treaters(r, risk_roles=risk_roles, roles=state.roles)),
         }
         for r in state.risks.values()
     ]

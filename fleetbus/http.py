@@ -13,7 +13,8 @@ JSON answer: a route's ``FleetError`` is 422 with its error body, a pydantic ``V
 is 400 bad input naming the field, and anything unexpected is 500, never an empty reply.
 A body is read only within its limits: at most ``MAX_BODY`` bytes (413) and ``MAX_DEPTH``
 levels of nesting (400, checked before parsing: a parser recursing 5,000 levels deep fails
-with no answer).
+with no answer). A server given ``pages`` (the read-only web view) answers every other GET
+with the ``Page`` they return (HTML, CSS, script), under a strict content security policy.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import logging
 import os
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,6 +46,27 @@ _NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
 
 Route = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 Probe = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
+
+
+@dataclass(frozen=True)
+class Page:
+    """A GET answer that is not JSON: its bytes, their media type and the status."""
+
+    body: bytes
+    content_type: str = "text/html; charset=utf-8"
+    status: int = 200
+
+
+# A page route: (path, query string, request headers) -> the page to send.
+Pages = Callable[[str, str, dict[str, str]], Awaitable[Page]]
+# Pages load only what their own origin serves; nothing frames them, nothing inline runs.
+PAGE_HEADERS = (
+    "Content-Security-Policy: default-src 'none'; script-src 'self'; style-src 'self'; "
+    "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'\r\n"
+    "X-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\n"
+    "Cache-Control: no-store\r\n"
+)
 Req = TypeVar("Req", bound=BaseModel)
 
 
@@ -63,9 +86,10 @@ log = logging.getLogger("fleetledger.http")
 
 class HttpServer:
     def __init__(
-        self, *, live: Probe, ready: Probe, routes: dict[str, Route] | None = None
-    ) -> None:
-        self.routes, self.live, self.ready = routes or {}, live, ready
+        self, *, live: Probe, ready: Probe, routes: dict[str, Route] | None = None,
+        pages: Pages | None = None,
+    ) -> None:  # fmt: skip
+        self.routes, self.live, self.ready, self.pages = routes or {}, live, ready, pages
         self._servers: list[asyncio.Server] = []
         self.http_port: int | None = None
         self.socket_path: Path | None = None
@@ -108,10 +132,13 @@ class HttpServer:
                 status, body = await self._handle(reader, token)
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             status, body = 400, {"error": {"code": "FL-INPUT", "message": "incomplete request"}}
-        data = json.dumps(body).encode()
+        if isinstance(body, Page):
+            data, kind, extra = body.body, body.content_type, PAGE_HEADERS
+        else:
+            data, kind, extra = json.dumps(body).encode(), "application/json", ""
         head = (
             f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+            f"Content-Type: {kind}\r\nContent-Length: {len(data)}\r\n{extra}"
             "Connection: close\r\n\r\n"
         )
         with contextlib.suppress(ConnectionError):
@@ -123,7 +150,7 @@ class HttpServer:
 
     async def _handle(
         self, reader: asyncio.StreamReader, token: str | None
-    ) -> tuple[int, dict[str, Any]]:
+    ) -> tuple[int, dict[str, Any] | Page]:
         request = (await reader.readline()).decode("latin-1").split()
         headers: dict[str, str] = {}
         while True:
@@ -134,7 +161,7 @@ class HttpServer:
             headers[key.strip().lower()] = value.strip()
         if len(request) < 2:
             return 400, _err(InvalidInput("malformed HTTP request line"))
-        method, path = request[0], request[1].split("?", 1)[0]
+        method, (path, _, query) = request[0], request[1].partition("?")
         if token is not None:
             refused = guard(method, headers, token, self.http_port)
             if refused is not None:
@@ -142,6 +169,13 @@ class HttpServer:
         if method == "GET" and path in ("/healthz", "/readyz"):
             ok, body = await (self.live if path == "/healthz" else self.ready)()
             return (200 if ok else 503), body
+        if method == "GET" and self.pages is not None:
+            try:
+                page = await self.pages(path, query, headers)
+            except Exception as exc:  # a page's bug must still answer, as a route's does
+                log.exception("page %s failed", path)
+                return 500, _err(FleetError(f"internal error in {path}: {type(exc).__name__}"))
+            return page.status, page
         route = self.routes.get(path.removeprefix("/v1/")) if path.startswith("/v1/") else None
         if method != "POST" or route is None:
             return 404, _err(InvalidInput(f"no route {method} {path}"))

@@ -14,7 +14,9 @@ line only.
   the follow stream (other nodes' resource changes, grants) and the risk bucket;
 - human: asks; reads the ledger stream (replay, trace) and the dead letters through read-only
   readers;
-- service (an orchestrator of Branches): asks; the coordinator records its branches from Redis.
+- service (an orchestrator of Branches): asks; the coordinator records its branches from Redis;
+- viewer (`fleetledger web`): asks for views and lists the ledger's subjects (which missions
+  exist), nothing else: it can change nothing and read no event.
 
 A reader is an ephemeral pull consumer created in the named form with its filter
 (``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``), that acks nothing; the nameless form,
@@ -122,6 +124,10 @@ def _service_publish() -> list[str]:
     return list(_REQUESTS)
 
 
+def _viewer_publish() -> list[str]:
+    return [VIEW_SUBJECT, f"{API}.STREAM.INFO.{STREAM}"]
+
+
 # Second line for everyone but the coordinator: its durable consumer under any subject form,
 # the nameless create (its body may name any consumer), and acking for anyone.
 _NEVER = [
@@ -147,6 +153,7 @@ def permissions(principal: Principal) -> dict[str, Any]:
         Role.NODE: _node_publish,
         Role.HUMAN: _human_publish,
         Role.SERVICE: _service_publish,
+        Role.VIEWER: _viewer_publish,
     }[principal.role]()
     return {
         "publish": {"allow": publish, "deny": _NEVER},

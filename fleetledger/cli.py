@@ -114,10 +114,12 @@ def _register_subcommands() -> None:
     from fleetledger.cli_identity import register as register_identity
     from fleetledger.cli_node import register
     from fleetledger.cli_trace import register as register_trace
+    from fleetledger.web import register as register_web
 
     register(app)
     register_trace(app)
     register_identity(app)
+    register_web(app)  # fleetledger web
     __import__("fleetledger.cli_roles", fromlist=["register"]).register(app)  # role bind|list
 
 

@@ -139,23 +139,36 @@ def counts_line(counts: Mapping[str, int], total: int) -> str:
     return f"{total} item{'' if total == 1 else 's'}: " + ", ".join(parts)
 
 
-def _closes(item: Mapping[str, Any]) -> str:
-    """Who closed it (or set it blocked/paused), else how it will close."""
+def closes_text(item: Mapping[str, Any]) -> str:
+    """Who closed it (or set it blocked/paused), else how it will close (plain text)."""
     if item.get("closed_by") and item["standing"] in _SET_BY_SOMEONE:
         kind, _, who = str(item["closed_by"]).partition(":")
-        return clip(f"check passed: {who}" if kind == "check" else f"{kind} {who}", 40)
+        return f"check passed: {who}" if kind == "check" else f"{kind} {who}"
     if item.get("check"):
-        return clip(f"when {item['check']}", 40)
+        return f"when {item['check']}"
     return "a human closes it"
 
 
-def _latest(item: Mapping[str, Any]) -> str:
+def latest_text(item: Mapping[str, Any]) -> str:
     """The last check run's result first (what the node saw), then any claim (what was said)."""
     detail = f"check: {item['check_detail']}" if item.get("check_detail") else None
-    return clip("; ".join(p for p in (detail, item.get("claim")) if p), 48) or "-"
+    return "; ".join(p for p in (detail, item.get("claim")) if p)
 
 
-def _short_id(item: Mapping[str, Any]) -> str:
+def standing_name(standing: str) -> str:
+    """'claimed unverified', 'waiting on a human', else the standing as it is."""
+    return _NAMES.get(standing, standing)
+
+
+def _closes(item: Mapping[str, Any]) -> str:
+    return clip(closes_text(item), 40)
+
+
+def _latest(item: Mapping[str, Any]) -> str:
+    return clip(latest_text(item), 48) or "-"
+
+
+def short_id(item: Mapping[str, Any]) -> str:
     """The id `fleetledger todo` takes (t3) when the item id is the session's, else the id."""
     prefix = f"{item['session_id']}-"
     item_id = str(item["item_id"])
@@ -212,7 +225,7 @@ def progress_tables(progress: Mapping[str, Any]) -> list[Table]:
         table.add_column("latest check or claim", max_width=40)
         for item in shown:
             table.add_row(
-                clip(_short_id(item), 12),
+                clip(short_id(item), 12),
                 *([clip(item["session_id"], 12)] if sessions else []),
                 clip(item["text"], 60),
                 STANDING_LABELS.get(item["standing"], escape(item["standing"])),

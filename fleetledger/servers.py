@@ -488,6 +488,7 @@ class EmbeddedServers:
 COORDINATOR_PRINCIPAL = "coordinator"
 OPERATOR_PRINCIPAL = "operator"  # the person at the embedded fleet's terminal
 ORCHESTRATOR_PRINCIPAL = "orchestrator"  # the embedded fleet's Branch fan-out (a service)
+WEB_PRINCIPAL = "web"  # `fleetledger web`: reads views, changes nothing (a viewer)
 
 
 def fleet_keys(
@@ -497,8 +498,9 @@ def fleet_keys(
     agents: Mapping[str, Sequence[str]] | None = None,
 ) -> KeyStore:
     """The embedded fleet's principals (created on first start, kept in <state>/identity/):
-    its coordinator, one per node agent, the operator whose CLI drives it, and the
-    orchestrator whose Branches record their reservations. NATS lets each
+    its coordinator, one per node agent, the operator whose CLI drives it, the
+    orchestrator whose Branches record their reservations, and the viewer `fleetledger web`
+    reads as. NATS lets each
     connect with its own key and its role's permissions only (``fleetbus.permissions``).
     ``agents``: node -> the agents it runs (a node asks and records only for those); each
     start sets the binding of every node it names."""
@@ -507,6 +509,7 @@ def fleet_keys(
         COORDINATOR_PRINCIPAL: Role.COORDINATOR,
         OPERATOR_PRINCIPAL: Role.HUMAN,
         ORCHESTRATOR_PRINCIPAL: Role.SERVICE,
+        WEB_PRINCIPAL: Role.VIEWER,
     }
     wanted.update(dict.fromkeys(nodes, Role.NODE))
     wanted.update(dict.fromkeys(people, Role.HUMAN))

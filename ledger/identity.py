@@ -37,6 +37,7 @@ class Role(StrEnum):
     COORDINATOR = "coordinator"  # decision state: grants, reservations, receipts, risks
     HUMAN = "human"  # a person using the CLI: requests, never events of its own
     SERVICE = "service"  # an orchestrator: requests (the coordinator records its budget facts)
+    VIEWER = "viewer"  # a read-only reader (`fleetledger web`): views, never a change
 
 
 class Principal(BaseModel):
@@ -342,6 +343,7 @@ def check_acting_as(
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION, f"{who.role} {who.name} may not act in mission {mission_id}"
         )
+    _check_not_viewer(who, op)
     if who.role is Role.NODE and op != "effect.record":
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION, f"node {who.name} may record effects only, not {op}"
@@ -363,6 +365,14 @@ def check_acting_as(
     )
 
 
+def _check_not_viewer(who: Principal, op: str) -> None:
+    """A viewer reads views only: it neither changes a mission nor asks for a decision."""
+    if who.role is Role.VIEWER:
+        raise RuleViolation(
+            Rule.PRODUCER_PERMISSION, f"viewer {who.name} reads views only; it may not {op}"
+        )
+
+
 def check_requester(
     who: Principal,
     *,
@@ -379,6 +389,7 @@ def check_requester(
         raise RuleViolation(
             Rule.PRODUCER_PERMISSION, f"{who.role} {who.name} may not act in mission {mission_id}"
         )
+    _check_not_viewer(who, "authorize")
     if who.role is Role.NODE:
         if node_id != who.name:
             raise RuleViolation(

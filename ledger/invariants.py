@@ -331,6 +331,16 @@ def check_risk_treatment(
         )
 
 
+def risk_treaters(
+    risk: RiskFact, *, risk_roles: frozenset[str], roles: Mapping[str, frozenset[str]]
+) -> frozenset[str]:
+    """The principals bound in the mission who may treat ``risk`` now (``check_risk_treatment``
+    lets each through): holders of its owner role, and of a risk role that is no delegation.
+    The owner itself, when a principal, may too (it need hold no role)."""
+    usable = {r for r in risk_roles if not r.startswith(ACTS_FOR_PREFIX)}
+    return frozenset(p for p, held in roles.items() if risk.owner in held or held & usable)
+
+
 def check_risk_owner(
     owner: str,
     *,

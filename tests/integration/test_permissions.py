@@ -25,7 +25,7 @@ from ledger.protocol import AUTHORIZE_SUBJECT
 pytestmark = pytest.mark.integration
 
 ROLES = {"coordinator": Role.COORDINATOR, "node-1": Role.NODE, "lead": Role.HUMAN,
-         "orch": Role.SERVICE}  # fmt: skip
+         "orch": Role.SERVICE, "web": Role.VIEWER}  # fmt: skip
 LEDGER, DEAD, FOLLOW, RISKS = "FLEET_LEDGER", "FLEET_DEADLETTER", "FLEET_FOLLOW", "KV_fleet-risks"
 FILTERS = {LEDGER: "fleet.ledger.>", DEAD: "fleet.deadletter.>",
            FOLLOW: "fleet.ledger.*.resource.modified", RISKS: "$KV.fleet-risks.>"}  # fmt: skip
@@ -96,6 +96,8 @@ MAY_PUBLISH: dict[str, set[str]] = {
     },
     # an orchestrator appends nothing: it asks `budget.record` and the coordinator records
     "orch": {*REQUESTS},
+    # `fleetledger web` reads views and which missions the ledger holds: it writes nothing
+    "web": {"fleet.v1.view", f"{API}.STREAM.INFO.{LEDGER}"},
 }
 
 

@@ -1,0 +1,291 @@
+"""`fleetledger web`: the team view as a live page per mission, read through the coordinator.
+
+It connects as a viewer (``ledger.identity.Role.VIEWER``: NATS lets it ask for views and list
+the ledger's subjects, nothing else) and serves, on the one HTTP server (``fleetbus.http``),
+``/`` (the missions), ``/missions/<id>`` (a mission's page) and their fragments, which
+``live.js`` polls: a change shows within a second, with no reload and no build step. On
+loopback (the default) a request naming another host is refused, so a page elsewhere cannot
+reach it through a rebound DNS name; another address needs ``--allow-remote``, and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import re
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Annotated, Any, Protocol
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from fleetbus.http import HttpServer, Page
+from fleetledger import webpage
+from fleetledger.servers import WEB_PRINCIPAL
+from fleetledger.settings import FleetSettings
+from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
+from ledger.events import ID_PATTERN
+from ledger.identity import Role
+from ledger.protocol import STREAM, SUBJECT_PREFIX
+
+DEFAULT_PORT = 8765
+FRESH_S = 0.25  # a view this recent serves every open page: one coordinator read per mission
+_MISSION = re.compile(rf"/missions/({ID_PATTERN.strip('^$')})(/view)?")
+_ASSETS = {
+    "/static/live.js": ("live.js", "text/javascript; charset=utf-8"),
+    "/static/web.css": ("web.css", "text/css; charset=utf-8"),
+}
+err = Console(stderr=True)
+
+
+class ViewSource(Protocol):
+    """Where the pages read from: the coordinator's views and the missions the ledger holds."""
+
+    async def view(self, mission_id: str) -> dict[str, Any]: ...
+
+    async def missions(self) -> list[str]: ...
+
+
+class FleetSource:
+    """The coordinator, through a ``FleetClient`` connected as a viewer."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def view(self, mission_id: str) -> dict[str, Any]:
+        return dict(await self.client.view(mission_id))
+
+    async def missions(self) -> list[str]:
+        """Each mission with a creation event on the ledger stream (its subjects: no content)."""
+        import nats.errors
+
+        try:
+            info = await self.client.js.stream_info(
+                STREAM, subjects_filter=f"{SUBJECT_PREFIX}.*.mission.created"
+            )
+        except (nats.errors.Error, OSError) as exc:
+            raise Unreachable(
+                f"the ledger stream did not list its missions ({type(exc).__name__}: {exc})"
+            ) from None
+        return sorted(s.split(".")[2] for s in (info.state.subjects or {}))
+
+
+class WebView:
+    """The page routes over a ``ViewSource``; ``hosts``: the Host headers accepted (None: any)."""
+
+    def __init__(
+        self, source: ViewSource, *, hosts: Callable[[], frozenset[str]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self.source, self.hosts, self.clock = source, hosts, clock
+        self._cache: dict[str, tuple[float, asyncio.Task[Any]]] = {}
+
+    async def page(self, path: str, query: str, headers: dict[str, str]) -> Page:
+        """One GET: an asset, the index, a mission's page or either's fragment."""
+        if self.hosts is not None and headers.get("host") not in self.hosts():
+            return _html(403, webpage.error_page(
+                "Refused", f"this server answers for {', '.join(sorted(self.hosts()))} only, "
+                f"not Host {headers.get('host', '')[:80]!r}", status=403,
+            ))  # fmt: skip
+        if path in _ASSETS:
+            name, kind = _ASSETS[path]
+            data = resources.files("fleetledger").joinpath("webassets", name).read_bytes()
+            return Page(data, kind)
+        seen = _given_digest(query)
+        if path in ("/", "/view"):
+            return await self._answer("", path == "/view", seen)
+        match = _MISSION.fullmatch(path)
+        if match is None:
+            return _html(404, webpage.error_page("Not found", f"no page {path}", status=404))
+        return await self._answer(match.group(1), match.group(2) is not None, seen)
+
+    async def _answer(self, mission_id: str, fragment: bool, seen: str | None) -> Page:
+        try:
+            data = await self._read(mission_id)
+        except FleetError as exc:
+            status = 404 if exc.code is ErrorCode.NOT_FOUND else 503
+            if fragment:
+                return Page(exc.message.encode(), "text/plain; charset=utf-8", status)
+            title = "No such mission" if status == 404 else "The coordinator did not answer"
+            return _html(status, webpage.error_page(title, exc.message, status=status))
+        if mission_id:
+            view = webpage.mission_fragment(data)
+            whole = webpage.mission_page(data)
+        else:
+            view = webpage.index_fragment(data)
+            whole = webpage.index_page(data)
+        if not fragment:
+            return _html(200, whole)
+        if seen == view.digest:
+            return Page(b"", "text/html; charset=utf-8", 204)
+        return _html(200, view.html)
+
+    async def _read(self, mission_id: str) -> Any:
+        """The mission's view (or, for "", the missions), shared for ``FRESH_S`` by every
+        page asking, so ten open tabs cost the coordinator what one does."""
+        now = self.clock()
+        cached = self._cache.get(mission_id)
+        if cached is None or now - cached[0] > FRESH_S:
+            read: Awaitable[Any] = (
+                self.source.view(mission_id) if mission_id else self.source.missions()
+            )
+            cached = (now, asyncio.ensure_future(read))
+            self._cache[mission_id] = cached
+        return await asyncio.shield(cached[1])
+
+
+def _html(status: int, text: str) -> Page:
+    return Page(text.encode(), "text/html; charset=utf-8", status)
+
+
+def _given_digest(query: str) -> str | None:
+    for part in query.split("&"):
+        key, _, value = part.partition("=")
+        if key == "v" and re.fullmatch(r"[0-9a-f]{1,64}", value):
+            return value
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_hosts(host: str, port: int) -> frozenset[str]:
+    """The Host headers a browser sends to a loopback server on ``port``."""
+    names = {"127.0.0.1", "localhost", "[::1]", f"[{host}]" if ":" in host else host}
+    return frozenset(f"{name}:{port}" for name in names)
+
+
+def viewer_seed(settings: FleetSettings, principal: str) -> str | None:
+    """The viewer's seed from the fleet's key store; None on an open fleet (no key store).
+    A principal that is not a viewer is refused: this server never holds a key that writes."""
+    from fleetbus.identity import KeyStore
+
+    root = settings.identity_dir or settings.state_dir / "identity"
+    if not root.is_dir():
+        return None
+    keys = KeyStore(root)
+    known = {p.name: p for p in keys.principals()}
+    if principal not in known:
+        raise InvalidInput(
+            f"the key store {root} has no principal {principal!r}: restart `fleetledger up` (it "
+            f"creates {WEB_PRINCIPAL!r}) or run `fleetledger identity create {principal} "
+            "--role viewer`"
+        )
+    if known[principal].role is not Role.VIEWER:
+        raise InvalidInput(
+            f"{principal!r} is a {known[principal].role} principal; `fleetledger web` reads as "
+            f"a viewer only (`fleetledger identity create NAME --role viewer`)"
+        )
+    return keys.seed(principal)
+
+
+async def serve(
+    settings: FleetSettings, *, host: str, port: int, principal: str,
+    started: Callable[[str], None], stop: asyncio.Event,
+) -> None:  # fmt: skip
+    """Connect as the viewer, serve until ``stop`` is set; ``started`` gets the page's URL."""
+    from fleetbus.client import FleetClient
+
+    if not settings.nats_url:
+        raise Unreachable(
+            "no fleet configured: run `fleetledger up` (it writes fleet.env) or set FLEET_NATS_URL"
+        )
+    seed = viewer_seed(settings, principal)
+    async with await FleetClient.connect(settings.nats_url, seed=seed) as client:
+        server: HttpServer | None = None
+
+        def hosts() -> frozenset[str]:
+            return loopback_hosts(host, server.http_port or port) if server else frozenset()
+
+        pages = WebView(FleetSource(client), hosts=hosts if is_loopback(host) else None)
+
+        async def live() -> tuple[bool, dict[str, Any]]:
+            return True, {"status": "alive"}
+
+        async def ready() -> tuple[bool, dict[str, Any]]:
+            ok = bool(client.nc.is_connected)
+            return ok, {"status": "ready" if ok else "NATS not connected"}
+
+        server = HttpServer(live=live, ready=ready, pages=pages.page)
+        await server.listen_tcp(port, host)
+        try:
+            shown = f"[{host}]" if ":" in host else host
+            started(f"http://{shown}:{server.http_port}/")
+            await stop.wait()
+        finally:
+            await server.stop()
+
+
+def web(
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0: a free one).")] = (
+        DEFAULT_PORT
+    ),
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = (
+        "127.0.0.1"
+    ),
+    allow_remote: Annotated[
+        bool, typer.Option("--allow-remote", help="Allow a --host that is not loopback.")
+    ] = False,
+    principal: Annotated[
+        str, typer.Option(help="The viewer principal to read as (the key store's).")
+    ] = WEB_PRINCIPAL,
+) -> None:
+    """Serve the team view as a live page per mission (read-only): budget per level, grants
+    and their chain, risks and who may treat them, decisions with their cut, to-do progress."""
+    from fleetledger.runtime import run_loop
+
+    if not is_loopback(host) and not allow_remote:
+        _fail(InvalidInput(
+            f"--host {host!r} is not a loopback address: anyone who reaches it reads every "
+            "mission's view, with no login. Pass --allow-remote to serve it there anyway"
+        ))  # fmt: skip
+    if not is_loopback(host):
+        err.print(
+            f"[yellow]warning[/] serving on {escape(host)}, not loopback: anyone who reaches "
+            "it reads every mission's view (no login)"
+        )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        def started(url: str) -> None:
+            print(url, flush=True)
+            err.print(f"the team view, read-only as {escape(principal)}: {url} (Ctrl-C stops)")
+
+        await serve(
+            FleetSettings.load(), host=host, port=port, principal=principal,
+            started=started, stop=stop,
+        )  # fmt: skip
+
+    try:
+        run_loop(main())
+    except FleetError as exc:
+        _fail(exc)
+    except OSError as exc:  # the port is taken, the address is not ours
+        _fail(InvalidInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}"))
+
+
+def _fail(exc: FleetError) -> None:
+    err.print(f"[red]error[/] [{exc.code}] {escape(exc.message)}", soft_wrap=True)
+    raise typer.Exit(exc.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("web")(web)
+
+
+__all__ = ["FleetSource", "ViewSource", "WebView", "register", "serve", "viewer_seed"]
