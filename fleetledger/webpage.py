@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from html import escape
 from typing import Any, NamedTuple
 from urllib.parse import quote
@@ -237,7 +238,7 @@ def _grants(view: Mapping[str, Any]) -> str:
             f"<td>{esc(g['holder'])}</td><td>{esc(g.get('purpose') or '')}</td>"
             f"<td>{esc(', '.join(g.get('actions') or []))}</td>"
             f'<td><span class="tag {status}">{status}</span></td>'
-            f"<td>{esc(g.get('expires_at') or 'never')}</td></tr>"
+            f"<td>{esc(_when(g.get('expires_at')))}</td></tr>"
         )
     for gid, why in rejected.items():
         rows.append(
@@ -248,17 +249,28 @@ def _grants(view: Mapping[str, Any]) -> str:
     return _section("grants", "Grants", _table("Grants and their chain", columns, rows))
 
 
+def _when(text: str | None) -> str:
+    """An ISO time as 'YYYY-MM-DD HH:MM UTC' (the wire's text if it does not parse)."""
+    if not text:
+        return "never"
+    try:
+        return datetime.fromisoformat(text).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    except ValueError:
+        return text
+
+
 def _risks(risks: Sequence[Mapping[str, Any]]) -> str:
     if not risks:
         return _section("risks", "Risks", '<p class="empty">No risk opened.</p>')
     ordered = sorted(risks, key=lambda r: (r["status"] != "open", r["risk_id"]))
     rows = []
     for r in ordered:
-        who = [f"owner {r['owner']}"]
-        if r.get("may_treat"):
-            who.append("bound now: " + ", ".join(r["may_treat"]))
-        if r.get("risk_roles"):
-            who.append("or a holder of " + ", ".join(r["risk_roles"]))
+        who = [f"its owner {r['owner']}"]
+        others = [role for role in r.get("risk_roles") or [] if role != r["owner"]]
+        if others:
+            who.append("a holder of " + ", ".join(others))
+        bound = ", ".join(r.get("may_treat") or []) or "nobody yet"
+        who = [" or ".join(who) + f" (bound now: {bound})"]
         status = "open" if r["status"] == "open" else "treated"
         rows.append(
             f'<tr class="{status}"><th scope="row">{esc(r["risk_id"])}</th>'
