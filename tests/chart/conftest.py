@@ -33,6 +33,7 @@ PRINCIPALS = {
     "node-b": "node",
     "lead": "human",
     "orchestrator": "service",
+    "web": "viewer",  # `fleetledger web` (web.enabled)
 }
 REDIS_SECRET = "fleetledger-redis"
 

@@ -1,0 +1,45 @@
+"""The chart's optional Deployment of `fleetledger web` (issue 24): off by default, reading
+as its viewer principal, probed on its health endpoints, refused for a principal that is no
+viewer. Rendered with the real Helm library (tests/chart/helm_render.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.chart.chartlib import CHART, Rendered, run_helm
+
+
+def test_the_web_page_is_off_by_default(rendered: dict[str, Rendered]) -> None:
+    for name, scenario in rendered.items():
+        if name != "web-values.yaml":
+            assert not [o for o in scenario.objects if o["metadata"]["name"].endswith("-web")]
+
+
+def test_the_web_page_reads_as_its_viewer_and_probes_its_health(
+    rendered: dict[str, Rendered],
+) -> None:
+    web = rendered["web-values.yaml"]
+    pod = web.one("Deployment", "-web")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][:4] == ["web", "--host", "0.0.0.0", "--allow-remote"]
+    assert container["args"][-2:] == ["--principal", "web"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["FLEET_PRINCIPAL"] == "web" and env["FLEET_IDENTITY_DIR"]
+    assert [c["name"] for c in pod["initContainers"]] == ["identity"]
+    sources = pod["volumes"][1]["projected"]["sources"]
+    assert {"secret": {"name": "fleetledger-web-identity"}} in sources
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert web.one("Service", "-web")["spec"]["type"] == "ClusterIP"
+    policy = web.one("NetworkPolicy", "-web")["spec"]
+    assert policy["ingress"][0]["ports"] == [{"port": 8080, "protocol": "TCP"}]
+
+
+def test_the_web_page_refuses_a_principal_that_is_not_a_viewer(
+    helm_python: Path, base_values: Path, tmp_path: Path
+) -> None:
+    values = tmp_path / "lead-values.yaml"
+    values.write_text("web: {enabled: true, principal: lead, existingSecret: s}\n")
+    report = run_helm(helm_python, CHART, tmp_path / "report.json", [values], base_values)
+    error = report["renders"]["lead-values.yaml"]["error"]
+    assert 'web.principal "lead" is no unrevoked viewer' in error
