@@ -384,6 +384,11 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
             out.print(race_table(figures))
             for table in team_view(await fleet.view(MISSION)):
                 out.print(table)
+            out.print(
+                "The team view as a live page in a browser: `fleetledger up`, then in another "
+                "terminal `fleetledger web` (http://127.0.0.1:8765/, read-only)",
+                markup=False, soft_wrap=True,
+            )  # fmt: skip
             from fleetledger.experiment import run_experiment, short_table  # bench/ab.py's core
 
             out.print(short_table(ab := await run_experiment(short=True)))

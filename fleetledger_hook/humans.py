@@ -64,6 +64,7 @@ COMMANDS: dict[tuple[str, ...], str | None] = {
     ("node-agent", "run"): "person.node-agent.run",
     ("hooks", "install"): "person.hooks.install",
     ("hook",): "person.hook",  # the agent CLI's own entry: from a shell it forges hook events
+    ("web",): "person.web",  # it reads only, but serves every mission's view on a port
 }  # fmt: skip
 
 # The one command the CLI runs inside an agent session although the gate refuses it from a tool

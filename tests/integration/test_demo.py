@@ -47,6 +47,7 @@ def test_demo_ray_race_shows_naive_overspend_and_ours_none() -> None:
     assert "Token authentication" not in told
     flat = " ".join(told.split())
     assert "passed" in flat.split("Recorded output:", 1)[1].split("claims cache", 1)[0]
+    assert "`fleetledger web`" in flat  # the closing output points at the live page
     assert figures["naive_admitted"] == 4 and figures["naive_spend"] == "2.00"
     assert figures["ray_admitted"] == 1 and figures["ray_spend"] == "0.50"
     assert figures["ray_ledger_settled"] == "0.50"  # the branch's transitions are in the record
