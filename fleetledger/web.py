@@ -130,6 +130,8 @@ class WebView:
         now = self.clock()
         cached = self._cache.get(mission_id)
         if cached is None or now - cached[0] > FRESH_S:
+            for key in [k for k, (at, _) in self._cache.items() if now - at > FRESH_S]:
+                del self._cache[key]  # one entry per mission asked for lately, no more
             read: Awaitable[Any] = (
                 self.source.view(mission_id) if mission_id else self.source.missions()
             )

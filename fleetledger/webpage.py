@@ -83,7 +83,8 @@ def index_fragment(missions: Sequence[str]) -> Fragment:
             "<code>fleetledger mission create</code>; it appears here within a second.</p>"
         )
     links = "".join(
-        f'<li><a href="{esc(mission_href(m))}">{esc(m)}</a></li>' for m in sorted(missions)
+        f'<li><a id="to-{esc(m)}" href="{esc(mission_href(m))}">{esc(m)}</a></li>'
+        for m in sorted(missions)
     )
     return with_digest(f'{body}<ul class="missions">{links}</ul>')
 
@@ -126,10 +127,16 @@ def _section(ident: str, title: str, inner: str) -> str:
     return f'<section aria-labelledby="{ident}"><h2 id="{ident}">{title}</h2>{inner}</section>'
 
 
-def _table(caption: str, columns: Sequence[str], rows: Sequence[str], cls: str = "") -> str:
+def _table(
+    ident: str, caption: str, columns: Sequence[str], rows: Sequence[str], cls: str = ""
+) -> str:
+    """A table in a scroll region a keyboard can reach (``ident``: its id, kept across live
+    updates, so the focus stays where it was)."""
     head = "".join(f'<th scope="col">{c}</th>' for c in columns)
     return (
-        f'<div class="scroll"><table class="{cls}"><caption>{caption}</caption>'
+        f'<div class="scroll" id="{esc(ident)}" tabindex="0" role="region" '
+        f'aria-labelledby="{esc(ident)}-caption"><table class="{cls}">'
+        f'<caption id="{esc(ident)}-caption">{caption}</caption>'
         f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
     )
 
@@ -215,7 +222,7 @@ def _budget(view: Mapping[str, Any]) -> str:
     )
     columns = ("level", "ceiling", "reserved", "committed", "settled", "remaining", "of ceiling")
     return _section(
-        "budget", "Budget", legend + _table("Budget per level", columns, rows, "budget")
+        "budget", "Budget", legend + _table("t-budget", "Budget per level", columns, rows, "budget")
     )
 
 
@@ -246,7 +253,7 @@ def _grants(view: Mapping[str, Any]) -> str:
             '<td><span class="tag rejected">rejected</span></td><td></td></tr>'
         )
     columns = ("grant", "chain", "holder", "purpose", "actions", "status", "expires")
-    return _section("grants", "Grants", _table("Grants and their chain", columns, rows))
+    return _section("grants", "Grants", _table("t-grants", "Grants and their chain", columns, rows))
 
 
 def _when(text: str | None) -> str:
@@ -281,7 +288,7 @@ def _risks(risks: Sequence[Mapping[str, Any]]) -> str:
     open_n = sum(1 for r in risks if r["status"] == "open")
     columns = ("risk", "status", "blocks", "scope", "who may treat it", "summary")
     caption = f"Risks: {open_n} open of {len(risks)}"
-    return _section("risks", "Risks", _table(caption, columns, rows))
+    return _section("risks", "Risks", _table("t-risks", caption, columns, rows))
 
 
 def _decisions(decisions: Sequence[Mapping[str, Any]]) -> str:
@@ -296,12 +303,12 @@ def _decisions(decisions: Sequence[Mapping[str, Any]]) -> str:
         rows.append(
             f'<tr><th scope="row">{esc(d["action_id"])}</th><td>{esc(d["action"])}</td>'
             f'<td><span class="tag {verdict}">{verdict}</span></td>'
-            f"<td>{esc(d.get('rule') or '')}</td><td>{esc(d.get('reason') or '')}</td>"
+            f"<td>{esc(d.get('rule') or '-')}</td><td>{esc(d.get('reason') or '')}</td>"
             f"<td>{esc(cut)}</td></tr>"
         )
     columns = ("action", "what", "verdict", "rule", "reason", "cut")
     caption = "Decision receipts, latest first (the cut: the ledger state it was decided on)"
-    return _section("decisions", "Decisions", _table(caption, columns, rows))
+    return _section("decisions", "Decisions", _table("t-decisions", caption, columns, rows))
 
 
 def _counts_row(agent: Mapping[str, Any]) -> str:
@@ -332,7 +339,7 @@ def _items(agent: Mapping[str, Any]) -> str:
     note = f'<p class="note">{more} more items not shown.</p>' if more > 0 else ""
     caption = f"{esc(agent['agent_id'])}: {esc(counts_line(agent['counts'], agent['total']))}"
     columns = ("item", "text", "standing", "closes / closed by", "latest check or claim")
-    return _table(caption, columns, rows, "items") + note
+    return _table(f"t-items-{agent['agent_id']}", caption, columns, rows, "items") + note
 
 
 def _progress(progress: Mapping[str, Any]) -> str:
@@ -343,5 +350,5 @@ def _progress(progress: Mapping[str, Any]) -> str:
         )
     columns = ("agent", "nodes", "items", *(standing_name(s) for s in SHOWN), "other")
     caption = esc(counts_line(progress.get("counts") or {}, int(progress.get("total") or 0)))
-    summary = _table(caption, columns, [_counts_row(a) for a in agents], "counts")
+    summary = _table("t-progress", caption, columns, [_counts_row(a) for a in agents], "counts")
     return _section("progress", "To-do progress", summary + "".join(_items(a) for a in agents))

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 
 from coordinator.service import Coordinator
@@ -96,6 +97,7 @@ async def mission_with_work(fleet: tuple[KeyStore, str]) -> str:
             "purpose": "ship the release notes <draft>", "owner": LEAD, "ceiling": 5_000_000,
             "expires_at": soon, "risk_roles": ["risk-officer"],
         })  # fmt: skip
+        await lead.manage("role.bind", mid, {"principal": LEAD, "role": "risk-officer"})
         for gid, parent, budget, holder in (("g1", None, 2_000_000, LEAD),
                                             ("g2", "g1", 800_000, AGENT)):  # fmt: skip
             await lead.manage("grant.issue", mid, {
@@ -175,6 +177,15 @@ async def test_the_page_shows_the_mission_and_changes_within_2s_of_an_action(
     for shown in ("mission → g1 → g2", "docs.write", "allowed", "draft the notes",
                   "waiting on a human", "claimed unverified", "No risk opened."):  # fmt: skip
         assert shown in text, shown
+    await browser.key("Tab", "Tab", 9)  # the first stop: the skip link, visibly focused
+    focused = await browser.evaluate(
+        "[document.activeElement.textContent, getComputedStyle(document.activeElement)"
+        ".outlineStyle]"
+    )
+    assert focused == ["Skip to content", "solid"], focused
+    for _ in range(2):  # past the site link, to the budget table's scroll region
+        await browser.key("Tab", "Tab", 9)
+    assert await browser.evaluate("document.activeElement.id") == "t-budget"
     await browser.evaluate("window.notReloaded = true")
 
     async with await as_(fleet, LEAD) as lead:  # the action: a blocking risk, opened
@@ -185,19 +196,28 @@ async def test_the_page_shows_the_mission_and_changes_within_2s_of_an_action(
     took = await wait_for(browser, f"{TEXT}.includes('legal has not cleared')", 2.0)
     assert await browser.evaluate("window.notReloaded === true"), "the page reloaded"
     assert "Risks: 1 open of 1" in await browser.evaluate(TEXT)
-
-    await browser.key("Tab", "Tab", 9)  # the first stop: the skip link, visibly focused
-    focused = await browser.evaluate(
-        "[document.activeElement.textContent, getComputedStyle(document.activeElement)"
-        ".outlineStyle]"
-    )
-    assert focused == ["Skip to content", "solid"], focused
+    assert "(bound now: lead)" in await browser.evaluate(TEXT)  # who may treat it
+    # the keyboard user is where they were: the new fragment took the focus back
+    assert await browser.evaluate("document.activeElement.id") == "t-budget"
     assert await browser.evaluate(CONTRAST) == []
 
     await browser.evaluate("document.activeElement.blur()")
     shot = await browser.screenshot(ARTIFACTS / "web" / "mission.png")
     with capsys.disabled():
         print(f"\nweb page: risk shown {took:.2f}s after it opened; screenshot: {shot}")
+
+
+def test_the_page_is_served_under_a_strict_policy_and_refuses_another_host(web: str) -> None:
+    with httpx.Client(trust_env=False, timeout=10) as http:  # loopback: no proxy from the env
+        page = http.get(web)
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        policy = page.headers["content-security-policy"]
+        assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+        assert page.headers["x-content-type-options"] == "nosniff"
+        rebound = http.get(web, headers={"Host": "attacker.example"})
+        assert rebound.status_code == 403  # a rebound DNS name is another origin
+        assert http.post(f"{web}v1/view", json={}).status_code == 404  # it reads only
+        assert http.get(f"{web}readyz").json() == {"status": "ready"}
 
 
 async def test_the_viewer_principal_cannot_change_a_mission(fleet: tuple[KeyStore, str]) -> None:
