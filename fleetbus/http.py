@@ -113,7 +113,8 @@ class HttpServer:
         self, port: int, host: str = "127.0.0.1", *, token: str | None = None
     ) -> None:
         """Listen on ``host:port`` (0: a free port, then in ``http_port``). A server with routes
-        needs ``token`` and a loopback ``host``; one with probes only may listen anywhere."""
+        needs ``token`` and a loopback ``host``; one with probes and pages only may listen
+        anywhere (`fleetledger web` asks for ``--allow-remote`` first)."""
         if self.routes and token is None:
             raise InvalidInput("the local API over TCP needs a bearer token")
         if token is not None:

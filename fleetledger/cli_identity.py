@@ -99,7 +99,7 @@ def _fail(exc: FleetError, as_json: bool) -> typer.Exit:
 @identity_app.command("create")
 def create(
     name: Annotated[str, typer.Argument(help="The principal's name (node id, user name...).")],
-    role: Annotated[Role, typer.Option(help="node, coordinator, human or service.")],
+    role: Annotated[Role, typer.Option(help="node, coordinator, human, service or viewer.")],
     missions: Annotated[
         str, typer.Option(help="Comma-separated missions it may act in; * for all.")
     ] = "*",
