@@ -13,6 +13,7 @@ def test_the_web_page_is_off_by_default(rendered: dict[str, Rendered]) -> None:
     for name, scenario in rendered.items():
         if name != "web-values.yaml":
             assert not [o for o in scenario.objects if o["metadata"]["name"].endswith("-web")]
+            assert "The team view as a live page" not in scenario.notes
 
 
 def test_the_web_page_reads_as_its_viewer_and_probes_its_health(
@@ -31,6 +32,7 @@ def test_the_web_page_reads_as_its_viewer_and_probes_its_health(
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert web.one("Service", "-web")["spec"]["type"] == "ClusterIP"
+    assert "port-forward svc/" in web.notes and "-web 8765:80" in web.notes
     policy = web.one("NetworkPolicy", "-web")["spec"]
     assert policy["ingress"][0]["ports"] == [{"port": 8080, "protocol": "TCP"}]
 
