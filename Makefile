@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench up chaos clean judge-model test-judge
+.PHONY: demo test lint bench up chaos clean judge-model test-judge browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,19 @@ $(STAMP): $(BIN)/python pyproject.toml
 demo: $(STAMP)
 	$(BIN)/fleetledger demo
 
-test: $(STAMP)
+# The web page test drives headless Chromium: Debian's package, installed here when missing
+# (as root, with apt-get); anywhere else this says what to install instead of a failing test.
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium for the web page test (once)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "the web page test needs headless Chromium: install Debian's chromium package" >&2; exit 2; \
+	  fi; \
+	fi
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

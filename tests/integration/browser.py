@@ -1,6 +1,6 @@
 """Headless Chromium driven over the Chrome DevTools protocol (a websocket per browser).
 
-Debian's ``chromium`` (``apt-get install chromium``; ``.ci/run`` installs it). One page per
+Debian's ``chromium`` (``make test`` installs it as root with apt-get). One page per
 ``Browser``: ``goto``, ``evaluate`` (a JavaScript expression's JSON value), ``key`` (a real key
 press), ``screenshot``. The browser runs in its own process group with a fresh profile and is
 ended by its pid.
@@ -38,7 +38,7 @@ def chromium() -> str:
     if path is None:
         pytest.fail(
             f"headless Chromium is needed at {CHROMIUM} for the web page test: "
-            "`apt-get install -y chromium` (.ci/run installs it)"
+            "`apt-get install -y chromium` (`make test` installs it when run as root)"
         )
     return path
 
