@@ -796,9 +796,11 @@ def replay(
 def coordinator_run() -> None:
     """Run the coordinator, configured by FLEET_* environment variables."""
     from coordinator.settings import CoordinatorSettings
+    from fleetledger.cli_trace import follower_process
 
     settings = CoordinatorSettings()
-    _run(lambda: _serve_coordinator(settings))
+    with follower_process():  # with OTEL_* set: the event spans, projected from the stream
+        _run(lambda: _serve_coordinator(settings))
 
 
 @coordinator_app.command("reset-consumer")
