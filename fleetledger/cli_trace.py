@@ -168,16 +168,29 @@ async def export_range(
     }
 
 
+async def _stream_end(nc: Client) -> int | None:
+    """The ledger stream's last sequence; None while the coordinator has yet to create it."""
+    from nats.js.errors import NotFoundError
+
+    try:
+        return int((await nc.jetstream().stream_info(STREAM)).state.last_seq)
+    except NotFoundError:
+        return None
+
+
 async def follow(nc: Client, exporter: SpanExporter, *, first: int | None = None) -> None:
-    """Project the stream as it grows, from ``first`` (default: its end now), until cancelled."""
+    """Project the stream as it grows, from ``first`` (default: its end now; all of it if it
+    is yet to be created), until cancelled. Says when it is ready, on stdout."""
     from fleetbus.reader import Reader
 
-    if first is None:
-        first = int((await nc.jetstream().stream_info(STREAM)).state.last_seq) + 1
-    follower = Follower(exporter, first=first)
+    end = await _stream_end(nc)
+    follower = Follower(exporter, first=first or (end or 0) + 1)
+    print(json.dumps({"following_from": follower.first}), flush=True)  # follower_process waits
+    while end is None:  # a fresh NATS: the coordinator starting beside us creates the stream
+        await asyncio.sleep(0.5)
+        end = await _stream_end(nc)
     reader = Reader(nc, follower.handle, stream=STREAM, filter_subject=f"{SUBJECT_PREFIX}.>")
     await reader.start()
-    print(json.dumps({"following_from": first}), flush=True)  # ready: follower_process waits
     try:
         await asyncio.Event().wait()
     finally:
