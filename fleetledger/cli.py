@@ -196,6 +196,7 @@ def up(
 ) -> None:
     """Run the embedded fleet (NATS, Redis, a coordinator) in the foreground until Ctrl-C."""
     from coordinator.settings import CoordinatorSettings
+    from fleetledger.cli_trace import follower_process
 
     directory = state_dir or default_state_dir()
     env_file = directory / ENV_FILE_NAME
@@ -234,7 +235,10 @@ def up(
             )
 
         node_agents: list[Any] = []
-        _run(lambda: _serve_coordinator(settings, ready, node_agents))
+        # with OTEL_* set: the event spans, projected from the stream as the coordinator's
+        who = {"FLEET_PRINCIPAL": COORDINATOR_PRINCIPAL, "FLEET_IDENTITY_DIR": str(keys.root)}
+        with follower_process({"FLEET_NATS_URL": servers.nats_url, **who}):
+            _run(lambda: _serve_coordinator(settings, ready, node_agents))
     finally:
         servers.stop()
         env_file.unlink(missing_ok=True)

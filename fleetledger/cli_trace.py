@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -202,16 +202,19 @@ async def follow(nc: Client, exporter: SpanExporter, *, first: int | None = None
 
 
 @contextlib.contextmanager
-def follower_process() -> Iterator[None]:
+def follower_process(env: Mapping[str, str] | None = None) -> Iterator[None]:
     """With tracing configured (``OTEL_*``), a `fleetledger trace follow` child process of the
-    same environment while the block runs: the coordinator's event spans, off its hot path."""
+    same environment (plus ``env``: where the fleet is, as whom) while the block runs: the
+    coordinator's event spans, off its hot path."""
     from telemetry.setup import tracing_configured
 
     if not tracing_configured():
         yield
         return
     cmd = [sys.executable, "-m", "fleetledger", "trace", "follow"]
-    child = subprocess.Popen(cmd, env=os.environ.copy(), stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, text=True
+    )
     assert child.stdout is not None
     # once it follows from the stream's end, every event the coordinator records is projected
     if not child.stdout.readline():
