@@ -157,8 +157,8 @@ async def export_range(
         await follower.sink.send()
     except TimeoutError:
         raise Unreachable(
-            f"spans were exported up to seq {follower.seq} only: the stream or the OTLP receiver "
-            f"did not answer for 60s; run `fleetledger trace export --from {follower.seq + 1}`"
+            f"the export stopped at seq {follower.seq}: the stream or the OTLP receiver did not "
+            f"answer for 60s; run `fleetledger trace export --from {follower.seq}` again"
         ) from None
     return {
         "from": first,
