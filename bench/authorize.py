@@ -10,7 +10,11 @@ In one run, on embedded nats-server and redis-server:
       person and verified by the coordinator, every event and receipt signed by the
       coordinator, the receipt verified by the client), each against its own floor;
   (b) ingest rate, publish -> applied by the coordinator, vs raw JetStream async publish (>= 0.5x);
-  (c) risk propagation p99 to 100 watching agents (<= 100 ms).
+  (c) risk propagation p99 to 100 watching agents (<= 100 ms);
+  (d) identity on: authorize throughput from 8 concurrent clients (one mission each) vs raw
+      acknowledged JetStream publishes from 8 concurrent publishers (each awaiting its ack
+      before the next, as a decision does), in turns (>= 0.5x); and the coordinator's CPU
+      time per decision (its process's user + system seconds over the decisions it made).
 Ends with one JSON line of figures.
 """
 
@@ -286,6 +290,82 @@ def bench_user() -> tuple[str, dict[str, Any]]:
 
 
 BLOCK = 50  # authorize round trips per turn when identity off and on alternate
+CONCURRENT = 8  # clients, and raw publishers, at once in (d)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux ``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def raw_acked_publishes(url: str, seed: str | None, per_publisher: int) -> float:
+    """Acknowledged JetStream publishes per second from CONCURRENT publishers (own
+    connections), each awaiting its PubAck before the next, as a decision's append does."""
+    conns = [await nats.connect(url, nkeys_seed_str=seed) for _ in range(CONCURRENT)]
+    js = conns[0].jetstream()
+    await js.add_stream(name="BENCHFLOOR", subjects=["benchfloor.>"])
+    body = b"x" * 1500
+
+    async def publisher(nc: Any, w: int) -> None:
+        pub = nc.jetstream()
+        for i in range(per_publisher):
+            await pub.publish(f"benchfloor.{w}", body, headers={"Nats-Msg-Id": f"p{w}-{i}"})
+
+    t = time.perf_counter()
+    await asyncio.gather(*(publisher(nc, w) for w, nc in enumerate(conns)))
+    rate = CONCURRENT * per_publisher / (time.perf_counter() - t)
+    await js.delete_stream("BENCHFLOOR")
+    for nc in conns:
+        await nc.close()
+    return rate
+
+
+async def concurrent_authorize(
+    clients: list[FleetClient], missions: list[str], per_client: int, tag: str
+) -> float:
+    """Authorize calls per second from concurrent clients, one mission each (no shared lock)."""
+    t = time.perf_counter()
+    await asyncio.gather(
+        *(
+            our_authorize(c, m, per_client, prefix=f"{tag}-")
+            for c, m in zip(clients, missions, strict=True)
+        )
+    )
+    return len(clients) * per_client / (time.perf_counter() - t)
+
+
+async def throughput(
+    secure: EmbeddedServers, keys: Any, raw_seed: str, coordinator_pid: int, quick: bool
+) -> dict[str, float]:
+    """(d): raw publishes and authorize calls in turns; the coordinator's CPU per decision."""
+    per, rounds = (60, 2) if quick else (400, 4)
+    missions = [f"bench-tp-{w}" for w in range(CONCURRENT)]
+    clients = [
+        await FleetClient.connect(
+            secure.nats_url, seed=keys.seed(OPERATOR_PRINCIPAL), principals=keys.directory
+        )
+        for _ in missions
+    ]
+    for client, mission in zip(clients, missions, strict=True):
+        await set_up(client, (mission,))
+    await concurrent_authorize(clients, missions, 10, "warm")
+    raw_rates, our_rates, cpu, decisions = [], [], 0.0, 0
+    for r in range(rounds):
+        raw_rates.append(await raw_acked_publishes(secure.nats_url, raw_seed, per))
+        before = cpu_seconds(coordinator_pid)
+        our_rates.append(await concurrent_authorize(clients, missions, per, f"tp{r}"))
+        cpu += cpu_seconds(coordinator_pid) - before
+        decisions += CONCURRENT * per
+    for client in clients:
+        await client.close()
+    raw, ours = statistics.median(raw_rates), statistics.median(our_rates)
+    return {
+        "id_authorize_per_s_8_clients": ours,
+        "raw_acked_publish_per_s_8_publishers": raw,
+        "id_throughput_ratio": ours / raw,
+        "id_coordinator_cpu_ms_per_decision": cpu / decisions * 1e3,
+    }
 
 
 async def warm_up(fleet: EmbeddedServers, client: FleetClient, raw_seed: str | None) -> None:
@@ -364,6 +444,8 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
             off, on = measured["identity off"], measured["identity on"]
             raw, floor, ours = off["raw"], off["floor"], off["ours"]
             await person.close()
+            err.print(f"(d) identity on: {CONCURRENT} clients vs {CONCURRENT} raw publishers…")
+            scale = await throughput(secure, keys, raw_seed, coordinators[1].pid, quick)
             err.print(f"(b) ingest of {n_ingest} events vs raw JetStream async publish…")
             raw_rate = await raw_publish_rate(fleet.nats_url, n_ingest)
             our_rate = await ingest_rate(fleet.nats_url, http_port, "bench-ingest", n_ingest)
@@ -396,6 +478,7 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
         "id_authorize_floor_ratio": statistics.median(on["ours"]) / statistics.median(on["floor"]),
         "id_authorize_p50_ratio": statistics.median(on["ours"]) / statistics.median(on["raw"]),
         "identity_cost_p50_ms": (statistics.median(on["ours"]) - statistics.median(ours)) * 1e3,
+        **scale,
     }
     table = Table(title="Coordinator benchmark (one run)", title_justify="left")
     for col in ("measure", "fleetledger", "raw baseline", "ratio", "target"):
@@ -448,6 +531,20 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
     )
     table.add_row(
         "risk propagation p99, 100 agents", f"{figures['risk_p99_ms']:.1f} ms", "", "", "<= 100 ms"
+    )
+    table.add_row(
+        f"identity on: authorize/s, {CONCURRENT} clients vs acked publishes/s, {CONCURRENT} raw",
+        f"{scale['id_authorize_per_s_8_clients']:,.0f}/s",
+        f"{scale['raw_acked_publish_per_s_8_publishers']:,.0f}/s",
+        f"{scale['id_throughput_ratio']:.2f}x",
+        ">= 0.5x",
+    )
+    table.add_row(
+        "identity on: coordinator CPU per decision",
+        f"{scale['id_coordinator_cpu_ms_per_decision']:.3f} ms",
+        "",
+        "",
+        "(printed; plans scale)",
     )
     Console().print(table)
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}

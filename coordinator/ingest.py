@@ -14,8 +14,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from opentelemetry.trace import Span, Status, StatusCode
-
 from coordinator.journal import Journal
 from coordinator.riskboard import RiskBoard
 from fleetbus.bus import Bus, StreamMessage
@@ -24,21 +22,7 @@ from ledger.events import DecisionRecorded, Event, RiskOpened, RiskTreated, pars
 from ledger.identity import Principal, as_of, check_origin
 from ledger.mission import MissionState
 from ledger.protocol import ErrorBody, check_message, deadletter_subject
-from telemetry import (
-    EventTraces,
-    Telemetry,
-    consumer_span,
-    event_attributes,
-    messaging_attributes,
-)
-from telemetry.conventions import (
-    EVENT_SUBJECT_TEMPLATE,
-    FLEET_ERROR_CODE,
-    FLEET_STREAM_SEQ,
-    MESSAGING_CONSUMER_GROUP_NAME,
-    OP_PROCESS,
-)
-from telemetry.spans import NOOP_SPAN
+from telemetry import Telemetry
 
 log = logging.getLogger("fleetledger.coordinator.ingest")
 
@@ -54,7 +38,6 @@ class Ingest:
         journal: Journal,
         board: RiskBoard,
         telemetry: Telemetry,
-        traces: EventTraces,
         *,
         principals: Callable[[], Mapping[str, Principal]] | None = None,
     ) -> None:
@@ -62,7 +45,7 @@ class Ingest:
         be signed by a known principal that may emit its kind for its mission (SPEC S12)."""
         self.bus, self.journal, self.board = bus, journal, board
         self.principals = principals
-        self.telemetry, self.traces = telemetry, traces
+        self.telemetry = telemetry
         self.consumer_lag = 0  # messages of the stream not yet delivered to this coordinator
         self.dead_letters = 0
         self.rebuild_seconds = 0.0
@@ -89,26 +72,8 @@ class Ingest:
             return  # redelivery, or already folded during rebuild: no second effect
         if seq > self.journal.applied_seq + 1:
             await self.fill_gap(seq)
-        # An event produced elsewhere: its span here continues the producer's trace (NATS
-        # headers) and links to its origin, its causal parent, its reservation. Our own
-        # events were recorded when appended.
-        with consumer_span(
-            self.telemetry,
-            "process fleet.ledger",
-            headers=msg.headers,
-            attributes=lambda: {
-                **messaging_attributes(
-                    msg.subject,
-                    operation=OP_PROCESS,
-                    body=msg.data,
-                    template=EVENT_SUBJECT_TEMPLATE,
-                ),
-                FLEET_STREAM_SEQ: seq,
-                MESSAGING_CONSUMER_GROUP_NAME: CONSUMER_NAME,
-            },
-            when=not self.journal.is_own(msg.data),
-        ) as span:
-            await self._ingest(msg, span)
+        # No span here: every event's span is projected from the stream (telemetry.projection)
+        await self._ingest(msg)
 
     async def fill_gap(self, upto: int) -> None:
         """The consumer reads the whole stream, so sequences are contiguous: a jump means
@@ -119,13 +84,11 @@ class Ingest:
                 self.journal.applied_seq = missing  # removed from the stream: nothing to apply
                 continue
             log.warning("ingest: applying seq %s, skipped in delivery", missing)
-            await self._ingest(msg, NOOP_SPAN)
+            await self._ingest(msg)
 
-    async def _ingest(self, msg: StreamMessage, span: Span) -> None:
+    async def _ingest(self, msg: StreamMessage) -> None:
         applied = self._apply(msg)
         self.journal.applied_seq = msg.seq
-        if span.is_recording():
-            self._annotate(span, applied)
         for event, problem in applied:
             if problem is not None:
                 await self._dead_letter(msg, event, problem)
@@ -143,30 +106,13 @@ class Ingest:
         if directory is not None and msg.stored_at is not None:  # a key revoked since was
             directory = as_of(directory, msg.stored_at)  # good when it signed this
         applied = fold_message(self.journal.states, msg.subject, msg.data, directory, own=own)
-        record = own is None and self.telemetry.enabled  # links to events produced elsewhere
         for event, problem in applied:
             if event is None or problem is not None:
                 continue
-            if record:
-                self.traces.record(event)
             if isinstance(event.payload, DecisionRecorded):  # where a retry's answer points
                 key = (event.mission_id, event.payload.action_id)
                 self.journal.receipts[key] = (msg.seq, str(event.event_id))
         return applied
-
-    def _annotate(self, span: Span, applied: Applied) -> None:
-        last = applied[-1][0]
-        if last is not None:
-            span.update_name(f"process fleet.ledger.{last.kind}")
-            span.set_attributes(event_attributes(last))
-        for event, _ in applied:
-            if event is not None:
-                for link in self.traces.links_for(event, origin=True):
-                    span.add_link(link.context, link.attributes)
-        problems = [p for _, p in applied if p is not None]
-        if problems:
-            span.set_status(Status(StatusCode.ERROR, problems[0].message))
-            span.set_attribute(FLEET_ERROR_CODE, str(problems[0].code))
 
     async def _dead_letter(self, msg: StreamMessage, event: Event | None, exc: FleetError) -> None:
         self.dead_letters += 1

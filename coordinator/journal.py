@@ -5,9 +5,9 @@
 - Append: events go out as **one** stream message (a bundle when several: stored together or
   not at all, then applied in order), acknowledged before ``append`` returns. The message is
   remembered by its bytes, so our own events are not parsed again when they come back.
-- With tracing on, each event is recorded as a span event on the span doing the work (or one
-  PRODUCER span); its context goes into every envelope and the NATS headers, and its links join
-  the events these depend on (causal parent, reserve, the facts at a decision's cut).
+- With tracing on, the context of the span doing the work (or of one PRODUCER span) goes into
+  every envelope and the NATS headers: nothing more here. The events' own spans, with their
+  links, are projected from the stream off the hot path (``telemetry.projection``).
 - Per-mission locks keep each mission's changes serial, so each sees the one before it.
 - Refused: while the durable consumer is not the coordinator's own (``refuse``), nothing is
   decided: every wait for the fold fails closed naming what changed.
@@ -23,9 +23,6 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import Span
-
 from fleetbus.bus import Bus, Stored
 from ledger.clock import Clock
 from ledger.errors import InvalidInput, Unreachable
@@ -33,21 +30,8 @@ from ledger.events import Event, bundle_json, make_event
 from ledger.identity import sign
 from ledger.mission import MissionState
 from ledger.protocol import subject_of
-from telemetry import (
-    EventTraces,
-    Telemetry,
-    envelope_of,
-    event_attributes,
-    headers_of,
-    messaging_attributes,
-    sending_span,
-)
-from telemetry.conventions import (
-    EVENT_SUBJECT_TEMPLATE,
-    FLEET_STREAM_SEQ,
-    LEDGER_EVENT_ID,
-    OP_SEND,
-)
+from telemetry import Telemetry, envelope_of, headers_of, messaging_attributes, sending_span
+from telemetry.conventions import EVENT_SUBJECT_TEMPLATE, OP_SEND
 
 log = logging.getLogger("fleetledger.coordinator.journal")
 
@@ -62,14 +46,13 @@ class Journal:
         bus: Bus,
         clock: Clock,
         telemetry: Telemetry,
-        traces: EventTraces,
         *,
         node_id: str,
         cut_timeout_s: float,
         seed: str | None = None,
     ) -> None:
         """``seed``: the coordinator's principal; every event it appends is signed with it."""
-        self.bus, self.clock, self.telemetry, self.traces = bus, clock, telemetry, traces
+        self.bus, self.clock, self.telemetry = bus, clock, telemetry
         self.seed = seed
         # where each action's stored receipt is: a retry's answer names it, so a requester can
         # read and verify the signed receipt itself
@@ -183,8 +166,11 @@ class Journal:
                 template=EVENT_SUBJECT_TEMPLATE,
             ),
         ) as span:
-            if span.is_recording():
-                events = self._traced(span, events)
+            if span.is_recording():  # the events' spans are projected under this one
+                tc = envelope_of(span.get_span_context())
+                events = [
+                    e if e.trace == tc else e.model_copy(update={"trace": tc}) for e in events
+                ]
             if self.seed is not None:  # last: nothing may change a signed event
                 events = [sign(e, self.seed) for e in events]
             body = bundle_json(events)
@@ -205,10 +191,6 @@ class Journal:
                 self._own.pop(body, None)
             mid = last.mission_id
             self._appended[mid] = max(self._appended.get(mid, 0), int(seq))
-            if span.is_recording():
-                span.set_attributes(
-                    {**self._new_attributes(span, events[-1]), FLEET_STREAM_SEQ: seq}
-                )
         return seq
 
     async def commit(self, events: list[Event], *, msg_id: str | None = None) -> Stored:
@@ -216,35 +198,6 @@ class Journal:
         seq = await self.append(events, msg_id=msg_id)
         await self.wait_applied(seq)
         return seq
-
-    def _traced(self, span: Span, events: list[Event]) -> list[Event]:
-        """The events carrying ``span``'s context, each recorded on it with its links."""
-        sc = span.get_span_context()
-        tc = envelope_of(sc)
-        linked: set[tuple[str, str]] = set()
-        traced: list[Event] = []
-        for e in events:
-            if e.trace != tc:
-                e = e.model_copy(update={"trace": tc})
-            for link in self.traces.links_for(e):
-                key = (str((link.attributes or {}).get(LEDGER_EVENT_ID)), str(link.context.span_id))
-                if link.context.span_id != sc.span_id and key not in linked:
-                    linked.add(key)
-                    span.add_link(link.context, link.attributes)
-            self.traces.record(e, sc)  # before the next event: a decision links to its reserve
-            span.add_event(f"fleet.ledger.{e.kind}", event_attributes(e))
-            traced.append(e)
-        return traced
-
-    @staticmethod
-    def _new_attributes(span: Span, last: Event) -> dict[str, Any]:
-        """The span names the message's last event (a decision: its receipt); a handling span
-        already carries the mission, agent and grant of the request."""
-        attrs = event_attributes(last)
-        present = span.attributes if isinstance(span, ReadableSpan) else None
-        if present:
-            attrs = {k: v for k, v in attrs.items() if present.get(k) != v}
-        return attrs
 
 
 __all__ = ["OWN_CACHE_LIMIT", "Journal"]

@@ -34,7 +34,7 @@ from ledger.kernel import Kernel, decide
 from ledger.mission import MissionState
 from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT
 from reservations import Budget, ReservationClient
-from telemetry import EventTraces, Telemetry
+from telemetry import Telemetry
 
 log = logging.getLogger("fleetledger.coordinator")
 
@@ -72,20 +72,16 @@ class Coordinator:
         )
         self.queue_group = queue_group
         self._budget_ping = budget_ping
-        traces = EventTraces()
         self.journal = Journal(
             bus,
             self.clock,
             self.telemetry,
-            traces,
             node_id=s.node_id,
             cut_timeout_s=s.cut_timeout_s,
             seed=seed_of(s.principal, s.identity_dir),
         )
         self.board = RiskBoard(bus)
-        self.ingest = Ingest(
-            bus, self.journal, self.board, self.telemetry, traces, principals=principals
-        )
+        self.ingest = Ingest(bus, self.journal, self.board, self.telemetry, principals=principals)
         undecided, unapplied = Undecided(), Unapplied(keep_s=s.duplicate_window_s)
         self.authorizer = Authorizer(
             self.journal, budget, undecided, self.telemetry, lease_s=s.lease_s,

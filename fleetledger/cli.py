@@ -198,6 +198,7 @@ def up(
 ) -> None:
     """Run the embedded fleet (NATS, Redis, a coordinator) in the foreground until Ctrl-C."""
     from coordinator.settings import CoordinatorSettings
+    from fleetledger.cli_trace import follower_process
 
     directory = state_dir or default_state_dir()
     env_file = directory / ENV_FILE_NAME
@@ -236,7 +237,10 @@ def up(
             )
 
         node_agents: list[Any] = []
-        _run(lambda: _serve_coordinator(settings, ready, node_agents))
+        # with OTEL_* set: the event spans, projected from the stream as the coordinator's
+        who = {"FLEET_PRINCIPAL": COORDINATOR_PRINCIPAL, "FLEET_IDENTITY_DIR": str(keys.root)}
+        with follower_process({"FLEET_NATS_URL": servers.nats_url, **who}):
+            _run(lambda: _serve_coordinator(settings, ready, node_agents))
     finally:
         servers.stop()
         env_file.unlink(missing_ok=True)
@@ -798,9 +802,11 @@ def replay(
 def coordinator_run() -> None:
     """Run the coordinator, configured by FLEET_* environment variables."""
     from coordinator.settings import CoordinatorSettings
+    from fleetledger.cli_trace import follower_process
 
     settings = CoordinatorSettings()
-    _run(lambda: _serve_coordinator(settings))
+    with follower_process():  # with OTEL_* set: the event spans, projected from the stream
+        _run(lambda: _serve_coordinator(settings))
 
 
 @coordinator_app.command("reset-consumer")

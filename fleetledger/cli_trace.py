@@ -1,16 +1,32 @@
-"""`fleetledger trace EVENT_ID`: the trace and span of one ledger event, and a Jaeger link.
+"""`fleetledger trace`: ledger event spans, projected from the stream (SPEC S8).
 
-The event is found in the ledger stream (subjects ``fleet.ledger.>``) by its ``Nats-Msg-Id``,
-starting a little before the time its UUIDv7 id encodes, and its envelope's ``trace`` is read.
+- ``trace EVENT_ID``: the trace and span of one ledger event, and a Jaeger link. The event is
+  found in the ledger stream (subjects ``fleet.ledger.>``) from a little before the time its
+  UUIDv7 id encodes; its trace is its envelope's, its span id the projection's (a hash of its id).
+- ``trace export --from SEQ [--to SEQ]``: build the spans of that range of the stream and send
+  them to the configured OTLP receiver (``OTEL_*``); the same range gives the same spans.
+- ``trace follow [--from SEQ]``: keep doing so as the stream grows (default: from its end now),
+  at a lower CPU priority than the fleet's hot path. ``coordinator run`` starts one when
+  tracing is configured.
+
+Both read with a read-only reader (``fleetbus.reader``): a coordinator's or a person's key may.
+Earlier messages are read for the links only, so a range links as the whole stream does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import os
+import signal
+import subprocess
+import sys
 import uuid
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from nats.aio.msg import Msg
@@ -21,9 +37,17 @@ from fleetbus.identity import seed_of
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
 from ledger.events import parse_events
 from ledger.protocol import STREAM, SUBJECT_PREFIX, ErrorBody
+from telemetry.projection import Projection, span_id_of
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+log = logging.getLogger("fleetledger.trace")
 
 SLACK = timedelta(seconds=30)  # an event's id is minted a little before it reaches the stream
 READ_TIMEOUT_S = 2.0
+FOLLOW_NICE = 10  # the follower yields the CPU to the coordinator and the servers
 
 
 def event_time(event_id: str) -> datetime:
@@ -84,7 +108,8 @@ def _describe(event: Any, jaeger_url: str) -> dict[str, Any]:
         "jaeger_url": None,
     }
     if event.trace is not None:
-        _, trace_id, span_id, _ = event.trace.traceparent.split("-")
+        trace_id = event.trace.traceparent.split("-")[1]
+        span_id = f"{span_id_of(event.event_id):016x}"  # its projected span
         out.update(
             trace_id=trace_id,
             span_id=span_id,
@@ -93,52 +118,245 @@ def _describe(event: Any, jaeger_url: str) -> dict[str, Any]:
     return out
 
 
+class Follower:
+    """Hands stored messages, in stream order, to the projection and its spans to the sink;
+    messages before ``first`` only index their events (for the links of later ones)."""
+
+    def __init__(self, exporter: SpanExporter, *, first: int) -> None:
+        from telemetry.export import SpanSink
+        from telemetry.setup import resource_from_env
+
+        self.projection = Projection(resource_from_env("fleetledger-ledger"))
+        self.sink = SpanSink(exporter)
+        self.first = first
+        self.seq = 0  # the last message handled: its spans, if any, are exported or buffered
+
+    async def handle(self, msg: Msg) -> None:
+        meta = msg.metadata
+        seq = int(meta.sequence.stream)
+        if seq < self.first:
+            self.projection.index(msg.data)
+        else:
+            spans = self.projection.spans(seq, msg.subject, msg.data, meta.timestamp)
+            if self.sink.add(spans) or not meta.num_pending:  # a full batch, or caught up
+                await self.sink.send()
+        self.seq = seq
+
+
+async def export_range(
+    nc: Client, exporter: SpanExporter, *, first: int, last: int | None = None
+) -> dict[str, Any]:
+    """Project messages ``first``..``last`` (default: the stream's end now) and export them."""
+    from fleetbus.reader import read_until_end
+
+    follower = Follower(exporter, first=first)
+    try:
+        await read_until_end(
+            nc, STREAM, f"{SUBJECT_PREFIX}.>", follower.handle, upto=last, quiet_s=60.0
+        )
+        await follower.sink.send()
+    except TimeoutError:
+        raise Unreachable(
+            f"the export stopped at seq {follower.seq}: the stream or the OTLP receiver did not "
+            f"answer for 60s; run `fleetledger trace export --from {follower.seq}` again"
+        ) from None
+    return {
+        "from": first,
+        "to": follower.seq,
+        "spans": follower.sink.exported,
+        "unparsed": follower.projection.unparsed,
+    }
+
+
+async def _stream_end(nc: Client) -> int | None:
+    """The ledger stream's last sequence; None while the coordinator has yet to create it."""
+    from nats.js.errors import NotFoundError
+
+    try:
+        return int((await nc.jetstream().stream_info(STREAM)).state.last_seq)
+    except NotFoundError:
+        return None
+
+
+async def follow(nc: Client, exporter: SpanExporter, *, first: int | None = None) -> None:
+    """Project the stream as it grows, from ``first`` (default: its end now; all of it if it
+    is yet to be created), until cancelled. Says when it is ready, on stdout."""
+    from fleetbus.reader import Reader
+
+    end = await _stream_end(nc)
+    follower = Follower(exporter, first=first or (end or 0) + 1)
+    print(json.dumps({"following_from": follower.first}), flush=True)  # follower_process waits
+    while end is None:  # a fresh NATS: the coordinator starting beside us creates the stream
+        await asyncio.sleep(0.5)
+        end = await _stream_end(nc)
+    reader = Reader(nc, follower.handle, stream=STREAM, filter_subject=f"{SUBJECT_PREFIX}.>")
+    await reader.start()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        reader.stopped = True
+        await reader.stop()
+        with contextlib.suppress(Exception):  # what is left is re-exported with --from
+            await asyncio.wait_for(follower.sink.send(), 10)
+        log.info("spans exported up to seq %d", follower.seq)
+
+
+@contextlib.contextmanager
+def follower_process(env: Mapping[str, str] | None = None) -> Iterator[None]:
+    """With tracing configured (``OTEL_*``), a `fleetledger trace follow` child process of the
+    same environment (plus ``env``: where the fleet is, as whom) while the block runs: the
+    coordinator's event spans, off its hot path."""
+    from telemetry.setup import tracing_configured
+
+    if not tracing_configured():
+        yield
+        return
+    cmd = [sys.executable, "-m", "fleetledger", "trace", "follow"]
+    child = subprocess.Popen(
+        cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    # once it follows from the stream's end, every event the coordinator records is projected
+    if not child.stdout.readline():
+        log.warning("the span follower exited at start (exit %s)", child.wait())
+    try:
+        yield
+    finally:
+        child.terminate()
+        try:
+            child.wait(15)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+
+
+def _check_range(target: str, first: int | None, last: int | None) -> None:
+    if target not in ("export", "follow"):
+        if first is not None or last is not None:
+            raise InvalidInput("--from and --to go with `trace export` or `trace follow` only")
+        return
+    if target == "export" and first is None:
+        raise InvalidInput("`trace export` needs --from SEQ (the first stream sequence)")
+    if target == "follow" and last is not None:
+        raise InvalidInput("`trace follow` has no end: --to goes with `trace export`")
+    if first is not None and first < 1:
+        raise InvalidInput(f"--from {first}: stream sequences start at 1")
+    if last is not None and first is not None and last < first:
+        raise InvalidInput(f"--to {last} is before --from {first}")
+
+
+async def export_stream(
+    nats_url: str, seed: str | None, *, first: int = 1, last: int | None = None
+) -> dict[str, Any]:
+    """``export_range`` to the exporter ``OTEL_*`` configure, over a connection of our own."""
+    return await _project("export", nats_url, seed, first, last)
+
+
+async def _project(
+    target: str, nats_url: str, seed: str | None, first: int | None, last: int | None
+) -> dict[str, Any]:
+    from fleetbus.bus import connect
+    from telemetry.setup import span_exporter, tracing_configured
+
+    if not tracing_configured():
+        raise InvalidInput(
+            "no span receiver configured: set OTEL_EXPORTER_OTLP_ENDPOINT (or "
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)"
+        )
+    exporter = span_exporter()
+    nc = await connect(nats_url, name=f"fleetledger-trace-{target}", seed=seed)
+    try:
+        if target == "export":
+            return await export_range(nc, exporter, first=first or 1, last=last)
+        os.nice(FOLLOW_NICE)
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await follow(nc, exporter, first=first)
+        return {}
+    finally:
+        exporter.shutdown()
+        await nc.close()
+
+
 def register(app: typer.Typer) -> None:
-    """Add `trace EVENT_ID` to the `fleetledger` app."""
+    """Add `trace EVENT_ID`, `trace export` and `trace follow` to the `fleetledger` app."""
 
     @app.command("trace")
     def trace(
-        event_id: Annotated[str, typer.Argument(help="The ledger event id (UUIDv7).")],
+        target: Annotated[
+            str, typer.Argument(help="A ledger event id (UUIDv7), or `export` or `follow`.")
+        ],
+        first: Annotated[
+            int | None, typer.Option("--from", help="export/follow: the first stream sequence.")
+        ] = None,
+        last: Annotated[
+            int | None, typer.Option("--to", help="export: the last stream sequence.")
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     ) -> None:
-        """Print an event's trace id, span id and a Jaeger link (FLEET_JAEGER_URL)."""
+        """Print an event's trace id, span id and a Jaeger link (FLEET_JAEGER_URL); or export
+        (follow) the spans of a range of the ledger stream to the OTLP receiver of OTEL_*."""
         from fleetledger.settings import FleetSettings
 
         err = Console(stderr=True)
         try:
+            _check_range(target, first, last)
             settings = FleetSettings.load()
             if not settings.nats_url:
                 raise Unreachable(
                     "no fleet configured: run `fleetledger up` (it writes fleet.env) "
                     "or set FLEET_NATS_URL"
                 )
-            found = asyncio.run(
-                find_trace(
-                    settings.nats_url,
-                    event_id,
-                    jaeger_url=settings.jaeger_url,
-                    seed=seed_of(
-                        settings.principal, settings.identity_dir or settings.state_dir / "identity"
-                    ),
-                )
+            seed = seed_of(
+                settings.principal, settings.identity_dir or settings.state_dir / "identity"
             )
+            if target in ("export", "follow"):
+                found = asyncio.run(_project(target, settings.nats_url, seed, first, last))
+            else:
+                found = asyncio.run(
+                    find_trace(settings.nats_url, target, jaeger_url=settings.jaeger_url, seed=seed)
+                )
         except FleetError as exc:
             if as_json:
                 print(json.dumps({"error": ErrorBody.of(exc).model_dump(exclude_none=True)}))
             err.print(f"[red]error[/] [{exc.code}] {exc.message}")
             raise typer.Exit(exc.exit_code) from None
-        if as_json:
-            print(json.dumps(found))
-        else:
-            table = Table(title=f"event {found['event_id']}", title_justify="left")
-            table.add_column("field")
-            table.add_column("value")
-            for key in ("kind", "mission_id", "trace_id", "span_id", "jaeger_url"):
-                table.add_row(key, str(found[key] or "-"))
-            Console().print(table)
-        if found["trace_id"] is None:
-            err.print("this event carries no trace context (tracing was off when it was recorded)")
-            raise typer.Exit(1)
+        except KeyboardInterrupt:  # a follower stopped by Ctrl-C
+            raise typer.Exit(0) from None
+        if target in ("export", "follow"):
+            if as_json:
+                print(json.dumps(found))
+            elif found:
+                err.print(f"exported {found['spans']} spans of seq {found['from']}..{found['to']}")
+            return
+        _print_found(found, as_json, err)
 
 
-__all__ = ["event_time", "find_trace", "register"]
+def _print_found(found: dict[str, Any], as_json: bool, err: Console) -> None:
+    if as_json:
+        print(json.dumps(found))
+    else:
+        table = Table(title=f"event {found['event_id']}", title_justify="left")
+        table.add_column("field")
+        table.add_column("value")
+        for key in ("kind", "mission_id", "trace_id", "span_id", "jaeger_url"):
+            table.add_row(key, str(found[key] or "-"))
+        Console().print(table)
+    if found["trace_id"] is None:
+        err.print("this event carries no trace context (tracing was off when it was recorded)")
+        raise typer.Exit(1)
+
+
+__all__ = [
+    "Follower",
+    "event_time",
+    "export_range",
+    "export_stream",
+    "find_trace",
+    "follow",
+    "follower_process",
+    "register",
+]

@@ -26,6 +26,7 @@ from rich.table import Table
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from fleetbus.client import FleetClient
+from fleetledger.cli_trace import export_stream
 from fleetledger.render import team_view, verdict
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
@@ -398,6 +399,8 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
             for c in [*node_conns, *people.values()]:
                 await c.close()
             await fleet.close()
+            if process_telemetry().enabled:  # the mission's event spans, from its stream
+                await export_stream(servers.nats_url, keys.seed(COORDINATOR_PRINCIPAL))
             await coordinator.stop()
             process_telemetry().force_flush(5_000)
     finally:

