@@ -14,7 +14,7 @@ import signal
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import click
 import typer
@@ -26,6 +26,7 @@ from typer.core import TyperGroup
 from fleetbus.http import first_error
 from fleetledger import __version__
 from fleetledger.cli_identity import PERSON_FILE, write_person_file
+from fleetledger.console import fail
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
@@ -39,7 +40,6 @@ from fleetledger_hook.humans import AGENT_MAY_NOT_PASS, acts_for_a_person, agent
 from ledger.errors import FleetError, InvalidInput, Unreachable
 from ledger.events import ACTION_PATTERN, ID_PATTERN
 from ledger.money import format_amount, parse_amount
-from ledger.protocol import ErrorBody
 
 
 class _HumanGuard(TyperGroup):
@@ -127,11 +127,7 @@ out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 
-def _fail(exc: FleetError, as_json: bool = False) -> NoReturn:
-    if as_json:
-        print(json.dumps({"error": ErrorBody.of(exc).model_dump(exclude_none=True)}))
-    err.print(f"[red]error[/] [{exc.code}] {exc.message}")
-    raise typer.Exit(exc.exit_code)
+_fail = fail  # the one error printer (fleetledger.console)
 
 
 def _version(value: bool) -> None:

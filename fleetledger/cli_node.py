@@ -14,7 +14,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -24,10 +24,10 @@ from rich.table import Table
 
 from fleetbus.http import first_error
 from fleetbus.settings import env_file
+from fleetledger.console import fail
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger_hook import forward
 from ledger.errors import FleetError, InvalidInput
-from ledger.protocol import ErrorBody
 from node_agent.checks import (
     Check,
     CommandCheck,
@@ -65,11 +65,7 @@ hooks_app = typer.Typer(help="Install agent hooks that call the node agent.", no
 AGENTS = ("claude-code", "codex", "gemini")
 
 
-def _fail(exc: FleetError, as_json: bool = False) -> NoReturn:
-    if as_json:
-        print(json.dumps({"error": ErrorBody.of(exc).model_dump(exclude_none=True)}))
-    err.print(f"[red]error[/] [{exc.code}] {exc.message}")
-    raise typer.Exit(exc.exit_code)
+_fail = fail  # the one error printer (fleetledger.console)
 
 
 def _agent(value: str) -> Agent:

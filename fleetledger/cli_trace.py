@@ -20,7 +20,7 @@ from rich.table import Table
 from fleetbus.identity import seed_of
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
 from ledger.events import parse_events
-from ledger.protocol import STREAM, SUBJECT_PREFIX, ErrorBody
+from ledger.protocol import STREAM, SUBJECT_PREFIX
 
 SLACK = timedelta(seconds=30)  # an event's id is minted a little before it reaches the stream
 READ_TIMEOUT_S = 2.0
@@ -123,10 +123,9 @@ def register(app: typer.Typer) -> None:
                 )
             )
         except FleetError as exc:
-            if as_json:
-                print(json.dumps({"error": ErrorBody.of(exc).model_dump(exclude_none=True)}))
-            err.print(f"[red]error[/] [{exc.code}] {exc.message}")
-            raise typer.Exit(exc.exit_code) from None
+            from fleetledger.console import fail
+
+            fail(exc, as_json)
         if as_json:
             print(json.dumps(found))
         else:
