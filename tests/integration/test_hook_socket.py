@@ -78,7 +78,7 @@ async def test_fleet_hook_socket_overrides_and_the_hook_says_so(
     state, agent = fleet
     other = state / "node-2" / "node-agent.sock"  # nothing listens there
     env = {"FLEET_HOOK_SOCKET": str(other)}
-    code, out, err = await run_hook("UserPromptSubmit", PROMPT,
+    code, _out, err = await run_hook("UserPromptSubmit", PROMPT,
                                     socket=agent.settings.socket_path, env=env)  # fmt: skip
     assert code == 0
     assert f"FLEET_HOOK_SOCKET={other} overrides the installed socket" in err, err
