@@ -119,6 +119,7 @@ def _register_subcommands() -> None:
     register_trace(app)
     register_identity(app)
     __import__("fleetledger.cli_roles", fromlist=["register"]).register(app)  # role bind|list
+    __import__("fleetledger.doctor", fromlist=["register"]).register(app)  # doctor
 
 
 _register_subcommands()
