@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from fleetbus.http import first_error
 from fleetbus.settings import env_file
@@ -420,8 +421,7 @@ def hooks_install(
         if done.changed:
             _write_json(path, done.config)
         rules = write_policy(settings)
-        todo = [f"start the node agent if it is not running: `fleetledger node-agent run` "
-                f"(socket {settings.socket_path})"]  # fmt: skip
+        todo: list[str] = []
         if name == "codex":
             config = _codex_home() / "config.toml"
             if trust:
@@ -466,6 +466,25 @@ def hooks_install(
     out.print("still to do:")
     for line in todo:
         out.print(f"  - {escape(line)}")
+    _check_installed(name, root, settings.socket_path)
+
+
+def _check_installed(agent: Agent, root: Path, socket: Path) -> None:
+    """`hooks install` ends with `doctor`'s checks of this agent, and says loudly when no node
+    agent answers at the socket it wrote (the hooks would fail closed on every call)."""
+    from fleetledger.doctor import agent_checks, show
+
+    checks = agent_checks(agent, root)
+    out.print(f"checks (`fleetledger doctor --agent {agent}` checks the whole fleet too):")
+    show(out, checks)
+    if not checks[0].ok:
+        err.print(Text(
+            f"WARNING: no node agent answers at {socket}, the socket these hooks name: every "
+            "consequential call will be refused and nothing captured until one does. Start the "
+            "fleet first (`fleetledger up --state-dir ./state`), `export FLEET_STATE_DIR=./state` "
+            "and install again (or run `fleetledger node-agent run` with these settings).",
+            style="bold red",
+        ), soft_wrap=True)  # fmt: skip
 
 
 @node_app.command("state")

@@ -225,7 +225,7 @@ def installed_socket(hooks: list[Hook]) -> str | None:
     return next((h.socket for h in hooks if h.socket), None)
 
 
-def check_node_agent(socket: Path, source: str) -> Check:
+def check_node_agent(socket: Path, source: str, agent: Agent | None = None) -> Check:
     """A node agent answers ``/healthz`` on ``socket``."""
     from node_agent.client import NodeClient
 
@@ -234,10 +234,12 @@ def check_node_agent(socket: Path, source: str) -> Check:
         with NodeClient(socket, timeout=3.0) as client:
             health = client.get("/healthz")
     except FleetError as exc:
-        return failed(name, f"nothing answers at {socket} ({source}): {exc.message}",
-                      "start the fleet (`fleetledger up`, or `fleetledger node-agent run`), then "
-                      "reinstall the hooks where its settings are (`export FLEET_STATE_DIR="
-                      "STATE` first): `fleetledger hooks install AGENT`")  # fmt: skip
+        again = f" and `fleetledger hooks install {agent}` again" if agent else ""
+        fix = (
+            "start the fleet (`fleetledger up --state-dir ./state`) or `fleetledger node-agent "
+            f"run`; if it runs with other settings, `export FLEET_STATE_DIR=./state`{again}"
+        )
+        return failed(name, f"{exc.message} ({source})", fix)
     return passed(name, f"{health.get('node_id', '?')} answers at {socket} ({source})")
 
 
@@ -361,9 +363,9 @@ def agent_checks(agent: Agent, project: Path) -> list[Check]:
     except InvalidInput:
         socket = None
     if socket is not None:
-        found = check_node_agent(Path(socket), f"the socket the {agent} hooks name")
+        found = check_node_agent(Path(socket), f"the socket the {agent} hooks name", agent)
     else:
-        found = check_node_agent(NodeSettings.load().socket_path, "this terminal's settings")
+        found = check_node_agent(NodeSettings.load().socket_path, "this terminal's settings", agent)
     checks = [found, check_hooks(agent, project)]
     if agent == "codex":
         checks.append(check_codex_trust(project))
