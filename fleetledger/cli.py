@@ -194,7 +194,7 @@ def up(
     """Run the embedded fleet (NATS, Redis, a coordinator) in the foreground until Ctrl-C."""
     from coordinator.settings import CoordinatorSettings
 
-    directory = state_dir or default_state_dir()
+    directory = (state_dir or default_state_dir()).absolute()  # redis-server runs elsewhere
     env_file = directory / ENV_FILE_NAME
     try:
         names = [f"node-{i}" for i in range(1, nodes + 1)]
