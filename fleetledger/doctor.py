@@ -80,7 +80,7 @@ def check_settings() -> Check:
     found = f"{'; '.join(where)}; you act as {who}"
     if not settings.nats_url:
         return failed(name, found, "start the fleet (`fleetledger up --state-dir ./state`) and "
-                      "`export FLEET_STATE_DIR=./state`, or set FLEET_NATS_URL")  # fmt: skip
+                      "`export FLEET_STATE_DIR=$PWD/state`, or set FLEET_NATS_URL")  # fmt: skip
     return passed(name, f"{found}; NATS {settings.nats_url}")
 
 
@@ -237,7 +237,7 @@ def check_node_agent(socket: Path, source: str, agent: Agent | None = None) -> C
         again = f" and `fleetledger hooks install {agent}` again" if agent else ""
         fix = (
             "start the fleet (`fleetledger up --state-dir ./state`) or `fleetledger node-agent "
-            f"run`; if it runs with other settings, `export FLEET_STATE_DIR=./state`{again}"
+            f"run`; if it runs with other settings, `export FLEET_STATE_DIR=$PWD/state`{again}"
         )
         return failed(name, f"{exc.message} ({source})", fix)
     return passed(name, f"{health.get('node_id', '?')} answers at {socket} ({source})")
