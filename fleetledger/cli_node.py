@@ -481,8 +481,9 @@ def _check_installed(agent: Agent, root: Path, socket: Path) -> None:
         err.print(Text(
             f"WARNING: no node agent answers at {socket}, the socket these hooks name: every "
             "consequential call will be refused and nothing captured until one does. Start the "
-            "fleet first (`fleetledger up --state-dir ./state`), `export FLEET_STATE_DIR=$PWD/state` "
-            "and install again (or run `fleetledger node-agent run` with these settings).",
+            "fleet first (`fleetledger up --state-dir ./state`), `export "
+            "FLEET_STATE_DIR=$PWD/state` and install again (or run `fleetledger node-agent run` "
+            "with these settings).",
             style="bold red",
         ), soft_wrap=True)  # fmt: skip
 
