@@ -21,12 +21,13 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperGroup
 
 from fleetbus.http import first_error
 from fleetledger import __version__
 from fleetledger.cli_identity import PERSON_FILE, write_person_file
-from fleetledger.console import fail
+from fleetledger.console import error_line, fail
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
@@ -669,7 +670,8 @@ def action_request(
     else:
         out.print(decision_table(reply.decision, reply.reservation_id, reply.decision_seq))
     if not reply.decision.allowed:
-        err.print(f"[red]denied[/] by rule {reply.decision.rule}: {reply.decision.reason}")
+        said = f" by rule {reply.decision.rule}: {reply.decision.reason}"
+        err.print(Text.assemble(("denied", "red"), said), soft_wrap=True)
         raise typer.Exit(3)
 
 
@@ -779,9 +781,8 @@ def replay(
             )
         out.print(hindsight)
     for r in result.rejections:  # reported, not folded: as ingest dead-lettered them
-        err.print(
-            f"[red]rejected[/] seq {r.seq} {r.kind or 'message'} {r.event_id or ''}: {r.reason}"
-        )
+        said = f" seq {r.seq} {r.kind or 'message'} {r.event_id or ''}: {r.reason}"
+        err.print(Text.assemble(("rejected", "red"), said), soft_wrap=True)
     err.print(
         f"replayed {result.events} events up to seq {result.last_seq} "
         f"in {result.seconds * 1000:.1f} ms "
@@ -873,5 +874,5 @@ def main() -> None:
     try:
         app()
     except FleetError as exc:
-        err.print(f"[red]error[/] [{exc.code}] {exc.message}")
+        err.print(error_line(exc), soft_wrap=True)
         sys.exit(exc.exit_code)

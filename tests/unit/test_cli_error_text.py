@@ -45,3 +45,37 @@ def test_a_path_in_a_hooks_install_error_survives_literally(tmp_path: Path, name
                        state=tmp_path)  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert f"error [FL-INPUT] {project} is inside" in done.stderr, done.stderr
+
+
+def rendered(*renderables: object) -> str:
+    import io
+
+    from rich.console import Console
+
+    console = Console(record=True, width=400, file=io.StringIO())
+    for r in renderables:
+        console.print(r)
+    return console.export_text()
+
+
+def test_a_denial_reason_in_the_receipt_survives_literally() -> None:
+    from fleetledger.render import decision_table
+    from ledger.kernel import Decision
+
+    reason = "evidence [ev-1] is superseded by [bold]ev-2[/] :x:"
+    decision = Decision(allowed=False, reason=reason, action_id="a1", action="credit.issue",
+                        grant_id="g", cost=0, cut=3)  # fmt: skip
+    assert reason in rendered(decision_table(decision))
+
+
+def test_a_purpose_and_a_risk_summary_in_the_team_view_survive_literally() -> None:
+    from fleetledger.render import team_view
+
+    view = {
+        "mission_id": "m1", "purpose": "credit [red]October[/]", "owner": "lead", "version": 1,
+        "grants": [], "decisions": [],
+        "risks": [{"risk_id": "r1", "blocks": ["credit.issue"], "scope": "m1", "owner": "t",
+                   "status": "open", "summary": "covenant [b]breach[/b] :warning:"}],
+    }  # fmt: skip
+    text = rendered(*team_view(view))
+    assert "credit [red]October[/]" in text and "covenant [b]breach[/b] :warning:" in text
