@@ -14,9 +14,11 @@ Exit 0 when every check passes, 1 when one fails (2 stays for bad input, S13).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import socket as sockets
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any
@@ -230,15 +232,20 @@ def check_node_agent(socket: Path, source: str, agent: Agent | None = None) -> C
     from node_agent.client import NodeClient
 
     name = "node agent"
-    try:
+    again = f" and `fleetledger hooks install {agent}` again" if agent else ""
+    fix = (
+        "start the fleet (`fleetledger up --state-dir ./state`) or `fleetledger node-agent "
+        f"run`; if it runs with other settings, `export FLEET_STATE_DIR=$PWD/state`{again}"
+    )
+    try:  # a plain connect first: httpx leaves a refused Unix socket open
+        with contextlib.closing(sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)) as probe:
+            probe.settimeout(3.0)
+            probe.connect(str(socket))
         with NodeClient(socket, timeout=3.0) as client:
             health = client.get("/healthz")
+    except OSError as exc:
+        return failed(name, f"nothing listens at {socket} ({exc.strerror or exc}; {source})", fix)
     except FleetError as exc:
-        again = f" and `fleetledger hooks install {agent}` again" if agent else ""
-        fix = (
-            "start the fleet (`fleetledger up --state-dir ./state`) or `fleetledger node-agent "
-            f"run`; if it runs with other settings, `export FLEET_STATE_DIR=$PWD/state`{again}"
-        )
         return failed(name, f"{exc.message} ({source})", fix)
     return passed(name, f"{health.get('node_id', '?')} answers at {socket} ({source})")
 
