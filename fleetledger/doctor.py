@@ -28,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.text import Text
 
+from fleetbus.http import first_error
 from fleetbus.settings import env_file
 from fleetledger.console import fail
 from fleetledger.settings import FleetSettings
@@ -423,6 +424,16 @@ def doctor(
     root = (project or Path.cwd()).resolve()
     if not root.is_dir():
         fail(InvalidInput(f"--project {root} is not a directory"), as_json)
+    try:  # settings that do not load are bad input, named once (every check reads them)
+        from fleetledger.cli_identity import person
+
+        NodeSettings.load(), person()
+    except FleetError as exc:
+        fail(exc, as_json)
+    except ValidationError as exc:
+        fail(InvalidInput(f"the FLEET_* settings do not load: {first_error(exc)}"), as_json)
+    except ValueError as exc:
+        fail(InvalidInput(f"the FLEET_* settings do not load: {exc}"), as_json)
     checks = run_checks(agent, root)
     ok = all(c.ok for c in checks)
     if as_json:

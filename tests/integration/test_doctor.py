@@ -132,3 +132,9 @@ def test_fleet_state_dir_does_not_move_the_hooks_and_fleet_hook_socket_is_named(
 def test_doctor_refuses_an_unknown_agent_as_bad_input(tmp_path: Path) -> None:
     done = cli(terminal(tmp_path), "doctor", "--agent", "vim")
     assert done.returncode == 2 and "--agent 'vim'" in done.stderr
+
+
+def test_doctor_refuses_settings_that_do_not_load_as_bad_input(tmp_path: Path) -> None:
+    done = cli(terminal(tmp_path, FLEET_CHECK_TIMEOUT_S="soon"), "doctor")
+    assert done.returncode == 2 and "check_timeout_s" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
