@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +56,7 @@ def fleet() -> Iterator[Path]:
         finally:
             proc.send_signal(signal.SIGINT)
             proc.communicate(timeout=60)
+            shutil.rmtree(state, ignore_errors=True)
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

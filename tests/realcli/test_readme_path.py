@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -83,6 +84,7 @@ def test_the_readme_path_ends_in_a_governed_claude_code_session(
             if fleet.poll() is None:
                 os.killpg(fleet.pid, signal.SIGINT)
             fleet.communicate(timeout=60)
+            shutil.rmtree(work, ignore_errors=True)
         first_request = json.dumps(server.main_requests[0].body) if server.main_requests else ""
 
     said = second.stdout + second.stderr
