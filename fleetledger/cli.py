@@ -14,18 +14,20 @@ import signal
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import click
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperGroup
 
 from fleetbus.http import first_error
 from fleetledger import __version__
 from fleetledger.cli_identity import PERSON_FILE, write_person_file
+from fleetledger.console import error_line, fail, literal
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
@@ -39,7 +41,6 @@ from fleetledger_hook.humans import AGENT_MAY_NOT_PASS, acts_for_a_person, agent
 from ledger.errors import FleetError, InvalidInput, Unreachable
 from ledger.events import ACTION_PATTERN, ID_PATTERN
 from ledger.money import format_amount, parse_amount
-from ledger.protocol import ErrorBody
 
 
 class _HumanGuard(TyperGroup):
@@ -121,6 +122,7 @@ def _register_subcommands() -> None:
     register_identity(app)
     register_web(app)  # fleetledger web
     __import__("fleetledger.cli_roles", fromlist=["register"]).register(app)  # role bind|list
+    __import__("fleetledger.doctor", fromlist=["register"]).register(app)  # doctor
 
 
 _register_subcommands()
@@ -129,11 +131,7 @@ out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 
-def _fail(exc: FleetError, as_json: bool = False) -> NoReturn:
-    if as_json:
-        print(json.dumps({"error": ErrorBody.of(exc).model_dump(exclude_none=True)}))
-    err.print(f"[red]error[/] [{exc.code}] {exc.message}")
-    raise typer.Exit(exc.exit_code)
+_fail = fail  # the one error printer (fleetledger.console)
 
 
 def _version(value: bool) -> None:
@@ -200,7 +198,7 @@ def up(
     from coordinator.settings import CoordinatorSettings
     from fleetledger.cli_trace import follower_process
 
-    directory = state_dir or default_state_dir()
+    directory = (state_dir or default_state_dir()).absolute()  # redis-server runs elsewhere
     env_file = directory / ENV_FILE_NAME
     try:
         names = [f"node-{i}" for i in range(1, nodes + 1)]
@@ -261,7 +259,7 @@ def demo(
         print(json.dumps(figures))
     problems = expected(figures)
     if problems:
-        err.print(f"[red]the demo did not behave as scripted:[/] {'; '.join(problems)}")
+        err.print(literal("the demo did not behave as scripted: ", "red") + "; ".join(problems))
         raise typer.Exit(1)
     err.print("[green]demo complete[/]: every step behaved as scripted")
 
@@ -678,7 +676,8 @@ def action_request(
     else:
         out.print(decision_table(reply.decision, reply.reservation_id, reply.decision_seq))
     if not reply.decision.allowed:
-        err.print(f"[red]denied[/] by rule {reply.decision.rule}: {reply.decision.reason}")
+        said = f" by rule {reply.decision.rule}: {reply.decision.reason}"
+        err.print(Text.assemble(("denied", "red"), said), soft_wrap=True)
         raise typer.Exit(3)
 
 
@@ -788,9 +787,8 @@ def replay(
             )
         out.print(hindsight)
     for r in result.rejections:  # reported, not folded: as ingest dead-lettered them
-        err.print(
-            f"[red]rejected[/] seq {r.seq} {r.kind or 'message'} {r.event_id or ''}: {r.reason}"
-        )
+        said = f" seq {r.seq} {r.kind or 'message'} {r.event_id or ''}: {r.reason}"
+        err.print(Text.assemble(("rejected", "red"), said), soft_wrap=True)
     err.print(
         f"replayed {result.events} events up to seq {result.last_seq} "
         f"in {result.seconds * 1000:.1f} ms "
@@ -884,5 +882,5 @@ def main() -> None:
     try:
         app()
     except FleetError as exc:
-        err.print(f"[red]error[/] [{exc.code}] {exc.message}")
+        err.print(error_line(exc), soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -35,7 +35,6 @@ from fleetledger.settings import FleetSettings
 from fleetledger_hook.humans import agent_session
 from ledger.errors import FleetError, InvalidInput
 from ledger.identity import Principal, Role
-from ledger.protocol import ErrorBody
 
 identity_app = typer.Typer(help="Principals: who may sign events and ask for decisions.")
 out = Console()
@@ -90,10 +89,9 @@ def write_person_file(directory: Path, name: str, identity_dir: Path) -> Path:
 
 
 def _fail(exc: FleetError, as_json: bool) -> typer.Exit:
-    if as_json:
-        print(json.dumps({"error": ErrorBody.of(exc).model_dump(exclude_none=True)}))
-    err.print(f"[red]error[/] [{exc.code}] {exc.message}")
-    return typer.Exit(exc.exit_code)
+    from fleetledger.console import fail
+
+    fail(exc, as_json)  # prints literally and raises the Exit
 
 
 @identity_app.command("create")

@@ -14,20 +14,21 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from fleetbus.http import first_error
 from fleetbus.settings import env_file
+from fleetledger.console import fail
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger_hook import forward
 from ledger.errors import FleetError, InvalidInput
-from ledger.protocol import ErrorBody
 from node_agent.checks import (
     Check,
     CommandCheck,
@@ -65,11 +66,7 @@ hooks_app = typer.Typer(help="Install agent hooks that call the node agent.", no
 AGENTS = ("claude-code", "codex", "gemini")
 
 
-def _fail(exc: FleetError, as_json: bool = False) -> NoReturn:
-    if as_json:
-        print(json.dumps({"error": ErrorBody.of(exc).model_dump(exclude_none=True)}))
-    err.print(f"[red]error[/] [{exc.code}] {exc.message}")
-    raise typer.Exit(exc.exit_code)
+_fail = fail  # the one error printer (fleetledger.console)
 
 
 def _agent(value: str) -> Agent:
@@ -424,8 +421,7 @@ def hooks_install(
         if done.changed:
             _write_json(path, done.config)
         rules = write_policy(settings)
-        todo = [f"start the node agent if it is not running: `fleetledger node-agent run` "
-                f"(socket {settings.socket_path})"]  # fmt: skip
+        todo: list[str] = []
         if name == "codex":
             config = _codex_home() / "config.toml"
             if trust:
@@ -470,6 +466,26 @@ def hooks_install(
     out.print("still to do:")
     for line in todo:
         out.print(f"  - {escape(line)}")
+    _check_installed(name, root, settings.socket_path)
+
+
+def _check_installed(agent: Agent, root: Path, socket: Path) -> None:
+    """`hooks install` ends with `doctor`'s checks of this agent, and says loudly when no node
+    agent answers at the socket it wrote (the hooks would fail closed on every call)."""
+    from fleetledger.doctor import agent_checks, show
+
+    checks = agent_checks(agent, root)
+    out.print(f"checks (`fleetledger doctor --agent {agent}` checks the whole fleet too):")
+    show(out, checks)
+    if not checks[0].ok:
+        err.print(Text(
+            f"WARNING: no node agent answers at {socket}, the socket these hooks name: every "
+            "consequential call will be refused and nothing captured until one does. Start the "
+            "fleet first (`fleetledger up --state-dir ./state`), `export "
+            "FLEET_STATE_DIR=$PWD/state` and install again (or run `fleetledger node-agent run` "
+            "with these settings).",
+            style="bold red",
+        ), soft_wrap=True)  # fmt: skip
 
 
 @node_app.command("state")

@@ -36,7 +36,7 @@ from rich.table import Table
 from fleetbus.identity import seed_of
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
 from ledger.events import parse_events
-from ledger.protocol import STREAM, SUBJECT_PREFIX, ErrorBody
+from ledger.protocol import STREAM, SUBJECT_PREFIX
 from telemetry.projection import Projection, span_id_of
 
 if TYPE_CHECKING:
@@ -320,10 +320,9 @@ def register(app: typer.Typer) -> None:
                     find_trace(settings.nats_url, target, jaeger_url=settings.jaeger_url, seed=seed)
                 )
         except FleetError as exc:
-            if as_json:
-                print(json.dumps({"error": ErrorBody.of(exc).model_dump(exclude_none=True)}))
-            err.print(f"[red]error[/] [{exc.code}] {exc.message}")
-            raise typer.Exit(exc.exit_code) from None
+            from fleetledger.console import fail
+
+            fail(exc, as_json)
         except KeyboardInterrupt:  # a follower stopped by Ctrl-C
             raise typer.Exit(0) from None
         if target in ("export", "follow"):

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from coordinator.views import digest
 from ledger.invariants import RiskStatus
@@ -23,8 +24,10 @@ def team_view(view: dict[str, Any]) -> list[Table]:
     """The operator's view of one mission as tables: budget per level, risks, receipts."""
     tables: list[Table] = []
     budget = Table(
-        title=f"Mission {view['mission_id']}: {view.get('purpose') or ''} "
-        f"(owner {view.get('owner')}, ledger version {view['version']})",
+        title=Text(  # the purpose is the user's text: literal, never markup
+            f"Mission {view['mission_id']}: {view.get('purpose') or ''} "
+            f"(owner {view.get('owner')}, ledger version {view['version']})"
+        ),
         title_justify="left",
     )
     for col in (
@@ -66,7 +69,8 @@ def team_view(view: dict[str, Any]) -> list[Table]:
             status,
         )
     for gid, why in view.get("rejected_grants", {}).items():
-        budget.add_row(gid, "", "", "", "", "", "", f"[red]rejected[/] ({why.split(':', 1)[0]})")
+        rejected = Text.assemble(("rejected", "red"), f" ({why.split(':', 1)[0]})")
+        budget.add_row(gid, "", "", "", "", "", "", rejected)
     tables.append(budget)
     if view["risks"]:
         risks = Table(title="Risks", title_justify="left")
@@ -75,8 +79,9 @@ def team_view(view: dict[str, Any]) -> list[Table]:
         for r in view["risks"]:
             status = "[red]open[/]" if r["status"] == RiskStatus.OPEN else "treated"
             risks.add_row(
-                r["risk_id"], ", ".join(r["blocks"]), r["scope"], r["owner"], status, r["summary"]
-            )
+                r["risk_id"], ", ".join(r["blocks"]), r["scope"], r["owner"], status,
+                Text(r["summary"]),
+            )  # fmt: skip
         tables.append(risks)
     if view["decisions"]:
         receipts = Table(title="Decision receipts (latest)", title_justify="left")
@@ -251,7 +256,7 @@ def decision_table(
     table.add_row("verdict", verdict(decision.allowed))
     if decision.rule:
         table.add_row("rule", decision.rule.value)
-    table.add_row("reason", decision.reason)
+    table.add_row("reason", Text(decision.reason))  # names the user's values: literal
     table.add_row("action", f"{decision.action} under grant {decision.grant_id}")
     table.add_row("cost", format_amount(decision.cost))
     if stored_seq is not None:  # the answer is the receipt as the stream stored it

@@ -25,6 +25,7 @@ from rich.markup import escape
 
 from fleetbus.http import HttpServer, Page
 from fleetledger import webpage
+from fleetledger.console import fail
 from fleetledger.servers import WEB_PRINCIPAL
 from fleetledger.settings import FleetSettings
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
@@ -248,7 +249,7 @@ def web(
     from fleetledger.runtime import run_loop
 
     if not is_loopback(host) and not allow_remote:
-        _fail(InvalidInput(
+        fail(InvalidInput(
             f"--host {host!r} is not a loopback address: anyone who reaches it reads every "
             "mission's view, with no login. Pass --allow-remote to serve it there anyway"
         ))  # fmt: skip
@@ -276,14 +277,9 @@ def web(
     try:
         run_loop(main())
     except FleetError as exc:
-        _fail(exc)
+        fail(exc)
     except OSError as exc:  # the port is taken, the address is not ours
-        _fail(InvalidInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}"))
-
-
-def _fail(exc: FleetError) -> None:
-    err.print(f"[red]error[/] [{exc.code}] {escape(exc.message)}", soft_wrap=True)
-    raise typer.Exit(exc.exit_code)
+        fail(InvalidInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}"))
 
 
 def register(app: typer.Typer) -> None:

@@ -20,7 +20,13 @@ import os
 import sys
 
 from fleetledger_hook import policy
-from fleetledger_hook.forward import CONTEXT_VARS, agent_context, deadline_s, socket_path
+from fleetledger_hook.forward import (
+    CONTEXT_VARS,
+    agent_context,
+    deadline_s,
+    override_note,
+    socket_path,
+)
 from fleetledger_hook.transport import NodeDown, NodeError, SocketTransport
 
 # Only the stdlib, and only what a call needs: no `typing` or `dataclasses` at run time (each
@@ -288,7 +294,7 @@ def handle(
         return call.answer or HookAnswer()
     try:
         if transport is None:
-            raise NodeDown("no node agent socket configured (set FLEET_SOCKET)")
+            raise NodeDown("no node agent socket configured")
         reply = transport.call(call.request.op, call.request.body)
     except Exception as exc:  # any failure to ask is answered in the agent's terms
         return unreachable(call, exc, policy_)
@@ -345,7 +351,12 @@ def unreachable(call: Call, exc: Exception, policy_: Policy) -> HookAnswer:
         return HookAnswer(stderr=why)
     if op == "stop" and not policy_.reminders_fail_open:
         return adapter.block(f"{why}; cannot confirm the to-do is clear (reminders fail closed)")
-    if op in ("prompt", "stop", "context"):
+    if op in ("prompt", "context"):  # told where the model reads it, and the user on stderr
+        text = f"{why}: to-do capture and reminders are off until the node agent answers"
+        answer = adapter.context(event, text)
+        answer.stderr = text
+        return answer
+    if op == "stop":
         return adapter.note(f"{why}: to-do capture and reminders skipped")
     return HookAnswer(stderr=f"{why}: this tool call was not recorded")
 
@@ -384,7 +395,9 @@ def run(adapter: Adapter, event: str, raw: str | bytes, *, default_socket: str |
     if timeout_s is None:
         timeout_s = deadline_s(adapter.events.get(event) == "stop")
     transport = SocketTransport(path, timeout_s=timeout_s) if path else None
-    return handle(adapter, event, raw, transport=transport, policy_=load_policy(path))
+    answer = handle(adapter, event, raw, transport=transport, policy_=load_policy(path))
+    answer.stderr = override_note(default_socket) + answer.stderr
+    return answer
 
 
 def fail_closed(agent: str, event: str, raw: bytes, why: str, default_socket: str | None) -> int:

@@ -32,13 +32,26 @@ CONTEXT_VARS = {"FLEET_MISSION": "mission", "FLEET_GRANT_ID": "grant"}  # -> the
 MAX_CONTEXT_VALUE = 256
 
 
-def socket_path(default: str | None) -> str | None:
-    """FLEET_SOCKET, else FLEET_STATE_DIR's socket, else the one `hooks install` wrote."""
-    if os.environ.get("FLEET_SOCKET"):
-        return os.environ["FLEET_SOCKET"]
-    if os.environ.get("FLEET_STATE_DIR"):
-        return os.path.join(os.environ["FLEET_STATE_DIR"], "node-agent.sock")
-    return default
+# The one variable that may move a hook to another node agent: named for the hook, so no
+# setting meant for something else (FLEET_STATE_DIR, FLEET_SOCKET: the CLI's, and fleet.env's)
+# moves it without a word. See the README's "Point an agent at fleetledger".
+SOCKET_OVERRIDE = "FLEET_HOOK_SOCKET"
+
+
+def socket_path(installed: str | None) -> str | None:
+    """The socket `hooks install` wrote (``--socket``), unless FLEET_HOOK_SOCKET is set."""
+    return os.environ.get(SOCKET_OVERRIDE) or installed
+
+
+def override_note(installed: str | None) -> str:
+    """What the hook says on stderr when FLEET_HOOK_SOCKET moves it off the installed socket."""
+    chosen = os.environ.get(SOCKET_OVERRIDE)
+    if not chosen or chosen == installed:
+        return ""
+    return (
+        f"fleetledger-hook: {SOCKET_OVERRIDE}={chosen} overrides the installed socket "
+        f"{installed or '(none)'}\n"
+    )
 
 
 def deadline_s(stop: bool) -> float:
@@ -143,7 +156,10 @@ def _answer(argv: list[str] | None) -> int:
     agent, event = [*args, "", ""][:2]
     raw = sys.stdin.buffer.read(MAX_STDIN + 1)
     path = socket_path(default_socket)
-    why = "no node agent socket configured (set FLEET_SOCKET)"
+    note = override_note(default_socket)
+    if note:
+        sys.stderr.write(note)
+    why = "no node agent socket configured: reinstall with `fleetledger hooks install`"
     if len(args) == 2 and path and set(agent) <= _NAME and set(event) <= _NAME and agent:
         if len(raw) <= MAX_STDIN:
             try:
