@@ -40,6 +40,7 @@ COMMANDS: dict[tuple[str, ...], str | None] = {
     ("todo", "block"): "todo.block",
     ("todo", "evidence"): "todo.evidence",
     ("view",): None, ("replay",): None, ("trace",): None, ("demo",): None,
+    ("doctor",): None,  # reads the set-up; inside a session it has no person's key to use
     ("identity", "list"): None, ("identity", "nats-config"): None,
     ("role", "list"): None, ("node-agent", "state"): None, ("node-agent", "claims"): None,
     ("up",): "person.up",
