@@ -238,6 +238,9 @@ class MissionState:
     # key -> every accepted action under it, in order: an unknown outcome of an earlier one is
     # never hidden by a later one decided at the same cut (outcome honesty).
     key_actions: dict[str, list[str]] = field(default_factory=dict)
+    # evidence -> the actions that cited it, in order: a supersession reaches them without a
+    # walk over every action of the mission
+    citing: dict[str, list[str]] = field(default_factory=dict)
     decisions: list[DecisionRecorded] = field(default_factory=list)
     items: dict[str, ItemProgress] = field(default_factory=dict)  # the agents' to-do items
     # every event id applied: a verbatim copy published again (under another message id, or
@@ -606,8 +609,9 @@ def _evidence_superseded(s: MissionState, e: Event, p: EvidenceSuperseded) -> No
     check_evidence_supersession(s.roles, by=p.actor, fact=old)
     s.evidence[p.evidence_id] = dataclasses.replace(old, superseded_by=p.by)
     # Supersession moves accepted-but-unexecuted proposals that relied on it to review.
-    for rec in s.actions.values():
-        if rec.status is ActionStatus.ACCEPTED and p.evidence_id in rec.evidence_ids:
+    for action_id in s.citing.get(p.evidence_id, ()):
+        rec = s.actions[action_id]
+        if rec.status is ActionStatus.ACCEPTED:
             rec.needs_review = True
 
 
@@ -882,6 +886,8 @@ def _action_requested(s: MissionState, e: Event, p: ActionRequested) -> None:
         idempotency_key=e.idempotency_key, evidence_ids=p.evidence_ids,
         agent_id=e.agent_id, requested_by=p.requested_by,
     )  # fmt: skip
+    for evidence_id in sorted(p.evidence_ids):
+        s.citing.setdefault(evidence_id, []).append(p.action_id)
 
 
 @_folds(DecisionRecorded)

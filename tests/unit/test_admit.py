@@ -21,13 +21,20 @@ from coordinator.service import Coordinator
 from ledger.clock import ManualClock
 from ledger.draft import Layer, Seen, Tail, draft
 from ledger.errors import FleetError, RuleViolation
-from ledger.events import BudgetSettled, EffectObserved, Event, Outcome
+from ledger.events import (
+    BudgetSettled,
+    EffectObserved,
+    Event,
+    EvidenceRegistered,
+    EvidenceSuperseded,
+    Outcome,
+)
 from ledger.kernel import ActionRequest
 from ledger.mission import MissionState, admit, fold
 from ledger.protocol import AuthorizeRequest, ManageRequest
 from tests.fakes.budget import FakeBudget
 from tests.fakes.bus import FakeBus
-from tests.unit.builders import DAY, T0, Ledger, wide
+from tests.unit.builders import DAY, OWNER, T0, Ledger, wide
 from tests.unit.test_coordinator_decisions import new_coordinator
 from tests.unit.test_properties import FAST, histories
 
@@ -95,6 +102,33 @@ def test_checking_an_effect_on_a_50k_event_mission_costs_what_it_does_on_a_fresh
     on_big, on_fresh = (fastest(lambda s=s, c=c: admit(s, c)) for s, c in checks)
     assert on_big <= 2 * on_fresh, f"{on_big * 1e6:.0f} µs vs {on_fresh * 1e6:.0f} µs fresh"
     assert touched() == before  # checked, never changed
+
+
+def test_checking_a_supersession_on_a_50k_event_mission_costs_what_it_does_on_a_fresh_one(
+    big: Ledger,
+) -> None:
+    """A supersession reaches the actions that cited the evidence from the index of them,
+    not by a walk over every action of the mission."""
+    fresh = grown("m-fresh", 3)
+    checks = []
+    for led in (big, fresh):
+        new = led.event(EvidenceRegistered(evidence_id="e-new", source="s", claim="c"))
+        old = led.event(EvidenceSuperseded(evidence_id="e1", by="e-new", actor=OWNER))
+        checks.append((led.state, [new, old]))
+    on_big, on_fresh = (fastest(lambda s=s, c=c: admit(s, c)) for s, c in checks)
+    assert on_big <= 2 * on_fresh, f"{on_big * 1e6:.0f} µs vs {on_fresh * 1e6:.0f} µs fresh"
+
+
+def test_a_supersession_moves_to_review_exactly_the_accepted_actions_that_cited_it() -> None:
+    led = grown("m-review", 3)
+    led.evidence("e2")
+    cited = led.request(grant_id="g", cost=2, evidence=("e1", "e2"))
+    other = led.request(grant_id="g", cost=2, evidence=("e2",))
+    assert led.state.citing["e1"] == ["act1", cited.action_id]
+    led.supersede("e1", "e2")
+    actions = led.state.actions
+    assert actions[cited.action_id].needs_review and not actions[other.action_id].needs_review
+    assert not actions["act1"].needs_review  # verified before: nothing to review
 
 
 async def test_effect_record_on_a_50k_event_mission_is_within_2x_of_a_fresh_one(
