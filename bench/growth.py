@@ -1,0 +1,349 @@
+"""Growth: what a request costs as its mission grows, restart and reconciliation (issue 29;
+SPEC S11 "flat as the work grows").
+
+At each size (events of one mission; quick: 2, 1,000 and 5,000; full: 2, 1,000, 10,000 and
+50,000), on its own embedded nats-server and redis-server (JetStream fsync on every write,
+identity off) with a coordinator in this process:
+  - authorize p50 on the grown mission;
+  - evidence.register p50 and effect.record p50 on it;
+  - an unrelated small mission's authorize p99 while management requests on the grown one run;
+  - restart: a new coordinator, from its start to its first authorize answered;
+  - reconcile: start-up reconciliation (what Redis holds, mission by mission) with one other
+    mission holding a reservation per 50 events of the size: the whole pass, and per mission
+    (which must stay flat: a mission's reservations are read from its index, not a SCAN).
+The grown mission's history is appended straight to the stream: per action, its evidence, the
+authorize's message (request, reserve, commit, receipt) and the effect's (settle, effect);
+Redis gets each action's reservation, settled, as a coordinator that made them leaves it.
+Each figure is printed with its largest/smallest ratio (target <= 2x for the per-request
+figures); the node figures (a Stop, a claims miss) come from bench/growth_node.py when it is
+there. The machine's load (1-minute average) is printed with each size. Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+# Run as a script, bench/ comes first on sys.path and bench/reservations.py would shadow the
+# `reservations` package; drop it before importing ours (growth_node is imported by path).
+BENCH = Path(__file__).parent.resolve()
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
+
+import nats  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from coordinator.service import Coordinator  # noqa: E402
+from coordinator.settings import CoordinatorSettings  # noqa: E402
+from fleetbus.client import FleetClient  # noqa: E402
+from fleetledger.servers import EmbeddedServers  # noqa: E402
+from ledger.authority import Authority  # noqa: E402
+from ledger.events import (  # noqa: E402
+    POLICY_VERSION,
+    ActionRequested,
+    BudgetCommitted,
+    BudgetReserved,
+    BudgetSettled,
+    DecisionRecorded,
+    EffectObserved,
+    Event,
+    EvidenceRegistered,
+    Outcome,
+    bundle_json,
+    make_event,
+)
+from ledger.kernel import ActionRequest  # noqa: E402
+from ledger.protocol import subject_of  # noqa: E402
+from reservations import ReservationClient  # noqa: E402
+
+err = Console(stderr=True)
+
+BIG, SMALL = "grown", "unrelated"
+PER_REQUEST = ("authorize_p50_ms", "evidence_register_p50_ms", "effect_record_p50_ms",
+               "unrelated_authorize_p99_ms", "reconcile_per_mission_ms")  # fmt: skip
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+# --- the grown mission's history, appended straight to the stream ---------------------------
+
+
+def action_messages(mid: str, n: int, now: datetime) -> list[list[Event]]:
+    """The messages one action leaves: its evidence, the authorize's and the effect's."""
+    aid, rid, eid = f"h{n}", f"r-h{n}", f"he{n}"
+
+    def ev(payload: Any, **kw: Any) -> Event:
+        return make_event(payload, mission_id=mid, at=now, grant_id="g", **kw)
+
+    requested = ev(
+        ActionRequested(action_id=aid, action="pay", cost=2, evidence_ids=frozenset({eid})),
+        idempotency_key=f"hk{n}",
+    )
+    receipt = DecisionRecorded(
+        action_id=aid, action="pay", allowed=True, reason="all rules hold at the cut", cut=0,
+        policy_version=POLICY_VERSION, evidence=(eid,), reservation_id=rid,
+    )  # fmt: skip
+    lease = now + timedelta(hours=1)
+    return [
+        [ev(EvidenceRegistered(evidence_id=eid, source="bench", claim="grown"))],
+        [
+            requested,
+            ev(BudgetReserved(reservation_id=rid, grant_id="g", amount=2, lease_until=lease)),
+            ev(BudgetCommitted(reservation_id=rid)),
+            ev(receipt),
+        ],
+        [
+            ev(BudgetSettled(reservation_id=rid, actual=1)),
+            ev(EffectObserved(action_id=aid, outcome=Outcome.VERIFIED_SUCCESS, actual=1)),
+        ],
+    ]
+
+
+async def grow(nats_url: str, mid: str, events: int) -> tuple[int, int]:
+    """Append about ``events`` events of history to ``mid``; returns the last sequence and
+    how many actions it holds."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    now = datetime.now(UTC)
+    last, written, n = 0, 0, 0
+    while written < events:
+        acks = []
+        for _ in range(200):  # a window of publishes in flight
+            if written >= events:
+                break
+            for msg in action_messages(mid, n, now):
+                msg_id = {"Nats-Msg-Id": str(msg[-1].event_id)}
+                ack = await js.publish_async(subject_of(msg[-1]), bundle_json(msg), headers=msg_id)
+                acks.append(ack)
+                written += len(msg)
+            n += 1
+        last = max([last, *(a.seq for a in await asyncio.gather(*acks))])
+    await nc.close()
+    return last, n
+
+
+async def grow_redis(redis_url: str, mid: str, actions: int) -> None:
+    """What Redis keeps of those actions (as a coordinator that made them would): each one's
+    reservation, settled (its key stays, as every resolved reservation's does)."""
+    async with ReservationClient.from_url(redis_url) as store:
+        for start in range(0, actions, 1000):
+            ids = [f"r-h{n}" for n in range(start, min(actions, start + 1000))]
+            await store.reserve_many(mid, ["g"], [(rid, 2) for rid in ids], 3600)
+            await store.settle_many(mid, [(rid, 1) for rid in ids])
+
+
+# --- requests --------------------------------------------------------------------------------
+
+
+async def set_up(client: FleetClient, mid: str) -> None:
+    expires = (datetime.now(UTC) + timedelta(hours=4)).isoformat()
+    await client.manage(
+        "mission.create", mid,
+        {"purpose": "bench", "owner": "o", "ceiling": 10**12, "expires_at": expires},
+    )  # fmt: skip
+    await client.manage(
+        "grant.issue", mid,
+        {"grant_id": "g", "holder": "a", "purpose": "bench", "owner": "o",
+         "authority": Authority.of(["pay"]).model_dump(mode="json"), "budget": 10**11},
+    )  # fmt: skip
+
+
+def action(action_id: str) -> ActionRequest:
+    return ActionRequest(
+        action_id=action_id, grant_id="g", action="pay", cost=2, idempotency_key=f"k{action_id}"
+    )
+
+
+async def timed(call: Callable[[], Awaitable[Any]]) -> float:
+    started = time.perf_counter()
+    await call()
+    return time.perf_counter() - started
+
+
+async def authorize(client: FleetClient, mid: str, action_id: str) -> None:
+    reply = await client.authorize(mid, action(action_id))
+    assert reply.decision is not None and reply.decision.allowed, reply
+
+
+async def effect(client: FleetClient, mid: str, action_id: str) -> None:
+    args = {"action_id": action_id, "outcome": "verified_success", "actual": 1}
+    await client.manage("effect.record", mid, args)
+
+
+async def register(client: FleetClient, mid: str, evidence_id: str) -> None:
+    args = {"evidence_id": evidence_id, "source": "bench", "claim": "c"}
+    await client.manage("evidence.register", mid, args)
+
+
+async def requests(client: FleetClient, samples: int) -> dict[str, float]:
+    """authorize, evidence.register and effect.record on the grown mission, p50 each."""
+    auth, reg, eff = [], [], []
+    for i in range(samples):
+        auth.append(await timed(lambda i=i: authorize(client, BIG, f"q{i}")))
+        reg.append(await timed(lambda i=i: register(client, BIG, f"qe{i}")))
+        eff.append(await timed(lambda i=i: effect(client, BIG, f"q{i}")))
+    return {
+        "authorize_p50_ms": statistics.median(auth) * 1e3,
+        "evidence_register_p50_ms": statistics.median(reg) * 1e3,
+        "effect_record_p50_ms": statistics.median(eff) * 1e3,
+    }
+
+
+async def under_load(client: FleetClient, busy: FleetClient, samples: int) -> dict[str, float]:
+    """The unrelated mission's authorize p99 while ``busy`` manages the grown mission."""
+    stop, rounds = asyncio.Event(), [0]
+
+    async def manage() -> None:
+        while not stop.is_set():
+            k = rounds[0]
+            await register(busy, BIG, f"le{k}")
+            await authorize(busy, BIG, f"l{k}")
+            await effect(busy, BIG, f"l{k}")
+            rounds[0] += 1
+
+    task = asyncio.create_task(manage())
+    try:
+        out = [await timed(lambda i=i: authorize(client, SMALL, f"u{i}")) for i in range(samples)]
+    finally:
+        stop.set()
+        await task
+    return {"unrelated_authorize_p99_ms": pct(out, 0.99) * 1e3, "management_rounds": rounds[0]}
+
+
+# --- one size ---------------------------------------------------------------------------------
+
+
+def settings_for(fleet: EmbeddedServers) -> CoordinatorSettings:
+    return CoordinatorSettings(
+        nats_url=fleet.nats_url, redis_url=fleet.redis_url, http_port=0, sweep_interval_s=3600
+    )
+
+
+async def holders(client: FleetClient, missions: int) -> None:
+    """Other missions, each holding one committed reservation in Redis."""
+    for m in range(missions):
+        await set_up(client, f"other-{m}")
+        await authorize(client, f"other-{m}", "o1")
+
+
+async def one_size(size: int, samples: int) -> dict[str, float]:
+    figures: dict[str, float] = {"load_1m": load()}
+    with EmbeddedServers(fsync_every_write=True) as fleet:
+        co = await Coordinator.from_settings(settings_for(fleet))
+        await co.start()
+        client = await FleetClient.connect(fleet.nats_url)
+        busy = await FleetClient.connect(fleet.nats_url)
+        try:
+            for mid in (BIG, SMALL):
+                await set_up(client, mid)
+            await holders(client, size // 50)
+            if size > 2:
+                started = time.perf_counter()
+                last, actions = await grow(fleet.nats_url, BIG, size - 2)
+                await grow_redis(fleet.redis_url, BIG, actions)
+                await co.wait_applied(last, 600)
+                err.print(f"  grown to {co.states[BIG].version} events in "
+                          f"{time.perf_counter() - started:.1f}s")  # fmt: skip
+            for i in range(5):  # warm
+                await authorize(client, SMALL, f"w{i}")
+            figures.update(await requests(client, samples))
+            figures.update(await under_load(client, busy, samples))
+            figures["events"] = co.states[BIG].version
+        finally:
+            await co.stop()
+        started = time.perf_counter()
+        again = await Coordinator.from_settings(settings_for(fleet))
+        await again.start()
+        try:
+            await authorize(client, SMALL, "after-restart")  # at a cut after everything
+            figures["restart_s"] = time.perf_counter() - started
+            figures["reconcile_s"] = await timed(again.reconciler.find_undecided)
+            figures["missions"] = len(again.states)
+            figures["reconcile_per_mission_ms"] = figures["reconcile_s"] / len(again.states) * 1e3
+        finally:
+            await again.stop()
+            await client.close()
+            await busy.close()
+    figures["load_1m_end"] = load()
+    return figures
+
+
+# --- the node figures, from the node agent's own bench ---------------------------------------
+
+
+def node_figures(quick: bool) -> dict[str, Any]:
+    """``bench/growth_node.py``'s ``stop_growth`` and ``claims_miss_growth``, when present."""
+    if not (BENCH / "growth_node.py").exists():
+        return {"missing": "bench/growth_node.py is not there: no Stop or claims-miss figures"}
+    sys.path.insert(0, str(BENCH))
+    try:
+        node = importlib.import_module("growth_node")
+    finally:
+        sys.path.remove(str(BENCH))
+    out: dict[str, Any] = {}
+    for name in ("stop_growth", "claims_miss_growth"):
+        run = getattr(node, name, None)
+        out[name] = run(quick) if run is not None else {"missing": f"growth_node.{name}"}
+    return out
+
+
+def ratio(rows: list[dict[str, float]], key: str) -> float:
+    first, last = rows[0][key], rows[-1][key]
+    return last / first if first else float("inf")
+
+
+def report(sizes: tuple[int, ...], rows: list[dict[str, float]]) -> dict[str, Any]:
+    keys = (*PER_REQUEST, "restart_s", "reconcile_s")  # per mission: flat; the pass: not
+    table = Table(title="Growth (one run; ratio = largest size / smallest)", title_justify="left")
+    for col in ("measure", *(f"{s:,} ev" for s in sizes), "ratio", "target"):
+        table.add_column(col)
+    out: dict[str, Any] = {"sizes": list(sizes)}
+    for key in keys:
+        r = ratio(rows, key)
+        target = "<= 2x" if key in PER_REQUEST else "<= 2 s" if key == "restart_s" else ""
+        cells = [f"{row[key]:.3f}" for row in rows]
+        table.add_row(key, *cells, f"{r:.2f}x", target)
+        out[key] = [round(row[key], 4) for row in rows]
+        out[f"{key}_ratio"] = round(r, 3)
+    for key in ("management_rounds", "missions", "load_1m", "load_1m_end"):
+        table.add_row(key, *(f"{row[key]:.2f}" for row in rows), "", "")
+        out[key] = [round(row[key], 2) for row in rows]
+    Console().print(table)
+    return out
+
+
+async def main(quick: bool) -> dict[str, Any]:
+    sizes = (2, 1_000, 5_000) if quick else (2, 1_000, 10_000, 50_000)
+    samples = 20 if quick else 200
+    rows = []
+    for size in sizes:
+        err.print(f"size {size:,} events (load {load():.2f})…")
+        rows.append(await one_size(size, samples))
+    figures = report(sizes, rows)
+    figures["samples"] = samples
+    figures["node"] = node_figures(quick)
+    return figures
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer samples")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main(args.quick))))
