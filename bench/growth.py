@@ -1,16 +1,19 @@
 """Growth: what a request costs as its mission grows, restart and reconciliation (issue 29;
 SPEC S11 "flat as the work grows").
 
-At each size (events of one mission; quick: 2, 1,000 and 5,000; full: 2, 1,000, 10,000 and
+At each size (events of one mission; quick: 2, 1,000 and 10,000; full: 2, 1,000, 10,000 and
 50,000), on its own embedded nats-server and redis-server (JetStream fsync on every write,
 identity off) with a coordinator in this process:
   - authorize p50 on the grown mission;
   - evidence.register p50 and effect.record p50 on it;
   - an unrelated small mission's authorize p99 while management requests on the grown one run;
   - restart: a new coordinator, from its start to its first authorize answered;
-  - reconcile: start-up reconciliation (what Redis holds, mission by mission) with one other
-    mission holding a reservation per 50 events of the size: the whole pass, and per mission
-    (which must stay flat: a mission's reservations are read from its index, not a SCAN).
+  - reconcile: start-up reconciliation (what Redis holds, mission by mission) with 20 other
+    missions, and one more per 50 events of the size, each holding a reservation: the whole
+    pass, and per mission (which must stay flat: a mission's reservations are read from its
+    index, not a SCAN).
+Samples per figure: quick 30, full 200; at least 8, and no more once 10 s passed (so a slow
+size of old code ends).
 The grown mission's history is appended straight to the stream: per action, its evidence, the
 authorize's message (request, reserve, commit, receipt) and the effect's (settle, effect);
 Redis gets each action's reservation, settled, as a coordinator that made them leaves it.
@@ -69,6 +72,7 @@ from reservations import ReservationClient  # noqa: E402
 err = Console(stderr=True)
 
 BIG, SMALL = "grown", "unrelated"
+MIN_SAMPLES, BUDGET_S = 8, 10.0  # per figure: a slow size stops sampling after BUDGET_S
 PER_REQUEST = ("authorize_p50_ms", "evidence_register_p50_ms", "effect_record_p50_ms",
                "unrelated_authorize_p99_ms", "reconcile_per_mission_ms")  # fmt: skip
 
@@ -193,9 +197,13 @@ async def register(client: FleetClient, mid: str, evidence_id: str) -> None:
 
 
 async def requests(client: FleetClient, samples: int) -> dict[str, float]:
-    """authorize, evidence.register and effect.record on the grown mission, p50 each."""
+    """authorize, evidence.register and effect.record on the grown mission, p50 each (at
+    least ``MIN_SAMPLES``, fewer than ``samples`` once ``BUDGET_S`` passed)."""
     auth, reg, eff = [], [], []
+    deadline = time.monotonic() + BUDGET_S
     for i in range(samples):
+        if i >= MIN_SAMPLES and time.monotonic() > deadline:
+            break
         auth.append(await timed(lambda i=i: authorize(client, BIG, f"q{i}")))
         reg.append(await timed(lambda i=i: register(client, BIG, f"qe{i}")))
         eff.append(await timed(lambda i=i: effect(client, BIG, f"q{i}")))
@@ -219,12 +227,21 @@ async def under_load(client: FleetClient, busy: FleetClient, samples: int) -> di
             rounds[0] += 1
 
     task = asyncio.create_task(manage())
+    out: list[float] = []
+    deadline = time.monotonic() + BUDGET_S
     try:
-        out = [await timed(lambda i=i: authorize(client, SMALL, f"u{i}")) for i in range(samples)]
+        for i in range(samples):
+            if i >= MIN_SAMPLES and time.monotonic() > deadline:
+                break
+            out.append(await timed(lambda i=i: authorize(client, SMALL, f"u{i}")))
     finally:
         stop.set()
         await task
-    return {"unrelated_authorize_p99_ms": pct(out, 0.99) * 1e3, "management_rounds": rounds[0]}
+    return {
+        "unrelated_authorize_p99_ms": pct(out, 0.99) * 1e3,
+        "management_rounds": rounds[0],
+        "samples": len(out),
+    }
 
 
 # --- one size ---------------------------------------------------------------------------------
@@ -253,7 +270,7 @@ async def one_size(size: int, samples: int) -> dict[str, float]:
         try:
             for mid in (BIG, SMALL):
                 await set_up(client, mid)
-            await holders(client, size // 50)
+            await holders(client, 20 + size // 50)
             if size > 2:
                 started = time.perf_counter()
                 last, actions = await grow(fleet.nats_url, BIG, size - 2)
@@ -261,8 +278,10 @@ async def one_size(size: int, samples: int) -> dict[str, float]:
                 await co.wait_applied(last, 600)
                 err.print(f"  grown to {co.states[BIG].version} events in "
                           f"{time.perf_counter() - started:.1f}s")  # fmt: skip
-            for i in range(5):  # warm
+            for i in range(5):  # warm every path first (the first size runs cold otherwise)
                 await authorize(client, SMALL, f"w{i}")
+                await register(client, SMALL, f"we{i}")
+                await effect(client, SMALL, f"w{i}")
             figures.update(await requests(client, samples))
             figures.update(await under_load(client, busy, samples))
             figures["events"] = co.states[BIG].version
@@ -322,7 +341,7 @@ def report(sizes: tuple[int, ...], rows: list[dict[str, float]]) -> dict[str, An
         table.add_row(key, *cells, f"{r:.2f}x", target)
         out[key] = [round(row[key], 4) for row in rows]
         out[f"{key}_ratio"] = round(r, 3)
-    for key in ("management_rounds", "missions", "load_1m", "load_1m_end"):
+    for key in ("management_rounds", "samples", "missions", "load_1m", "load_1m_end"):
         table.add_row(key, *(f"{row[key]:.2f}" for row in rows), "", "")
         out[key] = [round(row[key], 2) for row in rows]
     Console().print(table)
@@ -330,14 +349,14 @@ def report(sizes: tuple[int, ...], rows: list[dict[str, float]]) -> dict[str, An
 
 
 async def main(quick: bool) -> dict[str, Any]:
-    sizes = (2, 1_000, 5_000) if quick else (2, 1_000, 10_000, 50_000)
-    samples = 20 if quick else 200
+    sizes = (2, 1_000, 10_000) if quick else (2, 1_000, 10_000, 50_000)
+    samples = 30 if quick else 200
     rows = []
     for size in sizes:
         err.print(f"size {size:,} events (load {load():.2f})…")
         rows.append(await one_size(size, samples))
     figures = report(sizes, rows)
-    figures["samples"] = samples
+    figures["samples_asked"] = samples
     figures["node"] = node_figures(quick)
     return figures
 
