@@ -12,20 +12,24 @@ identity off) with a coordinator in this process:
     missions, and one more per 50 events of the size, each holding a reservation: the whole
     pass, and per mission (which must stay flat: a mission's reservations are read from its
     index, not a SCAN).
-Samples per figure: quick 30, full 200; at least 8, and no more once 10 s passed (so a slow
-size of old code ends).
+Samples per figure: quick 30, full 200, in blocks of 5 that take turns by size (so a change of
+the machine's load touches every size alike); a size stops sampling once it spent 20 s, with at
+least 10 (old code's big sizes). Full garbage collections while sampling are counted.
 The grown mission's history is appended straight to the stream: per action, its evidence, the
 authorize's message (request, reserve, commit, receipt) and the effect's (settle, effect);
 Redis gets each action's reservation, settled, as a coordinator that made them leaves it.
 Each figure is printed with its largest/smallest ratio (target <= 2x for the per-request
 figures); the node figures (a Stop, a claims miss) come from bench/growth_node.py when it is
-there. The machine's load (1-minute average) is printed with each size. Ends with one JSON line.
+there. The machine's load (1-minute average) is printed while sampling and at each restart.
+Ends with one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import importlib
 import json
 import os
@@ -34,6 +38,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +77,8 @@ from reservations import ReservationClient  # noqa: E402
 err = Console(stderr=True)
 
 BIG, SMALL = "grown", "unrelated"
-MIN_SAMPLES, BUDGET_S = 8, 10.0  # per figure: a slow size stops sampling after BUDGET_S
+MIN_SAMPLES, BUDGET_S = 10, 20.0  # a slow size (old code) stops sampling after BUDGET_S
+BLOCK = 5  # samples of each figure per turn: the sizes take turns, so load touches all alike
 PER_REQUEST = ("authorize_p50_ms", "evidence_register_p50_ms", "effect_record_p50_ms",
                "unrelated_authorize_p99_ms", "reconcile_per_mission_ms")  # fmt: skip
 
@@ -84,6 +90,24 @@ def pct(values: list[float], q: float) -> float:
 
 def load() -> float:
     return os.getloadavg()[0]
+
+
+class FullCollections:
+    """The time the interpreter spent in full (generation 2) garbage collections: each walks
+    every object, so a bigger state makes each one longer (a pause on the event loop)."""
+
+    def __init__(self) -> None:
+        self.count, self.seconds, self.longest, self._started = 0, 0.0, 0.0, 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        took = time.perf_counter() - self._started
+        self.count, self.seconds = self.count + 1, self.seconds + took
+        self.longest = max(self.longest, took)
 
 
 # --- the grown mission's history, appended straight to the stream ---------------------------
@@ -196,52 +220,47 @@ async def register(client: FleetClient, mid: str, evidence_id: str) -> None:
     await client.manage("evidence.register", mid, args)
 
 
-async def requests(client: FleetClient, samples: int) -> dict[str, float]:
-    """authorize, evidence.register and effect.record on the grown mission, p50 each (at
-    least ``MIN_SAMPLES``, fewer than ``samples`` once ``BUDGET_S`` passed)."""
-    auth, reg, eff = [], [], []
-    deadline = time.monotonic() + BUDGET_S
-    for i in range(samples):
-        if i >= MIN_SAMPLES and time.monotonic() > deadline:
-            break
-        auth.append(await timed(lambda i=i: authorize(client, BIG, f"q{i}")))
-        reg.append(await timed(lambda i=i: register(client, BIG, f"qe{i}")))
-        eff.append(await timed(lambda i=i: effect(client, BIG, f"q{i}")))
-    return {
-        "authorize_p50_ms": statistics.median(auth) * 1e3,
-        "evidence_register_p50_ms": statistics.median(reg) * 1e3,
-        "effect_record_p50_ms": statistics.median(eff) * 1e3,
-    }
+class Sample:
+    """One size's samples, gathered in blocks that take turns with the other sizes'."""
+
+    def __init__(self) -> None:
+        self.auth: list[float] = []
+        self.reg: list[float] = []
+        self.eff: list[float] = []
+        self.unrelated: list[float] = []
+        self.rounds = 0  # management rounds that ran beside the unrelated authorizes
+        self.spent = 0.0
 
 
-async def under_load(client: FleetClient, busy: FleetClient, samples: int) -> dict[str, float]:
-    """The unrelated mission's authorize p99 while ``busy`` manages the grown mission."""
-    stop, rounds = asyncio.Event(), [0]
+async def requests(client: FleetClient, sample: Sample, block: int) -> None:
+    """authorize, evidence.register and effect.record on the grown mission."""
+    for _ in range(block):
+        i = len(sample.auth)
+        sample.auth.append(await timed(partial(authorize, client, BIG, f"q{i}")))
+        sample.reg.append(await timed(partial(register, client, BIG, f"qe{i}")))
+        sample.eff.append(await timed(partial(effect, client, BIG, f"q{i}")))
+
+
+async def under_load(client: FleetClient, busy: FleetClient, sample: Sample, block: int) -> None:
+    """The unrelated mission's authorizes while ``busy`` manages the grown mission."""
+    stop = asyncio.Event()
 
     async def manage() -> None:
         while not stop.is_set():
-            k = rounds[0]
+            k = sample.rounds
             await register(busy, BIG, f"le{k}")
             await authorize(busy, BIG, f"l{k}")
             await effect(busy, BIG, f"l{k}")
-            rounds[0] += 1
+            sample.rounds += 1
 
     task = asyncio.create_task(manage())
-    out: list[float] = []
-    deadline = time.monotonic() + BUDGET_S
     try:
-        for i in range(samples):
-            if i >= MIN_SAMPLES and time.monotonic() > deadline:
-                break
-            out.append(await timed(lambda i=i: authorize(client, SMALL, f"u{i}")))
+        for _ in range(block):
+            i = len(sample.unrelated)
+            sample.unrelated.append(await timed(partial(authorize, client, SMALL, f"u{i}")))
     finally:
         stop.set()
         await task
-    return {
-        "unrelated_authorize_p99_ms": pct(out, 0.99) * 1e3,
-        "management_rounds": rounds[0],
-        "samples": len(out),
-    }
 
 
 # --- one size ---------------------------------------------------------------------------------
@@ -260,48 +279,70 @@ async def holders(client: FleetClient, missions: int) -> None:
         await authorize(client, f"other-{m}", "o1")
 
 
-async def one_size(size: int, samples: int) -> dict[str, float]:
-    figures: dict[str, float] = {"load_1m": load()}
-    with EmbeddedServers(fsync_every_write=True) as fleet:
-        co = await Coordinator.from_settings(settings_for(fleet))
-        await co.start()
-        client = await FleetClient.connect(fleet.nats_url)
-        busy = await FleetClient.connect(fleet.nats_url)
-        try:
-            for mid in (BIG, SMALL):
-                await set_up(client, mid)
-            await holders(client, 20 + size // 50)
-            if size > 2:
-                started = time.perf_counter()
-                last, actions = await grow(fleet.nats_url, BIG, size - 2)
-                await grow_redis(fleet.redis_url, BIG, actions)
-                await co.wait_applied(last, 600)
-                err.print(f"  grown to {co.states[BIG].version} events in "
-                          f"{time.perf_counter() - started:.1f}s")  # fmt: skip
-            for i in range(5):  # warm every path first (the first size runs cold otherwise)
-                await authorize(client, SMALL, f"w{i}")
-                await register(client, SMALL, f"we{i}")
-                await effect(client, SMALL, f"w{i}")
-            figures.update(await requests(client, samples))
-            figures.update(await under_load(client, busy, samples))
-            figures["events"] = co.states[BIG].version
-        finally:
-            await co.stop()
+class Size:
+    """One size: its own servers and coordinator, its mission grown to ``events``."""
+
+    def __init__(self, events: int, stack: contextlib.ExitStack) -> None:
+        self.events = events
+        self.fleet = stack.enter_context(EmbeddedServers(fsync_every_write=True))
+        self.sample = Sample()
+        self.figures: dict[str, float] = {}
+
+    async def start(self) -> None:
+        self.co = await Coordinator.from_settings(settings_for(self.fleet))
+        await self.co.start()
+        self.client = await FleetClient.connect(self.fleet.nats_url)
+        self.busy = await FleetClient.connect(self.fleet.nats_url)
+        for mid in (BIG, SMALL):
+            await set_up(self.client, mid)
+        await holders(self.client, 20 + self.events // 50)
+        if self.events > 2:
+            started = time.perf_counter()
+            last, actions = await grow(self.fleet.nats_url, BIG, self.events - 2)
+            await grow_redis(self.fleet.redis_url, BIG, actions)
+            await self.co.wait_applied(last, 600)
+            err.print(f"  grown to {self.co.states[BIG].version} events in "
+                      f"{time.perf_counter() - started:.1f}s")  # fmt: skip
+        for i in range(5):  # warm every path first
+            await authorize(self.client, SMALL, f"w{i}")
+            await register(self.client, SMALL, f"we{i}")
+            await effect(self.client, SMALL, f"w{i}")
+
+    async def block(self, n: int) -> None:
+        """``n`` samples of every figure, unless this size already spent ``BUDGET_S``."""
+        if len(self.sample.auth) >= MIN_SAMPLES and self.sample.spent > BUDGET_S:
+            return
         started = time.perf_counter()
-        again = await Coordinator.from_settings(settings_for(fleet))
+        await requests(self.client, self.sample, n)
+        await under_load(self.client, self.busy, self.sample, n)
+        self.sample.spent += time.perf_counter() - started
+
+    async def restart(self) -> None:
+        """Stop the coordinator; a new one's start to its first authorize; reconciliation."""
+        s, f = self.sample, self.figures
+        f.update(
+            events=self.co.states[BIG].version,
+            authorize_p50_ms=statistics.median(s.auth) * 1e3,
+            evidence_register_p50_ms=statistics.median(s.reg) * 1e3,
+            effect_record_p50_ms=statistics.median(s.eff) * 1e3,
+            unrelated_authorize_p99_ms=pct(s.unrelated, 0.99) * 1e3,
+            management_rounds=s.rounds,
+            samples=len(s.auth),
+        )
+        await self.co.stop()
+        started = time.perf_counter()
+        again = await Coordinator.from_settings(settings_for(self.fleet))
         await again.start()
         try:
-            await authorize(client, SMALL, "after-restart")  # at a cut after everything
-            figures["restart_s"] = time.perf_counter() - started
-            figures["reconcile_s"] = await timed(again.reconciler.find_undecided)
-            figures["missions"] = len(again.states)
-            figures["reconcile_per_mission_ms"] = figures["reconcile_s"] / len(again.states) * 1e3
+            await authorize(self.client, SMALL, "after-restart")  # at a cut after everything
+            f["restart_s"] = time.perf_counter() - started
+            f["reconcile_s"] = await timed(again.reconciler.find_undecided)
+            f["missions"] = len(again.states)
+            f["reconcile_per_mission_ms"] = f["reconcile_s"] / len(again.states) * 1e3
         finally:
             await again.stop()
-            await client.close()
-            await busy.close()
-    figures["load_1m_end"] = load()
-    return figures
+            await self.client.close()
+            await self.busy.close()
 
 
 # --- the node figures, from the node agent's own bench ---------------------------------------
@@ -341,7 +382,8 @@ def report(sizes: tuple[int, ...], rows: list[dict[str, float]]) -> dict[str, An
         table.add_row(key, *cells, f"{r:.2f}x", target)
         out[key] = [round(row[key], 4) for row in rows]
         out[f"{key}_ratio"] = round(r, 3)
-    for key in ("management_rounds", "samples", "missions", "load_1m", "load_1m_end"):
+    extra = ("management_rounds", "samples", "missions", "load_1m")
+    for key in extra:
         table.add_row(key, *(f"{row[key]:.2f}" for row in rows), "", "")
         out[key] = [round(row[key], 2) for row in rows]
     Console().print(table)
@@ -351,13 +393,38 @@ def report(sizes: tuple[int, ...], rows: list[dict[str, float]]) -> dict[str, An
 async def main(quick: bool) -> dict[str, Any]:
     sizes = (2, 1_000, 10_000) if quick else (2, 1_000, 10_000, 50_000)
     samples = 30 if quick else 200
-    rows = []
-    for size in sizes:
-        err.print(f"size {size:,} events (load {load():.2f})…")
-        rows.append(await one_size(size, samples))
-    figures = report(sizes, rows)
-    figures["samples_asked"] = samples
-    figures["node"] = node_figures(quick)
+    with contextlib.ExitStack() as stack:
+        runs = []
+        for events in sizes:
+            err.print(f"size {events:,} events: setting up (load {load():.2f})…")
+            runs.append(Size(events, stack))
+            await runs[-1].start()
+        err.print(f"{samples} samples per figure, blocks of {BLOCK} taking turns by size…")
+        collections = FullCollections()
+        gc.callbacks.append(collections)
+        loads = [load()]
+        try:
+            for _ in range(samples // BLOCK):
+                for run in runs:
+                    await run.block(BLOCK)
+                loads.append(load())
+        finally:
+            gc.callbacks.remove(collections)
+        for run in runs:
+            err.print(f"size {run.events:,} events: restart and reconcile (load {load():.2f})…")
+            await run.restart()
+            run.figures["load_1m"] = load()
+    figures = report(sizes, [run.figures for run in runs])
+    figures.update(
+        samples_asked=samples,
+        load_1m_while_sampling=[round(x, 2) for x in loads],
+        gc_full_while_sampling=collections.count,
+        gc_full_longest_ms=round(collections.longest * 1e3, 2),
+        node=node_figures(quick),
+    )
+    err.print(f"load (1 min) while sampling: {min(loads):.2f}-{max(loads):.2f}; "
+              f"{collections.count} full collections, longest "
+              f"{collections.longest * 1e3:.1f} ms")  # fmt: skip
     return figures
 
 
