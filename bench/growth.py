@@ -30,7 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import importlib
+import importlib.util
 import json
 import os
 import statistics
@@ -349,18 +349,26 @@ class Size:
 
 
 def node_figures(quick: bool) -> dict[str, Any]:
-    """``bench/growth_node.py``'s ``stop_growth`` and ``claims_miss_growth``, when present."""
-    if not (BENCH / "growth_node.py").exists():
+    """``bench/growth_node.py``'s ``stop_growth`` and ``claims_miss_growth``, when present (run
+    outside any event loop: they run their own). A figure that fails says so."""
+    path = BENCH / "growth_node.py"
+    if not path.exists():
         return {"missing": "bench/growth_node.py is not there: no Stop or claims-miss figures"}
-    sys.path.insert(0, str(BENCH))
-    try:
-        node = importlib.import_module("growth_node")
-    finally:
-        sys.path.remove(str(BENCH))
+    spec = importlib.util.spec_from_file_location("growth_node", path)
+    assert spec is not None and spec.loader is not None
+    node = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(node)
     out: dict[str, Any] = {}
     for name in ("stop_growth", "claims_miss_growth"):
         run = getattr(node, name, None)
-        out[name] = run(quick) if run is not None else {"missing": f"growth_node.{name}"}
+        if run is None:
+            out[name] = {"missing": f"growth_node.{name} is not there"}
+            continue
+        err.print(f"node: {name}…")
+        try:
+            out[name] = run(quick)
+        except Exception as exc:  # its failure is reported, never a figure made up
+            out[name] = {"failed": f"{type(exc).__name__}: {exc}"}
     return out
 
 
@@ -420,7 +428,6 @@ async def main(quick: bool) -> dict[str, Any]:
         load_1m_while_sampling=[round(x, 2) for x in loads],
         gc_full_while_sampling=collections.count,
         gc_full_longest_ms=round(collections.longest * 1e3, 2),
-        node=node_figures(quick),
     )
     err.print(f"load (1 min) while sampling: {min(loads):.2f}-{max(loads):.2f}; "
               f"{collections.count} full collections, longest "
@@ -432,4 +439,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer samples")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.quick))))
+    figures = asyncio.run(main(args.quick))
+    figures["node"] = node_figures(args.quick)
+    for name, node in figures["node"].items():  # the node agent's figures, as it reports them
+        if isinstance(node, dict) and "p50_ms" in node:
+            Console().print(f"{name}: sizes {node.get('sizes')}, p50 {node['p50_ms']} ms, "
+                            f"ratio {node.get('ratio')}x (target <= 2x)")  # fmt: skip
+        else:
+            Console().print(f"{name}: {node}")
+    print(json.dumps(figures))
