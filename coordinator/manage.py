@@ -56,7 +56,7 @@ from ledger.identity import (
     verify_request,
 )
 from ledger.invariants import check_risk_owner
-from ledger.mission import MissionState, ReservationState, admit_grant, evolve
+from ledger.mission import MissionState, ReservationState, admit, admit_grant
 from ledger.protocol import (
     MANAGE_SUBJECT,
     ErrorBody,
@@ -120,7 +120,7 @@ async def _record(_: Manager, __: Context, payload: BaseModel) -> Change:
 
 
 async def _create_mission(mgr: Manager, ctx: Context, payload: MissionCreated) -> Change:
-    evolve(ctx.state, mgr.journal.event(payload, ctx.req.mission_id, at=ctx.now))  # check first
+    admit(ctx.state, [mgr.journal.event(payload, ctx.req.mission_id, at=ctx.now)])  # check first
     await mgr.budget.create_mission(ctx.req.mission_id, payload.ceiling)
     return Change(payload)
 
@@ -191,7 +191,7 @@ async def _open_risk(mgr: Manager, ctx: Context, payload: RiskOpened) -> Change:
 
 
 async def _treat_overrun(mgr: Manager, ctx: Context, payload: BudgetOverrunTreated) -> Change:
-    evolve(ctx.state, mgr.journal.event(payload, ctx.req.mission_id, at=ctx.now))  # check first
+    admit(ctx.state, [mgr.journal.event(payload, ctx.req.mission_id, at=ctx.now)])  # check first
     await mgr.budget.treat_overrun(ctx.req.mission_id, payload.scope, by=payload.by)
     return Change(payload)
 
@@ -219,7 +219,7 @@ async def _record_effect(mgr: Manager, ctx: Context, payload: EffectObserved) ->
         return Change(payload, result={"reservation_id": rid},
                       recorded=record.effect_event_id, follow=rid)  # fmt: skip
     # Check the outcome transition before anything is written: nothing half-applied.
-    evolve(state, journal.event(payload, state.mission_id, at=ctx.now))
+    admit(state, [journal.event(payload, state.mission_id, at=ctx.now)])
     rid = record.reservation_id
     res = state.reservations.get(rid) if rid else None
     if res is None or rid is None:
@@ -370,9 +370,7 @@ class Manager:
             made = journal.event(change.payload, mid, at=ctx.now, agent_id=req.actor)
             events = [*change.before, made]
         event = events[-1]
-        check = ctx.state
-        for e in events:  # validate the whole change before anything is appended
-            check = evolve(check, e)
+        admit(ctx.state, events)  # the whole change is valid before anything is appended
         if change.follow is not None:  # until Redis has it: a failure leaves it to reconcile
             self.unapplied.add(mid, change.follow, ctx.now)
         effect = change.payload if isinstance(change.payload, EffectObserved) else None

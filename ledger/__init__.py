@@ -45,8 +45,8 @@ from ledger.mission import (
     MISSION_SCOPE,
     MissionState,
     ReservationState,
+    admit,
     admit_grant,
-    evolve,
     fold,
 )
 from ledger.money import format_amount, parse_amount
@@ -85,9 +85,9 @@ __all__ = [
     "SystemClock",
     "TreatmentStatus",
     "Unreachable",
+    "admit",
     "admit_grant",
     "decide",
-    "evolve",
     "fold",
     "format_amount",
     "intersect",

@@ -5,14 +5,17 @@
     fl:{<mission>}:res:<id>         hash  amount scopes state lease_until at actual ...
     fl:{<mission>}:leases           zset  held reservation id -> lease end (Redis ms)
     fl:{<mission>}:branches         zset  Branch reservation id -> reserve seq, until recorded
+    fl:{<mission>}:holding          zset  reservation id -> reserve seq, while its money is
+                                          counted (held, committed, expiring): the index
+                                          reconciliation reads instead of scanning the keyspace
 
 ``parent`` is ``mission`` for a root grant; ``scopes`` is the grant chain leaf first, comma
 joined (the mission is implicit); ``blocked`` names the overrun reservation blocking the scope;
 the mission hash's ``seq`` counts transitions (each result carries its own).
 
-Scripts are called with the reservation key only and derive the mission's other keys from its
-prefix: all share the hash tag, so they live in the same Cluster slot, and the hot path sends
-few arguments.
+Scripts are called with the reservation key (and the holding index, which they declare) and
+derive the mission's other keys from its prefix: all share the hash tag, so they live in the
+same Cluster slot, and the hot path sends few arguments.
 """
 
 from __future__ import annotations
@@ -59,3 +62,7 @@ def leases_key(mission_id: str) -> str:
 
 def branches_key(mission_id: str) -> str:
     return f"fl:{{{mission_id}}}:branches"
+
+
+def holding_key(mission_id: str) -> str:
+    return f"fl:{{{mission_id}}}:holding"

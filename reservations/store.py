@@ -503,30 +503,27 @@ class ReservationClient:
         return reserved, committed, r[3]
 
     async def committed_ids(self, mission_id: str) -> list[str]:
-        """Every reservation of the mission that Redis holds committed (scanned: for start-up
-        reconciliation, not for the hot path)."""
+        """Every reservation of the mission that Redis holds committed (from its holding
+        index: for start-up reconciliation, not for the hot path)."""
         return sorted(r for r, state in (await self.holding(mission_id)).items()
                       if state == "committed")  # fmt: skip
 
     async def holding(self, mission_id: str) -> dict[str, str]:
         """Reservation id -> state of every reservation whose money Redis still holds (held,
-        committed, expiring); scanned: for start-up reconciliation, not for the hot path."""
-        match = k.reservation_key(k.check_id(mission_id, what="mission id"), "*")
-        out: dict[str, str] = {}
-        cursor = "0"
-        while True:
-            (page,) = await self._reads([("SCAN", cursor, "MATCH", match, "COUNT", 500)])
-            cursor, found = page
-            if found:
-                states = await self._reads([("HGET", key, "state") for key in found])
-                out.update(
-                    (key.rsplit(":res:", 1)[1], state)
-                    for key, state in zip(found, states, strict=True)
-                    if state in _HOLDING
-                )
-            if cursor == "0":
-                break
-        return dict(sorted(out.items()))
+        committed, expiring), read from the mission's holding index (the scripts list a
+        reservation there while it is counted): two round trips, however many keys Redis
+        holds for other missions; never a keyspace SCAN."""
+        index = k.holding_key(k.check_id(mission_id, what="mission id"))
+        (ids,) = await self._reads([("ZRANGE", index, 0, -1)])
+        if not ids:
+            return {}
+        rids = [_s(r) for r in ids]
+        states = await self._reads(
+            [("HGET", k.reservation_key(mission_id, rid), "state") for rid in rids]
+        )
+        return dict(
+            sorted((rid, _s(st)) for rid, st in zip(rids, states, strict=True) if st in _HOLDING)
+        )
 
     async def level(self, mission_id: str, scope: str) -> Level:
         """One scope: a grant id or ``"mission"``."""
@@ -568,7 +565,7 @@ class ReservationClient:
         # The script derives the mission, grant and leases keys from the reservation key's
         # prefix (one hash tag): fewer arguments per call on the hot path.
         flag = "1" if commit else "b" if branch else "0"
-        return [k.reservation_key(mission_id, reservation_id)], [
+        return [k.reservation_key(mission_id, reservation_id), k.holding_key(mission_id)], [
             amount, _lease_ms(lease_s), flag, *chain,
         ]  # fmt: skip
 
@@ -691,10 +688,15 @@ class ReservationClient:
             out.append(BranchesResult(mid, from_ms(int(rows[0])), records))
         return out
 
-    def _ids(self, mission_id: str, reservation_id: str) -> tuple[list[str], list[Any]]:
+    def _ids(
+        self, mission_id: str, reservation_id: str, *, resolves: bool = False
+    ) -> tuple[list[str], list[Any]]:
+        """The keys of a call on one reservation; ``resolves``: with the mission's holding
+        index, which a resolved reservation leaves."""
         k.check_id(mission_id, what="mission id")
         k.check_id(reservation_id, what="reservation id")
-        return [k.reservation_key(mission_id, reservation_id)], []
+        key = k.reservation_key(mission_id, reservation_id)
+        return ([key, k.holding_key(mission_id)] if resolves else [key]), []
 
     @staticmethod
     def _unresolvable(reservation_id: str, reply: list[Any], wanted: str) -> FleetError:
@@ -760,7 +762,7 @@ class ReservationClient:
         reservation the sweeper marked expiring (refused otherwise: its expiry is on the way).
         """
         check_micros(actual, what="actual cost")
-        keys, args = self._ids(mission_id, reservation_id)
+        keys, args = self._ids(mission_id, reservation_id, resolves=True)
         reply = await self._run("settle", keys, [*args, actual, "1" if recorded else "0"])
         result = self._settle_result(mission_id, reservation_id, actual, reply)
         if isinstance(result, FleetError):
@@ -774,7 +776,7 @@ class ReservationClient:
         calls = []
         for rid, actual in settlements:
             check_micros(actual, what="actual cost")
-            keys, args = self._ids(mission_id, rid)
+            keys, args = self._ids(mission_id, rid, resolves=True)
             calls.append((keys, [*args, actual, "0"]))
         replies = await self._pipeline("settle", calls)
         return [
@@ -786,7 +788,7 @@ class ReservationClient:
         self, mission_id: str, reservation_id: str, *, recorded: bool = False
     ) -> ReleaseResult:
         """The work never ran: the whole amount returns. ``recorded`` as for ``settle``."""
-        keys, args = self._ids(mission_id, reservation_id)
+        keys, args = self._ids(mission_id, reservation_id, resolves=True)
         reply = await self._run("release", keys, [*args, "1" if recorded else "0"])
         if reply[0] in ("ok", "dup"):
             return ReleaseResult(
@@ -813,7 +815,11 @@ class ReservationClient:
         Returns those expired now or before; one committed or otherwise resolved is left."""
         k.check_id(mission_id, what="mission id")
         ids = [k.check_id(r, what="reservation id") for r in reservation_ids]
-        reply = await self._run("expire", [k.leases_key(mission_id)], [k.prefix(mission_id), *ids])
+        reply = await self._run(
+            "expire",
+            [k.leases_key(mission_id), k.holding_key(mission_id)],
+            [k.prefix(mission_id), *ids],
+        )
         at = from_ms(int(reply[0]))
         expired = tuple(
             _expired(mission_id, at, reply[i], reply[i + 2], reply[i + 3], reply[i + 4])

@@ -1,6 +1,7 @@
 -- Sweep, step two: free reservations whose expiry the ledger has recorded (idempotent by id).
 -- A held or expiring reservation's amount returns; one already expired is a repeat.
--- KEYS[1] leases zset   ARGV[1] key prefix   ARGV[2..] reservation ids
+-- KEYS[1] leases zset   KEYS[2] holding index (an expired reservation leaves it)
+-- ARGV[1] key prefix   ARGV[2..] reservation ids
 -- Returns {now, id1, tag1, amount1, scopes1, seq1, ...}; tag 'ok', 'dup', 'missing' or the
 -- state that kept it (a committed or otherwise resolved reservation is left alone).
 local t = redis.call('TIME')
@@ -19,6 +20,7 @@ for i = 2, #ARGV do
     seq = redis.call('HINCRBY', ARGV[1] .. 'mission', 'seq', 1)
     redis.call('HSET', key, 'state', 'expired', 'resolved_at', now, 'resolved_seq', seq)
     redis.call('ZREM', KEYS[1], id)
+    redis.call('ZREM', KEYS[2], id)
     tag = 'ok'
   elseif r[3] == 'expired' then
     tag = 'dup'

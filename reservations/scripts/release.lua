@@ -1,5 +1,6 @@
 -- Release a held or committed reservation that never executed: all of it returns.
 -- KEYS[1] reservation hash fl:{m}:res:<id> (its prefix names the mission's other keys)
+-- KEYS[2] the mission's holding index: a resolved reservation leaves it
 -- ARGV[1] '1' when the ledger already recorded this release (Redis follows it, also for a
 -- reservation the sweeper marked expiring); else an expiring one is refused
 local prefix, rid = string.match(KEYS[1], '^(.*)res:(.+)$')
@@ -21,4 +22,5 @@ redis.call('HINCRBY', prefix .. 'mission', from, 0 - tonumber(r[1]))
 local seq = redis.call('HINCRBY', prefix .. 'mission', 'seq', 1)
 redis.call('HSET', KEYS[1], 'state', 'released', 'resolved_at', now, 'resolved_seq', seq)
 redis.call('ZREM', leases, rid)
+redis.call('ZREM', KEYS[2], rid)
 return {'ok', now, seq}

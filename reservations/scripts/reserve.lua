@@ -4,6 +4,8 @@
 -- Every check (existence, parent links, overrun blocks, ceilings) runs before the first write.
 -- KEYS[1] reservation hash fl:{m}:res:<id>; the mission, grant and leases keys share its
 -- prefix (one hash tag, one Cluster slot). Few arguments keep the hot path cheap.
+-- KEYS[2] the mission's holding index (zset): a new reservation is listed there until it
+-- resolves, so reconciliation finds what Redis holds without scanning the keyspace.
 -- ARGV[1] amount   ARGV[2] lease (ms)   ARGV[3] commit ('1'), hold ('0'), or hold and list it
 -- among the mission's branch reservations ('b': a Branch's, for the coordinator to record)
 -- ARGV[4..] grant ids, leaf first
@@ -74,6 +76,7 @@ for _, key in ipairs(keys) do redis.call('HINCRBY', key, 'reserved', ARGV[1]) en
 local seq = redis.call('HINCRBY', prefix .. 'mission', 'seq', 1)
 redis.call('HSET', KEYS[1], 'amount', ARGV[1], 'scopes', csv, 'lease_until', lease_until,
   'state', 'held', 'at', now, 'seq', seq)
+redis.call('ZADD', KEYS[2], seq, rid)
 if with_commit then return commit('ok', lease_until, now, seq) end
 redis.call('ZADD', leases, lease_until, rid)
 if ARGV[3] == 'b' then redis.call('ZADD', prefix .. 'branches', seq, rid) end

@@ -1,6 +1,7 @@
 -- Settle a held or committed reservation with its actual cost; the unused part returns.
 -- Above the reserved amount it is an overrun: recorded honestly and the leaf scope is blocked.
 -- KEYS[1] reservation hash fl:{m}:res:<id> (its prefix names the mission's other keys)
+-- KEYS[2] the mission's holding index: a resolved reservation leaves it
 -- ARGV[1] actual   ARGV[2] '1' when the ledger already recorded this settle (Redis follows it,
 -- also for a reservation the sweeper marked expiring); else an expiring one is refused
 local prefix, rid = string.match(KEYS[1], '^(.*)res:(.+)$')
@@ -34,4 +35,5 @@ local seq = redis.call('HINCRBY', prefix .. 'mission', 'seq', 1)
 redis.call('HSET', KEYS[1], 'state', state, 'actual', ARGV[1], 'resolved_at', now,
   'resolved_seq', seq)
 redis.call('ZREM', leases, rid)
+redis.call('ZREM', KEYS[2], rid)
 return {'ok', state, now, seq}

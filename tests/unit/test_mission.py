@@ -18,8 +18,8 @@ from ledger import (
     Rule,
     RuleViolation,
     Sensitivity,
+    admit,
     admit_grant,
-    evolve,
     fold,
 )
 from ledger.events import (
@@ -1128,15 +1128,33 @@ def test_fold_raises_on_a_rejected_event() -> None:
         fold([*led.events, bad])
 
 
-def test_evolve_returns_a_new_state_and_leaves_the_old_untouched() -> None:
+def test_fold_from_a_state_returns_a_new_state_and_leaves_the_old_untouched() -> None:
     led = chain_ledger()
     before = led.state.snapshot()
     ev = led.event(
         BudgetReserved(reservation_id="r1", grant_id="c", amount=5, lease_until=T0 + HOUR)
     )
-    new = evolve(led.state, ev)
+    new = fold([ev], state=led.state)
     assert new.level("c").reserved == 5
     assert led.state.snapshot() == before
+
+
+def test_admit_checks_a_change_in_order_and_leaves_the_state_untouched() -> None:
+    led = chain_ledger()
+    before = (led.state.version, led.state.snapshot())
+    reserve = led.event(
+        BudgetReserved(reservation_id="r1", grant_id="c", amount=5, lease_until=T0 + HOUR)
+    )
+    settle = led.event(BudgetSettled(reservation_id="r1", actual=5))
+    admit(led.state, [reserve, settle])  # the settle sees the reserve before it
+    with pytest.raises(InvalidInput, match="does not exist"):
+        admit(led.state, [settle])
+    again = led.event(BudgetSettled(reservation_id="r1", actual=4))
+    with pytest.raises(RuleViolation) as exc:
+        admit(led.state, [reserve, settle, again])
+    assert exc.value.rule is Rule.BUDGET_CONSERVATION
+    assert (led.state.version, led.state.snapshot()) == before
+    assert "r1" not in led.state.reservations
 
 
 def test_snapshot_is_a_deep_copy() -> None:

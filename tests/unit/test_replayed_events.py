@@ -40,13 +40,13 @@ def test_a_replayed_copy_of_an_applied_event_is_refused_and_changes_nothing() ->
 
 
 def test_a_state_copy_keeps_the_applied_ids_apart_and_cheap() -> None:
-    """``evolve`` checks on a deep copy: the copy refuses what the original applied, a copy's
-    event does not count as applied in the original, and the ids are not deep-copied one by
-    one (that cost grows with every event of the mission)."""
+    """``fold`` from a state works on a deep copy: the copy refuses what the original
+    applied, a copy's event does not count as applied in the original, and the ids are not
+    deep-copied one by one (that cost grows with every event of the mission)."""
     import copy
     import time
 
-    from ledger.mission import evolve
+    from ledger.mission import fold
 
     state = MissionState("m-copy")
     first = make_event(TurnEnded(session_id="s", turn=1), mission_id="m-copy", at=T0)
@@ -58,6 +58,6 @@ def test_a_state_copy_keeps_the_applied_ids_apart_and_cheap() -> None:
     with pytest.raises(InvalidInput):
         copied.apply(first)
     second = make_event(TurnEnded(session_id="s", turn=2), mission_id="m-copy", at=T0)
-    checked = evolve(state, second)
+    checked = fold([second], state=state)
     assert second.event_id in checked.applied and second.event_id not in state.applied
     assert copied.snapshot() == state.snapshot()
