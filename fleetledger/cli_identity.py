@@ -31,6 +31,7 @@ from fleetbus.http import first_error
 from fleetbus.identity import KeyStore, seed_of, write_private
 from fleetbus.permissions import authorization
 from fleetbus.settings import env_file
+from fleetledger.reload import Running, await_applied
 from fleetledger.settings import FleetSettings
 from fleetledger_hook.humans import agent_session
 from ledger.errors import FleetError, InvalidInput
@@ -126,13 +127,39 @@ def create(
     except ValidationError as exc:  # a name the Principal model refuses; nothing written
         raise _fail(InvalidInput(f"invalid principal: {first_error(exc)}"), as_json) from None
     seed = store.root / f"{name}.seed"
+    fleet = _applied(store, as_json)
     if as_json:
-        print(json.dumps({**principal.model_dump(mode="json"), "seed_file": str(seed)}))
+        print(json.dumps({**principal.model_dump(mode="json"), "seed_file": str(seed),
+                          "running_fleet": _fleet_json(fleet)}))  # fmt: skip
         return
     out.print(f"created {principal.role} [bold]{name}[/] with key {principal.public_key}")
     out.print(f"its seed is in {seed} (0600): give it only to {name}'s process")
-    if role is Role.NODE or role is Role.COORDINATOR:
-        out.print("the NATS server must know the new key: `fleetledger identity nats-config`")
+    _say_applied(fleet, f"{name} can connect now")
+
+
+def _applied(store: KeyStore, as_json: bool) -> Running | None:
+    """The running fleet on ``store`` once it admits the directory as saved (None: no fleet
+    runs on it); one that does not in time fails the command, saying the change is saved."""
+    try:
+        return await_applied(store)
+    except FleetError as exc:
+        raise _fail(exc, as_json) from None
+
+
+def _fleet_json(fleet: Running | None) -> dict[str, object] | None:
+    return None if fleet is None else {"pid": fleet.pid, "nats_url": fleet.nats_url}
+
+
+def _say_applied(fleet: Running | None, effect: str) -> None:
+    if fleet is not None:
+        out.print(f"the running fleet (pid {fleet.pid}) reloaded nats-server: {effect}")
+        return
+    out.print(
+        "no running `fleetledger up` uses this key store; a nats-server you run yourself takes "
+        "the change once you rewrite its configuration (`fleetledger identity server-config`) "
+        "and reload it (`nats-server --signal reload`)",
+        soft_wrap=True, highlight=False, markup=False,
+    )  # fmt: skip
 
 
 @identity_app.command("use")
@@ -186,10 +213,13 @@ def revoke(name: str, directory: DirOpt = None, as_json: JsonOpt = False) -> Non
         principal = store.revoke(name)
     except FleetError as exc:
         raise _fail(exc, as_json) from None
+    fleet = _applied(store, as_json)
     if as_json:
-        print(principal.model_dump_json())
+        print(json.dumps({**principal.model_dump(mode="json"),
+                          "running_fleet": _fleet_json(fleet)}))  # fmt: skip
         return
-    out.print(f"revoked {principal.role} {name}; reload nats-server with the new nats-config")
+    out.print(f"revoked {principal.role} {name}")
+    _say_applied(fleet, f"{name} is refused and its connections are closed")
 
 
 @identity_app.command("nats-config")

@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import ctypes
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -35,6 +37,13 @@ from urllib.parse import quote
 
 from fleetbus.identity import KeyStore, ensure_principals, write_private
 from fleetbus.permissions import authorization, write_server_config
+from fleetledger.reload import (
+    DirectoryWatcher,
+    Running,
+    clear_running,
+    directory_digest,
+    write_running,
+)
 from ledger.errors import BinaryMissing, ComponentTimeout, FleetError, InvalidInput
 from ledger.identity import Principal, Role
 
@@ -178,6 +187,16 @@ def _nats_healthy(monitor_port: int) -> bool:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _config_load_time(monitor_port: int) -> str | None:
+    """When nats-server last loaded its configuration (its /varz), None if it did not say."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/varz", timeout=0.5) as resp:
+            value = json.loads(resp.read()).get("config_load_time")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return str(value) if value else None
 
 
 def _redis_healthy(port: int, user: str, password: str) -> bool:
@@ -350,6 +369,10 @@ class EmbeddedServers:
         self._want_redis = redis
         self._stopped = False
         self.nats_monitor_port = 0  # nats-server's HTTP monitoring port, once started
+        self._nats_ports = (0, 0)
+        self._applied = ""  # digest of the directory nats-server admits (fleetledger.reload)
+        self._watcher: DirectoryWatcher | None = None
+        self._reload_lock = threading.Lock()
 
     @property
     def nats_url(self) -> str:
@@ -384,6 +407,10 @@ class EmbeddedServers:
         try:
             if self._want_nats:
                 self.nats = self._start_with_retries(self._nats_server)
+                if self.keys is not None:  # identity changes take effect while it runs
+                    self._record_running()
+                    self._watcher = DirectoryWatcher(self.keys, self.reload_identity)
+                    self._watcher.start()
             if self._want_redis:
                 self.redis = self._start_with_retries(self._redis_server)
         except BaseException:
@@ -410,28 +437,68 @@ class EmbeddedServers:
     def _nats_server(self) -> ManagedServer:
         binary = find_nats_server()
         port, monitor = free_port(), free_port()
-        store = self.state_dir / "jetstream"
-        store.mkdir(exist_ok=True)
-        conf = self.state_dir / "nats-server.json"
+        (self.state_dir / "jetstream").mkdir(exist_ok=True)
+        self._nats_ports = (port, monitor)
+        self.nats_monitor_port = monitor
+        self._applied = self._write_nats_config()
+        argv = [str(binary), "-c", str(self._nats_conf)]
+        return ManagedServer(
+            "nats-server", argv, port, lambda: _nats_healthy(monitor),
+            self.state_dir / "nats-server.log",
+        )  # fmt: skip
+
+    @property
+    def _nats_conf(self) -> Path:
+        return self.state_dir / "nats-server.json"
+
+    def _write_nats_config(self) -> str:
+        """Write nats-server's configuration from the key store as it is now; the digest of
+        the directory it was made from (read first: a later change is applied again)."""
+        port, monitor = self._nats_ports
+        applied = directory_digest(self.keys) if self.keys is not None else ""
         principals = self.keys.principals() if self.keys is not None else None
         write_server_config(
-            conf,
+            self._nats_conf,
             nats_config(
                 port=port,
                 monitor=monitor,
-                store=store,
+                store=self.state_dir / "jetstream",
                 principals=principals,
                 fsync_every_write=self.fsync_every_write,
                 tls=self.nats_tls,
                 extra_users=self.extra_users,
             ),
         )
-        self.nats_monitor_port = monitor
-        argv = [str(binary), "-c", str(conf)]
-        return ManagedServer(
-            "nats-server", argv, port, lambda: _nats_healthy(monitor),
-            self.state_dir / "nats-server.log",
-        )  # fmt: skip
+        return applied
+
+    def reload_identity(self) -> None:
+        """Rewrite nats-server's configuration from the key store and signal a reload; once
+        the server reports it loaded, record the directory it admits (``running.json``).
+        nats-server closes the connections of every key it no longer admits."""
+        with self._reload_lock:
+            nats = self.nats
+            if self.keys is None or nats is None or nats.proc is None or not nats.running:
+                return
+            before = _config_load_time(self.nats_monitor_port)
+            self._applied = self._write_nats_config()
+            nats.proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while _config_load_time(self.nats_monitor_port) in (before, None):
+                if time.monotonic() > deadline:
+                    raise ComponentTimeout(
+                        f"nats-server did not reload {self._nats_conf} in {STOP_TIMEOUT_S:.0f}s; "
+                        f"last output:\n{nats._log_tail()}"
+                    )
+                time.sleep(0.01)
+            self._record_running()
+
+    def _record_running(self) -> None:
+        if self.keys is None or self.nats is None or self.nats.proc is None:
+            return
+        write_running(self.keys, Running(
+            pid=os.getpid(), nats_pid=self.nats.proc.pid, nats_url=self.nats_url,
+            applied=self._applied,
+        ))  # fmt: skip
 
     def _redis_server(self) -> ManagedServer:
         binary = find_redis_server()
@@ -456,6 +523,10 @@ class EmbeddedServers:
         if self._stopped:
             return
         self._stopped = True
+        if self._watcher is not None:
+            self._watcher.stop()
+        if self.keys is not None:
+            clear_running(self.keys, os.getpid())
         for server in (self.redis, self.nats):
             if server is not None:
                 server.stop()
