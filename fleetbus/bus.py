@@ -362,10 +362,13 @@ class JetStreamBus:
         replicas: int = 1,
         duplicate_window_s: float = 120.0,
         seed: str | None = None,
+        directory: Callable[[], Mapping[str, Principal]] | None = None,
     ) -> Self:
         """Connect (publishing nothing while disconnected), and create or update the streams
-        and the risk bucket."""
-        nc = await connect(url, name=name, buffer_while_reconnecting=False, seed=seed)
+        and the risk bucket. ``directory``: what a refusal of ``seed`` means (``connect``)."""
+        nc = await connect(
+            url, name=name, buffer_while_reconnecting=False, seed=seed, directory=directory
+        )
         js = nc.jetstream()
         await ensure_streams(js, replicas=replicas, duplicate_window_s=duplicate_window_s)
         return cls(nc, js, await ensure_risk_bucket(js, replicas=replicas))

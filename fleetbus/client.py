@@ -103,8 +103,12 @@ class FleetClient:
 
     @classmethod
     async def connect(cls, url: str, *, seed: str | None = None, **kw: Any) -> Self:
-        """Connect as the principal holding ``seed`` (None: an open NATS)."""
-        return cls(await connect(url, name="fleetledger-client", seed=seed), seed=seed, **kw)
+        """Connect as the principal holding ``seed`` (None: an open NATS); ``principals``
+        (in ``kw``) also says what a refusal of that key means."""
+        nc = await connect(
+            url, name="fleetledger-client", seed=seed, directory=kw.get("principals")
+        )
+        return cls(nc, seed=seed, **kw)
 
     async def close(self) -> None:
         await self.nc.close()

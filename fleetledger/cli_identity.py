@@ -152,7 +152,10 @@ def _fleet_json(fleet: Running | None) -> dict[str, object] | None:
 
 def _say_applied(fleet: Running | None, effect: str) -> None:
     if fleet is not None:
-        out.print(f"the running fleet (pid {fleet.pid}) reloaded nats-server: {effect}")
+        out.print(
+            f"the running fleet (pid {fleet.pid}) reloaded nats-server: {effect}",
+            soft_wrap=True, highlight=False, markup=False,
+        )  # fmt: skip
         return
     out.print(
         "no running `fleetledger up` uses this key store; a nats-server you run yourself takes "
