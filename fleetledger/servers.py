@@ -4,9 +4,10 @@ One launcher serves `fleetledger up`, the demo and the pytest fixtures. Each ser
 free loopback port with its data in a directory we own; we wait until it is healthy, and stop it
 cleanly on exit, on Ctrl-C, and (on Linux) when the parent process dies (PR_SET_PDEATHSIG).
 
-Redis always runs with ACL users (``REDIS_USERS``): ``default`` is off, and each user's
-password is drawn at the first start and kept 0600 in the identity directory; the ACL file
-holds only their SHA-256. NATS runs with TLS when given certificates (``NatsServerTls``).
+Their configuration files come from ``fleetledger.server_config`` (the one path that makes
+them, for a user's own servers too): Redis always runs with ACL users (``REDIS_USERS``),
+NATS with TLS when given certificates (``NatsServerTls``). With a key store, identity changes
+take effect while the fleet runs (``fleetledger.reload``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import hashlib
 import json
 import os
 import shutil
@@ -36,7 +36,7 @@ from typing import Any, Self
 from urllib.parse import quote
 
 from fleetbus.identity import KeyStore, ensure_principals, write_private
-from fleetbus.permissions import authorization, write_server_config
+from fleetbus.permissions import write_server_config
 from fleetledger.reload import (
     DirectoryWatcher,
     Running,
@@ -44,8 +44,19 @@ from fleetledger.reload import (
     directory_digest,
     write_running,
 )
+from fleetledger.server_config import (
+    REDIS_ADMIN,
+    REDIS_BRANCH,
+    REDIS_COORDINATOR,
+    REDIS_GATEWAY,
+    REDIS_USERS,
+    NatsServerTls,
+    nats_config,
+    redis_acl,
+    write_redis_config,
+)
 from ledger.errors import BinaryMissing, ComponentTimeout, FleetError, InvalidInput
-from ledger.identity import Principal, Role
+from ledger.identity import Role
 
 STARTUP_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
@@ -128,58 +139,6 @@ def _tcp_open(port: int) -> bool:
     return False
 
 
-@dataclass(frozen=True)
-class NatsServerTls:
-    """The embedded nats-server's certificate and key, and the CA it verifies clients against
-    (``verify``: every client must present a certificate that CA signed)."""
-
-    cert: Path
-    key: Path
-    ca: Path | None = None
-    verify: bool = False
-
-    def config(self) -> dict[str, Any]:
-        block: dict[str, Any] = {"cert_file": str(self.cert), "key_file": str(self.key)}
-        if self.ca is not None:
-            block["ca_file"] = str(self.ca)
-        if self.verify:
-            block["verify"] = True
-        return block
-
-
-def nats_config(
-    *,
-    port: int,
-    monitor: int,
-    store: Path,
-    principals: list[Principal] | None = None,
-    fsync_every_write: bool = True,
-    tls: NatsServerTls | None = None,
-    extra_users: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """The embedded nats-server's configuration: loopback only, JetStream on a file store that
-    fsyncs every write before its PubAck (``sync_interval: always``). JetStream's default
-    interval can lose acknowledged writes on power failure (Jepsen, NATS 2.12.1, Dec 2025); a
-    ledger that answers from acknowledged writes cannot afford that on one server. With
-    ``principals``, only their nkeys may connect, each with its role's permissions
-    (``extra_users``: nkey users outside the fleet's roles, as given: a benchmark's raw
-    baselines); with ``tls``, clients must speak TLS."""
-    config: dict[str, Any] = {
-        "host": "127.0.0.1",
-        "port": port,
-        "http": f"127.0.0.1:{monitor}",
-        "jetstream": {"store_dir": str(store)},
-    }
-    if fsync_every_write:
-        config["jetstream"]["sync_interval"] = "always"
-    if principals is not None:
-        config["authorization"] = authorization(principals)
-        config["authorization"]["users"] += extra_users or []
-    if tls is not None:
-        config["tls"] = tls.config()
-    return config
-
-
 def _nats_healthy(monitor_port: int) -> bool:
     url = f"http://127.0.0.1:{monitor_port}/healthz?js-enabled-only=true"
     try:
@@ -220,37 +179,6 @@ def _resp(args: list[str]) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(
         b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args
     )
-
-
-REDIS_ADMIN = "admin"  # the operator's and the tests' own: every command, every key
-REDIS_COORDINATOR = "coordinator"
-REDIS_BRANCH = "branch"  # Branch clients (orchestrators): the reservation scripts
-REDIS_GATEWAY = "gateway"  # the demo's naive check-then-spend gateway (fleetledger.race)
-
-# ACL rules per user (Redis 6.2 syntax). Redis checks a script's commands against its caller's
-# rules, so a user that runs a script holds that script's commands too: the branch user's are
-# exactly what reserve, commit, settle and release call, on our keys (reservations.keys) only.
-REDIS_USERS: dict[str, str] = {
-    REDIS_ADMIN: "allkeys allchannels +@all",
-    REDIS_COORDINATOR: (
-        "resetkeys ~fl:* resetchannels -@all +@read +@write +@transaction +ping +time "
-        "+evalsha +script|load +script|exists -@dangerous"
-    ),
-    REDIS_BRANCH: (
-        "resetkeys ~fl:* resetchannels -@all +ping +evalsha +time +hmget +hset +hincrby +zadd +zrem"
-    ),
-    REDIS_GATEWAY: "resetkeys ~naive:* resetchannels -@all +ping +get +incr +incrby",
-}
-
-
-def redis_acl(passwords: dict[str, str]) -> str:
-    """The ACL file: ``default`` off; each of ``REDIS_USERS`` on with its password's SHA-256
-    (the file never holds a password) and its rules."""
-    lines = ["user default off resetkeys resetchannels -@all"]
-    for user, rules in REDIS_USERS.items():
-        digest = hashlib.sha256(passwords[user].encode()).hexdigest()
-        lines.append(f"user {user} on resetpass #{digest} {rules}")
-    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -505,18 +433,11 @@ class EmbeddedServers:
         port = free_port()
         data = self.state_dir / "redis"
         data.mkdir(exist_ok=True)
-        passwords = {user: self._secrets.redis_password(user) for user in REDIS_USERS}
-        acl = self.state_dir / "redis-users.acl"
-        write_private(acl, redis_acl(passwords).encode())
-        argv = [
-            str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-            "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
-            "--daemonize", "no", "--protected-mode", "yes", "--aclfile", str(acl),
-        ]  # fmt: skip
-        admin = passwords[REDIS_ADMIN]
+        conf = write_redis_config(self.state_dir, self._secrets, port=port, data=data)
+        admin = self._secrets.redis_password(REDIS_ADMIN)
         return ManagedServer(
-            "redis-server", argv, port, lambda: _redis_healthy(port, REDIS_ADMIN, admin),
-            self.state_dir / "redis-server.log",
+            "redis-server", [str(binary), str(conf)], port,
+            lambda: _redis_healthy(port, REDIS_ADMIN, admin), self.state_dir / "redis-server.log",
         )  # fmt: skip
 
     def stop(self) -> None:
@@ -591,3 +512,25 @@ def write_env_file(path: Path, env: dict[str, str]) -> None:
     since its Redis URL carries a password."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_private(path, "".join(f"{key}={value}\n" for key, value in sorted(env.items())).encode())
+
+
+__all__ = [
+    "COORDINATOR_PRINCIPAL",
+    "OPERATOR_PRINCIPAL",
+    "ORCHESTRATOR_PRINCIPAL",
+    "REDIS_ADMIN",
+    "REDIS_BRANCH",
+    "REDIS_COORDINATOR",
+    "REDIS_GATEWAY",
+    "REDIS_USERS",
+    "EmbeddedServers",
+    "ManagedServer",
+    "NatsServerTls",
+    "find_nats_server",
+    "find_redis_server",
+    "fleet_keys",
+    "free_port",
+    "nats_config",
+    "redis_acl",
+    "write_env_file",
+]
