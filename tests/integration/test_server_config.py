@@ -118,10 +118,8 @@ async def test_own_servers_and_coordinator_run_from_server_config_run_a_mission(
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         ) as coordinator:  # fmt: skip
             try:
-                wait_for(
-                    lambda: answers(f"http://127.0.0.1:{http}/readyz") or coordinator.poll() is not None,
-                    60, "coordinator ready",
-                )  # fmt: skip
+                ready = f"http://127.0.0.1:{http}/readyz"
+                wait_for(lambda: answers(ready) or coordinator.poll() is not None, 60, "ready")
                 assert coordinator.poll() is None, coordinator.communicate()[1]
                 await run_a_mission(f"nats://127.0.0.1:{nats_port}", keys)
                 assert admin.keys("fl:*"), "the authorised action's money is held in Redis"
