@@ -60,6 +60,18 @@ def cancel_requested() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+class Connection(Client):
+    """nats-py's client, knowing whether the server refuses its key right now: set by the
+    server's refusal, cleared once it is admitted again (a revoked key stays refused)."""
+
+    refused: bool = False
+
+
+def refused_now(nc: Client) -> bool:
+    """The server refuses this connection's key now (revoked since it connected)."""
+    return isinstance(nc, Connection) and nc.refused and not nc.is_connected
+
+
 async def connect(
     url: str,
     *,
@@ -89,15 +101,20 @@ async def connect(
 
     async def quiet(exc: Exception) -> None:
         last[:] = [exc]
-        if _auth_refusal(exc) and not refused.done():
-            refused.set_result(None)
+        if auth_refusal(exc):
+            nc.refused = True
+            if not refused.done():
+                refused.set_result(None)
         log.debug("nats %s: %s", url, exc)
+
+    async def admitted() -> None:
+        nc.refused = False
 
     options: dict[str, Any] = {  # nats-py types its timeouts int; it takes seconds as floats
         "connect_timeout": connect_timeout,
         "reconnect_time_wait": 0.5,
     }
-    nc = Client()  # ours, not nats.connect's: a connect given up on is closed, not leaked
+    nc = Connection()  # ours, not nats.connect's: a connect given up on is closed, not leaked
     connecting = asyncio.ensure_future(
         nc.connect(
             url,
@@ -105,6 +122,7 @@ async def connect(
             allow_reconnect=True,
             max_reconnect_attempts=-1,
             error_cb=quiet,
+            reconnected_cb=admitted,
             nkeys_seed_str=seed,
             inbox_prefix=inbox_prefix(public_key(seed)) if seed else "_INBOX",
             pending_size=DEFAULT_PENDING if buffer_while_reconnecting else 0,
@@ -130,11 +148,11 @@ async def connect(
     if failed is not None and not isinstance(failed, (OSError, TimeoutError, nats.errors.Error)):
         raise failed
     if was_refused:  # the server's answer, whatever the socket did after it
-        raise _refusal(url, seed, directory) from None
+        raise refused_identity(url, seed, directory) from None
     raise _not_connected(url, last, failed) from None
 
 
-def _auth_refusal(exc: BaseException) -> bool:
+def auth_refusal(exc: BaseException | None) -> bool:
     """The server's own answer that it refuses our credentials: nats-py raises it as
     ``AuthorizationError`` on a live connection, and on a (re)connect as the protocol's
     ``-ERR 'Authorization Violation'`` line, which its parser names ``AUTHORIZATION_VIOLATION``."""
@@ -157,7 +175,7 @@ def _not_connected(url: str, last: list[Exception], failed: BaseException | None
     return Unreachable(f"NATS at {url} is unreachable ({what}); refused (fail closed)")
 
 
-def _refusal(
+def refused_identity(
     url: str, seed: str | None, directory: Callable[[], Mapping[str, Principal]] | None
 ) -> AuthRefused:
     """``auth_refused`` for this connect, with the directory the caller gave or this

@@ -9,6 +9,7 @@ fleet runs on says so.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -113,6 +114,12 @@ async def test_a_person_created_on_a_running_fleet_acts_within_2s_and_revoked_is
         assert gone.returncode == 0, gone.stderr
         assert "alice is refused and its connections are closed" in gone.stdout
         wait_for(lambda: connections_of(fleet, alice.public_key) == 0, 2.0, "alice cut off")
+        async with asyncio.timeout(2.0):  # her client sees the server's refusal
+            while client.nc.is_connected:
+                await asyncio.sleep(0.01)
+        with pytest.raises(AuthRefused) as caught:  # and says why, at once
+            await client.view("m-alice")
+        assert "was revoked at" in caught.value.message
         with pytest.raises(AuthRefused) as caught:
             await FleetClient.connect(nats_url(fleet), seed=seed, principals=keys.directory)
         assert "was revoked at" in caught.value.message
