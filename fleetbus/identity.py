@@ -201,10 +201,11 @@ def auth_refused(
     if public is None:
         return AuthRefused(
             f"{server} refused this process: it presented no key, and the server admits "
-            "principals only. No principal is configured: set FLEET_PRINCIPAL=NAME and "
-            "FLEET_IDENTITY_DIR=<the key store holding NAME.seed> (a coordinator runs as the "
-            "coordinator principal, a node agent as its node's); at your own terminal, "
-            "`fleetledger identity use NAME` (or the person.env `fleetledger up` writes)"
+            "principals only. No principal is configured: a service sets FLEET_PRINCIPAL=NAME "
+            "and FLEET_IDENTITY_DIR=<the key store holding NAME.seed> (`coordinator run` as the "
+            "coordinator principal, a node agent as its node's); a person at their own "
+            "terminal runs `fleetledger identity use NAME` once (`fleetledger up` does it for "
+            "its operator). An agent's shell acts for nobody: never set a person's identity there"
         )
     known = (directory or {}).get(public)
     if known is None:
