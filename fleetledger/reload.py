@@ -121,9 +121,11 @@ def await_applied(store: KeyStore, timeout: float = APPLY_TIMEOUT_S) -> Running 
 
 class DirectoryWatcher:
     """A daemon thread that calls ``apply`` (from that thread) whenever the directory file of
-    ``store`` changed since it last looked (from its state when it was made)."""
+    ``store`` changed since it was last applied (from its state when the watcher was made);
+    ``apply`` returns False when it could not apply it yet (the server is restarting), and is
+    called again."""
 
-    def __init__(self, store: KeyStore, apply: Callable[[], None]) -> None:
+    def __init__(self, store: KeyStore, apply: Callable[[], bool]) -> None:
         self.store, self.apply = store, apply
         self._stop = threading.Event()
         self._seen = _signature(store.directory_path)
@@ -142,10 +144,11 @@ class DirectoryWatcher:
             now = _signature(self.store.directory_path)
             if now == self._seen:
                 continue
-            self._seen = now
             try:
-                self.apply()
+                if self.apply():
+                    self._seen = now
             except Exception:  # keep watching: the next change may apply; the CLI says it failed
+                self._seen = now
                 log.exception("could not apply the changed identity directory")
 
 

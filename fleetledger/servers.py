@@ -399,14 +399,15 @@ class EmbeddedServers:
         )
         return applied
 
-    def reload_identity(self) -> None:
+    def reload_identity(self) -> bool:
         """Rewrite nats-server's configuration from the key store and signal a reload; once
         the server reports it loaded, record the directory it admits (``running.json``).
-        nats-server closes the connections of every key it no longer admits."""
+        nats-server closes the connections of every key it no longer admits. False: no
+        server runs now to reload (it reads the directory when it starts again)."""
         with self._reload_lock:
             nats = self.nats
             if self.keys is None or nats is None or nats.proc is None or not nats.running:
-                return
+                return False
             before = _config_load_time(self.nats_monitor_port)
             self._applied = self._write_nats_config()
             nats.proc.send_signal(signal.SIGHUP)
@@ -419,6 +420,7 @@ class EmbeddedServers:
                     )
                 time.sleep(0.01)
             self._record_running()
+            return True
 
     def _record_running(self) -> None:
         if self.keys is None or self.nats is None or self.nats.proc is None:
