@@ -110,6 +110,10 @@ async def connect(
     async def admitted() -> None:
         nc.refused = False
 
+    async def dropped() -> None:  # the server's -ERR reaches last_error, not error_cb
+        if auth_refusal(nc.last_error):
+            nc.refused = True
+
     options: dict[str, Any] = {  # nats-py types its timeouts int; it takes seconds as floats
         "connect_timeout": connect_timeout,
         "reconnect_time_wait": 0.5,
@@ -123,6 +127,8 @@ async def connect(
             max_reconnect_attempts=-1,
             error_cb=quiet,
             reconnected_cb=admitted,
+            disconnected_cb=dropped,
+            closed_cb=dropped,
             nkeys_seed_str=seed,
             inbox_prefix=inbox_prefix(public_key(seed)) if seed else "_INBOX",
             pending_size=DEFAULT_PENDING if buffer_while_reconnecting else 0,

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetbus.bus import refused_now
 from fleetbus.client import FleetClient
 from fleetbus.identity import KeyStore
 from ledger.errors import AuthRefused
@@ -115,7 +116,7 @@ async def test_a_person_created_on_a_running_fleet_acts_within_2s_and_revoked_is
         assert "alice is refused and its connections are closed" in gone.stdout
         wait_for(lambda: connections_of(fleet, alice.public_key) == 0, 2.0, "alice cut off")
         async with asyncio.timeout(2.0):  # her client sees the server's refusal
-            while client.nc.is_connected:
+            while not refused_now(client.nc):
                 await asyncio.sleep(0.01)
         with pytest.raises(AuthRefused) as caught:  # and says why, at once
             await client.view("m-alice")
