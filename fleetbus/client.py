@@ -18,7 +18,8 @@ import nats
 from nats.aio.client import Client
 from opentelemetry.trace import Span
 
-from fleetbus.bus import connect, publish_checked, refused_identity, refused_now
+from fleetbus.bus import publish_checked
+from fleetbus.connection import connect, refused_identity, refused_now
 from ledger.errors import ComponentTimeout, Rule, RuleViolation, Unreachable
 from ledger.events import DecisionRecorded, Event, last_event
 from ledger.identity import Principal, Role, public_key, sign, sign_request, verify

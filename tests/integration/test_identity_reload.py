@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetbus.bus import refused_now
 from fleetbus.client import FleetClient
+from fleetbus.connection import refused_now
 from fleetbus.identity import KeyStore
 from ledger.errors import AuthRefused
 
