@@ -269,7 +269,12 @@ def write_server_config_files(
     try:
         principals = store.principals()
         chosen = _coordinator_of(principals, coordinator)
-        store.seed(chosen.name)  # `coordinator run` needs its seed here
+        try:
+            store.seed(chosen.name)
+        except InvalidInput:
+            raise
+        except FleetError as exc:
+            raise InvalidInput(f"`coordinator run` needs it here: {exc.message}") from None
         if out_dir.exists() and not out_dir.is_dir():
             raise InvalidInput(f"--out {out_dir} is not a directory")
     except FleetError as exc:
