@@ -68,9 +68,9 @@ def fleet() -> Iterator[Path]:
     assert not (state / "identity" / "running.json").exists()  # gone with the fleet
 
 
-def cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(state: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fleetledger", *args], env=terminal_env(state),
+        [sys.executable, "-m", "fleetledger", *args], env={**terminal_env(state), **extra},
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
@@ -93,7 +93,7 @@ async def test_a_person_created_on_a_running_fleet_acts_within_2s_and_revoked_is
     fleet: Path,
 ) -> None:
     identity = fleet / "identity"
-    made = cli(fleet, "identity", "create", "alice", "--role", "human", "--dir", str(identity))
+    made = cli(fleet, "identity", "create", "alice", "--role", "human")  # FLEET_STATE_DIR's
     created = time.monotonic()
     assert made.returncode == 0, made.stderr
     assert "reloaded nats-server: alice can connect now" in made.stdout
@@ -109,6 +109,8 @@ async def test_a_person_created_on_a_running_fleet_acts_within_2s_and_revoked_is
         assert reply.seq > 0
         assert time.monotonic() - created < 2.0
         assert connections_of(fleet, alice.public_key) == 1
+        viewed = cli(fleet, "view", "m-alice", "--json", FLEET_PRINCIPAL="alice")  # as reported
+        assert viewed.returncode == 0, viewed.stderr
 
         gone = cli(fleet, "identity", "revoke", "alice", "--dir", str(identity))
         revoked = time.monotonic()
