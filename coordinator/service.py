@@ -108,16 +108,17 @@ class Coordinator:
     async def from_settings(cls, settings: CoordinatorSettings | None = None, **kw: Any) -> Self:
         """Connect to the NATS and Redis the settings name (FLEET_* by default); not started."""
         s = settings or CoordinatorSettings()
+        if s.identity_dir is not None and "principals" not in kw:
+            kw["principals"] = KeyStore(s.identity_dir).directory  # re-read: revocation holds
         bus = await JetStreamBus.connect(
             s.nats_url,
             name=f"fleetledger-{s.node_id}",
             replicas=s.stream_replicas,
             duplicate_window_s=s.duplicate_window_s,
             seed=seed_of(s.principal, s.identity_dir),
+            directory=kw.get("principals"),
         )
         budget = ReservationClient.from_url(s.redis_url, timeout_s=s.redis_timeout_s)
-        if s.identity_dir is not None and "principals" not in kw:
-            kw["principals"] = KeyStore(s.identity_dir).directory  # re-read: revocation holds
 
         async def ping() -> bool:
             return bool(await budget.ping())

@@ -8,7 +8,10 @@ from fleetbus.settings import FleetBaseSettings
 
 
 class CoordinatorSettings(FleetBaseSettings):
-    """Everything a coordinator reads from FLEET_* (or a running fleet's fleet.env)."""
+    """Everything a coordinator reads, from FLEET_* environment variables only: `coordinator
+    run` builds it with ``CoordinatorSettings()``, never ``load()``, since the fleet.env that
+    `fleetledger up` writes names no principal and carries a Branch client's Redis URL, not the
+    coordinator's (`fleetledger identity server-config` writes a coordinator.env for it)."""
 
     nats_url: str = "nats://127.0.0.1:4222"
     redis_url: str = "redis://127.0.0.1:6379/0"

@@ -1,4 +1,4 @@
-"""The JetStream adapter: connecting, stream set-up, publishing, and ``Bus``.
+"""The JetStream adapter: stream set-up, publishing, and ``Bus`` (connecting: ``connection``).
 
 ``Bus`` is the protocol the coordinator takes (publish-and-ack, KV put, serve requests, read and
 consume the ledger stream); ``JetStreamBus`` is the NATS one, and tests bring in-memory ones.
@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, Self
@@ -23,12 +22,11 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
-from fleetbus.permissions import inbox_prefix
+from fleetbus.connection import connect as connect  # its home; callers import it here too
 from fleetbus.pull import DurablePull, Refused
 from fleetbus.reader import read_until_end
-from fleetbus.settings import nats_tls_context
 from ledger.errors import ComponentTimeout, InvalidInput, Unreachable
-from ledger.identity import public_key
+from ledger.identity import Principal
 from ledger.protocol import (
     DEADLETTER_PREFIX,
     DEADLETTER_STREAM,
@@ -43,8 +41,6 @@ from ledger.protocol import (
 
 log = logging.getLogger("fleetledger.bus")
 
-DEFAULT_PENDING = 2 * 1024 * 1024  # nats-py's own default reconnect buffer
-
 
 def cancel_requested() -> bool:
     """True if the current task was asked to stop.
@@ -54,60 +50,6 @@ def cancel_requested() -> bool:
     """
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
-
-
-async def connect(
-    url: str,
-    *,
-    name: str,
-    connect_timeout: float = 2.0,
-    seed: str | None = None,
-    buffer_while_reconnecting: bool = True,
-) -> Client:
-    """Connect, then let nats-py reconnect forever; unreachable at first -> ``Unreachable``.
-
-    nats-py would retry the first connect forever too (with unlimited reconnects), so the
-    first connect is bounded by a deadline instead. ``seed``: authenticate as the principal
-    holding that nkey. ``buffer_while_reconnecting=False``: a publish while disconnected fails
-    at once instead of waiting in nats-py's buffer to land later, after its caller gave up on
-    it (the coordinator's appends must never arrive behind a retry that recorded anew).
-    TLS follows this process's settings (``FLEET_NATS_TLS__*``, ``fleetbus.settings``) for
-    every caller; a certificate that does not verify is ``Unreachable`` naming TLS. With a
-    ``seed``, replies arrive under the principal's own inbox prefix, the only one it may read.
-    """
-    tls = nats_tls_context()
-    last: list[Exception] = []
-
-    async def quiet(exc: Exception) -> None:
-        last[:] = [exc]
-        log.debug("nats %s: %s", url, exc)
-
-    try:
-        async with asyncio.timeout(connect_timeout * 2):
-            return await nats.connect(
-                url,
-                name=name,
-                connect_timeout=connect_timeout,
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                error_cb=quiet,
-                nkeys_seed_str=seed,
-                inbox_prefix=inbox_prefix(public_key(seed)) if seed else "_INBOX",
-                pending_size=DEFAULT_PENDING if buffer_while_reconnecting else 0,
-                tls=tls,
-            )
-    except (OSError, TimeoutError, nats.errors.NoServersError) as exc:
-        cause = last[0] if last else exc
-        if isinstance(cause, ssl.SSLError):  # reachable, but not as configured
-            raise Unreachable(
-                f"TLS with NATS at {url} failed ({cause.reason or cause}); check "
-                "FLEET_NATS_TLS__CA (and __CERT/__KEY if the server verifies clients); "
-                "refused (fail closed)"
-            ) from None
-        raise Unreachable(
-            f"NATS at {url} is unreachable ({type(cause).__name__}); refused (fail closed)"
-        ) from None
 
 
 async def ensure_streams(
@@ -296,10 +238,13 @@ class JetStreamBus:
         replicas: int = 1,
         duplicate_window_s: float = 120.0,
         seed: str | None = None,
+        directory: Callable[[], Mapping[str, Principal]] | None = None,
     ) -> Self:
         """Connect (publishing nothing while disconnected), and create or update the streams
-        and the risk bucket."""
-        nc = await connect(url, name=name, buffer_while_reconnecting=False, seed=seed)
+        and the risk bucket. ``directory``: what a refusal of ``seed`` means (``connect``)."""
+        nc = await connect(
+            url, name=name, buffer_while_reconnecting=False, seed=seed, directory=directory
+        )
         js = nc.jetstream()
         await ensure_streams(js, replicas=replicas, duplicate_window_s=duplicate_window_s)
         return cls(nc, js, await ensure_risk_bucket(js, replicas=replicas))

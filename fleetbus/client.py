@@ -18,7 +18,8 @@ import nats
 from nats.aio.client import Client
 from opentelemetry.trace import Span
 
-from fleetbus.bus import connect, publish_checked
+from fleetbus.bus import publish_checked
+from fleetbus.connection import connect, refused_identity, refused_now
 from ledger.errors import ComponentTimeout, Rule, RuleViolation, Unreachable
 from ledger.events import DecisionRecorded, Event, last_event
 from ledger.identity import Principal, Role, public_key, sign, sign_request, verify
@@ -103,11 +104,16 @@ class FleetClient:
 
     @classmethod
     async def connect(cls, url: str, *, seed: str | None = None, **kw: Any) -> Self:
-        """Connect as the principal holding ``seed`` (None: an open NATS)."""
-        return cls(await connect(url, name="fleetledger-client", seed=seed), seed=seed, **kw)
+        """Connect as the principal holding ``seed`` (None: an open NATS); ``principals``
+        (in ``kw``) also says what a refusal of that key means."""
+        nc = await connect(
+            url, name="fleetledger-client", seed=seed, directory=kw.get("principals")
+        )
+        return cls(nc, seed=seed, **kw)
 
     async def close(self) -> None:
-        await self.nc.close()
+        with contextlib.suppress(OSError):  # a connection the server already closed
+            await self.nc.close()
 
     async def __aenter__(self) -> Self:
         return self
@@ -117,17 +123,30 @@ class FleetClient:
 
     @contextlib.contextmanager
     def _fail_closed(self) -> Iterator[None]:
-        """NATS trouble during a call becomes the FleetError a caller acts on (fail closed)."""
+        """NATS trouble during a call becomes the FleetError a caller acts on (fail closed);
+        while the server refuses this connection's key (revoked since it connected), that
+        refusal (``AuthRefused``), whatever the call ran into."""
+        self._check_admitted()  # refused now: say so at once, not after a timeout
         try:
             yield
-        except nats.errors.NoRespondersError:
-            raise Unreachable(NO_COORDINATOR) from None
-        except nats.errors.TimeoutError:
-            raise ComponentTimeout(
-                f"the coordinator did not answer within {self.timeout}s (fail closed)"
-            ) from None
-        except (nats.errors.ConnectionClosedError, OSError) as exc:
-            raise Unreachable(f"NATS connection lost: {type(exc).__name__} (fail closed)") from None
+        except (nats.errors.Error, OSError) as exc:
+            self._check_admitted()
+            if isinstance(exc, nats.errors.NoRespondersError):
+                raise Unreachable(NO_COORDINATOR) from None
+            if isinstance(exc, nats.errors.TimeoutError):
+                raise ComponentTimeout(
+                    f"the coordinator did not answer within {self.timeout}s (fail closed)"
+                ) from None
+            if isinstance(exc, (nats.errors.ConnectionClosedError, OSError)):
+                raise Unreachable(
+                    f"NATS connection lost: {type(exc).__name__} (fail closed)"
+                ) from None
+            raise
+
+    def _check_admitted(self) -> None:
+        if refused_now(self.nc):
+            url = self.nc.servers[0].geturl() if self.nc.servers else "NATS"
+            raise refused_identity(url, self.seed, self.principals)
 
     async def _request(
         self, subject: str, body: bytes, headers: dict[str, str] | None = None

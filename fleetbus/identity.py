@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from ledger.errors import ErrorCode, FleetError, InvalidInput
+from ledger.errors import AuthRefused, ErrorCode, FleetError, InvalidInput
 from ledger.identity import Principal, Role, public_key, seed_from_bytes
 
 DIRECTORY_FILE = "principals.json"
@@ -187,6 +187,50 @@ def seed_of(principal: str | None, identity_dir: Path | None) -> str | None:
     return KeyStore(identity_dir).seed(principal)
 
 
+def auth_refused(
+    server: str,
+    public: str | None,
+    directory: Mapping[str, Principal] | None,
+    principal: str | None = None,
+) -> AuthRefused:
+    """What a server's refusal of our identity means, and its fix, from who we are: no key (no
+    principal configured), a key the directory marks revoked, one it holds live (the server's
+    configuration predates it), or one the directory does not hold. ``public``: the key we
+    presented; ``directory``: the fleet's principals by public key, as this process sees them;
+    ``principal``: the name this process was configured with, if any."""
+    if public is None:
+        return AuthRefused(
+            f"{server} refused this process: it presented no key, and the server admits "
+            "principals only. No principal is configured: a service sets FLEET_PRINCIPAL=NAME "
+            "and FLEET_IDENTITY_DIR=<the key store holding NAME.seed> (`coordinator run` as the "
+            "coordinator principal, a node agent as its node's); a person at their own "
+            "terminal runs `fleetledger identity use NAME` once (`fleetledger up` does it for "
+            "its operator). An agent's shell acts for nobody: never set a person's identity there"
+        )
+    known = (directory or {}).get(public)
+    if known is None:
+        named = f"principal {principal} (key {public})" if principal else f"key {public}"
+        return AuthRefused(
+            f"{server} refused {named}: the fleet's directory here does not hold that key. "
+            "FLEET_IDENTITY_DIR may name another fleet's key store, or the seed is stale; "
+            "`fleetledger identity list` shows the principals and their keys"
+        )
+    who = f"{known.role} {known.name} (key {public})"
+    if known.revoked:
+        when = f" at {known.revoked_at.isoformat()}" if known.revoked_at else ""
+        return AuthRefused(
+            f"{server} refused {who}: it was revoked{when}. Use another principal, or have an "
+            f"operator create a new one (`fleetledger identity create NAME --role {known.role}`)"
+        )
+    return AuthRefused(
+        f"{server} refused {who}: the server does not know this key yet (its configuration "
+        "predates the principal). A running `fleetledger up` reloads on `identity create`; "
+        "otherwise restart `fleetledger up`, or for a server you run yourself rewrite its "
+        "configuration (`fleetledger identity server-config`) and reload it "
+        "(`nats-server --signal reload`)"
+    )
+
+
 def ensure_principals(
     store: KeyStore, wanted: dict[str, Role], agents: Mapping[str, frozenset[str]] | None = None
 ) -> None:
@@ -202,6 +246,7 @@ def ensure_principals(
 __all__ = [
     "DIRECTORY_FILE",
     "KeyStore",
+    "auth_refused",
     "directory_json",
     "ensure_principals",
     "seed_of",

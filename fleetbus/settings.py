@@ -1,8 +1,9 @@
 """The settings base every process's settings subclass: FLEET_* variables, else `fleet.env`.
 
-One loading rule for all: the environment first, then the `fleet.env` that `fleetledger up`
-wrote in its state directory (``FLEET_STATE_DIR``, else the platform's state path), so a second
-terminal talks to a running embedded fleet without exporting anything.
+One loading rule for the CLI and node agents (``load()``): the environment first, then the
+`fleet.env` that `fleetledger up` wrote in its state directory (``FLEET_STATE_DIR``, else the
+platform's state path), so a second terminal talks to a running embedded fleet without
+exporting anything. The coordinator reads the environment only (``coordinator.settings``).
 
 TLS for NATS is one setting for every process (``FLEET_NATS_TLS__CA``, ``__CERT``, ``__KEY``),
 read where every process connects (``fleetbus.bus.connect``). Redis TLS and credentials travel

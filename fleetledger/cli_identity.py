@@ -21,6 +21,7 @@ import re
 import secrets
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import quote
 
 import typer
 from pydantic import ValidationError
@@ -29,8 +30,11 @@ from rich.table import Table
 
 from fleetbus.http import first_error
 from fleetbus.identity import KeyStore, seed_of, write_private
-from fleetbus.permissions import authorization
+from fleetbus.permissions import authorization, write_server_config
 from fleetbus.settings import env_file
+from fleetledger.reload import Running, await_applied
+from fleetledger.server_config import REDIS_COORDINATOR, nats_config, write_redis_config
+from fleetledger.servers import write_env_file
 from fleetledger.settings import FleetSettings
 from fleetledger_hook.humans import agent_session
 from ledger.errors import FleetError, InvalidInput
@@ -124,13 +128,42 @@ def create(
     except ValidationError as exc:  # a name the Principal model refuses; nothing written
         raise _fail(InvalidInput(f"invalid principal: {first_error(exc)}"), as_json) from None
     seed = store.root / f"{name}.seed"
+    fleet = _applied(store, as_json)
     if as_json:
-        print(json.dumps({**principal.model_dump(mode="json"), "seed_file": str(seed)}))
+        print(json.dumps({**principal.model_dump(mode="json"), "seed_file": str(seed),
+                          "running_fleet": _fleet_json(fleet)}))  # fmt: skip
         return
     out.print(f"created {principal.role} [bold]{name}[/] with key {principal.public_key}")
     out.print(f"its seed is in {seed} (0600): give it only to {name}'s process")
-    if role is Role.NODE or role is Role.COORDINATOR:
-        out.print("the NATS server must know the new key: `fleetledger identity nats-config`")
+    _say_applied(fleet, f"{name} can connect now")
+
+
+def _applied(store: KeyStore, as_json: bool) -> Running | None:
+    """The running fleet on ``store`` once it admits the directory as saved (None: no fleet
+    runs on it); one that does not in time fails the command, saying the change is saved."""
+    try:
+        return await_applied(store)
+    except FleetError as exc:
+        raise _fail(exc, as_json) from None
+
+
+def _fleet_json(fleet: Running | None) -> dict[str, object] | None:
+    return None if fleet is None else {"pid": fleet.pid, "nats_url": fleet.nats_url}
+
+
+def _say_applied(fleet: Running | None, effect: str) -> None:
+    if fleet is not None:
+        out.print(
+            f"the running fleet (pid {fleet.pid}) reloaded nats-server: {effect}",
+            soft_wrap=True, highlight=False, markup=False,
+        )  # fmt: skip
+        return
+    out.print(
+        "no running `fleetledger up` uses this key store; a nats-server you run yourself takes "
+        "the change once you rewrite its configuration (`fleetledger identity server-config`) "
+        "and reload it (`nats-server --signal reload`)",
+        soft_wrap=True, highlight=False, markup=False,
+    )  # fmt: skip
 
 
 @identity_app.command("use")
@@ -184,21 +217,101 @@ def revoke(name: str, directory: DirOpt = None, as_json: JsonOpt = False) -> Non
         principal = store.revoke(name)
     except FleetError as exc:
         raise _fail(exc, as_json) from None
+    fleet = _applied(store, as_json)
     if as_json:
-        print(principal.model_dump_json())
+        print(json.dumps({**principal.model_dump(mode="json"),
+                          "running_fleet": _fleet_json(fleet)}))  # fmt: skip
         return
-    out.print(f"revoked {principal.role} {name}; reload nats-server with the new nats-config")
+    out.print(f"revoked {principal.role} {name}")
+    _say_applied(fleet, f"{name} is refused and its connections are closed")
 
 
 @identity_app.command("nats-config")
-def nats_config(directory: DirOpt = None) -> None:
-    """Print the nats-server `authorization` block (JSON) for the key store's principals."""
+def nats_authorization(directory: DirOpt = None) -> None:
+    """Print the nats-server `authorization` block (JSON) for the key store's principals;
+    `identity server-config` writes a whole configuration."""
     store = key_store(directory)
     try:
         block = authorization(store.principals())
     except FleetError as exc:
         raise _fail(exc, False) from None
     print(json.dumps({"authorization": block}, indent=2))
+
+
+SERVICES_ENV = "coordinator.env"
+
+
+@identity_app.command("server-config")
+def write_server_config_files(
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the files into.")],
+    host: Annotated[str, typer.Option(help="Address both servers listen on.")] = "127.0.0.1",
+    nats_port: Annotated[int, typer.Option(min=1, max=65535)] = 4222,
+    monitor_port: Annotated[
+        int, typer.Option(min=1, max=65535, help="nats-server's HTTP monitoring port.")
+    ] = 8222,
+    redis_port: Annotated[int, typer.Option(min=1, max=65535)] = 6379,
+    coordinator: Annotated[
+        str | None,
+        typer.Option(
+            help="The coordinator principal `coordinator run` runs as (default: the only one)."
+        ),
+    ] = None,
+    directory: DirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write what your own servers and `coordinator run` take: nats-server.json (JetStream,
+    sync_interval always, the key store's authorization), redis.conf and redis-users.acl, and
+    coordinator.env (FLEET_* for `coordinator run`, its Redis password in it); all 0600. The
+    Redis passwords stay in the key store (drawn at first use)."""
+    store = key_store(directory)
+    try:
+        principals = store.principals()
+        chosen = _coordinator_of(principals, coordinator)
+        try:
+            store.seed(chosen.name)
+        except InvalidInput:
+            raise
+        except FleetError as exc:
+            raise InvalidInput(f"`coordinator run` needs it here: {exc.message}") from None
+        if out_dir.exists() and not out_dir.is_dir():
+            raise InvalidInput(f"--out {out_dir} is not a directory")
+    except FleetError as exc:
+        raise _fail(exc, as_json) from None
+    out_dir = out_dir.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for data in ("jetstream", "redis"):
+        (out_dir / data).mkdir(exist_ok=True, mode=0o700)
+    nats_path = out_dir / "nats-server.json"
+    write_server_config(nats_path, nats_config(
+        port=nats_port, monitor=monitor_port, store=out_dir / "jetstream",
+        principals=principals, host=host,
+    ))  # fmt: skip
+    redis_path = write_redis_config(
+        out_dir, store, port=redis_port, data=out_dir / "redis", host=host
+    )
+    password = quote(store.redis_password(REDIS_COORDINATOR), safe="")
+    env = {
+        "FLEET_NATS_URL": f"nats://{host}:{nats_port}",
+        "FLEET_REDIS_URL": f"redis://{REDIS_COORDINATOR}:{password}@{host}:{redis_port}/0",
+        "FLEET_PRINCIPAL": chosen.name,
+        "FLEET_IDENTITY_DIR": str(store.root.resolve()),
+    }
+    env_path = out_dir / SERVICES_ENV
+    write_env_file(env_path, env)
+    written = {"nats": nats_path, "redis": redis_path, "coordinator_env": env_path}
+    if as_json:
+        print(json.dumps({k: str(v) for k, v in written.items()}))
+        return
+    say = [
+        f"wrote {nats_path} (0600: the authorization of {len(principals)} principal(s))",
+        f"wrote {redis_path} and {out_dir / 'redis-users.acl'} (0600)",
+        f"wrote {env_path} (0600: FLEET_* of `coordinator run`, with its Redis password)",
+        f"  nats-server -c {nats_path}",
+        f"  redis-server {redis_path}",
+        f"  set -a; . {env_path}; set +a; fleetledger coordinator run",
+    ]
+    for line in say:
+        out.print(line, soft_wrap=True, highlight=False, markup=False)
 
 
 _SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS subdomain

@@ -4,9 +4,10 @@ One launcher serves `fleetledger up`, the demo and the pytest fixtures. Each ser
 free loopback port with its data in a directory we own; we wait until it is healthy, and stop it
 cleanly on exit, on Ctrl-C, and (on Linux) when the parent process dies (PR_SET_PDEATHSIG).
 
-Redis always runs with ACL users (``REDIS_USERS``): ``default`` is off, and each user's
-password is drawn at the first start and kept 0600 in the identity directory; the ACL file
-holds only their SHA-256. NATS runs with TLS when given certificates (``NatsServerTls``).
+Their configuration files come from ``fleetledger.server_config`` (the one path that makes
+them, for a user's own servers too): Redis always runs with ACL users (``REDIS_USERS``),
+NATS with TLS when given certificates (``NatsServerTls``). With a key store, identity changes
+take effect while the fleet runs (``fleetledger.reload``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import hashlib
+import json
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -34,9 +36,27 @@ from typing import Any, Self
 from urllib.parse import quote
 
 from fleetbus.identity import KeyStore, ensure_principals, write_private
-from fleetbus.permissions import authorization, write_server_config
+from fleetbus.permissions import write_server_config
+from fleetledger.reload import (
+    DirectoryWatcher,
+    Running,
+    clear_running,
+    directory_digest,
+    write_running,
+)
+from fleetledger.server_config import (
+    REDIS_ADMIN,
+    REDIS_BRANCH,
+    REDIS_COORDINATOR,
+    REDIS_GATEWAY,
+    REDIS_USERS,
+    NatsServerTls,
+    nats_config,
+    redis_acl,
+    write_redis_config,
+)
 from ledger.errors import BinaryMissing, ComponentTimeout, FleetError, InvalidInput
-from ledger.identity import Principal, Role
+from ledger.identity import Role
 
 STARTUP_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
@@ -119,58 +139,6 @@ def _tcp_open(port: int) -> bool:
     return False
 
 
-@dataclass(frozen=True)
-class NatsServerTls:
-    """The embedded nats-server's certificate and key, and the CA it verifies clients against
-    (``verify``: every client must present a certificate that CA signed)."""
-
-    cert: Path
-    key: Path
-    ca: Path | None = None
-    verify: bool = False
-
-    def config(self) -> dict[str, Any]:
-        block: dict[str, Any] = {"cert_file": str(self.cert), "key_file": str(self.key)}
-        if self.ca is not None:
-            block["ca_file"] = str(self.ca)
-        if self.verify:
-            block["verify"] = True
-        return block
-
-
-def nats_config(
-    *,
-    port: int,
-    monitor: int,
-    store: Path,
-    principals: list[Principal] | None = None,
-    fsync_every_write: bool = True,
-    tls: NatsServerTls | None = None,
-    extra_users: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """The embedded nats-server's configuration: loopback only, JetStream on a file store that
-    fsyncs every write before its PubAck (``sync_interval: always``). JetStream's default
-    interval can lose acknowledged writes on power failure (Jepsen, NATS 2.12.1, Dec 2025); a
-    ledger that answers from acknowledged writes cannot afford that on one server. With
-    ``principals``, only their nkeys may connect, each with its role's permissions
-    (``extra_users``: nkey users outside the fleet's roles, as given: a benchmark's raw
-    baselines); with ``tls``, clients must speak TLS."""
-    config: dict[str, Any] = {
-        "host": "127.0.0.1",
-        "port": port,
-        "http": f"127.0.0.1:{monitor}",
-        "jetstream": {"store_dir": str(store)},
-    }
-    if fsync_every_write:
-        config["jetstream"]["sync_interval"] = "always"
-    if principals is not None:
-        config["authorization"] = authorization(principals)
-        config["authorization"]["users"] += extra_users or []
-    if tls is not None:
-        config["tls"] = tls.config()
-    return config
-
-
 def _nats_healthy(monitor_port: int) -> bool:
     url = f"http://127.0.0.1:{monitor_port}/healthz?js-enabled-only=true"
     try:
@@ -178,6 +146,16 @@ def _nats_healthy(monitor_port: int) -> bool:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _config_load_time(monitor_port: int) -> str | None:
+    """When nats-server last loaded its configuration (its /varz), None if it did not say."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/varz", timeout=0.5) as resp:
+            value = json.loads(resp.read()).get("config_load_time")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return str(value) if value else None
 
 
 def _redis_healthy(port: int, user: str, password: str) -> bool:
@@ -201,37 +179,6 @@ def _resp(args: list[str]) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(
         b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args
     )
-
-
-REDIS_ADMIN = "admin"  # the operator's and the tests' own: every command, every key
-REDIS_COORDINATOR = "coordinator"
-REDIS_BRANCH = "branch"  # Branch clients (orchestrators): the reservation scripts
-REDIS_GATEWAY = "gateway"  # the demo's naive check-then-spend gateway (fleetledger.race)
-
-# ACL rules per user (Redis 6.2 syntax). Redis checks a script's commands against its caller's
-# rules, so a user that runs a script holds that script's commands too: the branch user's are
-# exactly what reserve, commit, settle and release call, on our keys (reservations.keys) only.
-REDIS_USERS: dict[str, str] = {
-    REDIS_ADMIN: "allkeys allchannels +@all",
-    REDIS_COORDINATOR: (
-        "resetkeys ~fl:* resetchannels -@all +@read +@write +@transaction +ping +time "
-        "+evalsha +script|load +script|exists -@dangerous"
-    ),
-    REDIS_BRANCH: (
-        "resetkeys ~fl:* resetchannels -@all +ping +evalsha +time +hmget +hset +hincrby +zadd +zrem"
-    ),
-    REDIS_GATEWAY: "resetkeys ~naive:* resetchannels -@all +ping +get +incr +incrby",
-}
-
-
-def redis_acl(passwords: dict[str, str]) -> str:
-    """The ACL file: ``default`` off; each of ``REDIS_USERS`` on with its password's SHA-256
-    (the file never holds a password) and its rules."""
-    lines = ["user default off resetkeys resetchannels -@all"]
-    for user, rules in REDIS_USERS.items():
-        digest = hashlib.sha256(passwords[user].encode()).hexdigest()
-        lines.append(f"user {user} on resetpass #{digest} {rules}")
-    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -350,6 +297,10 @@ class EmbeddedServers:
         self._want_redis = redis
         self._stopped = False
         self.nats_monitor_port = 0  # nats-server's HTTP monitoring port, once started
+        self._nats_ports = (0, 0)
+        self._applied = ""  # digest of the directory nats-server admits (fleetledger.reload)
+        self._watcher: DirectoryWatcher | None = None
+        self._reload_lock = threading.Lock()
 
     @property
     def nats_url(self) -> str:
@@ -384,6 +335,10 @@ class EmbeddedServers:
         try:
             if self._want_nats:
                 self.nats = self._start_with_retries(self._nats_server)
+                if self.keys is not None:  # identity changes take effect while it runs
+                    self._record_running()
+                    self._watcher = DirectoryWatcher(self.keys, self.reload_identity)
+                    self._watcher.start()
             if self._want_redis:
                 self.redis = self._start_with_retries(self._redis_server)
         except BaseException:
@@ -410,52 +365,91 @@ class EmbeddedServers:
     def _nats_server(self) -> ManagedServer:
         binary = find_nats_server()
         port, monitor = free_port(), free_port()
-        store = self.state_dir / "jetstream"
-        store.mkdir(exist_ok=True)
-        conf = self.state_dir / "nats-server.json"
+        (self.state_dir / "jetstream").mkdir(exist_ok=True)
+        self._nats_ports = (port, monitor)
+        self.nats_monitor_port = monitor
+        self._applied = self._write_nats_config()
+        argv = [str(binary), "-c", str(self._nats_conf)]
+        return ManagedServer(
+            "nats-server", argv, port, lambda: _nats_healthy(monitor),
+            self.state_dir / "nats-server.log",
+        )  # fmt: skip
+
+    @property
+    def _nats_conf(self) -> Path:
+        return self.state_dir / "nats-server.json"
+
+    def _write_nats_config(self) -> str:
+        """Write nats-server's configuration from the key store as it is now; the digest of
+        the directory it was made from (read first: a later change is applied again)."""
+        port, monitor = self._nats_ports
+        applied = directory_digest(self.keys) if self.keys is not None else ""
         principals = self.keys.principals() if self.keys is not None else None
         write_server_config(
-            conf,
+            self._nats_conf,
             nats_config(
                 port=port,
                 monitor=monitor,
-                store=store,
+                store=self.state_dir / "jetstream",
                 principals=principals,
                 fsync_every_write=self.fsync_every_write,
                 tls=self.nats_tls,
                 extra_users=self.extra_users,
             ),
         )
-        self.nats_monitor_port = monitor
-        argv = [str(binary), "-c", str(conf)]
-        return ManagedServer(
-            "nats-server", argv, port, lambda: _nats_healthy(monitor),
-            self.state_dir / "nats-server.log",
-        )  # fmt: skip
+        return applied
+
+    def reload_identity(self) -> bool:
+        """Rewrite nats-server's configuration from the key store and signal a reload; once
+        the server reports it loaded, record the directory it admits (``running.json``).
+        nats-server closes the connections of every key it no longer admits. False: no
+        server runs now to reload (it reads the directory when it starts again)."""
+        with self._reload_lock:
+            nats = self.nats
+            if self.keys is None or nats is None or nats.proc is None or not nats.running:
+                return False
+            before = _config_load_time(self.nats_monitor_port)
+            self._applied = self._write_nats_config()
+            nats.proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while _config_load_time(self.nats_monitor_port) in (before, None):
+                if time.monotonic() > deadline:
+                    raise ComponentTimeout(
+                        f"nats-server did not reload {self._nats_conf} in {STOP_TIMEOUT_S:.0f}s; "
+                        f"last output:\n{nats._log_tail()}"
+                    )
+                time.sleep(0.01)
+            self._record_running()
+            return True
+
+    def _record_running(self) -> None:
+        if self.keys is None or self.nats is None or self.nats.proc is None:
+            return
+        write_running(self.keys, Running(
+            pid=os.getpid(), nats_pid=self.nats.proc.pid, nats_url=self.nats_url,
+            applied=self._applied,
+        ))  # fmt: skip
 
     def _redis_server(self) -> ManagedServer:
         binary = find_redis_server()
         port = free_port()
         data = self.state_dir / "redis"
         data.mkdir(exist_ok=True)
-        passwords = {user: self._secrets.redis_password(user) for user in REDIS_USERS}
-        acl = self.state_dir / "redis-users.acl"
-        write_private(acl, redis_acl(passwords).encode())
-        argv = [
-            str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-            "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
-            "--daemonize", "no", "--protected-mode", "yes", "--aclfile", str(acl),
-        ]  # fmt: skip
-        admin = passwords[REDIS_ADMIN]
+        conf = write_redis_config(self.state_dir, self._secrets, port=port, data=data)
+        admin = self._secrets.redis_password(REDIS_ADMIN)
         return ManagedServer(
-            "redis-server", argv, port, lambda: _redis_healthy(port, REDIS_ADMIN, admin),
-            self.state_dir / "redis-server.log",
+            "redis-server", [str(binary), str(conf)], port,
+            lambda: _redis_healthy(port, REDIS_ADMIN, admin), self.state_dir / "redis-server.log",
         )  # fmt: skip
 
     def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
+        if self._watcher is not None:
+            self._watcher.stop()
+        if self.keys is not None:
+            clear_running(self.keys, os.getpid())
         for server in (self.redis, self.nats):
             if server is not None:
                 server.stop()
@@ -523,3 +517,25 @@ def write_env_file(path: Path, env: dict[str, str]) -> None:
     since its Redis URL carries a password."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_private(path, "".join(f"{key}={value}\n" for key, value in sorted(env.items())).encode())
+
+
+__all__ = [
+    "COORDINATOR_PRINCIPAL",
+    "OPERATOR_PRINCIPAL",
+    "ORCHESTRATOR_PRINCIPAL",
+    "REDIS_ADMIN",
+    "REDIS_BRANCH",
+    "REDIS_COORDINATOR",
+    "REDIS_GATEWAY",
+    "REDIS_USERS",
+    "EmbeddedServers",
+    "ManagedServer",
+    "NatsServerTls",
+    "find_nats_server",
+    "find_redis_server",
+    "fleet_keys",
+    "free_port",
+    "nats_config",
+    "redis_acl",
+    "write_env_file",
+]

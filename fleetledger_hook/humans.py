@@ -60,6 +60,7 @@ COMMANDS: dict[tuple[str, ...], str | None] = {
     ("identity", "revoke"): "person.identity.revoke",
     ("identity", "use"): "person.identity.use",
     ("identity", "helm-values"): "person.identity.helm-values",
+    ("identity", "server-config"): "person.identity.server-config",
     ("role", "bind"): "person.role.bind",
     ("role", "unbind"): "person.role.unbind",
     ("node-agent", "run"): "person.node-agent.run",

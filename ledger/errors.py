@@ -4,11 +4,12 @@
     ├── InvalidInput (ValueError)          bad input: malformed event, unknown kind, bad amount
     ├── RuleViolation                      a ledger invariant rejected it; names the `rule`
     ├── Unreachable (ConnectionError)      NATS, Redis, coordinator or judge unreachable
+    │   └── AuthRefused                    reachable, but it refused who we are (fail closed)
     ├── ComponentTimeout (TimeoutError)    a component did not answer in time
     └── BinaryMissing (FileNotFoundError)  a server binary that a pip package should ship is absent
 
 CLI exit codes (SPEC S13) derive from the class: InvalidInput 2, RuleViolation 3,
-Unreachable/ComponentTimeout 4, anything else 1.
+Unreachable (AuthRefused too)/ComponentTimeout 4, anything else 1.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class ErrorCode(StrEnum):
     NOT_FOUND = "FL-NOT-FOUND"
     RULE_VIOLATION = "FL-RULE"
     UNREACHABLE = "FL-UNREACHABLE"
+    AUTH_REFUSED = "FL-AUTH"  # the server answered, and refused this process's identity
     TIMEOUT = "FL-TIMEOUT"
     BINARY_MISSING = "FL-BINARY-MISSING"
     INTERNAL = "FL-INTERNAL"
@@ -116,6 +118,14 @@ class Unreachable(FleetError, ConnectionError):
 
     code = ErrorCode.UNREACHABLE
     exit_code = 4
+
+
+class AuthRefused(Unreachable):
+    """A server answered and refused this process's identity (no key, a key it does not know,
+    a revoked one); fail closed like unreachable, but with its own code and a message naming
+    the principal, its key and the likely fix."""
+
+    code = ErrorCode.AUTH_REFUSED
 
 
 class ComponentTimeout(FleetError, TimeoutError):

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.errors import (
+    AuthRefused,
     BinaryMissing,
     ComponentTimeout,
     ErrorCode,
@@ -183,6 +184,7 @@ class ErrorBody(BaseModel):
 # what each code decodes to (anything else: the FleetError root, exit 1)
 _ERROR_CLASSES: dict[ErrorCode, type[FleetError]] = {
     ErrorCode.UNREACHABLE: Unreachable,
+    ErrorCode.AUTH_REFUSED: AuthRefused,
     ErrorCode.TIMEOUT: ComponentTimeout,
     ErrorCode.BINARY_MISSING: BinaryMissing,
     ErrorCode.INVALID_INPUT: InvalidInput,
