@@ -152,14 +152,20 @@ async def test_a_forged_event_on_the_stream_is_dead_lettered_naming_the_rule(
             while co.dead_letters < before + 2:
                 await asyncio.sleep(0.02)
         assert co.states["m-forged"].risks["k1"].open
-        reasons = []
+        reasons: list[str] = []
 
         async def letter(msg: Any) -> None:
             reasons.append(json.loads(msg.data)["error"]["rule"])
 
-        await read_until_end(
-            coordinator_conn.nc, "FLEET_DEADLETTER", "fleet.deadletter.m-forged", letter
-        )
+        # the coordinator counts a dead letter before its publish is acknowledged: read the
+        # dead-letter stream until both are stored
+        async with asyncio.timeout(10):
+            while len(reasons) < 2:
+                reasons.clear()
+                await asyncio.sleep(0.02)
+                await read_until_end(
+                    coordinator_conn.nc, "FLEET_DEADLETTER", "fleet.deadletter.m-forged", letter
+                )
         assert sorted(reasons) == ["producer_identity", "producer_permission"]
         # replay applies the same check: with the directory the forgeries are rejected again
         from coordinator.replay import replay_mission
