@@ -9,10 +9,11 @@ folded before serving (replay is deterministic).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from opentelemetry.trace import Span, Status, StatusCode
 
@@ -73,9 +74,10 @@ class Ingest:
         started = time.perf_counter()
         last = await self.bus.last_seq()
         journal = self.journal
-        async for msg in self.bus.history(last):
-            self._apply(msg)
-            journal.applied_seq = msg.seq
+        with bulk_fold():
+            async for msg in self.bus.history(last):
+                self._apply(msg)
+                journal.applied_seq = msg.seq
         journal.applied_seq = max(journal.applied_seq, last)
         self.ready_seq = last
         await self.board.put_all(journal.states.values())
@@ -236,8 +238,23 @@ def fold_message(
     return out
 
 
+@contextlib.contextmanager
+def bulk_fold() -> Iterator[None]:
+    """Folding a stream from its start allocates many objects that live on (the states) and
+    no cycles, so the cyclic collector would only scan the growing state again and again (a
+    third of replay's time); it is paused for the fold and resumes after (reference counting
+    frees everything meanwhile as ever)."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
+
+
 def _safe(token: str) -> bool:
     return token.replace("-", "").replace("_", "").isalnum()
 
 
-__all__ = ["CONSUMER_NAME", "Applied", "Ingest", "fold_message"]
+__all__ = ["CONSUMER_NAME", "Applied", "Ingest", "bulk_fold", "fold_message"]
