@@ -6,7 +6,9 @@ action, its reservations, the receipt) and a node's observations (one message ea
 message signed as it is stored. It then times, in the same run:
   (a) ``replay_mission`` end to end (the read-only reader, the directory, the fold), and
   (b) the admission alone (``coordinator.ingest.fold_message`` over the messages read once:
-      parse, signature, producer permission, the fold), without NATS,
+      parse, signature, producer permission, the fold), without NATS, and
+  (c) a decision's identity besides its request's signature: its bundle signed as the tree
+      writes it, and its receipt verified as the requester does,
 and prints microseconds per event for each, beside the raw baseline of the same run: one
 Ed25519 verification of a message of the mean size (libsodium, no parsing). Times are this
 process's CPU time (``time.process_time``: what a shared machine's load changes least; the
@@ -140,6 +142,38 @@ def admission(messages: list[tuple[str, bytes, datetime]], directory: Any) -> tu
     return time.process_time() - started, folded
 
 
+def decision_identity_s(
+    messages: list[tuple[str, bytes, datetime]], seed: str, n: int = 300
+) -> float:
+    """CPU seconds a decision's identity costs besides its request's signature: the coordinator
+    signing its bundle as the tree under test writes it, and the requester verifying the
+    receipt in it (format 1: each event signed, the receipt verified; format 2: the message
+    signed once and verified once)."""
+    from ledger import events, identity
+
+    data = next(d for _, d, _ in messages if d.count(b"decision.recorded") and len(d) > 1500)
+    bundle = [e.model_copy(update={"signer": None, "signature": None})
+              for e in events.parse_events(data)]  # fmt: skip
+    directory = _directory(seed)
+    seal = getattr(identity, "seal_message", None)  # the tree under test writes format 2
+    started = time.process_time()
+    for _ in range(n):
+        if seal is not None:  # format 2
+            stored = seal(bundle, seed)
+            identity.verify_message(events.read_message(stored), directory)
+        else:  # format 1
+            stored = events.bundle_json([identity.sign(e, seed) for e in bundle])
+            identity.verify(events.last_event(stored), directory)
+    return (time.process_time() - started) / n
+
+
+def _directory(seed: str) -> dict[str, Any]:
+    from ledger.identity import Principal, Role, public_key
+
+    key = public_key(seed)
+    return {key: Principal(name="coordinator", role=Role.COORDINATOR, public_key=key)}
+
+
 def raw_verify_s(size: int, n: int = 2000) -> float:
     key = nacl.signing.SigningKey(secrets.token_bytes(32))
     signed = key.sign(secrets.token_bytes(size))
@@ -205,6 +239,7 @@ async def main(quick: bool) -> dict[str, Any]:
         shutil.rmtree(state, ignore_errors=True)
     mean_size = int(statistics.mean(len(d) for _, d, _ in messages))
     raw = raw_verify_s(mean_size)
+    per_decision = min(decision_identity_s(messages, seed) for _ in range(3))
     figures: dict[str, Any] = {
         "events": events,
         "messages": len(messages),
@@ -215,6 +250,7 @@ async def main(quick: bool) -> dict[str, Any]:
         "admit_us_per_event": fold_s / events * 1e6,
         "admit_us_per_message": fold_s / len(messages) * 1e6,
         "raw_verify_us_per_message": raw * 1e6,
+        "decision_identity_us": per_decision * 1e6,
         "admit_per_message_vs_raw_verify": (fold_s / len(messages)) / raw,
         "load_1m": os.getloadavg()[0],
     }
@@ -224,7 +260,8 @@ async def main(quick: bool) -> dict[str, Any]:
         f"{figures['admit_us_per_event']:.1f} µs/event = {figures['admit_us_per_message']:.1f} "
         f"µs/message vs one raw Ed25519 verification {figures['raw_verify_us_per_message']:.1f} "
         f"µs ({figures['admit_per_message_vs_raw_verify']:.2f}x); {events:,} events in "
-        f"{len(messages):,} messages; load {figures['load_1m']:.2f}"
+        f"{len(messages):,} messages; a decision's bundle signed and its receipt verified: "
+        f"{figures['decision_identity_us']:.1f} µs; load {figures['load_1m']:.2f}"
     )
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
 
