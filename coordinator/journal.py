@@ -3,7 +3,8 @@
 - Applied state: one ``MissionState`` per mission and the stream sequence applied so far
   (``wait_applied`` returns once the fold reaches a sequence); ingest advances it.
 - Append: events go out as **one** stream message (a bundle when several: stored together or
-  not at all, then applied in order), acknowledged before ``append`` returns. The message is
+  not at all, then applied in order), acknowledged before ``append`` returns; with the
+  coordinator's key, signed once as a whole (``ledger.identity.seal_message``). The message is
   remembered by its bytes, so our own events are not parsed again when they come back.
 - With tracing on, the context of the span doing the work (or of one PRODUCER span) goes into
   every envelope and the NATS headers: nothing more here. The events' own spans, with their
@@ -27,7 +28,7 @@ from fleetbus.bus import Bus, Stored
 from ledger.clock import Clock
 from ledger.errors import InvalidInput, Unreachable
 from ledger.events import Event, bundle_json, make_event
-from ledger.identity import sign
+from ledger.identity import seal_message
 from ledger.mission import MissionState
 from ledger.protocol import subject_of
 from telemetry import Telemetry, envelope_of, headers_of, messaging_attributes, sending_span
@@ -171,9 +172,8 @@ class Journal:
                 events = [
                     e if e.trace == tc else e.model_copy(update={"trace": tc}) for e in events
                 ]
-            if self.seed is not None:  # last: nothing may change a signed event
-                events = [sign(e, self.seed) for e in events]
-            body = bundle_json(events)
+            # last: nothing may change a signed message; one signature covers all its events
+            body = bundle_json(events) if self.seed is None else seal_message(events, self.seed)
             if len(self._own) < OWN_CACHE_LIMIT:
                 self._own[body] = tuple(events)
             try:

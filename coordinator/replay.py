@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
-from coordinator.ingest import fold_message
+from coordinator.ingest import bulk_fold, fold_message
 from fleetbus.bus import connect
 from fleetbus.reader import read_until_end
 from ledger.errors import InvalidInput, RuleViolation, Unreachable
@@ -113,7 +113,8 @@ async def replay_mission(
             last = seq
 
         if end > 0:  # a read-only reader of the mission's subjects (fleetbus.pull)
-            await read_until_end(nc, STREAM, mission_filter(mission_id), visit, upto=end)
+            with bulk_fold():
+                await read_until_end(nc, STREAM, mission_filter(mission_id), visit, upto=end)
     except (LookupError, TimeoutError) as exc:
         raise Unreachable(f"JetStream did not serve the read ({exc}): fail closed") from None
     except (NatsError, OSError) as exc:  # a read refused or unanswered: fail closed, say so

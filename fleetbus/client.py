@@ -21,8 +21,15 @@ from opentelemetry.trace import Span
 from fleetbus.bus import publish_checked
 from fleetbus.connection import connect, refused_identity, refused_now
 from ledger.errors import ComponentTimeout, Rule, RuleViolation, Unreachable
-from ledger.events import DecisionRecorded, Event, last_event
-from ledger.identity import Principal, Role, public_key, sign, sign_request, verify
+from ledger.events import DecisionRecorded, Event, LedgerMessage, bundle_json, read_message
+from ledger.identity import (
+    Principal,
+    Role,
+    public_key,
+    receipt_signer,
+    seal_message,
+    sign_request,
+)
 from ledger.kernel import ActionRequest
 from ledger.protocol import (
     ANONYMOUS,
@@ -278,21 +285,22 @@ class FleetClient:
         if hdrs.get("Status") == "503":  # no responders, as a plain subscription sees it
             raise Unreachable(NO_COORDINATOR)
         if hdrs.get("Nats-Stream") == STREAM and "Nats-Sequence" in hdrs:
-            # the decision's bundle as stored: the action, its reservation, the receipt (last);
-            # only the receipt is needed here, so only it is validated
-            receipt = last_event(msg.data)
-            self._check_receipt(receipt)
-            return reply_from_receipt(receipt, int(hdrs["Nats-Sequence"]), request)
+            # the decision's bundle as stored: the action, its reservation, the receipt (last),
+            # signed once as a whole: one verification
+            message = read_message(msg.data)
+            self._check_receipt(message)
+            return reply_from_receipt(message.events[-1], int(hdrs["Nats-Sequence"]), request)
         reply = AuthorizeReply.model_validate_json(msg.data)
         if self.principals is not None and reply.decision is not None and reply.decision.allowed:
             await self._check_stored(reply, request)
         return reply
 
-    def _check_receipt(self, receipt: Event) -> None:
-        """Refuse a receipt no coordinator of the directory signed (a forged answer)."""
+    def _check_receipt(self, message: LedgerMessage) -> None:
+        """Refuse a receipt (the message's last event) no coordinator of the directory signed
+        (a forged answer)."""
         if self.principals is None:
             return
-        who = verify(receipt, self.principals())
+        who = receipt_signer(message, self.principals())
         if who.role is not Role.COORDINATOR:
             raise RuleViolation(
                 Rule.PRODUCER_IDENTITY,
@@ -308,8 +316,8 @@ class FleetClient:
             raise RuleViolation(
                 Rule.PRODUCER_IDENTITY, "an ALLOWED answer carries no stored receipt; refused"
             )
-        receipt = last_event(reply.stored.encode())
-        payload = receipt.payload
+        message = read_message(reply.stored)
+        payload = message.events[-1].payload
         if not (isinstance(payload, DecisionRecorded) and payload.allowed
                 and payload.action_id == request.action_id):  # fmt: skip
             raise RuleViolation(
@@ -317,7 +325,7 @@ class FleetClient:
                 f"stream sequence {reply.decision_seq} is not the allowing receipt of "
                 f"{request.action_id}; refused",
             )
-        self._check_receipt(receipt)
+        self._check_receipt(message)
 
     async def view(self, mission_id: str, role: str = "operator") -> dict[str, Any]:
         body = ViewRequest.model_validate({"mission_id": mission_id, "role": role})
@@ -330,7 +338,8 @@ class FleetClient:
         """Append an event to the ledger stream directly (node outboxes do this).
 
         With tracing on, the PRODUCER span's context goes into the NATS headers and, unless the
-        event already carries one (or is signed), into the envelope's ``trace``."""
+        event already carries one, into the envelope's ``trace``. With a seed the message is
+        signed (one signature, format 2)."""
         subject = subject_of(event)
         with producer_span_lazy(
             self.telemetry,
@@ -346,14 +355,14 @@ class FleetClient:
             },
         ) as span:
             tc = trace_context_of(span)
-            if tc is not None and event.trace is None and event.signature is None:
-                event = event.model_copy(update={"trace": tc})  # never alter signed bytes
-            if self.seed is not None and event.signature is None:
-                event = sign(event, self.seed)  # as the principal this client is
+            if tc is not None and event.trace is None:
+                event = event.model_copy(update={"trace": tc})
+            # as the principal this client is
+            body = bundle_json([event]) if self.seed is None else seal_message([event], self.seed)
             seq = await publish_checked(
                 self.js,
                 subject,
-                event.to_json(),
+                body,
                 msg_id=str(event.event_id),
                 headers=headers_of(span),
             )

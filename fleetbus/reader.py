@@ -120,13 +120,16 @@ async def read_until_end(
     ``start_time`` if given), up to sequence ``upto`` or the end of what was there when reading
     began, or until ``visit`` returns True; what ``visit`` raises is raised here.
     ``TimeoutError`` when nothing arrives for ``quiet_s``."""
-    done, progress = asyncio.Event(), asyncio.Event()
+    done = asyncio.Event()
     failed: list[BaseException] = []
     last = upto if upto is not None else 2**63
+    loop = asyncio.get_running_loop()
+    arrived = [loop.time()]  # when the latest message came
 
     async def each(msg: Msg) -> None:
         if done.is_set():
             return
+        arrived[0] = loop.time()
         seq = _stream_seq(msg) or 0
         try:
             stop = bool(await visit(msg)) if seq <= last else True
@@ -135,18 +138,20 @@ async def read_until_end(
             stop = True
         if stop or seq >= last or (msg.metadata.num_pending or 0) == 0:
             done.set()
-        progress.set()
 
     reader = Reader(nc, each, stream=stream, filter_subject=filter_subject, start_time=start_time)
     await reader.create()
     if reader.pending == 0:
         return
     await ContinuousPull.start(reader)
-    try:
-        while not done.is_set():  # each message sets progress (the last one: done too)
-            progress.clear()
-            async with asyncio.timeout(quiet_s):
-                await progress.wait()
+    try:  # woken once at the end, not per message; quiet for quiet_s since the latest: timeout
+        while not done.is_set():
+            left = arrived[0] + quiet_s - loop.time()
+            if left <= 0:
+                raise TimeoutError(f"no message of {stream} for {quiet_s}s")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await done.wait()
     finally:
         reader.stopped = True
         await reader.stop()

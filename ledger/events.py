@@ -1,7 +1,16 @@
-"""Ledger events: the envelope and every kind of SPEC S4.1 as a discriminated union on ``kind``.
+"""Ledger events: the envelope and every kind of SPEC S4.1 as a discriminated union on ``kind``,
+and the layout of a stored message.
 
-Events are immutable. ``parse_event`` is the one way in from bytes or dicts: unknown kinds and
-malformed payloads raise ``InvalidInput`` naming the problem, and nothing is half-built.
+Events are immutable. ``parse_event`` is the one way in for one event from bytes or dicts, and
+``read_message`` for a stored message: unknown kinds and malformed payloads raise
+``InvalidInput`` naming the problem, and nothing is half-built.
+
+A stored message (``MESSAGE_FORMAT`` 2) is one JSON object, always laid out as
+``{"format":2,"signer":"U...","events":[...],"signature":"..."}`` (``signer`` and ``signature``
+absent when unsigned): its events carry no signatures of their own, and the signature covers
+the bytes as stored before ``,"signature":``, so a reader verifies it without serialising
+anything again (``ledger.identity``). Format 1, written before, is still read: an event, or a
+JSON array of events, each signed itself.
 """
 
 from __future__ import annotations
@@ -9,6 +18,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, get_args
@@ -32,6 +42,7 @@ from ledger.money import MAX_MICROS
 
 MAX_EVENT_BYTES = 64 * 1024
 MAX_BUNDLE_EVENTS = 16
+MESSAGE_FORMAT = 2  # the layout of a stored message (see the module docstring)
 POLICY_VERSION = "2026-11.1"
 
 # Ids travel in NATS subjects and Redis keys: keep them to a safe alphabet.
@@ -542,19 +553,11 @@ class Event(BaseModel):
     recorded_at: UtcDatetime
     effective_at: UtcDatetime
     trace: TraceContext | None = None
-    signer: str | None = None  # the producer's public key (an nkey, U...), see ledger.identity
-    signature: str | None = None  # Ed25519 over ledger.identity.canonical(event)
+    # format 1 only (a message of format 2 is signed once, as a whole): the producer's public
+    # key (an nkey, U...) and its Ed25519 signature over ledger.identity.canonical(event)
+    signer: str | None = None
+    signature: str | None = None
     payload: Payload
-
-    @model_validator(mode="before")
-    @classmethod
-    def _kind_into_payload(cls, data: Any) -> Any:
-        # The envelope names the kind once; the payload may omit it.
-        if isinstance(data, dict) and isinstance(data.get("payload"), dict):
-            payload = data["payload"]
-            if "kind" not in payload and "kind" in data:
-                data = {**data, "payload": {**payload, "kind": data["kind"]}}
-        return data
 
     @model_validator(mode="after")
     def _kind_matches(self) -> Event:
@@ -567,67 +570,54 @@ class Event(BaseModel):
 
 
 _EVENT = TypeAdapter(Event)
+_BUNDLE = TypeAdapter(list[Event])
+
+
+def _kind_into_payload(data: Any) -> Any:
+    """The envelope names the kind once; a hand-written payload may omit it."""
+    if isinstance(data, dict) and isinstance(data.get("payload"), dict):
+        payload = data["payload"]
+        if "kind" not in payload and "kind" in data:
+            return {**data, "payload": {**payload, "kind": data["kind"]}}
+    return data
+
+
+def _invalid(exc: ValidationError, kind: Any = None, what: str = "event") -> InvalidInput:
+    """The ``InvalidInput`` naming what failed validation (an unknown kind: its own code)."""
+    errors = exc.errors(include_url=False)
+    for err in errors:
+        if err["type"] == "union_tag_invalid":
+            tag = err.get("ctx", {}).get("tag", kind)
+            return InvalidInput(
+                f"unknown event kind {tag!r}; known kinds: {', '.join(KINDS)}",
+                code=ErrorCode.UNKNOWN_KIND,
+            )
+    detail = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or what}: {err['msg']}" for err in errors[:5]
+    )
+    return InvalidInput(f"malformed {what}: {detail}")
 
 
 def parse_event(data: bytes | str | dict[str, Any]) -> Event:
     """Parse and validate one event; raise ``InvalidInput`` naming the problem."""
-    if isinstance(data, bytes | str) and len(data) > MAX_EVENT_BYTES:
-        raise InvalidInput(f"event is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
-    kind = None
-    try:
-        if isinstance(data, dict):
-            kind = data.get("kind")
-            return _EVENT.validate_python(data)
-        return _EVENT.validate_json(data)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        for err in errors:
-            if err["type"] == "union_tag_invalid":
-                tag = err.get("ctx", {}).get("tag", kind)
-                raise InvalidInput(
-                    f"unknown event kind {tag!r}; known kinds: {', '.join(KINDS)}",
-                    code=ErrorCode.UNKNOWN_KIND,
-                ) from None
-        detail = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'event'}: {err['msg']}" for err in errors[:5]
-        )
-        raise InvalidInput(f"malformed event: {detail}") from None
-
-
-_BUNDLE = TypeAdapter(list[Event])
-
-
-def bundle_json(events: Sequence[Event]) -> bytes:
-    """The bytes of one stream message holding ``events`` (all of one mission), in order.
-
-    One event is itself; several are a JSON array (a *bundle*): a decision with the action and
-    the reservation it records is stored, delivered and applied as one message, all or none."""
-    _check_count(len(events))
-    if len(events) == 1:
-        return events[0].to_json()
-    if len({e.mission_id for e in events}) != 1:
-        raise InvalidInput("a bundle holds the events of one mission")
-    return _BUNDLE.dump_json(list(events), exclude_none=True)
-
-
-def _is_bundle(data: bytes | str) -> bool:
-    if data.lstrip()[:1] not in (b"[", "["):
-        return False
+    if isinstance(data, dict):
+        try:
+            return _EVENT.validate_python(_kind_into_payload(data))
+        except ValidationError as exc:
+            raise _invalid(exc, data.get("kind")) from None
     if len(data) > MAX_EVENT_BYTES:
-        raise InvalidInput(f"message is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
-    return True
-
-
-def _bundle_items(data: bytes | str) -> list[Any]:
-    """A bundle's items as JSON values (not yet events), of a size a bundle may have."""
+        raise InvalidInput(f"event is {len(data)} bytes; the limit is {MAX_EVENT_BYTES}")
     try:
-        items = json.loads(data)
+        return _EVENT.validate_json(data)  # the fast path: no Python object on the way
+    except ValidationError as exc:
+        problem = _invalid(exc)
+    try:  # a payload that omits its kind, which the envelope names
+        doc = json.loads(data)
     except ValueError:
-        raise InvalidInput("malformed bundle: not a JSON array of events") from None
-    if not isinstance(items, list):  # pragma: no cover - a leading '[' parses as a list
-        raise InvalidInput("malformed bundle: not a JSON array of events")
-    _check_count(len(items))
-    return items
+        raise problem from None
+    if not isinstance(doc, dict) or _kind_into_payload(doc) is doc:
+        raise problem from None
+    return parse_event(doc)
 
 
 def _check_count(n: int) -> None:
@@ -635,28 +625,126 @@ def _check_count(n: int) -> None:
         raise InvalidInput(f"a bundle holds 1 to {MAX_BUNDLE_EVENTS} events, not {n}")
 
 
-def parse_events(data: bytes | str) -> tuple[Event, ...]:
-    """Parse one stream message: an event, or a bundle of events of one mission (in order).
-
-    Raises ``InvalidInput`` naming the problem, as ``parse_event`` does."""
-    if not _is_bundle(data):
-        return (parse_event(data),)
-    try:
-        events = tuple(_BUNDLE.validate_json(data))  # the fast path: one call
-    except ValidationError:
-        events = tuple(parse_event(item) for item in _bundle_items(data))  # names the bad one
+def _check_bundle(events: Sequence[Event]) -> None:
     _check_count(len(events))
     if len({e.mission_id for e in events}) != 1:
         raise InvalidInput("a bundle holds the events of one mission")
-    return events
 
 
-def last_event(data: bytes | str) -> Event:
-    """The last event of one stream message (a single event, or a bundle's last), validating
-    only that one: a reader that needs a decision's receipt skips validating the rest."""
-    if not _is_bundle(data):
-        return parse_event(data)
-    return parse_event(_bundle_items(data)[-1])
+# --- stored messages -------------------------------------------------------------------------
+
+_FORMAT_2 = b'{"format":2,'  # how a format-2 message begins (the layout is fixed)
+_SIGNATURE = b',"signature":"'  # what follows the signed bytes of a signed one
+_OWN_SIGNATURE = (
+    "an event of a format-2 message carries a signature of its own; the message is signed "
+    "once, as a whole"
+)
+
+
+class _Message(BaseModel):
+    """A stored message of format 2, as JSON (``read_message`` checks its layout)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: int
+    signer: str | None = None
+    events: tuple[Event, ...]
+    signature: str | None = None
+
+
+_MESSAGE = TypeAdapter(_Message)
+
+
+@dataclass(frozen=True)
+class LedgerMessage:
+    """One stored message, read: its events in order, and (format 2) who signed it over which
+    of its bytes. In format 1 each event carries its own ``signer`` and ``signature``."""
+
+    events: tuple[Event, ...]
+    format: int = MESSAGE_FORMAT
+    signer: str | None = None  # the public key (U...) the message is signed with
+    signature: str | None = None  # base64url Ed25519 over ``signed``
+    signed: bytes | None = None  # the stored bytes the signature covers (None: no such part)
+
+
+def message_head(events: Sequence[Event], signer: str | None = None) -> bytes:
+    """The bytes of a format-2 message of ``events`` (one mission, in order) before its
+    signature: what the ``signer``'s signature covers, and what a reader verifies as stored."""
+    _check_bundle(events)
+    if any(e.signer is not None or e.signature is not None for e in events):
+        raise InvalidInput(_OWN_SIGNATURE)
+    head = (
+        _FORMAT_2
+        if signer is None
+        else b'%s"signer":%s,' % (_FORMAT_2, json.dumps(signer).encode())
+    )
+    return head + b'"events":' + _BUNDLE.dump_json(list(events), exclude_none=True)
+
+
+def seal(head: bytes, signature: str | None) -> bytes:
+    """The stored message: ``head`` closed by its signature (base64url), or unsigned."""
+    if signature is None:
+        return head + b"}"
+    return b'%s%s%s"}' % (head, _SIGNATURE, signature.encode())
+
+
+def bundle_json(events: Sequence[Event]) -> bytes:
+    """The bytes of one unsigned stream message holding ``events`` (one mission, in order): a
+    decision with the action and the reservation it records is stored, delivered and applied
+    as one message, all or none."""
+    return seal(message_head(events), None)
+
+
+def read_message(data: bytes | str) -> LedgerMessage:
+    """Parse one stream message, of format 2 or 1, in one validation; raise ``InvalidInput``
+    naming the problem, as ``parse_event`` does. Signatures are checked by
+    ``ledger.identity`` (this reads only what they cover)."""
+    raw = data.encode() if isinstance(data, str) else data
+    if len(raw) > MAX_EVENT_BYTES:
+        raise InvalidInput(f"message is {len(raw)} bytes; the limit is {MAX_EVENT_BYTES}")
+    message = _format2(raw) if raw.startswith(b'{"format":') else _format1(raw)
+    _check_bundle(message.events)
+    return message
+
+
+def _format2(raw: bytes) -> LedgerMessage:
+    try:
+        m = _MESSAGE.validate_json(raw)
+    except ValidationError as exc:
+        raise _invalid(exc, what="message") from None
+    if m.format != MESSAGE_FORMAT or not raw.startswith(_FORMAT_2):
+        raise InvalidInput(
+            f"message format {m.format} is not one this version reads (1 or {MESSAGE_FORMAT})"
+        )
+    if any(e.signer is not None or e.signature is not None for e in m.events):
+        raise InvalidInput(_OWN_SIGNATURE)
+    signed = None
+    if m.signature is not None:
+        tail = b'%s%s"}' % (_SIGNATURE, m.signature.encode())
+        if raw.endswith(tail):  # else the signature covers nothing as stored: refused later
+            signed = raw[: -len(tail)]
+    return LedgerMessage(m.events, MESSAGE_FORMAT, m.signer, m.signature, signed)
+
+
+def _format1(raw: bytes) -> LedgerMessage:
+    """An event, or a JSON array of events (a bundle), each signed itself."""
+    if raw.lstrip()[:1] != b"[":
+        return LedgerMessage((parse_event(raw),), format=1)
+    try:
+        return LedgerMessage(tuple(_BUNDLE.validate_json(raw)), format=1)  # one call
+    except ValidationError:
+        pass
+    try:  # name the bad one
+        items = json.loads(raw)
+    except ValueError:
+        raise InvalidInput("malformed bundle: not a JSON array of events") from None
+    _check_count(len(items))
+    return LedgerMessage(tuple(parse_event(item) for item in items), format=1)
+
+
+def parse_events(data: bytes | str) -> tuple[Event, ...]:
+    """The events of one stream message, in order (``read_message``)."""
+    return read_message(data).events
 
 
 def make_event(

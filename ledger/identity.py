@@ -1,5 +1,9 @@
-"""Who produced an event: principals, Ed25519 signatures over one canonical encoding, and
-which kinds each role may emit for which missions (SPEC S12).
+"""Who produced an event: principals, one Ed25519 signature per stored message, and which
+kinds each role may emit for which missions (SPEC S12).
+
+A stored message (format 2, ``ledger.events``) is signed once, over its bytes as stored, and
+verified once where it is read; its events carry no signatures of their own. Messages of
+format 1 (each event signed itself, over ``canonical``) are still verified as they were.
 
 Keys are NATS nkeys (user seeds ``SU...``, public keys ``U...``), so the key that signs a
 principal's events is the key NATS authenticates it with. Pure: no key is generated or read
@@ -12,7 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -22,7 +26,15 @@ import nacl.signing
 from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.errors import InvalidInput, Rule, RuleViolation
-from ledger.events import ID_PATTERN, OWNER_ROLE, Event, acts_for
+from ledger.events import (
+    ID_PATTERN,
+    OWNER_ROLE,
+    Event,
+    LedgerMessage,
+    acts_for,
+    message_head,
+    seal,
+)
 from ledger.invariants import holds_role
 from ledger.protocol import NODE_KIND_PREFIXES
 
@@ -136,29 +148,99 @@ def public_key(seed: str) -> str:
     return _public_of(seed)
 
 
+def seal_message(events: Sequence[Event], seed: str) -> bytes:
+    """``events`` (one mission, in order) as one stored message signed by the holder of
+    ``seed``: one signature over the message's bytes as stored (format 2)."""
+    head = message_head(events, _public_of(seed))
+    signature = _signing_key(seed).sign(head).signature
+    return seal(head, base64.urlsafe_b64encode(signature).decode())
+
+
+def _message_name(message: LedgerMessage) -> str:
+    last = message.events[-1]
+    if len(message.events) == 1:
+        return f"event {last.event_id}"
+    return f"the bundle of {len(message.events)} events ending with {last.event_id}"
+
+
+def verify_message(message: LedgerMessage, principals: Mapping[str, Principal]) -> Principal:
+    """The principal whose signature covers a format-2 message as stored (one verification for
+    all its events); else ``RuleViolation`` (producer_identity) saying what is wrong: unsigned,
+    an unknown or revoked key, or bytes (any event's included) that are not what it signed."""
+    name = _message_name(message)
+    if message.signer is None or message.signature is None:
+        raise RuleViolation(Rule.PRODUCER_IDENTITY, f"{name} is not signed")
+    who = principals.get(message.signer)
+    if who is None:
+        raise RuleViolation(Rule.PRODUCER_IDENTITY, f"{name} is signed by an unknown key")
+    if who.revoked:
+        raise RuleViolation(
+            Rule.PRODUCER_IDENTITY, f"{name} is signed by {who.name}, whose key is revoked"
+        )
+    try:
+        if message.signed is None:
+            raise ValueError("the signature does not close the message")
+        _verify_key(message.signer).verify(
+            message.signed, base64.urlsafe_b64decode(message.signature)
+        )
+    except (InvalidInput, binascii.Error, ValueError, nacl.exceptions.BadSignatureError):
+        raise RuleViolation(
+            Rule.PRODUCER_IDENTITY,
+            f"{name}: the signature of {who.name} does not match its content",
+        ) from None
+    return who
+
+
+def check_origins(
+    message: LedgerMessage, principals: Mapping[str, Principal] | None
+) -> list[RuleViolation | None]:
+    """The one check of who produced a stored message's events, at ingest and at replay
+    alike: per event, the violation that keeps it out, or None. Signed by a known, unrevoked
+    principal (format 2: the message, verified once; format 1: each event itself) that may
+    emit it. No directory: an open fleet, nothing to check."""
+    if principals is None:
+        return [None] * len(message.events)
+    out: list[RuleViolation | None] = []
+    who: Principal | None = None
+    if message.format != 1:
+        try:
+            who = verify_message(message, principals)
+        except RuleViolation as exc:
+            return [exc] * len(message.events)  # none of it is what a principal signed
+    for event in message.events:
+        try:
+            check_producer(who if who is not None else verify(event, principals), event)
+        except RuleViolation as exc:
+            out.append(exc)
+            continue
+        out.append(None)
+    return out
+
+
+def receipt_signer(message: LedgerMessage, principals: Mapping[str, Principal]) -> Principal:
+    """Who signed a stored decision's receipt (its message's last event): the message's signer
+    (format 2), or the receipt's own (format 1); ``RuleViolation`` otherwise."""
+    if message.format == 1:
+        return verify(message.events[-1], principals)
+    return verify_message(message, principals)
+
+
+# --- format 1: every event signed itself (read only) -------------------------------------
+
+
 def canonical(event: Event) -> bytes:
-    """The bytes a signature covers: the event's JSON without its signature. Field order is
-    the model's and sets are sorted (``ledger.authority.Names``), so an event and its copy
-    parsed back from the stream give the same bytes in any process."""
+    """The bytes a format-1 signature covers: the event's JSON without its signature. Field
+    order is the model's and sets are sorted (``ledger.authority.Names``), so an event and its
+    copy parsed back from the stream give the same bytes in any process."""
     if event.signature is None:
         return event.to_json()
     return event.model_copy(update={"signature": None}).to_json()
 
 
-def sign(event: Event, seed: str) -> Event:
-    """``event`` signed by the holder of ``seed`` (its public key goes in ``signer``)."""
-    signer = _public_of(seed)
-    unsigned = event
-    if event.signer != signer or event.signature is not None:
-        unsigned = event.model_copy(update={"signer": signer, "signature": None})
-    # ``canonical`` of an event without a signature is its own JSON: no second copy
-    sig = _signing_key(seed).sign(unsigned.to_json()).signature
-    return unsigned.model_copy(update={"signature": base64.urlsafe_b64encode(sig).decode()})
-
-
 def verify(event: Event, principals: Mapping[str, Principal]) -> Principal:
-    """The principal that signed ``event``, once its signature checks; else ``RuleViolation``
-    (producer_identity) saying what is wrong. ``principals`` is keyed by public key."""
+    """The principal that signed a format-1 ``event``, once its signature checks; else
+    ``RuleViolation`` (producer_identity) saying what is wrong. ``principals`` is keyed by
+    public key."""
     if event.signer is None or event.signature is None:
         raise RuleViolation(Rule.PRODUCER_IDENTITY, f"event {event.event_id} is not signed")
     who = principals.get(event.signer)
@@ -181,13 +263,6 @@ def verify(event: Event, principals: Mapping[str, Principal]) -> Principal:
             f"event {event.event_id}: the signature of {who.name} does not match its content",
         ) from None
     return who
-
-
-def check_origin(event: Event, principals: Mapping[str, Principal] | None) -> None:
-    """The one check of an event produced elsewhere, at ingest and at replay alike: signed by a
-    known, unrevoked principal that may emit it (no directory: an open fleet, nothing to check)."""
-    if principals is not None:
-        check_producer(verify(event, principals), event)
 
 
 # --- requests: who is asking (management, decisions) ---------------------------------------
@@ -502,13 +577,15 @@ __all__ = [
     "check_effect_recorder",
     "check_fresh_nonce",
     "check_node_binding",
-    "check_origin",
+    "check_origins",
     "check_producer",
     "check_requester",
     "public_key",
+    "receipt_signer",
+    "seal_message",
     "seed_from_bytes",
-    "sign",
     "sign_request",
     "verify",
+    "verify_message",
     "verify_request",
 ]

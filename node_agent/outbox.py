@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -22,7 +21,7 @@ import stamina
 from fleetbus.bus import cancel_requested, connect, publish_checked
 from fleetbus.client import FleetClient
 from ledger.errors import FleetError
-from ledger.events import TraceContext
+from ledger.events import Event, read_message
 from ledger.identity import Principal
 from node_agent.store import OutboxRow, Store
 from telemetry import context_from, inject_headers, messaging_attributes
@@ -138,16 +137,16 @@ class OutboxPublisher:
         (rows are signed-ready bytes: the envelope is read, never rewritten)."""
         assert self.client is not None
         tel = self.client.telemetry
-        doc, trace = _envelope(row.data) if tel.enabled else ({}, None)
+        event = _event_of(row.data) if tel.enabled else None
         attrs = messaging_attributes(
             row.subject, operation=OP_SEND, body=row.data, message_id=row.event_id,
             template=EVENT_SUBJECT_TEMPLATE,
         )  # fmt: skip
         attrs[LEDGER_EVENT_ID] = row.event_id
-        if isinstance(doc.get("kind"), str):
-            attrs[LEDGER_KIND] = doc["kind"]
-        if isinstance(doc.get("mission_id"), str):
-            attrs[LEDGER_MISSION_ID] = doc["mission_id"]
+        if event is not None:
+            attrs[LEDGER_KIND] = event.kind
+            attrs[LEDGER_MISSION_ID] = event.mission_id
+        trace = event.trace if event is not None else None
         name = f"send fleet.ledger.{attrs.get(LEDGER_KIND, 'event')}"
         with producer_span(tel, name, attrs, context=context_from(trace)) as span:
             seq = await publish_checked(
@@ -184,11 +183,10 @@ class OutboxPublisher:
                     await self._idle.wait()  # the loop drained down to nothing once more
 
 
-def _envelope(data: bytes) -> tuple[dict[str, Any], TraceContext | None]:
-    """The row's event kind, mission and trace context, read from its JSON."""
+def _event_of(data: bytes) -> Event | None:
+    """The row's event (its kind, mission and trace context), read from its stored message
+    (format 2, or format 1 in rows written before)."""
     try:
-        doc = json.loads(data)
-        trace = TraceContext.model_validate(doc["trace"]) if doc.get("trace") else None
-    except ValueError:
-        return {}, None
-    return (doc if isinstance(doc, dict) else {}), trace
+        return read_message(data).events[-1]
+    except FleetError:
+        return None

@@ -36,9 +36,10 @@ from ledger.events import (
     ItemChecked,
     ItemClaimed,
     ItemStatusChanged,
+    bundle_json,
     make_event,
 )
-from ledger.identity import sign
+from ledger.identity import seal_message
 from ledger.invariants import RiskFact
 from ledger.items import Actor, Item, ItemStatus, JudgedStatus, record_judgement, transition
 from ledger.protocol import subject_of
@@ -264,11 +265,11 @@ class Store:
             agent_id=session.agent_id,
             grant_id=session.grant_id,
         )
-        if self.seed is not None:
-            event = sign(event, self.seed)
+        # one stored message, signed once as a whole (format 2)
+        data = bundle_json([event]) if self.seed is None else seal_message([event], self.seed)
         db.execute(
             "INSERT INTO outbox (event_id, subject, data) VALUES (?, ?, ?)",
-            (str(event.event_id), subject_of(event), event.to_json()),
+            (str(event.event_id), subject_of(event), data),
         )
         return event
 

@@ -126,8 +126,8 @@ async def test_a_forged_event_on_the_stream_is_dead_lettered_naming_the_rule(
     from fleetbus.bus import publish_checked
     from fleetbus.identity import KeyStore
     from fleetbus.reader import read_until_end
-    from ledger.events import RiskTreated, make_event
-    from ledger.identity import sign
+    from ledger.events import RiskTreated, bundle_json, make_event
+    from ledger.identity import seal_message
     from ledger.protocol import subject_of
 
     root, url, co = secured
@@ -136,17 +136,16 @@ async def test_a_forged_event_on_the_stream_is_dead_lettered_naming_the_rule(
     coordinator_conn = await FleetClient.connect(url, seed=keys.seed("coordinator"))
     try:
         treated = RiskTreated(risk_id="k1", status="ACCEPTED", by="treasury")  # type: ignore[arg-type]
+        by_mallory = make_event(treated, mission_id="m-forged", at=datetime.now(UTC))
+        unsigned = make_event(treated, mission_id="m-forged", at=datetime.now(UTC))
         forged = [
-            sign(
-                make_event(treated, mission_id="m-forged", at=datetime.now(UTC)),
-                keys.seed("mallory"),
-            ),
-            make_event(treated, mission_id="m-forged", at=datetime.now(UTC)),  # unsigned
+            (by_mallory, seal_message([by_mallory], keys.seed("mallory"))),
+            (unsigned, bundle_json([unsigned])),
         ]
         before = co.dead_letters
-        for event in forged:
+        for event, body in forged:
             await publish_checked(
-                coordinator_conn.js, subject_of(event), event.to_json(), msg_id=str(event.event_id)
+                coordinator_conn.js, subject_of(event), body, msg_id=str(event.event_id)
             )
         async with asyncio.timeout(10):
             while co.dead_letters < before + 2:
@@ -187,8 +186,8 @@ async def test_a_fake_receipt_is_refused_by_the_client(tmp_path: Path) -> None:
     import nats
 
     from fleetbus.identity import KeyStore
-    from ledger.events import DecisionRecorded, bundle_json, make_event
-    from ledger.identity import Role, sign
+    from ledger.events import DecisionRecorded, make_event
+    from ledger.identity import Role, seal_message
     from ledger.kernel import ActionRequest
     from ledger.protocol import AUTHORIZE_SUBJECT, STREAM, AuthorizeRequest
 
@@ -210,7 +209,7 @@ async def test_a_fake_receipt_is_refused_by_the_client(tmp_path: Path) -> None:
             ),
             mission_id=req.mission_id, at=datetime.now(UTC),
         )  # fmt: skip
-        body = bundle_json([sign(receipt, keys.seed("mallory"))])
+        body = seal_message([receipt], keys.seed("mallory"))
         await attacker.publish(
             msg.reply, body, headers={"Nats-Stream": STREAM, "Nats-Sequence": "9"}
         )
@@ -409,7 +408,7 @@ async def test_replay_reports_a_forged_event_with_its_rule_and_does_not_fold_it(
     from fleetbus.bus import publish_checked
     from fleetbus.identity import KeyStore
     from ledger.events import RoleBound, make_event
-    from ledger.identity import sign
+    from ledger.identity import seal_message
     from ledger.protocol import subject_of
 
     root, url, co = secured
@@ -418,11 +417,11 @@ async def test_replay_reports_a_forged_event_with_its_rule_and_does_not_fold_it(
     coordinator_conn = await FleetClient.connect(url, seed=keys.seed("coordinator"))
     try:  # mallory makes herself an owner, signing as herself, on the stream directly
         bound = RoleBound(principal="mallory", role="owner", by="finance-lead")
-        forged = sign(make_event(bound, mission_id="m-replay-forged", at=datetime.now(UTC)),
-                      keys.seed("mallory"))  # fmt: skip
+        forged = make_event(bound, mission_id="m-replay-forged", at=datetime.now(UTC))
+        body = seal_message([forged], keys.seed("mallory"))
         before = co.dead_letters
         await publish_checked(
-            coordinator_conn.js, subject_of(forged), forged.to_json(), msg_id=str(forged.event_id)
+            coordinator_conn.js, subject_of(forged), body, msg_id=str(forged.event_id)
         )
         async with asyncio.timeout(10):
             while co.dead_letters < before + 1:

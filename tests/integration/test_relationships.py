@@ -101,7 +101,7 @@ def credit(action_id: str, action: str = "credit.issue", cost: str = "0.05") -> 
 async def test_an_orchestrator_cannot_freeze_another_holders_budget(fleet: Fleet) -> None:
     from fleetbus.bus import publish_checked
     from ledger.events import BudgetReserved, make_event
-    from ledger.identity import sign
+    from ledger.identity import seal_message
     from ledger.protocol import subject_of
 
     await mission(fleet, "m-freeze")
@@ -109,14 +109,15 @@ async def test_an_orchestrator_cannot_freeze_another_holders_budget(fleet: Fleet
     holder = await fleet.client("ap-agent")
     try:
         # a signed budget.reserved of 0.55 for a reservation Redis never held, on g-ap
-        forged = sign(make_event(
+        forged = make_event(
             BudgetReserved(reservation_id="br-forged", grant_id="g-ap",
                            amount=parse_amount("0.55"), lease_until=datetime.now(UTC)
                            + timedelta(hours=1)),
             mission_id="m-freeze", at=datetime.now(UTC), grant_id="g-ap", node_id="ray",
-        ), fleet.keys.seed("orchestrator"))  # fmt: skip
+        )  # fmt: skip
+        body = seal_message([forged], fleet.keys.seed("orchestrator"))
         with pytest.raises(Exception):  # noqa: B017 - NATS refuses it (no budget subject)
-            await publish_checked(orchestrator.js, subject_of(forged), forged.to_json(),
+            await publish_checked(orchestrator.js, subject_of(forged), body,
                                   msg_id=str(forged.event_id))  # fmt: skip
         # nothing Redis does not hold reaches the record (the coordinator records branches
         # from Redis alone: coordinator.branches, tests/integration/test_branches.py)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.events import TurnReceipt, parse_event
+from ledger.events import TurnReceipt, parse_events
 from node_agent.claims import (
     ClaimKey,
     ClaimsCache,
@@ -45,7 +45,7 @@ def session(cache: ClaimsCache) -> Session:
 
 
 def receipts(cache: ClaimsCache) -> list[TurnReceipt]:
-    events = [parse_event(r.data) for r in cache.store.pending(10_000)]
+    events = [parse_events(r.data)[0] for r in cache.store.pending(10_000)]
     return [e.payload for e in events if isinstance(e.payload, TurnReceipt)]
 
 
@@ -92,7 +92,7 @@ async def test_inserting_a_claim_twice_is_idempotent(cache: ClaimsCache, session
     key = ClaimKey.make("worker", "build the wheel", inputs={"repo:app": "v1"})
     assert cache.record(session, key, "dist/app-1.0.whl built")
     assert not cache.record(session, key, "dist/app-1.0.whl built")
-    kinds = [parse_event(r.data).kind for r in cache.store.pending(100)]
+    kinds = [parse_events(r.data)[0].kind for r in cache.store.pending(100)]
     assert kinds.count("claim.recorded") == 1
 
 

@@ -186,7 +186,7 @@ async def test_only_an_owner_binds_roles_and_the_binding_is_on_the_record(
     reply = await secured.manage("olga", "role.bind", {"principal": "asst", "role": "controller"})
     assert reply.ok
     assert secured.co.states[MID].roles["asst"] == frozenset({"controller"})
-    stored = json.loads(secured.bus.messages[-1].data)
+    (stored,) = json.loads(secured.bus.messages[-1].data)["events"]
     assert stored["kind"] == "role.bound" and stored["payload"]["by"] == "olga"
 
 

@@ -13,6 +13,7 @@ from ledger import KINDS, ErrorCode, Event, InvalidInput, make_event, new_id, pa
 from ledger.errors import Rule
 from ledger.events import (
     MAX_EVENT_BYTES,
+    MESSAGE_FORMAT,
     ActionRequested,
     ApprovalConditions,
     ApprovalGranted,
@@ -56,8 +57,8 @@ from ledger.events import (
     TurnEnded,
     TurnReceipt,
     bundle_json,
-    last_event,
     parse_events,
+    read_message,
 )
 from tests.unit.builders import T0, spec, wide
 
@@ -452,17 +453,41 @@ def _three(mission: str = "m1") -> list[Event]:
     ]
 
 
-def test_a_bundle_round_trips_in_order() -> None:
+def test_a_bundle_round_trips_in_order_as_one_format_2_message() -> None:
     events = _three()
     data = bundle_json(events)
-    assert data.startswith(b"[") and parse_events(data) == tuple(events)
+    assert json.loads(data)["format"] == MESSAGE_FORMAT == 2
+    assert data.startswith(b'{"format":2,"events":[') and parse_events(data) == tuple(events)
     assert parse_events(data.decode()) == tuple(events)
+    message = read_message(data)
+    assert (message.format, message.signer, message.signature) == (2, None, None)
 
 
-def test_one_event_is_its_own_message() -> None:
+def test_one_event_is_a_message_of_one() -> None:
     event = _three()[0]
-    assert bundle_json([event]) == event.to_json()
-    assert parse_events(event.to_json()) == (event,)
+    assert parse_events(bundle_json([event])) == (event,)
+
+
+def test_format_1_messages_are_still_read() -> None:
+    """Streams written before format 2: an event is its own message, a bundle a JSON array."""
+    events = _three()
+    assert read_message(events[0].to_json()).events == (events[0],)
+    array = b"[" + b",".join(e.to_json() for e in events) + b"]"
+    message = read_message(array)
+    assert message.format == 1 and message.events == tuple(events)
+
+
+def test_an_unknown_format_or_an_event_signing_itself_in_format_2_is_refused() -> None:
+    data = bundle_json(_three())
+    with pytest.raises(InvalidInput, match="format 3 is not one this version reads"):
+        read_message(data.replace(b'{"format":2,', b'{"format":3,', 1))
+    own = _three()[0].model_copy(update={"signer": "U" + "A" * 55, "signature": "x"})
+    with pytest.raises(InvalidInput, match="signed once, as a whole"):
+        bundle_json([own])
+    doc = json.loads(data)
+    doc["events"][0]["signature"] = "x"
+    with pytest.raises(InvalidInput, match="signed once, as a whole"):
+        read_message(json.dumps(doc, separators=(",", ":")).encode())
 
 
 def test_a_bundle_of_two_missions_is_refused_both_ways() -> None:
@@ -497,16 +522,6 @@ def test_a_bad_event_in_a_bundle_is_named() -> None:
     assert err.value.code is ErrorCode.UNKNOWN_KIND and "grant.teleported" in err.value.message
     with pytest.raises(InvalidInput, match="not a JSON array"):
         parse_events(b"[not json")
-
-
-def test_last_event_reads_a_bundle_s_last_event_or_a_single_one() -> None:
-    events = _three()
-    assert last_event(bundle_json(events)) == events[-1]
-    assert last_event(events[0].to_json()) == events[0]
-    with pytest.raises(InvalidInput, match="not a JSON array"):
-        last_event(b"[oops")
-    with pytest.raises(InvalidInput, match="1 to 16 events"):
-        last_event(b"[]")
 
 
 def test_a_mission_scope_reservation_round_trips_without_its_null_grant() -> None:

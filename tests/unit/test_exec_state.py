@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.events import parse_event
+from ledger.events import parse_events
 from node_agent.execution import (
     ExecutionState,
     Modification,
@@ -26,7 +26,7 @@ def state(tmp_path: Path) -> ExecutionState:
 
 
 def kinds(state: ExecutionState) -> list[str]:
-    return [parse_event(r.data).kind for r in state.store.pending(10_000)]
+    return [parse_events(r.data)[0].kind for r in state.store.pending(10_000)]
 
 
 def test_premise_check_is_uncertain_without_an_observation() -> None:

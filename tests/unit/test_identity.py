@@ -1,26 +1,42 @@
-"""Signed events (SPEC S12): canonical bytes, Ed25519 over nkeys, who may emit what."""
+"""Signed messages (SPEC S12): one Ed25519 signature per stored message over its bytes as
+stored, over nkeys; format-1 events (each signed itself) still verify; who may emit what."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.errors import InvalidInput, Rule, RuleViolation
-from ledger.events import ActionRequested, Event, ItemCaptured, RiskTreated, make_event, parse_event
+from ledger.events import (
+    ActionRequested,
+    Event,
+    ItemCaptured,
+    LedgerMessage,
+    RiskTreated,
+    bundle_json,
+    make_event,
+    read_message,
+)
 from ledger.identity import (
     Principal,
     Role,
-    canonical,
+    check_origins,
     check_producer,
     public_key,
+    receipt_signer,
+    seal_message,
     seed_from_bytes,
-    sign,
     verify,
+    verify_message,
 )
 from tests.unit.builders import T0
 
@@ -32,6 +48,7 @@ NODE = Principal(
 )  # fmt: skip
 CO = Principal(name="coordinator", role=Role.COORDINATOR, public_key=public_key(CO_SEED))
 DIRECTORY = {p.public_key: p for p in (NODE, CO)}
+FORMAT_1 = Path(__file__).parents[1] / "fixtures" / "ledger_v1" / "stream.json"
 
 
 def observation(**kw: object) -> Event:
@@ -44,24 +61,41 @@ def treatment() -> Event:
     return make_event(payload, mission_id="m1", at=T0, node_id="node-1")
 
 
-def test_a_signed_event_verifies_after_a_round_trip_through_json() -> None:
-    signed = sign(observation(), NODE_SEED)
-    back = parse_event(signed.to_json())
-    assert verify(back, DIRECTORY) == NODE
-    check_producer(NODE, back)
+def signed(events: Sequence[Event], seed: str) -> LedgerMessage:
+    """A message as a reader gets it: sealed, stored, read back."""
+    return read_message(seal_message(events, seed))
+
+
+def test_a_signed_message_verifies_as_stored_with_one_signature() -> None:
+    data = seal_message([observation()], NODE_SEED)
+    doc = json.loads(data)
+    assert doc["format"] == 2 and doc["signer"] == NODE.public_key
+    assert "signature" not in doc["events"][0] and "signer" not in doc["events"][0]
+    message = read_message(data)
+    assert message.signed is not None and data.startswith(message.signed)
+    assert verify_message(message, DIRECTORY) == NODE
+    check_producer(NODE, message.events[0])
+
+
+def test_a_bundle_carries_one_signature_for_all_its_events() -> None:
+    events = [treatment(), treatment(), treatment()]
+    data = seal_message(events, CO_SEED)
+    assert data.count(b'"signature"') == 1 and data.count(b'"signer"') == 1
+    assert check_origins(read_message(data), DIRECTORY) == [None, None, None]
 
 
 def test_sets_sign_the_same_whatever_their_iteration_order() -> None:
-    """frozensets iterate by hash, which differs between processes: canonical bytes sort them."""
+    """frozensets iterate by hash, which differs between processes: canonical bytes (format 1)
+    and a message's bytes (format 2) sort them."""
     code = (
-        "from ledger.events import ActionRequested, make_event;"
+        "from ledger.events import ActionRequested, make_event, message_head;"
         "from ledger.identity import canonical;"
         "from tests.unit.builders import T0;import sys, uuid;"
         "e = make_event(ActionRequested(action_id='a1', action='x.y',"
         " evidence_ids=frozenset(f'ev-{i}' for i in range(40))), mission_id='m1', at=T0,"
         " idempotency_key='k')"
         ".model_copy(update={'event_id': uuid.UUID(int=7)});"
-        "sys.stdout.write(canonical(e).decode())"
+        "sys.stdout.write(canonical(e).decode() + message_head([e]).decode())"
     )
     outs = {
         subprocess.run(
@@ -76,64 +110,113 @@ def test_sets_sign_the_same_whatever_their_iteration_order() -> None:
     assert len(outs) == 1
 
 
-def test_an_unsigned_event_is_refused_naming_producer_identity() -> None:
+def test_an_unsigned_message_is_refused_naming_producer_identity() -> None:
     with pytest.raises(RuleViolation) as exc:
-        verify(observation(), DIRECTORY)
+        verify_message(read_message(bundle_json([observation()])), DIRECTORY)
     assert exc.value.rule is Rule.PRODUCER_IDENTITY and "not signed" in exc.value.reason
 
 
 def test_a_key_nobody_registered_is_refused() -> None:
     stranger = seed_from_bytes(os.urandom(32))
     with pytest.raises(RuleViolation) as exc:
-        verify(sign(observation(), stranger), DIRECTORY)
+        verify_message(signed([observation()], stranger), DIRECTORY)
     assert exc.value.rule is Rule.PRODUCER_IDENTITY and "unknown key" in exc.value.reason
 
 
 def test_a_revoked_key_is_refused() -> None:
     revoked = {NODE.public_key: NODE.model_copy(update={"revoked": True})}
     with pytest.raises(RuleViolation) as exc:
-        verify(sign(observation(), NODE_SEED), revoked)
+        verify_message(signed([observation()], NODE_SEED), revoked)
     assert "revoked" in exc.value.reason
 
 
-def test_a_forged_copy_with_a_borrowed_signature_is_refused() -> None:
-    """An attacker copies a node's signature onto a risk treatment of its own making."""
-    real = sign(observation(), NODE_SEED)
-    forged = treatment().model_copy(update={"signer": real.signer, "signature": real.signature})
+def _signature_of(data: bytes) -> str:
+    return str(json.loads(data)["signature"])
+
+
+def test_a_forged_message_with_a_borrowed_signature_is_refused() -> None:
+    """An attacker puts a node's signature on a risk treatment of its own making."""
+    real = seal_message([observation()], NODE_SEED)
+    fake = seal_message([treatment()], CO_SEED).replace(
+        _signature_of(seal_message([treatment()], CO_SEED)).encode(), _signature_of(real).encode()
+    )
+    fake = fake.replace(CO.public_key.encode(), NODE.public_key.encode())
     with pytest.raises(RuleViolation) as exc:
-        verify(forged, DIRECTORY)
+        verify_message(read_message(fake), DIRECTORY)
     assert "does not match" in exc.value.reason
 
 
+def test_a_signature_that_does_not_close_the_message_covers_nothing() -> None:
+    """Bytes after the signature (or a second one) are not what was signed: refused."""
+    data = seal_message([treatment()], CO_SEED)
+    sig = _signature_of(data).encode()
+    doubled = data[:-1] + b',"signature":"' + sig + b'"}'
+    for bad in (doubled, data[:-1] + b" }"):
+        with pytest.raises((RuleViolation, InvalidInput)):
+            verify_message(read_message(bad), DIRECTORY)
+
+
 @settings(max_examples=50, deadline=None)
-@given(text=st.text(min_size=1, max_size=40).filter(lambda t: t != "write hello.txt"))
-def test_any_change_of_a_signed_payload_breaks_its_signature(text: str) -> None:
-    signed = sign(observation(), NODE_SEED)
-    payload = signed.payload.model_copy(update={"text": text})
-    with pytest.raises(RuleViolation):
-        verify(signed.model_copy(update={"payload": payload}), DIRECTORY)
+@given(
+    which=st.integers(0, 2),
+    text=st.text(min_size=1, max_size=40).filter(lambda t: t != "write hello.txt"),
+)
+def test_any_change_of_any_event_in_a_signed_bundle_breaks_its_signature(
+    which: int, text: str
+) -> None:
+    """Tampering with any one event of a bundle, as stored, is detected: none of it counts."""
+    events = [observation(), observation(), observation()]
+    data = seal_message(events, NODE_SEED)
+    doc = json.loads(data)
+    doc["events"][which]["payload"]["text"] = text
+    tampered = json.dumps(doc, separators=(",", ":")).encode()
+    message = read_message(tampered)
+    problems = check_origins(message, DIRECTORY)
+    assert all(p is not None and p.rule is Rule.PRODUCER_IDENTITY for p in problems)
+    assert "does not match" in str(problems[0])
 
 
 def test_a_node_may_not_emit_decision_state() -> None:
-    event = sign(treatment(), NODE_SEED)
-    who = verify(event, DIRECTORY)
-    with pytest.raises(RuleViolation) as exc:
-        check_producer(who, event)
-    assert exc.value.rule is Rule.PRODUCER_PERMISSION
-    assert "observations only, not risk.treated" in exc.value.reason
+    message = signed([treatment()], NODE_SEED)
+    (problem,) = check_origins(message, DIRECTORY)
+    assert problem is not None and problem.rule is Rule.PRODUCER_PERMISSION
+    assert "observations only, not risk.treated" in problem.reason
 
 
 def test_a_node_may_not_speak_for_another_node() -> None:
-    event = sign(observation().model_copy(update={"node_id": "node-2"}), NODE_SEED)
-    with pytest.raises(RuleViolation) as exc:
-        check_producer(verify(event, DIRECTORY), event)
-    assert "claims node node-2" in exc.value.reason
+    message = signed([observation().model_copy(update={"node_id": "node-2"})], NODE_SEED)
+    (problem,) = check_origins(message, DIRECTORY)
+    assert problem is not None and "claims node node-2" in problem.reason
 
 
 def test_a_coordinator_emits_decision_state_but_no_observation() -> None:
-    check_producer(CO, sign(treatment(), CO_SEED))
-    with pytest.raises(RuleViolation):
-        check_producer(CO, sign(observation(), CO_SEED))
+    assert check_origins(signed([treatment()], CO_SEED), DIRECTORY) == [None]
+    (problem,) = check_origins(signed([observation()], CO_SEED), DIRECTORY)
+    assert problem is not None and problem.rule is Rule.PRODUCER_PERMISSION
+
+
+def _format_1() -> tuple[dict[str, Principal], list[LedgerMessage]]:
+    doc = json.loads(FORMAT_1.read_text())
+    directory = {p["public_key"]: Principal.model_validate(p) for p in doc["directory"]}
+    directory = {k: p.model_copy(update={"revoked": False}) for k, p in directory.items()}
+    return directory, [read_message(m["data"]) for m in doc["messages"]]
+
+
+def test_format_1_events_still_verify_each_by_its_own_signature() -> None:
+    """A stream written at 43e3b08: every event signed itself; its decisions' receipts too."""
+    directory, messages = _format_1()
+    assert {m.format for m in messages} == {1}
+    bundles = [m for m in messages if len(m.events) > 1]
+    assert bundles and all(receipt_signer(m, directory).role is Role.COORDINATOR for m in bundles)
+    event = messages[0].events[0]
+    assert verify(event, directory).role is Role.COORDINATOR
+    payload = event.payload.model_copy(update={"purpose": "changed"})
+    with pytest.raises(RuleViolation, match="does not match"):
+        verify(event.model_copy(update={"payload": payload}), directory)
+
+
+def test_a_signature_is_base64url_of_64_bytes() -> None:
+    assert len(base64.urlsafe_b64decode(_signature_of(seal_message([treatment()], CO_SEED)))) == 64
 
 
 def test_people_and_services_send_requests_and_append_no_decision_state() -> None:
@@ -158,7 +241,7 @@ def test_seeds_and_keys_are_checked_nkeys() -> None:
         public_key(NODE.public_key)  # a public key is no seed
     unused = ActionRequested(action_id="a1", action="x.y")
     assert unused.kind == "action.requested"
-    assert canonical(observation()) != canonical(treatment())
+    assert seal_message([observation()], NODE_SEED) != seal_message([treatment()], NODE_SEED)
 
 
 BUDGET_KINDS = (
@@ -274,14 +357,16 @@ def test_replay_keeps_what_a_key_signed_before_its_revocation() -> None:
 
     revoked = NODE.model_copy(update={"revoked": True, "revoked_at": T0 + timedelta(hours=1)})
     directory = {revoked.public_key: revoked, CO.public_key: CO}
-    event = sign(observation(), NODE_SEED)
-    assert verify(event, as_of(directory, T0)) == revoked.model_copy(update={"revoked": False})
+    message = signed([observation()], NODE_SEED)
+    assert verify_message(message, as_of(directory, T0)) == revoked.model_copy(
+        update={"revoked": False}
+    )
     for later in (T0 + timedelta(hours=2),):
         with pytest.raises(RuleViolation, match="revoked"):
-            verify(event, as_of(directory, later))
+            verify_message(message, as_of(directory, later))
     timeless = NODE.model_copy(update={"revoked": True})  # revoked before times were kept
     with pytest.raises(RuleViolation, match="revoked"):
-        verify(event, as_of({timeless.public_key: timeless}, T0))
+        verify_message(message, as_of({timeless.public_key: timeless}, T0))
 
 
 # --- who may ask for a decision, and for whom a person may act ------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from ledger.errors import InvalidInput
+from ledger.events import parse_events
 from node_agent.completion import infer, load, parse
 from node_agent.daemon import NodeAgent
 from node_agent.settings import NodeSettings
@@ -93,7 +94,7 @@ async def items(node: NodeAgent) -> list[dict[str, Any]]:
 
 def outbox(node: NodeAgent) -> list[dict[str, Any]]:
     rows = node.store.db.execute("SELECT data FROM outbox ORDER BY seq").fetchall()
-    return [json.loads(bytes(r[0]))["payload"] for r in rows]
+    return [e.payload.model_dump() for r in rows for e in parse_events(bytes(r[0]))]
 
 
 # --- part 1: checks inferred at capture ------------------------------------------------------
