@@ -23,7 +23,7 @@ from typing import Any
 from ledger.errors import InvalidInput
 from ledger.events import ReminderEmitted, TurnEnded
 from ledger.items import Actor, ItemStatus
-from node_agent import completion
+from node_agent import completion, recheck
 from node_agent.auditor import Audit, audit, context, rule_turn, told
 from node_agent.capture import match_item, parse_prompt
 from node_agent.checks import (
@@ -37,6 +37,7 @@ from node_agent.checks import (
 from node_agent.completion import CompletionRule
 from node_agent.execution import ExecutionState
 from node_agent.judge import JudgeGate, JudgeOutcome
+from node_agent.recheck import Verified
 from node_agent.store import Session, Store, StoredItem, safe_id
 from node_agent.suite import Verifier
 from node_agent.workspace import Fingerprint
@@ -89,6 +90,8 @@ class AutoLedger:
         )
         self.rules = tuple(completion.load() if rules is None else rules)
         self.stop_block_cap, self.check_timeout_s = stop_block_cap, check_timeout_s
+        # the checks that ran here and did not pass, by item: what their inputs were then
+        self._verified: dict[str, Verified] = {}
 
     def session(
         self, session_id: str, *, agent: str = "agent", mission: str | None = None,
@@ -219,9 +222,15 @@ class AutoLedger:
     async def verify(self, stored: StoredItem, seen: dict[str, Fingerprint] | None = None) -> bool:
         """Run the item's check here; a pass moves it to done as the check's own actor.
         ``seen``: the workspace fingerprints this turn end took already."""
+        return (await self._check(stored, seen)).passed
+
+    async def _check(
+        self, stored: StoredItem, seen: dict[str, Fingerprint] | None = None
+    ) -> CheckResult:
+        """``verify``, with the check's result: its detail is what the item now records."""
         check, run = stored.check, self.store.run
         if check is None:
-            return False
+            return CheckResult(passed=False, detail="no check")
         known, versions, suite = False, None, None
         try:  # any error is a failed check with its detail, never an exception
             if isinstance(check, EvidenceCheck):
@@ -248,7 +257,38 @@ class AutoLedger:
             )
         else:
             await run(self.store.record_check_detail, stored.item_id, result.detail)
-        return result.passed
+        return result
+
+    async def _verify_due(
+        self, items: Sequence[StoredItem], seen: dict[str, Fingerprint]
+    ) -> tuple[int, list[str]]:
+        """Run the checks of ``items`` whose inputs changed since they last ran here without
+        passing (``recheck``); return how many ran and the items they closed."""
+        checked = [s for s in items if s.check is not None]
+        if not checked:
+            return 0, []
+        wanted = recheck.evidence_ids(checked)
+        known = await self.store.run(self.store.evidence_known_among, wanted) if wanted else None
+        looked = await asyncio.to_thread(
+            recheck.look, [s.check for s in checked if s.check], known or frozenset(),
+            recheck.clock_ns(self.store.clock),
+        )  # fmt: skip
+        looked.workspaces = seen  # the passed checks' fingerprints, as the verifier takes them
+        ran, verified = 0, []
+        for stored in checked:
+            assert stored.check is not None
+            now = recheck.inputs(stored.check, looked)
+            if not recheck.due(stored, self._verified.get(stored.item_id), now):
+                continue
+            ran += 1
+            result = await self._check(stored, seen)
+            if result.passed:
+                self._verified.pop(stored.item_id, None)
+                verified.append(stored.item_id)
+            else:  # a passed check's fingerprint is known once the verifier took it
+                now = now if now is not None else recheck.inputs(stored.check, looked)
+                self._verified[stored.item_id] = Verified(stored.check, result.detail, now)
+        return ran, verified
 
     async def revalidate(
         self, items: Sequence[StoredItem], seen: dict[str, Fingerprint] | None = None
@@ -290,7 +330,7 @@ class AutoLedger:
         if got is None:  # nothing captured for this session: nothing to say
             return TurnResult(sid, False, None, None, [], 0, "skipped: no ledger", 0.0)
         session, result, settled, early, admitted = got
-        checks, verified = 0, []
+        checks, verified = 0, list[str]()
         calls, suggestion = 0, None
         source = "skipped: nothing open" if result.clear else "skipped: no judge configured"
         if early is not None:  # the judge answered without a model call, on the store's thread
@@ -299,11 +339,9 @@ class AutoLedger:
             seen: dict[str, Fingerprint] = {}  # one fingerprint per workspace per turn end
             if await self.revalidate(result.terminal, seen):
                 result = audit(await run(self.store.items, session.session_id))
-            for stored in result.actionable:
-                if stored.check is not None:
-                    checks += 1
-                    if await self.verify(stored, seen):
-                        verified.append(stored.item_id)
+            for stored in result.terminal:  # closed: nothing left to remember of its check
+                self._verified.pop(stored.item_id, None)
+            checks, verified = await self._verify_due(result.actionable, seen)
             if checks:
                 result = audit(await run(self.store.items, session.session_id))
             source = "skipped: nothing open" if result.clear else source
@@ -375,7 +413,8 @@ class AutoLedger:
                 "UPDATE sessions SET turn = ?, consecutive_blocks = ? WHERE session_id = ?",
                 (turn, session.consecutive_blocks + 1 if ruling.block else 0, session_id),
             )
-            self.store.set_reminded(session_id, ruling.told, ruling.noted)
+            if (ruling.told, ruling.noted) != (told_before, noted_before):
+                self.store.set_reminded(session_id, ruling.told, ruling.noted)
             self.store.emit(db, session, TurnEnded(session_id=session_id, turn=turn))
             if ruling.block:
                 self.store.emit(
@@ -383,7 +422,7 @@ class AutoLedger:
                     session,
                     ReminderEmitted(
                         session_id=session_id,
-                        open_items=tuple(s.item_id for s in result.actionable),
+                        open_items=ruling.named,  # the items it shows: bounded
                     ),
                 )
         return ruling.reason, ruling.block, ruling.note

@@ -145,6 +145,7 @@ CREATE TABLE IF NOT EXISTS receipts (
 """
 
 MAX_CHAIN = 64  # a grant chain deeper than this is cut (a cycle cannot loop forever)
+MAX_PARSED = 20_000  # stored checks kept parsed
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -231,6 +232,7 @@ class Store:
         self.db.executescript(SCHEMA)
         # one thread: calls run one at a time, in submission order (the outbox relies on it)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="node-store")
+        self._checks: dict[str, Check] = {}
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn`` (a function over this store) on the store's thread, off the event loop."""
@@ -361,7 +363,7 @@ class Store:
         check, detail = None, row["check_detail"]
         if row["check_json"]:
             try:
-                check = CHECK.validate_json(row["check_json"])
+                check = self._parsed_check(row["check_json"])
             except ValidationError:  # written by an older node agent: a human closes it now
                 detail = "its stored check is of an older kind this node cannot verify"
         item = Item(
@@ -373,6 +375,15 @@ class Store:
             stored_by=row["stored_by"],
         )
         return StoredItem(item, row["session_id"], row["short_id"], row["ord"], check, detail)
+
+    def _parsed_check(self, text: str) -> Check:
+        """A stored check, parsed once (checks are frozen): a turn end reads every item's."""
+        check = self._checks.get(text)
+        if check is None:
+            if len(self._checks) >= MAX_PARSED:
+                self._checks.clear()
+            check = self._checks[text] = CHECK.validate_json(text)
+        return check
 
     def items(self, session_id: str) -> list[StoredItem]:
         rows = self.db.execute(
@@ -666,6 +677,18 @@ class Store:
     def evidence_known(self, evidence_id: str) -> bool:
         row = self.db.execute("SELECT 1 FROM evidence WHERE evidence_id = ?", (evidence_id,))
         return row.fetchone() is not None
+
+    def evidence_known_among(self, evidence_ids: list[str]) -> frozenset[str]:
+        """The ids of ``evidence_ids`` that are registered (one query per 500)."""
+        known: set[str] = set()
+        for at in range(0, len(evidence_ids), 500):
+            chunk = evidence_ids[at : at + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self.db.execute(
+                f"SELECT evidence_id FROM evidence WHERE evidence_id IN ({marks})", chunk
+            )
+            known.update(str(r[0]) for r in rows)
+        return frozenset(known)
 
     def save_risk(self, mission_id: str, risk: RiskFact) -> None:
         self.db.execute(
