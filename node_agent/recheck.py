@@ -21,6 +21,7 @@ so its check runs. Only a check that did not pass is remembered: a pass closes i
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from node_agent.workspace import Fingerprint
 
 RACY_NS = 2 * 10**9  # coarser than any file system's timestamp tick (FAT's is 2 s)
 MAX_FILES = 20_000  # a larger directory has no listing: its written checks run every time
-GLOB = frozenset("*?[")
+GLOB = re.compile(r"[*?[]")  # what makes a pattern a glob (fnmatch's wildcards)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # device, inode, mode, size, mtime_ns, ctime_ns; None: gone or unreadable while listed
@@ -77,7 +78,7 @@ class Listing:
 
     def matched(self, glob: str) -> tuple[str, ...]:
         """The paths one lower-cased glob matches (case-insensitive, as ``matching``)."""
-        if not GLOB & set(glob):
+        if GLOB.search(glob) is None:
             return self.folded.get(glob, ())
         if glob not in self.globbed:
             self.globbed[glob] = tuple(r for r in self.files if matches(r.lower(), glob))

@@ -146,6 +146,7 @@ CREATE TABLE IF NOT EXISTS receipts (
 
 MAX_CHAIN = 64  # a grant chain deeper than this is cut (a cycle cannot loop forever)
 MAX_PARSED = 20_000  # stored checks kept parsed
+_STATUS = {s.value: s for s in ItemStatus}  # a stored status by its value (a turn end reads all)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -369,7 +370,7 @@ class Store:
         item = Item(
             item_id=row["item_id"],
             text=row["text"],
-            stored_status=ItemStatus(row["stored_status"]),
+            stored_status=_STATUS[row["stored_status"]],
             judged_status=row["judged_status"],
             model_claim=row["model_claim"],
             stored_by=row["stored_by"],
