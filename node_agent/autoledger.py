@@ -222,15 +222,17 @@ class AutoLedger:
     async def verify(self, stored: StoredItem, seen: dict[str, Fingerprint] | None = None) -> bool:
         """Run the item's check here; a pass moves it to done as the check's own actor.
         ``seen``: the workspace fingerprints this turn end took already."""
-        return (await self._check(stored, seen)).passed
+        return (await self._check(stored, seen))[0].passed
 
     async def _check(
         self, stored: StoredItem, seen: dict[str, Fingerprint] | None = None
-    ) -> CheckResult:
-        """``verify``, with the check's result: its detail is what the item now records."""
+    ) -> tuple[CheckResult, bool]:
+        """``verify``, with the check's result (its detail is what the item now records) and
+        whether the check ran to a verdict (an error while running it is no verdict)."""
         check, run = stored.check, self.store.run
         if check is None:
-            return CheckResult(passed=False, detail="no check")
+            return CheckResult(passed=False, detail="no check"), False
+        judged = True
         known, versions, suite = False, None, None
         try:  # any error is a failed check with its detail, never an exception
             if isinstance(check, EvidenceCheck):
@@ -247,6 +249,7 @@ class AutoLedger:
             )  # fmt: skip
         except Exception as exc:
             result = CheckResult(passed=False, detail=f"the check failed to run ({exc})")
+            judged = False
         if result.passed:
             await run(
                 self.store.set_status,
@@ -257,7 +260,7 @@ class AutoLedger:
             )
         else:
             await run(self.store.record_check_detail, stored.item_id, result.detail)
-        return result
+        return result, judged
 
     async def _verify_due(
         self, items: Sequence[StoredItem], seen: dict[str, Fingerprint]
@@ -281,11 +284,11 @@ class AutoLedger:
             if not recheck.due(stored, self._verified.get(stored.item_id), now):
                 continue
             ran += 1
-            result = await self._check(stored, seen)
+            result, judged = await self._check(stored, seen)
+            self._verified.pop(stored.item_id, None)
             if result.passed:
-                self._verified.pop(stored.item_id, None)
                 verified.append(stored.item_id)
-            else:  # a passed check's fingerprint is known once the verifier took it
+            elif judged:  # a passed check's fingerprint is known once the verifier took it
                 now = now if now is not None else recheck.inputs(stored.check, looked)
                 self._verified[stored.item_id] = Verified(stored.check, result.detail, now)
         return ran, verified

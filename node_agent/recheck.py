@@ -15,7 +15,8 @@ A check runs again (``due``) when it never ran here, its check or its last detai
 (another process, a claim's verification), or its inputs' fingerprint is unknown or differs. A
 stat key taken within ``RACY_NS`` of the file's last change cannot tell a second write in the
 same timestamp tick (git's "racily clean" entries): such a file makes the fingerprint unknown,
-so its check runs. Only a check that did not pass is remembered: a pass closes its item.
+so its check runs. Only a check that ran to a verdict and did not pass is remembered: a pass
+closes its item, and an error while running one is no verdict on its inputs.
 """
 
 from __future__ import annotations
