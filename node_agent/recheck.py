@@ -21,6 +21,7 @@ closes its item, and an error while running one is no verdict on its inputs.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -111,15 +112,20 @@ def list_files(
 Inputs = tuple[object, ...]  # a fingerprint: compared for equality, kept in memory only
 
 
+@functools.lru_cache(maxsize=4096)
+def _globs(pattern: str) -> tuple[str, ...]:
+    """Pure: a pattern's alternatives, lower-cased (as ``matching`` compares them)."""
+    return tuple(g for g in pattern.lower().split("|") if g)
+
+
 def written_inputs(check: WrittenCheck, listing: Listing) -> Inputs | None:
     """Pure: the fingerprint of the files ``check``'s pattern matches in ``listing`` (a pattern
     without ``/`` looks at the top directory only, as ``matching``); None when unknown."""
     if listing.problem is not None:
         return None
     found: set[str] = set()
-    for glob in check.pattern.lower().split("|"):
-        if glob:
-            found.update(listing.matched(glob))
+    for glob in _globs(check.pattern):
+        found.update(listing.matched(glob))
     if "/" not in check.pattern:
         found = {rel for rel in found if os.sep not in rel}
     keys = tuple((rel, listing.files[rel]) for rel in sorted(found))

@@ -234,6 +234,7 @@ class Store:
         # one thread: calls run one at a time, in submission order (the outbox relies on it)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="node-store")
         self._checks: dict[str, Check] = {}
+        self._rows: dict[tuple[Any, ...], StoredItem] = {}
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn`` (a function over this store) on the store's thread, off the event loop."""
@@ -390,7 +391,18 @@ class Store:
         rows = self.db.execute(
             "SELECT * FROM items WHERE session_id = ? ORDER BY ord", (session_id,)
         ).fetchall()
-        return [self._row_item(r) for r in rows]
+        return [self._known_item(r) for r in rows]
+
+    def _known_item(self, row: sqlite3.Row) -> StoredItem:
+        """``_row_item``, built once per row content (items are frozen): a turn end reads
+        every item of its session."""
+        key = tuple(row)
+        stored = self._rows.get(key)
+        if stored is None:
+            if len(self._rows) >= MAX_PARSED:
+                self._rows.clear()
+            stored = self._rows[key] = self._row_item(row)
+        return stored
 
     def find_item(self, ref: str, session_id: str | None = None) -> StoredItem:
         """An item by full id, or by short id (``t3``) within a session; without a session, a
