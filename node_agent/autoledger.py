@@ -24,7 +24,7 @@ from ledger.errors import InvalidInput
 from ledger.events import ReminderEmitted, TurnEnded
 from ledger.items import Actor, ItemStatus
 from node_agent import completion, recheck
-from node_agent.auditor import Audit, audit, context, rule_turn, told
+from node_agent.auditor import Audit, Ruling, audit, context, rule_turn, told
 from node_agent.capture import match_item, parse_prompt
 from node_agent.checks import (
     Check,
@@ -92,6 +92,9 @@ class AutoLedger:
         self.stop_block_cap, self.check_timeout_s = stop_block_cap, check_timeout_s
         # the checks that ran here and did not pass, by item: what their inputs were then
         self._verified: dict[str, Verified] = {}
+        # by session: what its checked items read when none was due; its last ruling's inputs
+        self._quiet: dict[str, tuple[object, ...]] = {}
+        self._rulings: dict[str, tuple[tuple[object, ...], Ruling]] = {}
 
     def session(
         self, session_id: str, *, agent: str = "agent", mission: str | None = None,
@@ -263,7 +266,7 @@ class AutoLedger:
         return result, judged
 
     async def _verify_due(
-        self, items: Sequence[StoredItem], seen: dict[str, Fingerprint]
+        self, session_id: str, items: Sequence[StoredItem], seen: dict[str, Fingerprint]
     ) -> tuple[int, list[str]]:
         """Run the checks of ``items`` whose inputs changed since they last ran here without
         passing (``recheck``); return how many ran and the items they closed."""
@@ -277,6 +280,9 @@ class AutoLedger:
             recheck.clock_ns(self.store.clock),
         )  # fmt: skip
         looked.workspaces = seen  # the passed checks' fingerprints, as the verifier takes them
+        quiet = recheck.quiet(checked, looked)
+        if quiet is not None and self._quiet.get(session_id) == quiet:
+            return 0, []  # the same items read the same inputs as when none was due
         ran, verified = 0, []
         for stored in checked:
             assert stored.check is not None
@@ -291,6 +297,10 @@ class AutoLedger:
             elif judged:  # a passed check's fingerprint is known once the verifier took it
                 now = now if now is not None else recheck.inputs(stored.check, looked)
                 self._verified[stored.item_id] = Verified(stored.check, result.detail, now)
+        if ran == 0 and quiet is not None:
+            self._quiet[session_id] = quiet
+        else:
+            self._quiet.pop(session_id, None)
         return ran, verified
 
     async def revalidate(
@@ -344,7 +354,7 @@ class AutoLedger:
                 result = audit(await run(self.store.items, session.session_id))
             for stored in result.terminal:  # closed: nothing left to remember of its check
                 self._verified.pop(stored.item_id, None)
-            checks, verified = await self._verify_due(result.actionable, seen)
+            checks, verified = await self._verify_due(session.session_id, result.actionable, seen)
             if checks:
                 result = audit(await run(self.store.items, session.session_id))
             source = "skipped: nothing open" if result.clear else source
@@ -406,10 +416,17 @@ class AutoLedger:
         session = self.store.session(session_id)
         assert session is not None
         told_before, noted_before = self.store.reminded(session_id)
-        ruling = rule_turn(
-            result, told_before=told_before, noted_before=noted_before,
-            blocks=session.consecutive_blocks, cap=self.stop_block_cap, suggestion=suggestion,
-        )  # fmt: skip
+        asked = (result, told_before, noted_before, session.consecutive_blocks,
+                 self.stop_block_cap, suggestion)  # fmt: skip
+        last = self._rulings.get(session_id)
+        if last is not None and last[0] == asked:  # a pure function of these: said already
+            ruling = last[1]
+        else:
+            ruling = rule_turn(
+                result, told_before=told_before, noted_before=noted_before,
+                blocks=session.consecutive_blocks, cap=self.stop_block_cap, suggestion=suggestion,
+            )  # fmt: skip
+            self._rulings[session_id] = (asked, ruling)
         with self.store.tx() as db:
             turn = session.turn + 1
             db.execute(

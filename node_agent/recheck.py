@@ -217,6 +217,17 @@ def due(stored: StoredItem, last: Verified | None, now: Inputs | None) -> bool:
     )
 
 
+def quiet(checked: Sequence[StoredItem], seen: Seen) -> tuple[object, ...] | None:
+    """Pure: all that decides whether any of ``checked`` is due (the items, each directory's
+    listing, the file checks' fingerprints, the evidence registered): when it equals what it
+    was at a turn end where none was due, none is due now. None when a check reads what this
+    does not hold (a passed check's workspace, a command's anything)."""
+    if any(isinstance(s.check, PassedCheck | CommandCheck) for s in checked):
+        return None
+    listings = {cwd: (listing.files, listing.problem) for cwd, listing in seen.listings.items()}
+    return (tuple(checked), listings, dict(seen.files), seen.evidence)
+
+
 def evidence_ids(items: Sequence[StoredItem]) -> list[str]:
     """Pure: the evidence ids the items' checks wait for."""
     return [s.check.evidence_id for s in items if isinstance(s.check, EvidenceCheck)]

@@ -19,7 +19,7 @@ from ledger.clock import ManualClock
 from ledger.events import MAX_EVENT_BYTES, parse_event
 from node_agent.auditor import SHOWN, context
 from node_agent.autoledger import AutoLedger
-from node_agent.checks import WrittenCheck
+from node_agent.checks import EvidenceCheck, WrittenCheck
 from node_agent.execution import ExecutionState
 from node_agent.recheck import RACY_NS, Listing, written_inputs
 from node_agent.store import Store
@@ -117,6 +117,16 @@ async def test_a_detail_written_elsewhere_runs_the_check_again(tmp_path: Path) -
     # another process (the CLI) recorded a different standing for the item
     ledger.store.record_check_detail("s-1-t1", "checked by hand elsewhere")
     assert (await ledger.turn_end("s-1")).checks_run == 1
+
+
+async def test_evidence_registered_after_a_quiet_stop_closes_its_item(tmp_path: Path) -> None:
+    ledger, _ = ledger_with(tmp_path, 3)
+    ledger.store.attach_check("s-1-t3", EvidenceCheck(evidence_id="ev-1"))
+    await ledger.turn_end("s-1")
+    assert (await ledger.turn_end("s-1")).checks_run == 0  # nothing changed: none ran
+    ledger.store.register_evidence("ev-1", "m")
+    after = await ledger.turn_end("s-1")
+    assert after.checks_run == 1 and after.verified == ["s-1-t3"]
 
 
 async def test_5000_items_keep_the_reminder_the_context_and_every_event_bounded(
