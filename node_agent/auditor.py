@@ -73,11 +73,8 @@ def todo_lines(result: Audit, first: Sequence[StoredItem] = ()) -> list[str]:
     """The ``shown`` open items, one line each, and the rest counted: a long to-do costs a
     reminder no more than ``SHOWN`` lines."""
     picked = shown(result, first)
-    if picked == list(result.actionable[: len(picked)]):
-        lines = [todo_line(n, s) for n, s in enumerate(picked, 1)]
-    else:
-        place = {s.item_id: n for n, s in enumerate(result.actionable, 1)}
-        lines = [todo_line(place[s.item_id], s) for s in picked]
+    place = {s.item_id: n for n, s in enumerate(result.actionable, 1)} if first else {}
+    lines = [todo_line(place.get(s.item_id, n), s) for n, s in enumerate(picked, 1)]
     return lines + more(len(result.actionable) - len(lines), "open item")
 
 
@@ -107,11 +104,11 @@ def reminder(
     head = f"fleetledger: {count} item{'s' if count != 1 else ''} still open, in order:"
     lines = [head, *todo_lines(result, first)]
     if result.parked:
-        shown = result.parked[:SHOWN]
+        parked = result.parked[:SHOWN]
         lines.append(
             "Blocked/paused (no action expected): "
-            + ", ".join(f"[{s.short_id}] {s.item.text}" for s in shown)
-            + "".join(f" {m}" for m in more(len(result.parked) - len(shown), "parked item"))
+            + ", ".join(f"[{s.short_id}] {s.item.text}" for s in parked)
+            + "".join(f" {m}" for m in more(len(result.parked) - len(parked), "parked item"))
         )
     if suggestion:
         lines.append(f"Advisory (local judge, not verified): {suggestion}")
@@ -216,7 +213,7 @@ def human_note(result: Audit, *, capped: int | None = None, noted: str | None = 
             detail = f"; last check: {s.check_detail}" if s.check_detail else ""
             closes = f"closes when: {s.check.describe()}{detail}"
             lines.append(f"- [{s.short_id}] {s.item.text} ({closes})")
-    lines += more(len(fresh) - len(human) - len(checked), "item whose standing changed")
+    lines += more(len(fresh) - len(human) - len(checked), "open item")
     lines.append(
         "Close one with `fleetledger todo done ID --by NAME`, or attach a check with "
         "`fleetledger todo check ID`."

@@ -138,6 +138,9 @@ async def test_5000_items_keep_the_reminder_the_context_and_every_event_bounded(
     assert stop.reason.count("\n") <= SHOWN + 4
     assert "…and 4980 more open items" in stop.reason
     assert len(stop.reason.encode()) < 16_384
+    note = (await ledger.turn_end("s-1")).message  # no news: let go, with a note for a human
+    assert note is not None and len(note.encode()) < 16_384
+    assert "…and 4980 more open items" in note
     said = context(ledger.audit("s-1"))
     assert said is not None and len(said.encode()) < 16_384
     assert "…and 4980 more open items" in said
