@@ -10,7 +10,9 @@ close on a written check, and a claims miss over a table of N claims (issue 29, 
                       words, for a task that matches them all.
 
 Each returns its figures per size and the largest/smallest ratio (target: within 2x), with the
-machine's load (``os.getloadavg``) as it was measured; bench/growth.py prints them beside the
+machine's load (``os.getloadavg``) as it was measured: ``{"figure", "unit", "sizes", "p50_ms",
+"ratio", "load"}`` (the Stop also ``after_write_p50_ms`` and ``after_write_ratio``). Both are
+synchronous (call them outside a running event loop); bench/growth.py prints them beside the
 coordinator's. Run alone it ends with one JSON line.
 """
 
