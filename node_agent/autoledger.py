@@ -95,6 +95,7 @@ class AutoLedger:
         # by session: what its checked items read when none was due; its last ruling's inputs
         self._quiet: dict[str, tuple[object, ...]] = {}
         self._rulings: dict[str, tuple[tuple[object, ...], Ruling]] = {}
+        self._audits: dict[str, tuple[int, Audit]] = {}  # by session: its items' version
 
     def session(
         self, session_id: str, *, agent: str = "agent", mission: str | None = None,
@@ -328,7 +329,7 @@ class AutoLedger:
     # --- judge and remind -------------------------------------------------------------------
 
     def audit(self, session_id: str) -> Audit:
-        return audit(self.store.items(safe_id(session_id)))
+        return self._audit(safe_id(session_id))
 
     async def turn_end(self, session_id: str, *, stop_hook_active: bool = False) -> TurnResult:
         """Judge at turn end: checks, the deterministic auditor, then (maybe) advice; remind
@@ -351,12 +352,12 @@ class AutoLedger:
         if settled is None:
             seen: dict[str, Fingerprint] = {}  # one fingerprint per workspace per turn end
             if await self.revalidate(result.terminal, seen):
-                result = audit(await run(self.store.items, session.session_id))
+                result = await run(self._audit, session.session_id)
             for stored in result.terminal:  # closed: nothing left to remember of its check
                 self._verified.pop(stored.item_id, None)
             checks, verified = await self._verify_due(session.session_id, result.actionable, seen)
             if checks:
-                result = audit(await run(self.store.items, session.session_id))
+                result = await run(self._audit, session.session_id)
             source = "skipped: nothing open" if result.clear else source
             if not result.clear and self.gate is not None:
                 if admitted is not None:  # admitted already: only the model call is left
@@ -368,7 +369,7 @@ class AutoLedger:
                     v = outcome.verdict
                     suggestion = f"[{v.short_id}] {v.suggestion}"
                 if outcome.source == "model":  # a new verdict is recorded as a claim
-                    result = audit(await run(self.store.items, session.session_id))
+                    result = await run(self._audit, session.session_id)
             settled = await run(self._settle_turn, session.session_id, result, suggestion)
         text, block, message = settled
         return TurnResult(
@@ -394,7 +395,7 @@ class AutoLedger:
         session = self.store.session(session_id)
         if session is None:
             return None
-        result = audit(self.store.items(session_id))
+        result = self._audit(session_id)
         to_check = any(s.check is not None for s in result.actionable)
         if to_check or any(_closed_by_check(s) for s in result.terminal):
             return session, result, None, None, None
@@ -408,6 +409,17 @@ class AutoLedger:
                 suggestion = f"[{early.verdict.short_id}] {early.verdict.suggestion}"
         settled = self._settle_turn(session_id, result, suggestion)
         return session, result, settled, early, None
+
+    def _audit(self, session_id: str) -> Audit:
+        """On the store's thread: the session's audit, read again only when its items were
+        written since (the version is read first: a write in between reads them again)."""
+        version = self.store.items_version(session_id)
+        last = self._audits.get(session_id)
+        if last is not None and last[0] == version:
+            return last[1]
+        result = audit(self.store.items(session_id))
+        self._audits[session_id] = (version, result)
+        return result
 
     def _settle_turn(self, session_id: str, result: Audit, suggestion: str | None) -> Settled:
         """On the store's thread: the policy's ruling (block with news, else let go with one

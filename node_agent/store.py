@@ -57,6 +57,25 @@ CREATE TABLE IF NOT EXISTS items (
     stored_by TEXT, judged_status TEXT, model_claim TEXT, check_json TEXT, check_detail TEXT
 );
 CREATE INDEX IF NOT EXISTS items_by_session ON items(session_id, ord);
+-- how often each session's items were written, by any process: a turn end reads them again
+-- only when this moved (kept by the database itself, so no writer can forget it)
+CREATE TABLE IF NOT EXISTS item_versions (
+    session_id TEXT PRIMARY KEY, version INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS items_inserted AFTER INSERT ON items BEGIN
+    INSERT INTO item_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS items_updated AFTER UPDATE ON items BEGIN
+    INSERT INTO item_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+    INSERT INTO item_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS items_deleted AFTER DELETE ON items BEGIN
+    INSERT INTO item_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
 -- what the agent was last told of its open items, and the note for a human (autoledger.py)
 CREATE TABLE IF NOT EXISTS reminders (
     session_id TEXT PRIMARY KEY, told TEXT, noted TEXT
@@ -386,6 +405,13 @@ class Store:
                 self._checks.clear()
             check = self._checks[text] = CHECK.validate_json(text)
         return check
+
+    def items_version(self, session_id: str) -> int:
+        """How often this session's items were written (``item_versions``): equal, unchanged."""
+        row = self.db.execute(
+            "SELECT version FROM item_versions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return 0 if row is None else int(row[0])
 
     def items(self, session_id: str) -> list[StoredItem]:
         rows = self.db.execute(

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from ledger.clock import ManualClock
 from ledger.events import MAX_EVENT_BYTES, parse_event
+from ledger.items import Actor, ItemStatus
 from node_agent.auditor import SHOWN, context
 from node_agent.autoledger import AutoLedger
 from node_agent.checks import EvidenceCheck, WrittenCheck
@@ -127,6 +128,20 @@ async def test_evidence_registered_after_a_quiet_stop_closes_its_item(tmp_path: 
     ledger.store.register_evidence("ev-1", "m")
     after = await ledger.turn_end("s-1")
     assert after.checks_run == 1 and after.verified == ["s-1-t3"]
+
+
+async def test_an_item_another_process_closes_is_not_open_at_the_next_stop(
+    tmp_path: Path,
+) -> None:
+    ledger, _ = ledger_with(tmp_path, 3)
+    await ledger.turn_end("s-1")
+    assert len((await ledger.turn_end("s-1")).open_items) == 3
+    other = Store(tmp_path / "node.sqlite3", node_id="n")  # the CLI's own connection
+    other.set_status("s-1-t2", ItemStatus.DONE, Actor("human", "ann"))
+    other.record_check_detail("s-1-t1", "looked at by hand")
+    other.close()
+    after = await ledger.turn_end("s-1")
+    assert after.open_items == ["s-1-t1", "s-1-t3"] and after.checks_run == 1
 
 
 async def test_5000_items_keep_the_reminder_the_context_and_every_event_bounded(
