@@ -13,6 +13,7 @@ its check's last detail) is one the human was not yet told of.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from ledger.items import TERMINAL, ItemStatus
 from node_agent.store import StoredItem
 
 ACTIONABLE = frozenset({ItemStatus.OPEN, ItemStatus.IN_PROGRESS})
+SHOWN = 20  # open items a reminder, a prompt's context or a note shows; the rest are counted
 PARKED = frozenset({ItemStatus.BLOCKED, ItemStatus.PAUSED})
 
 
@@ -45,33 +47,68 @@ def audit(items: Sequence[StoredItem]) -> Audit:
     )
 
 
-def todo_lines(result: Audit) -> list[str]:
-    """One line per open item, in order, with its check and any unverified claim."""
-    lines = []
-    for n, s in enumerate(result.actionable, 1):
-        line = f"{n}. [{s.short_id}] {s.item.text}"
-        if s.check is not None:
-            line += f" (closes when: {s.check.describe()}"
-            line += f"; last check: {s.check_detail})" if s.check_detail else ")"
-        else:
-            line += " (closes when: a human closes it; no check can verify it)"
-        if s.item.model_claim:
-            line += f" (your {s.item.model_claim}; still open)"
-        lines.append(line)
-    return lines
+def todo_line(n: int, s: StoredItem) -> str:
+    """One open item as the agent reads it (``n``: its place in the open to-do), with its
+    check and any unverified claim."""
+    line = f"{n}. [{s.short_id}] {s.item.text}"
+    if s.check is not None:
+        line += f" (closes when: {s.check.describe()}"
+        line += f"; last check: {s.check_detail})" if s.check_detail else ")"
+    else:
+        line += " (closes when: a human closes it; no check can verify it)"
+    if s.item.model_claim:
+        line += f" (your {s.item.model_claim}; still open)"
+    return line
 
 
-def reminder(result: Audit, *, suggestion: str | None = None) -> str | None:
-    """The to-do reminder for a Stop block, or None when nothing is genuinely open."""
+def shown(result: Audit, first: Sequence[StoredItem] = ()) -> list[StoredItem]:
+    """Pure: the open items a reminder or a prompt's context lists, at most ``SHOWN``:
+    ``first``, then the others in the to-do's order."""
+    chosen = {s.item_id for s in first}
+    rest = (s for s in result.actionable if s.item_id not in chosen)
+    return list(itertools.islice(itertools.chain(first, rest), SHOWN))
+
+
+def todo_lines(result: Audit, first: Sequence[StoredItem] = ()) -> list[str]:
+    """The ``shown`` open items, one line each, and the rest counted: a long to-do costs a
+    reminder no more than ``SHOWN`` lines."""
+    picked = shown(result, first)
+    place = {s.item_id: n for n, s in enumerate(result.actionable, 1)} if first else {}
+    lines = [todo_line(place.get(s.item_id, n), s) for n, s in enumerate(picked, 1)]
+    return lines + more(len(result.actionable) - len(lines), "open item")
+
+
+def more(count: int, noun: str) -> list[str]:
+    """The line that counts what a bounded list left out, if any."""
+    return [f"…and {count} more {noun}{'s' if count != 1 else ''}"] if count > 0 else []
+
+
+def attention(result: Audit, told_before: str | None) -> list[StoredItem]:
+    """Pure: the open items to show first: those with news for the agent (``news``), then
+    those it claimed that are still open, each in the to-do's order; at most ``SHOWN``."""
+    known = _told(told_before)
+    fresh = [s for s in result.actionable if tuple(_entry(s)) not in known][:SHOWN]
+    ids = {s.item_id for s in fresh}
+    claimed = (s for s in result.actionable if s.item.model_claim and s.item_id not in ids)
+    return fresh + list(itertools.islice(claimed, SHOWN - len(fresh)))
+
+
+def reminder(
+    result: Audit, *, suggestion: str | None = None, first: Sequence[StoredItem] = ()
+) -> str | None:
+    """The to-do reminder for a Stop block, or None when nothing is genuinely open: at most
+    ``SHOWN`` items (``first`` before the rest), the rest counted."""
     if result.clear:
         return None
     count = len(result.actionable)
     head = f"fleetledger: {count} item{'s' if count != 1 else ''} still open, in order:"
-    lines = [head, *todo_lines(result)]
+    lines = [head, *todo_lines(result, first)]
     if result.parked:
+        parked = result.parked[:SHOWN]
         lines.append(
             "Blocked/paused (no action expected): "
-            + ", ".join(f"[{s.short_id}] {s.item.text}" for s in result.parked)
+            + ", ".join(f"[{s.short_id}] {s.item.text}" for s in parked)
+            + "".join(f" {m}" for m in more(len(result.parked) - len(parked), "parked item"))
         )
     if suggestion:
         lines.append(f"Advisory (local judge, not verified): {suggestion}")
@@ -91,7 +128,8 @@ def is_reminder(text: str) -> bool:
 
 
 def context(result: Audit) -> str | None:
-    """The open to-do as prompt context (UserPromptSubmit), or None when clear."""
+    """The open to-do as prompt context (UserPromptSubmit), or None when clear: at most
+    ``SHOWN`` items in order, the rest counted."""
     if result.clear:
         return None
     return "\n".join(["fleetledger to-do (open, in order):", *todo_lines(result)])
@@ -100,23 +138,34 @@ def context(result: Audit) -> str | None:
 # --- the reminder policy ------------------------------------------------------------------
 
 
+def _entry(s: StoredItem) -> list[str | None]:
+    """What the agent knows of one open item once shown it: its check, the check's last
+    detail and its claim; an item only a human can close, by its id alone (a claim on it is
+    for the human, not news to the agent)."""
+    if s.check is None:
+        return [s.item_id]
+    return [s.item_id, s.check.describe(), s.check_detail, s.item.model_claim]
+
+
 def told(result: Audit) -> str:
-    """What the agent knows of its open items once shown them: per item its check, the
-    check's last detail and its claim; an item only a human can close, by its id alone (a
-    claim on it is for the human, not news to the agent)."""
-    entries = sorted(
-        [s.item_id, s.check.describe(), s.check_detail, s.item.model_claim]
-        if s.check is not None
-        else [s.item_id]
-        for s in result.actionable
-    )
-    return json.dumps(entries, separators=(",", ":"))
+    """What the agent knows of its open items once shown them (``_entry`` of each)."""
+    return json.dumps(sorted(_entry(s) for s in result.actionable), separators=(",", ":"))
+
+
+def _told(before: str | None) -> set[tuple[str | None, ...]]:
+    try:
+        entries = json.loads(before) if before else []
+    except ValueError:
+        return set()
+    if not isinstance(entries, list):
+        return set()
+    return {tuple(e) for e in entries if isinstance(e, list)}
 
 
 def news(result: Audit, before: str | None) -> bool:
     """Something the agent was not told: an item opened, a check failed, a claim unverified."""
-    known = {json.dumps(e) for e in json.loads(before)} if before else set()
-    return any(json.dumps(e) not in known for e in json.loads(told(result)))
+    known = _told(before)
+    return any(tuple(_entry(s)) not in known for s in result.actionable)
 
 
 def standing(stored: StoredItem) -> list[str | None]:
@@ -128,24 +177,26 @@ def standing(stored: StoredItem) -> list[str | None]:
     return [stored.item_id, "check", stored.check_detail]
 
 
-def _noted(noted: str | None) -> set[str]:
+def _noted(noted: str | None) -> set[tuple[str | None, ...]]:
     """The standings a human was already told of (``Ruling.noted``); anything else: none."""
     try:
         entries = json.loads(noted)["standing"] if noted else []
     except (ValueError, TypeError, KeyError):
         return set()
-    return {json.dumps(e) for e in entries} if isinstance(entries, list) else set()
+    if not isinstance(entries, list):
+        return set()
+    return {tuple(e) for e in entries if isinstance(e, list)}
 
 
 def human_note(result: Audit, *, capped: int | None = None, noted: str | None = None) -> str | None:
     """The note for a human when the agent stops with items open: the items whose standing
     they were not yet told of, what is unverified and why; None when there is none."""
     known = _noted(noted)
-    fresh = [s for s in result.actionable if json.dumps(standing(s)) not in known]
+    fresh = [s for s in result.actionable if tuple(standing(s)) not in known]
     if not fresh:
         return None
-    human = [s for s in fresh if s.check is None]
-    checked = [s for s in fresh if s.check is not None]
+    human = [s for s in fresh if s.check is None][:SHOWN]
+    checked = [s for s in fresh if s.check is not None][: SHOWN - len(human)]
     count = len(result.actionable)
     head = f"fleetledger: the agent stopped with {count} item{'s' if count != 1 else ''} open"
     head += f" after {capped} reminders." if capped else "."
@@ -162,6 +213,7 @@ def human_note(result: Audit, *, capped: int | None = None, noted: str | None = 
             detail = f"; last check: {s.check_detail}" if s.check_detail else ""
             closes = f"closes when: {s.check.describe()}{detail}"
             lines.append(f"- [{s.short_id}] {s.item.text} ({closes})")
+    lines += more(len(fresh) - len(human) - len(checked), "open item")
     lines.append(
         "Close one with `fleetledger todo done ID --by NAME`, or attach a check with "
         "`fleetledger todo check ID`."
@@ -179,6 +231,7 @@ class Ruling:
     note: str | None
     told: str | None
     noted: str | None
+    named: tuple[str, ...] = ()  # the items the reminder shows (``reminder.emitted``)
 
 
 def rule_turn(
@@ -188,10 +241,13 @@ def rule_turn(
     """The reminder policy at one turn end (``blocks``: consecutive blocks so far)."""
     if result.clear:
         return Ruling(False, None, None, None, None)
-    if news(result, told_before) and blocks < cap:
-        text = reminder(result, suggestion=suggestion)
-        return Ruling(True, text, None, told(result), noted_before)
-    capped = blocks if blocks >= cap and news(result, told_before) else None
+    fresh = news(result, told_before)
+    if fresh and blocks < cap:
+        first = attention(result, told_before)
+        text = reminder(result, suggestion=suggestion, first=first)
+        named = tuple(s.item_id for s in shown(result, first))
+        return Ruling(True, text, None, told(result), noted_before, named)
+    capped = blocks if blocks >= cap and fresh else None
     note = human_note(result, capped=capped, noted=noted_before)
     if note is None:
         return Ruling(False, None, None, told_before, noted_before)  # said once already

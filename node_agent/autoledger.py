@@ -23,8 +23,8 @@ from typing import Any
 from ledger.errors import InvalidInput
 from ledger.events import ReminderEmitted, TurnEnded
 from ledger.items import Actor, ItemStatus
-from node_agent import completion
-from node_agent.auditor import Audit, audit, context, rule_turn, told
+from node_agent import completion, recheck
+from node_agent.auditor import Audit, Ruling, audit, context, rule_turn, told
 from node_agent.capture import match_item, parse_prompt
 from node_agent.checks import (
     Check,
@@ -37,6 +37,7 @@ from node_agent.checks import (
 from node_agent.completion import CompletionRule
 from node_agent.execution import ExecutionState
 from node_agent.judge import JudgeGate, JudgeOutcome
+from node_agent.recheck import Verified
 from node_agent.store import Session, Store, StoredItem, safe_id
 from node_agent.suite import Verifier
 from node_agent.workspace import Fingerprint
@@ -89,6 +90,12 @@ class AutoLedger:
         )
         self.rules = tuple(completion.load() if rules is None else rules)
         self.stop_block_cap, self.check_timeout_s = stop_block_cap, check_timeout_s
+        # the checks that ran here and did not pass, by item: what their inputs were then
+        self._verified: dict[str, Verified] = {}
+        # by session: what its checked items read when none was due; its last ruling's inputs
+        self._quiet: dict[str, tuple[object, ...]] = {}
+        self._rulings: dict[str, tuple[tuple[object, ...], Ruling]] = {}
+        self._audits: dict[str, tuple[int, Audit]] = {}  # by session: its items' version
 
     def session(
         self, session_id: str, *, agent: str = "agent", mission: str | None = None,
@@ -219,9 +226,17 @@ class AutoLedger:
     async def verify(self, stored: StoredItem, seen: dict[str, Fingerprint] | None = None) -> bool:
         """Run the item's check here; a pass moves it to done as the check's own actor.
         ``seen``: the workspace fingerprints this turn end took already."""
+        return (await self._check(stored, seen))[0].passed
+
+    async def _check(
+        self, stored: StoredItem, seen: dict[str, Fingerprint] | None = None
+    ) -> tuple[CheckResult, bool]:
+        """``verify``, with the check's result (its detail is what the item now records) and
+        whether the check ran to a verdict (an error while running it is no verdict)."""
         check, run = stored.check, self.store.run
         if check is None:
-            return False
+            return CheckResult(passed=False, detail="no check"), False
+        judged = True
         known, versions, suite = False, None, None
         try:  # any error is a failed check with its detail, never an exception
             if isinstance(check, EvidenceCheck):
@@ -238,6 +253,7 @@ class AutoLedger:
             )  # fmt: skip
         except Exception as exc:
             result = CheckResult(passed=False, detail=f"the check failed to run ({exc})")
+            judged = False
         if result.passed:
             await run(
                 self.store.set_status,
@@ -248,7 +264,45 @@ class AutoLedger:
             )
         else:
             await run(self.store.record_check_detail, stored.item_id, result.detail)
-        return result.passed
+        return result, judged
+
+    async def _verify_due(
+        self, session_id: str, items: Sequence[StoredItem], seen: dict[str, Fingerprint]
+    ) -> tuple[int, list[str]]:
+        """Run the checks of ``items`` whose inputs changed since they last ran here without
+        passing (``recheck``); return how many ran and the items they closed."""
+        checked = [s for s in items if s.check is not None]
+        if not checked:
+            return 0, []
+        wanted = recheck.evidence_ids(checked)
+        known = await self.store.run(self.store.evidence_known_among, wanted) if wanted else None
+        looked = await asyncio.to_thread(
+            recheck.look, [s.check for s in checked if s.check], known or frozenset(),
+            recheck.clock_ns(self.store.clock),
+        )  # fmt: skip
+        looked.workspaces = seen  # the passed checks' fingerprints, as the verifier takes them
+        quiet = recheck.quiet(checked, looked)
+        if quiet is not None and self._quiet.get(session_id) == quiet:
+            return 0, []  # the same items read the same inputs as when none was due
+        ran, verified = 0, []
+        for stored in checked:
+            assert stored.check is not None
+            now = recheck.inputs(stored.check, looked)
+            if not recheck.due(stored, self._verified.get(stored.item_id), now):
+                continue
+            ran += 1
+            result, judged = await self._check(stored, seen)
+            self._verified.pop(stored.item_id, None)
+            if result.passed:
+                verified.append(stored.item_id)
+            elif judged:  # a passed check's fingerprint is known once the verifier took it
+                now = now if now is not None else recheck.inputs(stored.check, looked)
+                self._verified[stored.item_id] = Verified(stored.check, result.detail, now)
+        if ran == 0 and quiet is not None:
+            self._quiet[session_id] = quiet
+        else:
+            self._quiet.pop(session_id, None)
+        return ran, verified
 
     async def revalidate(
         self, items: Sequence[StoredItem], seen: dict[str, Fingerprint] | None = None
@@ -275,7 +329,7 @@ class AutoLedger:
     # --- judge and remind -------------------------------------------------------------------
 
     def audit(self, session_id: str) -> Audit:
-        return audit(self.store.items(safe_id(session_id)))
+        return self._audit(safe_id(session_id))
 
     async def turn_end(self, session_id: str, *, stop_hook_active: bool = False) -> TurnResult:
         """Judge at turn end: checks, the deterministic auditor, then (maybe) advice; remind
@@ -290,7 +344,7 @@ class AutoLedger:
         if got is None:  # nothing captured for this session: nothing to say
             return TurnResult(sid, False, None, None, [], 0, "skipped: no ledger", 0.0)
         session, result, settled, early, admitted = got
-        checks, verified = 0, []
+        checks, verified = 0, list[str]()
         calls, suggestion = 0, None
         source = "skipped: nothing open" if result.clear else "skipped: no judge configured"
         if early is not None:  # the judge answered without a model call, on the store's thread
@@ -298,14 +352,12 @@ class AutoLedger:
         if settled is None:
             seen: dict[str, Fingerprint] = {}  # one fingerprint per workspace per turn end
             if await self.revalidate(result.terminal, seen):
-                result = audit(await run(self.store.items, session.session_id))
-            for stored in result.actionable:
-                if stored.check is not None:
-                    checks += 1
-                    if await self.verify(stored, seen):
-                        verified.append(stored.item_id)
+                result = await run(self._audit, session.session_id)
+            for stored in result.terminal:  # closed: nothing left to remember of its check
+                self._verified.pop(stored.item_id, None)
+            checks, verified = await self._verify_due(session.session_id, result.actionable, seen)
             if checks:
-                result = audit(await run(self.store.items, session.session_id))
+                result = await run(self._audit, session.session_id)
             source = "skipped: nothing open" if result.clear else source
             if not result.clear and self.gate is not None:
                 if admitted is not None:  # admitted already: only the model call is left
@@ -317,7 +369,7 @@ class AutoLedger:
                     v = outcome.verdict
                     suggestion = f"[{v.short_id}] {v.suggestion}"
                 if outcome.source == "model":  # a new verdict is recorded as a claim
-                    result = audit(await run(self.store.items, session.session_id))
+                    result = await run(self._audit, session.session_id)
             settled = await run(self._settle_turn, session.session_id, result, suggestion)
         text, block, message = settled
         return TurnResult(
@@ -343,7 +395,7 @@ class AutoLedger:
         session = self.store.session(session_id)
         if session is None:
             return None
-        result = audit(self.store.items(session_id))
+        result = self._audit(session_id)
         to_check = any(s.check is not None for s in result.actionable)
         if to_check or any(_closed_by_check(s) for s in result.terminal):
             return session, result, None, None, None
@@ -358,6 +410,17 @@ class AutoLedger:
         settled = self._settle_turn(session_id, result, suggestion)
         return session, result, settled, early, None
 
+    def _audit(self, session_id: str) -> Audit:
+        """On the store's thread: the session's audit, read again only when its items were
+        written since (the version is read first: a write in between reads them again)."""
+        version = self.store.items_version(session_id)
+        last = self._audits.get(session_id)
+        if last is not None and last[0] == version:
+            return last[1]
+        result = audit(self.store.items(session_id))
+        self._audits[session_id] = (version, result)
+        return result
+
     def _settle_turn(self, session_id: str, result: Audit, suggestion: str | None) -> Settled:
         """On the store's thread: the policy's ruling (block with news, else let go with one
         note for a human), the turn counted and what the agent was told remembered, in one
@@ -365,17 +428,25 @@ class AutoLedger:
         session = self.store.session(session_id)
         assert session is not None
         told_before, noted_before = self.store.reminded(session_id)
-        ruling = rule_turn(
-            result, told_before=told_before, noted_before=noted_before,
-            blocks=session.consecutive_blocks, cap=self.stop_block_cap, suggestion=suggestion,
-        )  # fmt: skip
+        asked = (result, told_before, noted_before, session.consecutive_blocks,
+                 self.stop_block_cap, suggestion)  # fmt: skip
+        last = self._rulings.get(session_id)
+        if last is not None and last[0] == asked:  # a pure function of these: said already
+            ruling = last[1]
+        else:
+            ruling = rule_turn(
+                result, told_before=told_before, noted_before=noted_before,
+                blocks=session.consecutive_blocks, cap=self.stop_block_cap, suggestion=suggestion,
+            )  # fmt: skip
+            self._rulings[session_id] = (asked, ruling)
         with self.store.tx() as db:
             turn = session.turn + 1
             db.execute(
                 "UPDATE sessions SET turn = ?, consecutive_blocks = ? WHERE session_id = ?",
                 (turn, session.consecutive_blocks + 1 if ruling.block else 0, session_id),
             )
-            self.store.set_reminded(session_id, ruling.told, ruling.noted)
+            if (ruling.told, ruling.noted) != (told_before, noted_before):
+                self.store.set_reminded(session_id, ruling.told, ruling.noted)
             self.store.emit(db, session, TurnEnded(session_id=session_id, turn=turn))
             if ruling.block:
                 self.store.emit(
@@ -383,7 +454,7 @@ class AutoLedger:
                     session,
                     ReminderEmitted(
                         session_id=session_id,
-                        open_items=tuple(s.item_id for s in result.actionable),
+                        open_items=ruling.named,  # the items it shows: bounded
                     ),
                 )
         return ruling.reason, ruling.block, ruling.note

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
+import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -31,12 +33,15 @@ from node_agent.store import Session, Store
 
 TAIL = 8  # messages of recent history in a working set
 RELATED = 5  # related claims in a working set
+CANDIDATES = 200  # claims a miss ranks at most, whatever the table's size
+COMMON = CANDIDATES + 1  # a word's claims are counted up to this many: more is common
 DEFAULT_SYSTEM = (
     "You are a careful engineering agent. Answer the task using the related verified claims "
     "when they apply; say so when they do not."
 )
 PLACEHOLDERS = frozenset({"", "n/a", "na", "none", "null", "todo", "tbd", "...", "-", "?"})
 _WORD = re.compile(r"[A-Za-z0-9_]+")
+_TOKEN = re.compile(r"[^\W_]+")  # FTS5 unicode61: letters and digits, the rest separates
 
 
 class MissingApiKey(FleetError):
@@ -51,6 +56,37 @@ class ProviderFailed(FleetError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code=ErrorCode.UNREACHABLE)
+
+
+# --- related claims (pure) ----------------------------------------------------------------------
+
+
+def query_words(text: str) -> list[str]:
+    """Pure: the words of ``text`` a related-claims search looks for, as FTS5's default
+    tokenizer splits them (letters and digits), lower-cased, longer than two characters."""
+    return sorted({w.lower() for w in _TOKEN.findall(text) if len(w) > 2})
+
+
+def rarest(counts: Mapping[str, int]) -> list[str]:
+    """Pure: the words some claim holds, the rarest first (a longer word first among equals):
+    the order a miss gathers its candidates in."""
+    return [w for _, _, w in sorted((n, -len(w), w) for w, n in counts.items() if n > 0)]
+
+
+def rank(
+    counts: Mapping[str, int], total: int, candidates: Mapping[str, tuple[str, int]]
+) -> list[str]:
+    """Pure: the candidates (id -> its text and its sequence) best first: by the summed rarity
+    (BM25's idf over ``total`` claims) of the words in ``counts`` each holds, newest first
+    among equals."""
+    idf = {w: math.log(1 + (total - n + 0.5) / (n + 0.5)) for w, n in counts.items() if n > 0}
+
+    def score(item: tuple[str, tuple[str, int]]) -> tuple[float, int]:
+        text, seq = item[1]
+        held = idf.keys() & _TOKEN.findall(text.lower())
+        return (-sum(idf[w] for w in held), -seq)
+
+    return [claim_id for claim_id, _ in sorted(candidates.items(), key=score)]
 
 
 # --- identity (pure) --------------------------------------------------------------------------
@@ -232,22 +268,43 @@ class ClaimsCache:
         )  # fmt: skip
 
     def related(self, owner: str, task: str, limit: int | None = None) -> list[Claim]:
-        """This owner's live claims lexically close to ``task`` (FTS5, best first)."""
-        words = {w.lower() for w in _WORD.findall(task) if len(w) > 2}
-        if not words:
-            return []
-        query = " OR ".join(f'"{w}"' for w in sorted(words))
-        rows = self.store.db.execute(
-            "SELECT c.* FROM claims_fts f JOIN claims c ON c.claim_id = f.claim_id "
-            "WHERE claims_fts MATCH ? AND f.owner = ? AND c.status = 'succeeded' "
-            "AND (c.fresh_until IS NULL OR c.fresh_until > ?) ORDER BY bm25(claims_fts) LIMIT ?",
-            (query, owner, self.now(), limit or self.related_limit),
-        ).fetchall()
-        return [
-            Claim(r["claim_id"], r["owner"], r["task"], r["status"], r["result"], r["artifact"])
-            for r in rows
-            if substantive(r["artifact"])
-        ]
+        """This owner's live claims lexically close to ``task``, best first, from a bounded
+        candidate set whatever the table's size: the claims holding the task's rarest words,
+        the newest first, ``CANDIDATES`` at most (each word's claims counted up to ``COMMON``),
+        ranked by the rarity of the task's words each holds (``rank``)."""
+        counts = {w: self._count(w) for w in query_words(task)}
+        found: dict[str, sqlite3.Row] = {}
+        for word in rarest(counts):
+            room = CANDIDATES - len(found)
+            if room <= 0:
+                break
+            for row in self.store.db.execute(
+                "SELECT c.*, f.rowid AS seq FROM (SELECT rowid, claim_id, owner FROM claims_fts "
+                "WHERE claims_fts MATCH ? ORDER BY rowid DESC LIMIT ?) f "
+                "JOIN claims c ON c.claim_id = f.claim_id WHERE f.owner = ? AND "
+                "c.status = 'succeeded' AND (c.fresh_until IS NULL OR c.fresh_until > ?)",
+                (f'"{word}"', room, owner, self.now()),
+            ):
+                found.setdefault(row["claim_id"], row)
+        total = self.store.db.execute("SELECT max(rowid) FROM claims").fetchone()[0] or 0
+        live = [r for r in found.values() if substantive(r["artifact"])]
+        order = rank(counts, total, {r["claim_id"]: (f"{r['task']} {r['result']}", r["seq"])
+                                     for r in live})  # fmt: skip
+        claims = {
+            r["claim_id"]: Claim(
+                r["claim_id"], r["owner"], r["task"], r["status"], r["result"], r["artifact"]
+            )
+            for r in live
+        }
+        return [claims[i] for i in order[: limit or self.related_limit]]
+
+    def _count(self, word: str) -> int:
+        """How many claims hold ``word``, counted up to ``COMMON`` (a common word: more)."""
+        row = self.store.db.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM claims_fts WHERE claims_fts MATCH ? LIMIT ?)",
+            (f'"{word}"', COMMON),
+        ).fetchone()
+        return int(row[0])
 
     def working_set(
         self, key: ClaimKey, task: str, *, messages: Sequence[str] = (), story: str | None = None

@@ -421,7 +421,7 @@ class ExecutionState:
                 for name in sorted(filenames):
                     full = os.path.join(dirpath, name)
                     rel = os.path.relpath(full, cwd)
-                    if not any(_matches(rel, p) for p in patterns):
+                    if not any(matches(rel, p) for p in patterns):
                         continue
                     if len(found) >= self.scan_limit:
                         return None
@@ -520,7 +520,7 @@ class ExecutionState:
             dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS) if deep else []
             for name in sorted(filenames):
                 rel = os.path.relpath(os.path.join(dirpath, name), cwd)
-                if not _matches(rel.lower(), want) or not _own_file(Path(cwd) / rel, root):
+                if not matches(rel.lower(), want) or not _own_file(Path(cwd) / rel, root):
                     continue
                 version = file_version(Path(cwd) / rel)
                 if version is not None and version != ABSENT:
@@ -577,7 +577,8 @@ class ExecutionState:
         return "\n".join(lines)
 
 
-def _matches(rel: str, pattern: str) -> bool:
+def matches(rel: str, pattern: str) -> bool:
+    """Pure: ``rel`` matches one of ``pattern``'s globs (``|`` between alternatives)."""
     return any(_glob(rel, p) for p in pattern.split("|") if p)
 
 

@@ -58,6 +58,25 @@ CREATE TABLE IF NOT EXISTS items (
     stored_by TEXT, judged_status TEXT, model_claim TEXT, check_json TEXT, check_detail TEXT
 );
 CREATE INDEX IF NOT EXISTS items_by_session ON items(session_id, ord);
+-- how often each session's items were written, by any process: a turn end reads them again
+-- only when this moved (kept by the database itself, so no writer can forget it)
+CREATE TABLE IF NOT EXISTS item_versions (
+    session_id TEXT PRIMARY KEY, version INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS items_inserted AFTER INSERT ON items BEGIN
+    INSERT INTO item_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS items_updated AFTER UPDATE ON items BEGIN
+    INSERT INTO item_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+    INSERT INTO item_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS items_deleted AFTER DELETE ON items BEGIN
+    INSERT INTO item_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
 -- what the agent was last told of its open items, and the note for a human (autoledger.py)
 CREATE TABLE IF NOT EXISTS reminders (
     session_id TEXT PRIMARY KEY, told TEXT, noted TEXT
@@ -146,6 +165,8 @@ CREATE TABLE IF NOT EXISTS receipts (
 """
 
 MAX_CHAIN = 64  # a grant chain deeper than this is cut (a cycle cannot loop forever)
+MAX_PARSED = 20_000  # stored checks kept parsed
+_STATUS = {s.value: s for s in ItemStatus}  # a stored status by its value (a turn end reads all)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -232,6 +253,8 @@ class Store:
         self.db.executescript(SCHEMA)
         # one thread: calls run one at a time, in submission order (the outbox relies on it)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="node-store")
+        self._checks: dict[str, Check] = {}
+        self._rows: dict[tuple[Any, ...], StoredItem] = {}
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn`` (a function over this store) on the store's thread, off the event loop."""
@@ -362,24 +385,51 @@ class Store:
         check, detail = None, row["check_detail"]
         if row["check_json"]:
             try:
-                check = CHECK.validate_json(row["check_json"])
+                check = self._parsed_check(row["check_json"])
             except ValidationError:  # written by an older node agent: a human closes it now
                 detail = "its stored check is of an older kind this node cannot verify"
         item = Item(
             item_id=row["item_id"],
             text=row["text"],
-            stored_status=ItemStatus(row["stored_status"]),
+            stored_status=_STATUS[row["stored_status"]],
             judged_status=row["judged_status"],
             model_claim=row["model_claim"],
             stored_by=row["stored_by"],
         )
         return StoredItem(item, row["session_id"], row["short_id"], row["ord"], check, detail)
 
+    def _parsed_check(self, text: str) -> Check:
+        """A stored check, parsed once (checks are frozen): a turn end reads every item's."""
+        check = self._checks.get(text)
+        if check is None:
+            if len(self._checks) >= MAX_PARSED:
+                self._checks.clear()
+            check = self._checks[text] = CHECK.validate_json(text)
+        return check
+
+    def items_version(self, session_id: str) -> int:
+        """How often this session's items were written (``item_versions``): equal, unchanged."""
+        row = self.db.execute(
+            "SELECT version FROM item_versions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return 0 if row is None else int(row[0])
+
     def items(self, session_id: str) -> list[StoredItem]:
         rows = self.db.execute(
             "SELECT * FROM items WHERE session_id = ? ORDER BY ord", (session_id,)
         ).fetchall()
-        return [self._row_item(r) for r in rows]
+        return [self._known_item(r) for r in rows]
+
+    def _known_item(self, row: sqlite3.Row) -> StoredItem:
+        """``_row_item``, built once per row content (items are frozen): a turn end reads
+        every item of its session."""
+        key = tuple(row)
+        stored = self._rows.get(key)
+        if stored is None:
+            if len(self._rows) >= MAX_PARSED:
+                self._rows.clear()
+            stored = self._rows[key] = self._row_item(row)
+        return stored
 
     def find_item(self, ref: str, session_id: str | None = None) -> StoredItem:
         """An item by full id, or by short id (``t3``) within a session; without a session, a
@@ -667,6 +717,18 @@ class Store:
     def evidence_known(self, evidence_id: str) -> bool:
         row = self.db.execute("SELECT 1 FROM evidence WHERE evidence_id = ?", (evidence_id,))
         return row.fetchone() is not None
+
+    def evidence_known_among(self, evidence_ids: list[str]) -> frozenset[str]:
+        """The ids of ``evidence_ids`` that are registered (one query per 500)."""
+        known: set[str] = set()
+        for at in range(0, len(evidence_ids), 500):
+            chunk = evidence_ids[at : at + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self.db.execute(
+                f"SELECT evidence_id FROM evidence WHERE evidence_id IN ({marks})", chunk
+            )
+            known.update(str(r[0]) for r in rows)
+        return frozenset(known)
 
     def save_risk(self, mission_id: str, risk: RiskFact) -> None:
         self.db.execute(

@@ -1,0 +1,244 @@
+"""Bounded turn ends (issue 29 part 5): a Stop runs again only the checks whose inputs changed
+since they last ran, a change to an input always runs its check again, and the reminder, the
+prompt context and every event stay bounded however long the to-do grows.
+
+Driven in process through the node's ``AutoLedger`` over its real SQLite store and a real
+workspace on disk; the fingerprint's own rules are properties of the pure ``recheck`` core.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger.clock import ManualClock
+from ledger.events import MAX_EVENT_BYTES, parse_event
+from ledger.items import Actor, ItemStatus
+from node_agent.auditor import SHOWN, context
+from node_agent.autoledger import AutoLedger
+from node_agent.checks import EvidenceCheck, WrittenCheck
+from node_agent.execution import ExecutionState
+from node_agent.recheck import RACY_NS, Listing, written_inputs
+from node_agent.store import Store
+
+LATER = timedelta(microseconds=RACY_NS // 1000) + timedelta(seconds=1)
+
+
+def ledger_with(
+    tmp_path: Path, count: int, *, checked: int | None = None
+) -> tuple[AutoLedger, Path]:
+    """A session of ``count`` items in a workspace; the first ``checked`` (default: all) close
+    on ``notes/item<i>.md`` being written, the rest only by a human. The node's clock runs
+    ``LATER`` ahead of the files' (``later``): each Stop comes after the writes before it
+    settled (a file written within ``RACY_NS`` of a Stop has its check run at every Stop)."""
+    ws = tmp_path / "ws"
+    (ws / "notes").mkdir(parents=True)
+    (ws / "README.md").write_text("# project\n")
+    clock = ManualClock(datetime.now(UTC))
+    ledger = AutoLedger(Store(tmp_path / "node.sqlite3", node_id="n", clock=clock))
+    session = ledger.session("s-1", agent="worker")
+    checked = count if checked is None else checked
+    checks = {
+        f"write notes/item{i}.md": ledger.baselined(
+            WrittenCheck(pattern=f"notes/item{i}.md", cwd=str(ws))
+        )
+        for i in range(checked)
+    }
+    texts = [*checks, *(f"ask the owner about topic {i}" for i in range(checked, count))]
+    ledger.store.add_items(session, texts, infer=checks.get)
+    later(ledger)
+    return ledger, ws
+
+
+def later(ledger: AutoLedger) -> None:
+    """The node's clock, ``LATER`` past the files' clock now."""
+    clock = ledger.store.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(datetime.now(UTC) + LATER - clock.now())
+
+
+def outbox(ledger: AutoLedger) -> list[bytes]:
+    return [bytes(r[0]) for r in ledger.store.db.execute("SELECT data FROM outbox ORDER BY seq")]
+
+
+async def test_a_stop_runs_again_only_the_check_whose_file_was_written(tmp_path: Path) -> None:
+    ledger, ws = ledger_with(tmp_path, 40)
+    first = await ledger.turn_end("s-1")
+    assert first.checks_run == 40  # never verified here: every check runs once
+    again = await ledger.turn_end("s-1")
+    assert again.checks_run == 0 and len(again.open_items) == 40  # nothing changed
+    (ws / "notes" / "item7.md").write_text("done\n")
+    later(ledger)
+    after = await ledger.turn_end("s-1")
+    assert after.checks_run == 1 and after.verified == ["s-1-t8"]
+    assert len(after.open_items) == 39
+
+
+async def test_a_write_that_puts_the_same_bytes_back_still_runs_the_check(tmp_path: Path) -> None:
+    ledger, ws = ledger_with(tmp_path, 3)
+    note = ws / "notes" / "item1.md"
+    note.write_text("draft\n")
+    # the item's check is retaken with this file in its baseline: unchanged since capture
+    ledger.store.attach_check("s-1-t2", ledger.baselined(WrittenCheck(pattern="notes/item1.md",
+                                                                    cwd=str(ws))))  # fmt: skip
+    later(ledger)
+    await ledger.turn_end("s-1")
+    assert (await ledger.turn_end("s-1")).checks_run == 0
+    note.write_text("draft\n")  # an input changed (its stat key), its content did not
+    later(ledger)
+    after = await ledger.turn_end("s-1")
+    assert after.checks_run == 1 and after.verified == []  # ran, and it is still unchanged
+    note.write_text("final\n")
+    later(ledger)
+    done = await ledger.turn_end("s-1")
+    assert done.checks_run == 1 and done.verified == ["s-1-t2"]
+
+
+async def test_a_new_file_a_glob_matches_runs_its_check(tmp_path: Path) -> None:
+    ledger, ws = ledger_with(tmp_path, 2)
+    ledger.store.attach_check(
+        "s-1-t1", ledger.baselined(WrittenCheck(pattern="docs/*.md", cwd=str(ws)))
+    )
+    await ledger.turn_end("s-1")
+    assert (await ledger.turn_end("s-1")).checks_run == 0
+    (ws / "docs").mkdir()
+    (ws / "docs" / "guide.md").write_text("# guide\n")
+    later(ledger)
+    after = await ledger.turn_end("s-1")
+    assert after.checks_run == 1 and after.verified == ["s-1-t1"]
+
+
+async def test_a_detail_written_elsewhere_runs_the_check_again(tmp_path: Path) -> None:
+    ledger, _ = ledger_with(tmp_path, 2)
+    await ledger.turn_end("s-1")
+    # another process (the CLI) recorded a different standing for the item
+    ledger.store.record_check_detail("s-1-t1", "checked by hand elsewhere")
+    assert (await ledger.turn_end("s-1")).checks_run == 1
+
+
+async def test_evidence_registered_after_a_quiet_stop_closes_its_item(tmp_path: Path) -> None:
+    ledger, _ = ledger_with(tmp_path, 3)
+    ledger.store.attach_check("s-1-t3", EvidenceCheck(evidence_id="ev-1"))
+    await ledger.turn_end("s-1")
+    assert (await ledger.turn_end("s-1")).checks_run == 0  # nothing changed: none ran
+    ledger.store.register_evidence("ev-1", "m")
+    after = await ledger.turn_end("s-1")
+    assert after.checks_run == 1 and after.verified == ["s-1-t3"]
+
+
+async def test_an_item_another_process_closes_is_not_open_at_the_next_stop(
+    tmp_path: Path,
+) -> None:
+    ledger, _ = ledger_with(tmp_path, 3)
+    await ledger.turn_end("s-1")
+    assert len((await ledger.turn_end("s-1")).open_items) == 3
+    other = Store(tmp_path / "node.sqlite3", node_id="n")  # the CLI's own connection
+    other.set_status("s-1-t2", ItemStatus.DONE, Actor("human", "ann"))
+    other.record_check_detail("s-1-t1", "looked at by hand")
+    other.close()
+    after = await ledger.turn_end("s-1")
+    assert after.open_items == ["s-1-t1", "s-1-t3"] and after.checks_run == 1
+
+
+async def test_5000_items_keep_the_reminder_the_context_and_every_event_bounded(
+    tmp_path: Path,
+) -> None:
+    ledger, _ = ledger_with(tmp_path, 5000, checked=50)
+    stop = await ledger.turn_end("s-1")
+    assert stop.block and stop.reason is not None
+    assert stop.reason.count("\n") <= SHOWN + 4
+    assert "…and 4980 more open items" in stop.reason
+    assert len(stop.reason.encode()) < 16_384
+    note = (await ledger.turn_end("s-1")).message  # no news: let go, with a note for a human
+    assert note is not None and len(note.encode()) < 16_384
+    assert "…and 4980 more open items" in note
+    said = context(ledger.audit("s-1"))
+    assert said is not None and len(said.encode()) < 16_384
+    assert "…and 4980 more open items" in said
+    events = outbox(ledger)
+    kinds = [parse_event(data).kind for data in events]  # what ingest accepts, byte limit too
+    assert kinds.count("item.captured") == 5000 and "reminder.emitted" in kinds
+    assert max(len(data) for data in events) < MAX_EVENT_BYTES
+    reminded = next(parse_event(d) for d in events if b'"reminder.emitted"' in d)
+    assert len(reminded.payload.open_items) == SHOWN  # type: ignore[union-attr]
+
+
+async def test_the_reminder_shows_what_is_new_before_the_rest(tmp_path: Path) -> None:
+    ledger, _ = ledger_with(tmp_path, 60, checked=0)
+    await ledger.turn_end("s-1")  # the agent is told of all 60
+    session = ledger.session("s-1", agent="worker")
+    ledger.store.add_items(session, ["ask the owner about the new topic"])
+    stop = await ledger.turn_end("s-1")
+    assert stop.block and stop.reason is not None
+    assert "61. [t61] ask the owner about the new topic" in stop.reason.splitlines()[1]
+    assert "…and 41 more open items" in stop.reason
+
+
+# --- the fingerprint of a written check's inputs (pure) ----------------------------------------
+
+NOW = 10**18  # the listing's clock: every key below is older than RACY_NS before it
+NAMES = ["a.md", "b.txt", "notes/a.md", "notes/c.md", "src/x.py", "README.md"]
+keys = st.tuples(*[st.integers(0, 3)] * 4, st.integers(0, NOW - RACY_NS - 1),
+                 st.integers(0, NOW - RACY_NS - 1))  # fmt: skip
+listings = st.dictionaries(st.sampled_from(NAMES), keys)
+patterns = st.sampled_from(["a.md", "notes/a.md", "*.md", "notes/*", "**/*.md", "README.md|b.txt",
+                            "src/x.py", "NOTES/C.MD"])  # fmt: skip
+
+
+def inputs_of(pattern: str, files: dict[str, tuple[int, ...]]) -> object:
+    check = WrittenCheck(pattern=pattern, cwd="/ws")
+    return written_inputs(check, Listing("/ws", files, NOW))  # type: ignore[arg-type]
+
+
+def seen_by_matching(pattern: str, rel: str) -> bool:
+    """What ``ExecutionState.matching`` looks at: a path its pattern matches, in the top
+    directory only for a pattern without ``/``."""
+    from node_agent.execution import matches
+
+    return matches(rel.lower(), pattern.lower()) and ("/" in pattern or os.sep not in rel)
+
+
+@settings(max_examples=300, deadline=None)
+@given(listings, patterns, st.sampled_from(NAMES), st.one_of(st.none(), keys))
+def test_any_change_to_a_matched_file_changes_the_fingerprint(
+    files: dict[str, tuple[int, ...]], pattern: str, rel: str, key: tuple[int, ...] | None
+) -> None:
+    """Created, removed or changed: the fingerprint differs exactly when ``matching`` would
+    look at the file."""
+    after = dict(files)
+    if key is None:
+        after.pop(rel, None)
+    else:
+        after[rel] = key
+    changed = files.get(rel) != after.get(rel)
+    differs = inputs_of(pattern, files) != inputs_of(pattern, after)
+    assert differs == (changed and seen_by_matching(pattern, rel))
+
+
+@given(listings, patterns)
+def test_a_key_taken_too_soon_after_a_change_leaves_the_fingerprint_unknown(
+    files: dict[str, tuple[int, ...]], pattern: str
+) -> None:
+    matched = [rel for rel in files if seen_by_matching(pattern, rel)]
+    racy = dict(files)
+    for rel in matched[:1]:
+        racy[rel] = (*files[rel][:5], NOW - RACY_NS)  # its ctime: within the racy window
+    assert (inputs_of(pattern, racy) is None) == bool(matched)
+
+
+def test_a_listing_that_matches_the_executions_walk(tmp_path: Path) -> None:
+    """The walk that lists a directory finds every file ``matching`` can find."""
+    from node_agent.recheck import list_files
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "build").mkdir()
+    (tmp_path / "notes" / "a.md").write_text("x")
+    (tmp_path / "build" / "b.md").write_text("x")
+    (tmp_path / "c.md").write_text("x")
+    listed = list_files(str(tmp_path), now_ns=lambda: NOW).files
+    found = ExecutionState(Store(tmp_path / "db" / "s.sqlite3")).matching(str(tmp_path), "**/*.md")
+    assert set(found) <= set(listed) and "build/b.md" not in listed
