@@ -7,18 +7,20 @@ request path and restored at start, so a restart folds only the stream's tail.
   Its first line names the format, the state's shape (``state_schema``), the mission, the
   sequence, the signer and its signature over the rest (``ledger.identity.sign_blob``).
 - The mark (key ``mark``, signed alike) says: at sequence S every mission with an applied
-  event had a snapshot standing at or after S (each mission's own sequence listed). Start
+  event had a snapshot standing at or after S (each mission's own sequence listed), and the
+  stream's message at S had this digest (a stream reset and grown again is told apart). Start
   folds from S + 1 and skips a mission's messages at or below its own snapshot's sequence.
 - Taken: once the stream has moved ``every`` messages past the mark, every mission changed
   since its last snapshot (a background task; one state is dumped at a time, between awaits).
 - Refused at start (the log says why), and the whole stream folded instead: no mark, a
   signature or shape that does not verify, a missing snapshot, or a mark beyond the stream's
-  end (the stream was reset).
+  end or on another message than it saw (the stream was reset).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import zlib
@@ -60,6 +62,7 @@ class Restored:
     """What the snapshots give a start: the states, their receipts, where to fold from."""
 
     seq: int  # the mark: fold from seq + 1
+    digest: str  # of the stream's message at ``seq`` when the mark was written
     seqs: dict[str, int]  # mission -> the sequence its snapshot stands at
     states: dict[str, MissionState] = field(default_factory=dict)
     receipts: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
@@ -116,8 +119,13 @@ def restore(stored: Mapping[str, bytes], *, signer: str, last: int) -> Restored 
     seq, body = unseal(stored[MARK_KEY], kind="mark", key=MARK_KEY, signer=signer)
     if seq > last:
         raise InvalidInput(f"the snapshots stand at {seq}, past the stream's end {last}: reset?")
-    out = Restored(seq=seq, seqs={})
-    for mission, at in dict[str, int](json.loads(body)).items():
+    try:
+        mark = json.loads(body)
+        out = Restored(seq=seq, digest=str(mark["digest"]), seqs={})
+        missions = dict[str, int](mark["missions"])
+    except (ValueError, KeyError, TypeError):
+        raise InvalidInput("the snapshot mark's body is not a mark") from None
+    for mission, at in missions.items():
         key = MISSION_PREFIX + mission
         if key not in stored:
             raise InvalidInput(f"snapshot {key} is missing")
@@ -206,6 +214,11 @@ class Snapshotter:
         folded) when there are none or they do not verify, saying why in the log."""
         try:
             restored = restore(await self.store.load(), signer=public_key(self.seed), last=last)
+            if restored is not None and restored.digest != await self._digest(restored.seq):
+                raise InvalidInput(
+                    f"the stream's message at {restored.seq} is not the one the snapshots saw: "
+                    "the stream was reset"
+                )
         except InvalidInput as exc:
             log.warning("snapshots refused, folding the whole stream: %s", exc.message)
             return None
@@ -251,10 +264,17 @@ class Snapshotter:
             self._taken[mission] = (seq, count)
             taken += 1
         if complete:
-            seqs = json.dumps({m: at for m, (at, _) in self._taken.items()}).encode()
-            await self.store.put(MARK_KEY, seal("mark", MARK_KEY, mark, seqs, self.seed))
+            missions = {m: at for m, (at, _) in self._taken.items()}
+            marked = {"missions": missions, "digest": await self._digest(mark)}
+            value = seal("mark", MARK_KEY, mark, json.dumps(marked).encode(), self.seed)
+            await self.store.put(MARK_KEY, value)
             self.mark = mark
         return taken
+
+    async def _digest(self, seq: int) -> str:
+        """The digest of the stream's message at ``seq`` ("" if there is none)."""
+        msg = await self.journal.bus.message(seq) if seq > 0 else None
+        return hashlib.sha256(msg.data).hexdigest() if msg is not None else ""
 
 
 def _receipts(journal: Journal, state: MissionState) -> Receipts:

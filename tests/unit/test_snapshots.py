@@ -8,15 +8,25 @@ coordinator, and refused whole when anything of it does not verify.
 from __future__ import annotations
 
 import json
+import logging
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 
+from coordinator.service import Coordinator
+from coordinator.settings import CoordinatorSettings
 from coordinator.snapshots import MARK_KEY, mission_body, restore, seal, unseal
+from fleetbus.identity import KeyStore
+from ledger.clock import ManualClock
 from ledger.errors import InvalidInput
-from ledger.identity import public_key, seed_from_bytes
+from ledger.identity import Role, public_key, seed_from_bytes
 from ledger.mission import dump_state, fold, load_state
-from tests.unit.builders import Ledger
+from ledger.protocol import ManageRequest
+from telemetry import Telemetry
+from tests.fakes.budget import FakeBudget
+from tests.fakes.bus import FakeBus
+from tests.unit.builders import DAY, T0, Ledger
 from tests.unit.test_properties import FAST, histories
 
 SEED = seed_from_bytes(bytes(range(32)))
@@ -51,7 +61,7 @@ def stored(led: Ledger, seq: int, *, mark_seq: int | None = None) -> dict[str, b
     mid = led.mission_id
     key = f"m.{mid}"
     body = mission_body(led.state, {})
-    mark = json.dumps({mid: seq}).encode()
+    mark = json.dumps({"missions": {mid: seq}, "digest": "d"}).encode()
     return {
         key: seal("mission", key, seq, body, SEED),
         MARK_KEY: seal("mark", MARK_KEY, seq if mark_seq is None else mark_seq, mark, SEED),
@@ -68,6 +78,7 @@ def test_a_signed_snapshot_restores_its_state_and_sequence() -> None:
     led = small()
     restored = restore(stored(led, 7), signer=SIGNER, last=9)
     assert restored is not None and restored.seq == 7 and restored.seqs == {"m-snap": 7}
+    assert restored.digest == "d"  # the start checks the stream's message at 7 against it
     assert restored.states["m-snap"] == led.state
 
 
@@ -112,7 +123,8 @@ def test_a_mark_naming_a_snapshot_that_is_not_stored_is_refused() -> None:
 
 def test_a_snapshot_older_than_its_mark_says_is_refused() -> None:
     values = stored(small(), 5, mark_seq=7)
-    values[MARK_KEY] = seal("mark", MARK_KEY, 7, json.dumps({"m-snap": 6}).encode(), SEED)
+    mark = json.dumps({"missions": {"m-snap": 6}, "digest": "d"}).encode()
+    values[MARK_KEY] = seal("mark", MARK_KEY, 7, mark, SEED)
     with pytest.raises(InvalidInput, match=r"outside 6\.\.9"):
         restore(values, signer=SIGNER, last=9)
 
@@ -123,3 +135,85 @@ def test_a_snapshot_of_another_format_is_refused() -> None:
     other = json.dumps({**json.loads(head), "format": 2}).encode() + b"\n" + rest
     with pytest.raises(InvalidInput, match="format 2"):
         unseal(other, kind="mark", key=MARK_KEY, signer=SIGNER)
+
+
+# --- a start over a reset stream (the coordinator over the in-memory bus, a dict store) -------
+
+
+class MemorySnapshots:
+    """A ``SnapshotStore`` in a dict (the latest value of each key, as the KV bucket keeps)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    async def put(self, key: str, value: bytes) -> None:
+        self.values[key] = value
+
+    async def load(self) -> dict[str, bytes]:
+        return dict(self.values)
+
+
+async def keyed(bus: FakeBus, identity: Path, store: MemorySnapshots | None) -> Coordinator:
+    settings = CoordinatorSettings(
+        http_port=0, sweep_interval_s=3600, principal="coordinator", identity_dir=identity,
+        snapshot_interval_s=3600,
+    )  # fmt: skip
+    clock = ManualClock(T0)
+    co = Coordinator(bus, FakeBudget(clock), clock, settings=settings,
+                     telemetry=Telemetry.disabled(), snapshots=store)  # fmt: skip
+    await co.start()
+    return co
+
+
+async def grow_one(co: Coordinator, mission: str, evidence: int) -> None:
+    create = {"purpose": "p", "owner": "olga", "ceiling": 1_000, "expires_at": T0 + DAY}
+    await co.manager.manage(
+        ManageRequest(op="mission.create", mission_id=mission, actor="olga", args=create)
+    )
+    for n in range(evidence):
+        args = {"evidence_id": f"e{n}", "source": "s", "claim": "c"}
+        req = ManageRequest(op="evidence.register", mission_id=mission, actor="olga", args=args)
+        await co.manager.manage(req)
+
+
+async def test_snapshots_of_a_stream_that_was_reset_and_grew_again_are_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    KeyStore(tmp_path).create("coordinator", Role.COORDINATOR)
+    store, first = MemorySnapshots(), FakeBus()
+    co = await keyed(first, tmp_path, store)
+    await grow_one(co, "m-old", 5)
+    assert co.snapshotter is not None and await co.snapshotter.take() == 1
+    await co.stop()
+    reset = FakeBus()  # the stream again from sequence 1, other messages, as long or longer
+    other = await keyed(reset, tmp_path, None)
+    await grow_one(other, "m-new", 8)
+    await other.stop()
+    assert len(reset.messages) >= len(first.messages)
+    with caplog.at_level(logging.WARNING, logger="fleetledger.coordinator.snapshots"):
+        again = await keyed(reset, tmp_path, store)
+    try:
+        assert "is not the one the snapshots saw: the stream was reset" in caplog.text
+        assert set(again.states) == {"m-new"} and again.ingest.folded == len(reset.messages)
+    finally:
+        await again.stop()
+
+
+async def test_a_start_on_the_stream_the_snapshots_saw_folds_only_the_tail(
+    tmp_path: Path,
+) -> None:
+    KeyStore(tmp_path).create("coordinator", Role.COORDINATOR)
+    store, bus = MemorySnapshots(), FakeBus()
+    co = await keyed(bus, tmp_path, store)
+    await grow_one(co, "m-a", 5)
+    assert co.snapshotter is not None and await co.snapshotter.take() == 1
+    mark = len(bus.messages)
+    await grow_one(co, "m-b", 2)
+    whole = {m: load_state(dump_state(s)) for m, s in co.states.items()}
+    await co.stop()
+    again = await keyed(bus, tmp_path, store)
+    try:
+        assert again.ingest.folded == len(bus.messages) - mark == 3
+        assert again.states == whole
+    finally:
+        await again.stop()
