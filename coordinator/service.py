@@ -113,7 +113,6 @@ class Coordinator:
             self.snapshotter = Snapshotter(
                 self.journal, snapshots, seed, every=s.snapshot_every,
                 interval_s=s.snapshot_interval_s,
-                max_value=getattr(snapshots, "max_value", 2**62),
             )  # fmt: skip
         elif snapshots is not None:
             log.warning("snapshots off: the coordinator has no key to sign them")

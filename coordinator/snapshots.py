@@ -6,6 +6,7 @@ request path and restored at start, so a restart folds only the stream's tail.
   ``fleet-snapshots`` (only the coordinator may read or write it: ``fleetbus.permissions``).
   Its first line names the format, the state's shape (``state_schema``), the mission, the
   sequence, the signer and its signature over the rest (``ledger.identity.sign_blob``).
+  One larger than a NATS message is stored in parts (``JetStreamSnapshots``).
 - The mark (key ``mark``, signed alike) says: at sequence S every mission with an applied
   event had a snapshot standing at or after S (each mission's own sequence listed), and the
   stream's message at S had this digest (a stream reset and grown again is told apart). Start
@@ -46,6 +47,7 @@ log = logging.getLogger("fleetledger.coordinator.snapshots")
 FORMAT = 1
 MARK_KEY = "mark"
 MISSION_PREFIX = "m."
+PART, PARTS, DIGEST = "Fleet-Part", "Fleet-Parts", "Fleet-Digest"  # a value stored in parts
 Receipts = dict[str, tuple[int, str]]  # action id -> (stream sequence, event id)
 
 
@@ -147,10 +149,14 @@ def restore(stored: Mapping[str, bytes], *, signer: str, last: int) -> Restored 
 
 class JetStreamSnapshots:
     """``SnapshotStore`` over the KV bucket ``fleet-snapshots``: a put is a publish on its
-    subject, a load reads the latest message of each key with a read-only reader."""
+    subject, a load reads the latest message of each key with a read-only reader. A value
+    larger than a NATS message is stored in parts (``<key>.<n>``, then ``<key>`` naming how
+    many and the whole's digest); a load puts it together, or leaves out a key whose parts
+    do not add up to its digest."""
 
-    def __init__(self, nc: Client, js: JetStreamContext) -> None:
+    def __init__(self, nc: Client, js: JetStreamContext, *, part_size: int | None = None) -> None:
         self.nc, self.js = nc, js
+        self.part_size = part_size or int(nc.max_payload) - 4096  # room for the headers
 
     @classmethod
     async def ensure(
@@ -167,24 +173,45 @@ class JetStreamSnapshots:
             )  # fmt: skip
         return cls(nc, js)
 
-    @property
-    def max_value(self) -> int:
-        return int(self.nc.max_payload) - 1024  # room for the headers
-
     async def put(self, key: str, value: bytes) -> None:
-        await self.js.publish(f"$KV.{SNAPSHOT_BUCKET}.{key}", value)
+        subject = f"$KV.{SNAPSHOT_BUCKET}.{key}"
+        if len(value) <= self.part_size:
+            await self.js.publish(subject, value)
+            return
+        parts = range(0, len(value), self.part_size)
+        for n, at in enumerate(parts, 1):
+            part = value[at : at + self.part_size]
+            await self.js.publish(f"{subject}.{n}", part, headers={PART: str(n)})
+        digest = hashlib.sha256(value).hexdigest()
+        await self.js.publish(subject, b"", headers={PARTS: str(len(parts)), DIGEST: digest})
 
     async def load(self) -> dict[str, bytes]:
-        out: dict[str, bytes] = {}
+        raw: dict[str, tuple[bytes, dict[str, str]]] = {}
         prefix = f"$KV.{SNAPSHOT_BUCKET}."
 
         async def each(msg: Msg) -> None:
-            if (msg.headers or {}).get("KV-Operation") is None:  # a put, not a delete
-                out[msg.subject.removeprefix(prefix)] = bytes(msg.data)
+            headers = msg.headers or {}
+            if headers.get("KV-Operation") is None:  # a put, not a delete
+                raw[msg.subject.removeprefix(prefix)] = (bytes(msg.data), headers)
 
         await read_until_end(
             self.nc, SNAPSHOT_STREAM, SNAPSHOT_SUBJECTS, each, last_per_subject=True
         )
+        out: dict[str, bytes] = {}
+        for key, (data, headers) in raw.items():
+            if PART in headers:  # put together under its key below
+                continue
+            if PARTS not in headers:
+                out[key] = data
+                continue
+            pieces = [
+                raw.get(f"{key}.{n}", (b"", {}))[0] for n in range(1, int(headers[PARTS]) + 1)
+            ]
+            whole = b"".join(pieces)
+            if hashlib.sha256(whole).hexdigest() == headers.get(DIGEST):
+                out[key] = whole
+            else:
+                log.warning("snapshot %s: its parts do not add up to its digest", key)
         return out
 
 
@@ -202,10 +229,9 @@ class Snapshotter:
         *,
         every: int,
         interval_s: float,
-        max_value: int = 2**62,
     ) -> None:
         self.journal, self.store, self.seed = journal, store, seed
-        self.every, self.interval_s, self.max_value = every, interval_s, max_value
+        self.every, self.interval_s = every, interval_s
         self.mark = 0  # the sequence the last mark stands at
         self._taken: dict[str, tuple[int, int]] = {}  # mission -> (its seq, events applied)
 
@@ -249,26 +275,21 @@ class Snapshotter:
         changed = [
             m for m, s in journal.states.items() if self._taken.get(m, (0, -1))[1] != len(s.applied)
         ]
-        complete, taken = True, 0
+        taken = 0
         for mission in changed:
             state = journal.states[mission]
             seq, count = journal.applied_seq, len(state.applied)  # what the dump stands at
             body = mission_body(state, _receipts(journal, state))
             key = MISSION_PREFIX + mission
             value = await asyncio.to_thread(seal, "mission", key, seq, body, self.seed)
-            if len(value) > self.max_value:
-                log.warning("snapshot %s: %d bytes, over the limit; not stored", key, len(value))
-                complete = False
-                continue
             await self.store.put(key, value)
             self._taken[mission] = (seq, count)
             taken += 1
-        if complete:
-            missions = {m: at for m, (at, _) in self._taken.items()}
-            marked = {"missions": missions, "digest": await self._digest(mark)}
-            value = seal("mark", MARK_KEY, mark, json.dumps(marked).encode(), self.seed)
-            await self.store.put(MARK_KEY, value)
-            self.mark = mark
+        missions = {m: at for m, (at, _) in self._taken.items()}
+        marked = {"missions": missions, "digest": await self._digest(mark)}
+        value = seal("mark", MARK_KEY, mark, json.dumps(marked).encode(), self.seed)
+        await self.store.put(MARK_KEY, value)
+        self.mark = mark
         return taken
 
     async def _digest(self, seq: int) -> str:

@@ -178,3 +178,26 @@ async def test_a_tampered_snapshot_is_refused_and_the_state_rebuilt_from_the_str
     )
     whole, _, _, _ = await rebuilt(fleet, snapshots=None)
     assert folded == last and states == whole
+
+
+async def test_a_snapshot_larger_than_a_nats_message_is_stored_in_parts_and_read_whole(
+    fleet: Fleet,
+) -> None:
+    servers, keys = fleet
+    co = await started(fleet)  # creates the bucket
+    await co.stop()
+    writer = await FleetClient.connect(servers.nats_url, seed=keys.seed("coordinator"))
+    try:
+        store = JetStreamSnapshots(writer.nc, writer.js, part_size=1000)
+        big = bytes(range(256)) * 20  # 5,120 bytes: six parts
+        await store.put("m.big", big)
+        await store.put("m.small", b"small")
+        assert await store.load() == {"m.big": big, "m.small": b"small"}
+        await store.put("m.big", b"smaller now")  # a later, smaller one replaces it
+        assert (await store.load())["m.big"] == b"smaller now"
+        await store.put("m.small", big[:2500])  # three parts, of which the first is replaced
+        stale = {"Fleet-Part": "1"}
+        await writer.js.publish("$KV.fleet-snapshots.m.small.1", b"y" * 1000, headers=stale)
+        assert "m.small" not in await store.load()  # its parts no longer add up: left out
+    finally:
+        await writer.close()
