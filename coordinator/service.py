@@ -115,7 +115,7 @@ class Coordinator:
                 interval_s=s.snapshot_interval_s,
             )  # fmt: skip
         elif snapshots is not None:
-            log.warning("snapshots off: the coordinator has no key to sign them")
+            log.info("snapshots off: the coordinator has no key to sign them")
         self._tasks: list[asyncio.Task[None]] = []
         self._health: HttpServer | None = None
 
