@@ -2,8 +2,9 @@
 
 A redelivered or duplicate sequence is skipped; a jump in sequences is filled from the stream
 first (the fold never skips one); what fails validation is dead-lettered with its reason and
-changes nothing; risk events are written to the risk board. On start the whole stream is
-folded before serving (replay is deterministic).
+changes nothing; risk events are written to the risk board. On start the stream is folded
+before serving (replay is deterministic): the whole of it, or its tail after the restored
+snapshots (``coordinator.snapshots``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from coordinator.journal import Journal
 from coordinator.riskboard import RiskBoard
+from coordinator.snapshots import Restored
 from fleetbus.bus import Bus, StreamMessage
 from ledger.errors import FleetError
 from ledger.events import DecisionRecorded, Event, RiskOpened, RiskTreated, read_message
@@ -51,15 +53,28 @@ class Ingest:
         self.dead_letters = 0
         self.rebuild_seconds = 0.0
         self.ready_seq = 0  # the stream's last sequence at start: caught up once applied
+        self.folded = 0  # messages folded at start (the tail only, after snapshots)
 
-    async def rebuild(self) -> None:
-        """Fold the whole stream into memory before serving."""
+    async def rebuild(self, restored: Restored | None = None) -> None:
+        """Fold the stream into memory before serving: the whole of it, or with ``restored``
+        snapshots only its tail after their mark, each mission's messages at or below its own
+        snapshot's sequence skipped (they are in its state already)."""
         started = time.perf_counter()
         last = await self.bus.last_seq()
         journal = self.journal
+        start, skip = 1, {}
+        if restored is not None:
+            journal.states.update(restored.states)
+            journal.receipts.update(restored.receipts)
+            start, skip = restored.seq + 1, restored.seqs
+            journal.applied_seq = restored.seq
+        self.folded = 0
         with bulk_fold():
-            async for msg in self.bus.history(last):
-                self._apply(msg)
+            async for msg in self.bus.history(last, start=start):
+                # a subject names its message's mission (``check_message`` refuses others)
+                if msg.seq > skip.get(_mission_of(msg.subject) or "", 0):
+                    self._apply(msg)
+                    self.folded += 1
                 journal.applied_seq = msg.seq
         journal.applied_seq = max(journal.applied_seq, last)
         self.ready_seq = last
@@ -118,13 +133,7 @@ class Ingest:
 
     async def _dead_letter(self, msg: StreamMessage, event: Event | None, exc: FleetError) -> None:
         self.dead_letters += 1
-        mission = (
-            event.mission_id
-            if event
-            else msg.subject.split(".")[2]
-            if msg.subject.count(".") >= 3
-            else None
-        )
+        mission = event.mission_id if event else _mission_of(msg.subject)
         body = {
             "seq": msg.seq,
             "subject": msg.subject,
@@ -197,6 +206,11 @@ def bulk_fold() -> Iterator[None]:
     finally:
         if paused:
             gc.enable()
+
+
+def _mission_of(subject: str) -> str | None:
+    """The mission token of a ledger subject (``fleet.ledger.<mission>.<kind>``)."""
+    return subject.split(".")[2] if subject.count(".") >= 3 else None
 
 
 def _safe(token: str) -> bool:

@@ -7,7 +7,9 @@
 - ``Journal``: the applied states and appending events (everything below uses it);
 - ``Ingest``: folds the stream into the journal, dead-letters, fills the risk board;
 - ``Authorizer``, ``Manager``, ``Queries``: the request handlers;
-- ``Reconciler``: undecided reservations, the sweeper, start-up reconciliation.
+- ``Reconciler``: undecided reservations, the sweeper, start-up reconciliation;
+- ``Snapshotter`` (with a snapshot store and the coordinator's key): signed mission states,
+  taken in the background; a start restores them and folds only the stream's tail.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from coordinator.queries import Queries
 from coordinator.reconcile import Reconciler, Unapplied, Undecided
 from coordinator.riskboard import RiskBoard
 from coordinator.settings import CoordinatorSettings
+from coordinator.snapshots import JetStreamSnapshots, SnapshotStore, Snapshotter
 from fleetbus.bus import Bus, JetStreamBus
 from fleetbus.http import HttpServer
 from fleetbus.identity import KeyStore, seed_of
@@ -56,6 +59,7 @@ class Coordinator:
         budget_ping: Ping | None = None,
         principals: Directory | None = None,
         kernel: Kernel = decide,
+        snapshots: SnapshotStore | None = None,
     ) -> None:
         """``telemetry``: default, built from the OTEL_* environment (off when none is set);
         ``budget_ping``: the readiness check of the budget store (default: none, ready);
@@ -63,7 +67,9 @@ class Coordinator:
         requests must be signed by a principal, who is the actor (default: none, an open
         fleet);
         ``kernel``: what decides an action (default ``decide``; the controlled experiment alone
-        passes one with a control switched off: no setting, variable or flag reaches it)."""
+        passes one with a control switched off: no setting, variable or flag reaches it);
+        ``snapshots``: where signed snapshots are kept (default: none, every start folds the
+        whole stream); they are taken only with the coordinator's key, which signs them."""
         self.settings = s = settings or CoordinatorSettings()
         self.bus, self.budget = bus, budget
         self.clock: Clock = clock or SystemClock()
@@ -101,6 +107,15 @@ class Coordinator:
             unapplied=unapplied,
         )
         self.telemetry.metrics.observe_lag(lambda: self.ingest.consumer_lag)
+        self.snapshotter: Snapshotter | None = None
+        seed = self.journal.seed
+        if snapshots is not None and seed is not None:
+            self.snapshotter = Snapshotter(
+                self.journal, snapshots, seed, every=s.snapshot_every,
+                interval_s=s.snapshot_interval_s,
+            )  # fmt: skip
+        elif snapshots is not None:
+            log.info("snapshots off: the coordinator has no key to sign them")
         self._tasks: list[asyncio.Task[None]] = []
         self._health: HttpServer | None = None
 
@@ -119,6 +134,10 @@ class Coordinator:
             directory=kw.get("principals"),
         )
         budget = ReservationClient.from_url(s.redis_url, timeout_s=s.redis_timeout_s)
+        if "snapshots" not in kw:
+            kw["snapshots"] = await JetStreamSnapshots.ensure(
+                bus.nc, bus.js, replicas=s.stream_replicas
+            )
 
         async def ping() -> bool:
             return bool(await budget.ping())
@@ -156,8 +175,12 @@ class Coordinator:
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Fold the stream, reconcile, then serve (requests, sweeper, health)."""
-        await self.ingest.rebuild()
+        """Restore the snapshots, fold the stream (its tail), reconcile, then serve (requests,
+        sweeper, snapshots, health)."""
+        restored = None
+        if self.snapshotter is not None:
+            restored = await self.snapshotter.restore(await self.bus.last_seq())
+        await self.ingest.rebuild(restored)
         await self.reconciler.find_undecided()
         await self.bus.consume(
             self.ingest.on_message, start_seq=self.journal.next_seq, refused=self.journal.refuse
@@ -169,6 +192,8 @@ class Coordinator:
         ):
             await self.bus.serve(subject, handler, queue=self.queue_group)
         self._tasks.append(asyncio.create_task(self.reconciler.sweep_forever()))
+        if self.snapshotter is not None:
+            self._tasks.append(asyncio.create_task(self.snapshotter.run()))
         self._health = HttpServer(live=self._live, ready=self._ready)
         await self._health.listen_tcp(self.settings.http_port, self.settings.http_host)
         log.info("coordinator ready", extra={"applied_seq": self.applied_seq})

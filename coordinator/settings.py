@@ -24,3 +24,7 @@ class CoordinatorSettings(FleetBaseSettings):
     sweep_interval_s: float = Field(default=1.0, gt=0)
     redis_timeout_s: float = Field(default=1.0, gt=0)  # one reservation call (retried once)
     node_id: str = "coordinator"
+    # snapshots: once the stream has moved this many messages past the last, every mission
+    # changed since (checked every interval, in the background)
+    snapshot_every: int = Field(default=1000, ge=1)
+    snapshot_interval_s: float = Field(default=1.0, gt=0)

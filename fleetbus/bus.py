@@ -199,8 +199,9 @@ class Bus(Protocol):
         """The ledger stream's last sequence now."""
         ...
 
-    def history(self, upto: int) -> AsyncIterator[StreamMessage]:
-        """The ledger stream in order, from its first message to sequence ``upto``."""
+    def history(self, upto: int, start: int = 1) -> AsyncIterator[StreamMessage]:
+        """The ledger stream in order, from sequence ``start`` (its first message by default)
+        to sequence ``upto``."""
         ...
 
     async def message(self, seq: int) -> StreamMessage | None:
@@ -277,8 +278,8 @@ class JetStreamBus:
             raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
         return int(info.state.last_seq)
 
-    async def history(self, upto: int) -> AsyncIterator[StreamMessage]:
-        if upto <= 0:
+    async def history(self, upto: int, start: int = 1) -> AsyncIterator[StreamMessage]:
+        if upto < max(start, 1):
             return
         got: asyncio.Queue[StreamMessage | None] = asyncio.Queue()
 
@@ -289,7 +290,9 @@ class JetStreamBus:
 
         async def read() -> None:
             try:
-                await read_until_end(self.nc, STREAM, STREAM_SUBJECTS, each, upto=upto)
+                await read_until_end(
+                    self.nc, STREAM, STREAM_SUBJECTS, each, upto=upto, start_seq=start
+                )
             finally:
                 await got.put(None)
 

@@ -6,7 +6,8 @@ no ``$JS.API.>``). Deny lists repeat the few things that must never be reachable
 line only.
 
 - coordinator: appends to the ledger, the dead letters and the risk board; manages its three
-  streams and the risk bucket; its own durable consumer ``coordinator`` (create, info, pull,
+  streams, the risk bucket and the snapshot bucket (its signed mission states: no one else
+  may read or write them); its own durable consumer ``coordinator`` (create, info, pull,
   ack, delete) and read-only readers of the ledger; listens on the request subjects and answers
   only the requests it received (``allow_responses``);
 - node: publishes its observations only (``fleet.ledger.<mission>.<observation kind>``), asks
@@ -52,6 +53,9 @@ from ledger.protocol import (
 API = "$JS.API"
 RISK_STREAM = f"KV_{RISK_BUCKET}"
 RISK_SUBJECTS = f"$KV.{RISK_BUCKET}.>"
+SNAPSHOT_BUCKET = "fleet-snapshots"
+SNAPSHOT_STREAM = f"KV_{SNAPSHOT_BUCKET}"
+SNAPSHOT_SUBJECTS = f"$KV.{SNAPSHOT_BUCKET}.>"
 _REQUESTS = [AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT]
 
 
@@ -76,7 +80,7 @@ def _own_answers(principal: Principal) -> list[str]:
 def _coordinator_publish() -> list[str]:
     stream_admin = [
         f"{API}.STREAM.{op}.{stream}"
-        for stream in (STREAM, DEADLETTER_STREAM, FOLLOW_STREAM, RISK_STREAM)
+        for stream in (STREAM, DEADLETTER_STREAM, FOLLOW_STREAM, RISK_STREAM, SNAPSHOT_STREAM)
         for op in ("CREATE", "UPDATE", "INFO")
     ]
     durable = [
@@ -87,6 +91,7 @@ def _coordinator_publish() -> list[str]:
         f"{SUBJECT_PREFIX}.>",
         f"{DEADLETTER_PREFIX}.>",
         f"$KV.{RISK_BUCKET}.>",
+        SNAPSHOT_SUBJECTS,
         *stream_admin,
         f"{API}.STREAM.MSG.GET.{STREAM}",  # a gap in delivery, a retry's stored receipt
         *durable,
@@ -94,6 +99,7 @@ def _coordinator_publish() -> list[str]:
         f"$JS.ACK.{STREAM}.{CONSUMER}.>",
         *reader(STREAM, f"{SUBJECT_PREFIX}.>"),  # the fold at start
         *reader(DEADLETTER_STREAM, f"{DEADLETTER_PREFIX}.>"),
+        *reader(SNAPSHOT_STREAM, SNAPSHOT_SUBJECTS),  # the snapshots, at start
     ]
 
 
@@ -180,6 +186,9 @@ def write_server_config(path: Path, config: dict[str, Any]) -> None:
 __all__ = [
     "RISK_STREAM",
     "RISK_SUBJECTS",
+    "SNAPSHOT_BUCKET",
+    "SNAPSHOT_STREAM",
+    "SNAPSHOT_SUBJECTS",
     "authorization",
     "inbox_prefix",
     "permissions",

@@ -114,11 +114,14 @@ async def read_until_end(
     *,
     upto: int | None = None,
     start_time: datetime | None = None,
+    start_seq: int = 0,
+    last_per_subject: bool = False,
     quiet_s: float = 10.0,
 ) -> None:
     """Hand ``visit`` every message of ``stream`` on ``filter_subject`` in order (from
     ``start_time`` if given), up to sequence ``upto`` or the end of what was there when reading
-    began, or until ``visit`` returns True; what ``visit`` raises is raised here.
+    began, or until ``visit`` returns True; what ``visit`` raises is raised here. ``start_seq``:
+    from that sequence on; ``last_per_subject``: only the latest message of each subject.
     ``TimeoutError`` when nothing arrives for ``quiet_s``."""
     done = asyncio.Event()
     failed: list[BaseException] = []
@@ -139,7 +142,10 @@ async def read_until_end(
         if stop or seq >= last or (msg.metadata.num_pending or 0) == 0:
             done.set()
 
-    reader = Reader(nc, each, stream=stream, filter_subject=filter_subject, start_time=start_time)
+    reader = Reader(
+        nc, each, stream=stream, filter_subject=filter_subject, start_time=start_time,
+        start_seq=start_seq, last_per_subject=last_per_subject,
+    )  # fmt: skip
     await reader.create()
     if reader.pending == 0:
         return

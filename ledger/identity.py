@@ -156,6 +156,21 @@ def seal_message(events: Sequence[Event], seed: str) -> bytes:
     return seal(head, base64.urlsafe_b64encode(signature).decode())
 
 
+def sign_blob(data: bytes, seed: str) -> str:
+    """The holder of ``seed``'s signature over ``data`` (url-safe base64), for what is stored
+    outside the ledger stream (the coordinator's snapshots); ``verify_blob`` checks it."""
+    return base64.urlsafe_b64encode(_signing_key(seed).sign(data).signature).decode()
+
+
+def verify_blob(data: bytes, signer: str, signature: str) -> bool:
+    """Does ``signature`` by the public nkey ``signer`` cover exactly ``data``?"""
+    try:
+        _verify_key(signer).verify(data, base64.urlsafe_b64decode(signature))
+    except (InvalidInput, binascii.Error, ValueError, nacl.exceptions.BadSignatureError):
+        return False
+    return True
+
+
 def _message_name(message: LedgerMessage) -> str:
     last = message.events[-1]
     if len(message.events) == 1:
@@ -584,8 +599,10 @@ __all__ = [
     "receipt_signer",
     "seal_message",
     "seed_from_bytes",
+    "sign_blob",
     "sign_request",
     "verify",
+    "verify_blob",
     "verify_message",
     "verify_request",
 ]

@@ -4,13 +4,17 @@
 touches anything, so a rejected event leaves the state exactly as it was; ``fold`` is the
 copying, side-effect-free form, and ``admit`` checks a change without copying the state.
 Replaying the same events always yields the same state; ``snapshot()`` is the comparable form
-of it.
+of it (for views: it leaves out the applied ids); ``dump_state``/``load_state`` the lossless one
+(every field, for the coordinator's stored snapshots).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import hashlib
+import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -19,7 +23,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ledger.authority import UNBOUNDED, Authority, intersect
 from ledger.draft import draft
@@ -975,3 +979,33 @@ def _item_claimed(s: MissionState, e: Event, p: ItemClaimed) -> None:
 )  # fmt: skip
 def _node_record(s: MissionState, e: Event, p: BaseModel) -> None:
     return None
+
+
+# --- the lossless form: every field, as JSON bytes (the coordinator's stored snapshots) -------
+
+_STATE = TypeAdapter(MissionState)
+
+
+@functools.cache
+def state_schema() -> str:
+    """A fingerprint of the state's shape: a dump written under another shape is not read."""
+    text = json.dumps(_STATE.json_schema(), sort_keys=True).encode()
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def dump_state(state: MissionState) -> bytes:
+    """The whole state, every field included, as JSON bytes; ``load_state`` reads it back
+    equal (``load_state(dump_state(s)) == s``)."""
+    return _STATE.dump_json(state)
+
+
+def load_state(data: bytes) -> MissionState:
+    """The state ``dump_state`` wrote; ``InvalidInput`` naming the first problem otherwise."""
+    try:
+        return _STATE.validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the top"
+        raise InvalidInput(
+            f"not a mission state ({exc.error_count()} problems; first at {where}: {first['msg']})"
+        ) from None

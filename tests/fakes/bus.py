@@ -76,8 +76,8 @@ class FakeBus:
     async def last_seq(self) -> int:
         return len(self.messages)
 
-    async def history(self, upto: int) -> AsyncIterator[StreamMessage]:
-        for msg in self.messages[:upto]:
+    async def history(self, upto: int, start: int = 1) -> AsyncIterator[StreamMessage]:
+        for msg in self.messages[max(start, 1) - 1 : upto]:
             yield msg
 
     async def message(self, seq: int) -> StreamMessage | None:

@@ -27,8 +27,10 @@ pytestmark = pytest.mark.integration
 ROLES = {"coordinator": Role.COORDINATOR, "node-1": Role.NODE, "lead": Role.HUMAN,
          "orch": Role.SERVICE, "web": Role.VIEWER}  # fmt: skip
 LEDGER, DEAD, FOLLOW, RISKS = "FLEET_LEDGER", "FLEET_DEADLETTER", "FLEET_FOLLOW", "KV_fleet-risks"
+SNAPSHOTS = "KV_fleet-snapshots"
 FILTERS = {LEDGER: "fleet.ledger.>", DEAD: "fleet.deadletter.>",
-           FOLLOW: "fleet.ledger.*.resource.modified", RISKS: "$KV.fleet-risks.>"}  # fmt: skip
+           FOLLOW: "fleet.ledger.*.resource.modified", RISKS: "$KV.fleet-risks.>",
+           SNAPSHOTS: "$KV.fleet-snapshots.>"}  # fmt: skip
 API = "$JS.API"
 
 
@@ -54,7 +56,7 @@ def jetstream_subjects() -> list[str]:
 
 CORE = ["fleet.ledger.m1.item.captured", "fleet.ledger.m1.risk.opened",
         "fleet.ledger.m1.decision.recorded.a1", "fleet.ledger.m1.budget.reserved",
-        "fleet.deadletter.m1", "$KV.fleet-risks.m1.r1",
+        "fleet.deadletter.m1", "$KV.fleet-risks.m1.r1", "$KV.fleet-snapshots.m.m1",
         "fleet.v1.authorize", "fleet.v1.manage", "fleet.v1.view"]  # fmt: skip
 
 
@@ -79,12 +81,14 @@ MAY_PUBLISH: dict[str, set[str]] = {
         f"$JS.ACK.{LEDGER}.coordinator.1.1.1.1.1",
         *reader_of(LEDGER),
         *reader_of(DEAD),
+        *reader_of(SNAPSHOTS),  # its signed mission states: no one else reads or writes them
         "fleet.ledger.m1.item.captured",
         "fleet.ledger.m1.risk.opened",
         "fleet.ledger.m1.decision.recorded.a1",
         "fleet.ledger.m1.budget.reserved",
         "fleet.deadletter.m1",
         "$KV.fleet-risks.m1.r1",
+        "$KV.fleet-snapshots.m.m1",
     },
     "node-1": {*REQUESTS, "fleet.ledger.m1.item.captured", *reader_of(FOLLOW), *reader_of(RISKS)},
     # the ledger's durable is the coordinator's: a person's reader may take any other name

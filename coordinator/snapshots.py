@@ -1,0 +1,310 @@
+"""Snapshots: signed mission states with the stream sequence they stand at, taken off the
+request path and restored at start, so a restart folds only the stream's tail.
+
+- A snapshot is one mission's lossless state (``ledger.mission.dump_state``) and its decision
+  receipts' places, zlib-compressed, stored under ``m.<mission>`` in the JetStream KV bucket
+  ``fleet-snapshots`` (only the coordinator may read or write it: ``fleetbus.permissions``).
+  Its first line names the format, the state's shape (``state_schema``), the mission, the
+  sequence, the signer and its signature over the rest (``ledger.identity.sign_blob``).
+  One larger than a NATS message is stored in parts (``JetStreamSnapshots``).
+- The mark (key ``mark``, signed alike) says: at sequence S every mission with an applied
+  event had a snapshot standing at or after S (each mission's own sequence listed), and the
+  stream's message at S had this digest (a stream reset and grown again is told apart). Start
+  folds from S + 1 and skips a mission's messages at or below its own snapshot's sequence.
+- Taken: once the stream has moved ``every`` messages past the mark, every mission changed
+  since its last snapshot (a background task; one state is dumped at a time, between awaits).
+- Refused at start (the log says why), and the whole stream folded instead: no mark, a
+  signature or shape that does not verify, a missing snapshot, or a mark beyond the stream's
+  end or on another message than it saw (the stream was reset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+from nats.js.errors import BucketNotFoundError, NotFoundError
+
+from coordinator.journal import Journal
+from fleetbus.bus import cancel_requested
+from fleetbus.permissions import SNAPSHOT_BUCKET, SNAPSHOT_STREAM, SNAPSHOT_SUBJECTS
+from fleetbus.reader import read_until_end
+from ledger.errors import InvalidInput
+from ledger.identity import public_key, sign_blob, verify_blob
+from ledger.mission import MissionState, dump_state, load_state, state_schema
+
+log = logging.getLogger("fleetledger.coordinator.snapshots")
+
+FORMAT = 1
+MARK_KEY = "mark"
+MISSION_PREFIX = "m."
+PART, PARTS, DIGEST = "Fleet-Part", "Fleet-Parts", "Fleet-Digest"  # a value stored in parts
+Receipts = dict[str, tuple[int, str]]  # action id -> (stream sequence, event id)
+
+
+class SnapshotStore(Protocol):
+    """Where snapshots are kept: the latest value of each key."""
+
+    async def put(self, key: str, value: bytes) -> None: ...
+
+    async def load(self) -> dict[str, bytes]: ...
+
+
+@dataclass
+class Restored:
+    """What the snapshots give a start: the states, their receipts, where to fold from."""
+
+    seq: int  # the mark: fold from seq + 1
+    digest: str  # of the stream's message at ``seq`` when the mark was written
+    seqs: dict[str, int]  # mission -> the sequence its snapshot stands at
+    states: dict[str, MissionState] = field(default_factory=dict)
+    receipts: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+
+
+# --- the signed form (pure) --------------------------------------------------------------------
+
+
+def seal(kind: str, key: str, seq: int, body: bytes, seed: str) -> bytes:
+    """``body`` compressed, under a first line that names it and signs the rest."""
+    packed = zlib.compress(body, 6)
+    head = {"format": FORMAT, "schema": state_schema(), "kind": kind, "key": key, "seq": seq,
+            "signer": public_key(seed)}  # fmt: skip
+    signed = json.dumps(head, sort_keys=True).encode() + b"\n" + packed
+    return json.dumps({**head, "signature": sign_blob(signed, seed)}).encode() + b"\n" + packed
+
+
+def unseal(value: bytes, *, kind: str, key: str, signer: str) -> tuple[int, bytes]:
+    """The sequence and body of a value ``seal`` wrote for ``key``, signed by ``signer``;
+    ``InvalidInput`` naming what does not verify."""
+    line, sep, packed = value.partition(b"\n")
+    try:
+        head = json.loads(line)
+        signature = head.pop("signature")
+        seq = int(head["seq"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise InvalidInput(f"snapshot {key}: its first line is not a snapshot header") from None
+    if not sep or head.get("format") != FORMAT:
+        raise InvalidInput(f"snapshot {key}: format {head.get('format')!r}, not {FORMAT}")
+    if head.get("schema") != state_schema():
+        raise InvalidInput(f"snapshot {key}: written for another shape of the mission state")
+    if (head.get("kind"), head.get("key")) != (kind, key):
+        raise InvalidInput(f"snapshot {key}: it is the {head.get('kind')} {head.get('key')}")
+    if head.get("signer") != signer:
+        raise InvalidInput(f"snapshot {key}: signed by {head.get('signer')}, not this coordinator")
+    signed = json.dumps(head, sort_keys=True).encode() + b"\n" + packed
+    if not isinstance(signature, str) or not verify_blob(signed, signer, signature):
+        raise InvalidInput(f"snapshot {key}: the signature does not match its content")
+    try:
+        return seq, zlib.decompress(packed)
+    except zlib.error:
+        raise InvalidInput(f"snapshot {key}: its body does not decompress") from None
+
+
+def mission_body(state: MissionState, receipts: Receipts) -> bytes:
+    return json.dumps(receipts).encode() + b"\n" + dump_state(state)
+
+
+def restore(stored: Mapping[str, bytes], *, signer: str, last: int) -> Restored | None:
+    """The states the stored snapshots hold for a stream that ends at ``last``; None if no
+    mark was ever written; ``InvalidInput`` naming why the snapshots cannot be trusted."""
+    if MARK_KEY not in stored:
+        return None
+    seq, body = unseal(stored[MARK_KEY], kind="mark", key=MARK_KEY, signer=signer)
+    if seq > last:
+        raise InvalidInput(f"the snapshots stand at {seq}, past the stream's end {last}: reset?")
+    try:
+        mark = json.loads(body)
+        out = Restored(seq=seq, digest=str(mark["digest"]), seqs={})
+        missions = dict[str, int](mark["missions"])
+    except (ValueError, KeyError, TypeError):
+        raise InvalidInput("the snapshot mark's body is not a mark") from None
+    for mission, at in missions.items():
+        key = MISSION_PREFIX + mission
+        if key not in stored:
+            raise InvalidInput(f"snapshot {key} is missing")
+        taken, data = unseal(stored[key], kind="mission", key=key, signer=signer)
+        if not at <= taken <= last:
+            raise InvalidInput(f"snapshot {key} stands at {taken}, outside {at}..{last}")
+        receipts, _, state = data.partition(b"\n")
+        out.states[mission] = state_of = load_state(state)
+        if state_of.mission_id != mission:
+            raise InvalidInput(f"snapshot {key} holds mission {state_of.mission_id}")
+        for action, (r_seq, event_id) in dict(json.loads(receipts)).items():
+            out.receipts[(mission, action)] = (int(r_seq), str(event_id))
+        out.seqs[mission] = taken
+    return out
+
+
+# --- the store -----------------------------------------------------------------------------
+
+
+class JetStreamSnapshots:
+    """``SnapshotStore`` over the KV bucket ``fleet-snapshots``: a put is a publish on its
+    subject, a load reads the latest message of each key with a read-only reader. A value
+    larger than a NATS message is stored in parts (``<key>.<n>``, then ``<key>`` naming how
+    many and the whole's digest); a load puts it together, or leaves out a key whose parts
+    do not add up to its digest."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, *, part_size: int | None = None) -> None:
+        self.nc, self.js = nc, js
+        self.part_size = part_size or int(nc.max_payload) - 4096  # room for the headers
+
+    @classmethod
+    async def ensure(
+        cls, nc: Client, js: JetStreamContext, *, replicas: int = 1
+    ) -> JetStreamSnapshots:
+        try:
+            await js.key_value(SNAPSHOT_BUCKET)
+        except (NotFoundError, BucketNotFoundError):
+            await js.create_key_value(
+                api.KeyValueConfig(
+                    bucket=SNAPSHOT_BUCKET, history=1, storage=api.StorageType.FILE,
+                    replicas=replicas,
+                )
+            )  # fmt: skip
+        return cls(nc, js)
+
+    async def put(self, key: str, value: bytes) -> None:
+        subject = f"$KV.{SNAPSHOT_BUCKET}.{key}"
+        if len(value) <= self.part_size:
+            await self.js.publish(subject, value)
+            return
+        parts = range(0, len(value), self.part_size)
+        for n, at in enumerate(parts, 1):
+            part = value[at : at + self.part_size]
+            await self.js.publish(f"{subject}.{n}", part, headers={PART: str(n)})
+        digest = hashlib.sha256(value).hexdigest()
+        await self.js.publish(subject, b"", headers={PARTS: str(len(parts)), DIGEST: digest})
+
+    async def load(self) -> dict[str, bytes]:
+        raw: dict[str, tuple[bytes, dict[str, str]]] = {}
+        prefix = f"$KV.{SNAPSHOT_BUCKET}."
+
+        async def each(msg: Msg) -> None:
+            headers = msg.headers or {}
+            if headers.get("KV-Operation") is None:  # a put, not a delete
+                raw[msg.subject.removeprefix(prefix)] = (bytes(msg.data), headers)
+
+        await read_until_end(
+            self.nc, SNAPSHOT_STREAM, SNAPSHOT_SUBJECTS, each, last_per_subject=True
+        )
+        out: dict[str, bytes] = {}
+        for key, (data, headers) in raw.items():
+            if PART in headers:  # put together under its key below
+                continue
+            if PARTS not in headers:
+                out[key] = data
+                continue
+            pieces = [
+                raw.get(f"{key}.{n}", (b"", {}))[0] for n in range(1, int(headers[PARTS]) + 1)
+            ]
+            whole = b"".join(pieces)
+            if hashlib.sha256(whole).hexdigest() == headers.get(DIGEST):
+                out[key] = whole
+            else:
+                log.warning("snapshot %s: its parts do not add up to its digest", key)
+        return out
+
+
+# --- scheduling ----------------------------------------------------------------------------
+
+
+class Snapshotter:
+    """Takes the snapshots in the background and restores them at start."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        store: SnapshotStore,
+        seed: str,
+        *,
+        every: int,
+        interval_s: float,
+    ) -> None:
+        self.journal, self.store, self.seed = journal, store, seed
+        self.every, self.interval_s = every, interval_s
+        self.mark = 0  # the sequence the last mark stands at
+        self._taken: dict[str, tuple[int, int]] = {}  # mission -> (its seq, events applied)
+
+    async def restore(self, last: int) -> Restored | None:
+        """The stored snapshots for a stream ending at ``last``; None (the whole stream is
+        folded) when there are none or they do not verify, saying why in the log."""
+        try:
+            restored = restore(await self.store.load(), signer=public_key(self.seed), last=last)
+            if restored is not None and restored.digest != await self._digest(restored.seq):
+                raise InvalidInput(
+                    f"the stream's message at {restored.seq} is not the one the snapshots saw: "
+                    "the stream was reset"
+                )
+        except InvalidInput as exc:
+            log.warning("snapshots refused, folding the whole stream: %s", exc.message)
+            return None
+        if restored is not None:
+            self.mark = restored.seq
+            for mission, state in restored.states.items():
+                self._taken[mission] = (restored.seqs[mission], len(state.applied))
+        return restored
+
+    async def run(self) -> None:
+        """Every ``interval_s``: once the stream has moved ``every`` past the mark, take."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            if self.journal.applied_seq - self.mark < self.every:
+                continue
+            try:
+                await self.take()
+            except Exception as exc:  # the next round tries again; a request never waits on it
+                if cancel_requested():
+                    raise
+                log.warning("snapshot round failed: %s: %s", type(exc).__name__, exc)
+
+    async def take(self) -> int:
+        """Snapshot every mission changed since its last snapshot, then write the mark;
+        return how many missions were snapshotted."""
+        journal = self.journal
+        mark = journal.applied_seq
+        changed = [
+            m for m, s in journal.states.items() if self._taken.get(m, (0, -1))[1] != len(s.applied)
+        ]
+        taken = 0
+        for mission in changed:
+            state = journal.states[mission]
+            seq, count = journal.applied_seq, len(state.applied)  # what the dump stands at
+            body = mission_body(state, _receipts(journal, state))
+            key = MISSION_PREFIX + mission
+            value = await asyncio.to_thread(seal, "mission", key, seq, body, self.seed)
+            await self.store.put(key, value)
+            self._taken[mission] = (seq, count)
+            taken += 1
+        missions = {m: at for m, (at, _) in self._taken.items()}
+        marked = {"missions": missions, "digest": await self._digest(mark)}
+        value = seal("mark", MARK_KEY, mark, json.dumps(marked).encode(), self.seed)
+        await self.store.put(MARK_KEY, value)
+        self.mark = mark
+        return taken
+
+    async def _digest(self, seq: int) -> str:
+        """The digest of the stream's message at ``seq`` ("" if there is none)."""
+        msg = await self.journal.bus.message(seq) if seq > 0 else None
+        return hashlib.sha256(msg.data).hexdigest() if msg is not None else ""
+
+
+def _receipts(journal: Journal, state: MissionState) -> Receipts:
+    out: Receipts = {}
+    for decision in state.decisions:
+        where = journal.receipts.get((state.mission_id, decision.action_id))
+        if where is not None:
+            out[decision.action_id] = where
+    return out
+
+
+__all__ = ["JetStreamSnapshots", "Restored", "SnapshotStore", "Snapshotter", "restore", "seal"]
