@@ -265,7 +265,9 @@ class JetStreamBus:
         )
         js = nc.jetstream()
         await ensure_streams(js, replicas=replicas, duplicate_window_s=duplicate_window_s)
-        return cls(nc, js, await ensure_risk_bucket(js, replicas=replicas))
+        bus = cls(nc, js, await ensure_risk_bucket(js, replicas=replicas))
+        await bus.pipeline.start()
+        return bus
 
     @property
     def connected(self) -> bool:

@@ -45,6 +45,7 @@ class Pipeline:
         self._waiting: dict[str, asyncio.Future[Msg]] = {}
         self._inbox = ""
         self._sub: Subscription | None = None
+        self._subscribing = asyncio.Lock()
         self._tokens = itertools.count()
         self._writer: asyncio.Task[None] | None = None
         self.groups = 0  # socket writes of one group each (the figure tests read)
@@ -56,8 +57,7 @@ class Pipeline:
         """Queue one message, and return its PubAck once the server stored it; raise nats-py's
         ``TimeoutError``, ``NoRespondersError``, ``APIError`` or a connection error otherwise."""
         if self._sub is None:
-            self._inbox = self._nc.new_inbox()
-            self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_ack)
+            await self.start()
         reply = f"{self._inbox}.{next(self._tokens)}"
         acked: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
         self._waiting[reply] = acked
@@ -73,6 +73,13 @@ class Pipeline:
         finally:
             self._waiting.pop(reply, None)
         return _pub_ack(msg)
+
+    async def start(self) -> None:
+        """Subscribe to this publisher's ack inbox (else its first publish does)."""
+        async with self._subscribing:  # concurrent first callers subscribe once
+            if self._sub is None:
+                self._inbox = self._nc.new_inbox()
+                self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_ack)
 
     async def _write(self) -> None:
         group, self._queue = self._queue, []

@@ -46,6 +46,7 @@ async def test_concurrent_publishes_go_out_in_one_write_each_with_its_own_sequen
 ) -> None:
     nc, prefix = stream
     pipeline = Pipeline(nc)
+    await pipeline.start()
     n = 24
     acks = await asyncio.gather(
         *(
@@ -66,6 +67,7 @@ async def test_concurrent_publishes_go_out_in_one_write_each_with_its_own_sequen
 async def test_a_refused_message_fails_only_its_caller(stream: tuple[nats.NATS, str]) -> None:
     nc, prefix = stream
     pipeline = Pipeline(nc)
+    await pipeline.start()
 
     async def publish(i: int, data: bytes) -> int:
         subject = f"{prefix}.m{i}"
@@ -89,6 +91,7 @@ async def test_each_callers_order_holds_and_a_retry_is_answered_as_a_duplicate(
 ) -> None:
     nc, prefix = stream
     pipeline = Pipeline(nc)
+    await pipeline.start()
 
     async def caller(w: int) -> list[int]:  # one mission: each append awaited before the next
         seqs = []
