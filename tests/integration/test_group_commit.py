@@ -14,7 +14,7 @@ from coordinator.service import Coordinator
 from fleetbus.bus import JetStreamBus, failing_closed
 from fleetbus.client import FleetClient
 from fleetbus.pipeline import Pipeline
-from ledger.errors import InvalidInput
+from ledger.errors import InvalidInput, Unreachable
 from ledger.ids import new_id
 from tests.integration.test_coordinator import make_grant, make_mission, mission_id, request
 
@@ -64,13 +64,15 @@ async def test_concurrent_publishes_go_out_in_one_write_each_with_its_own_sequen
         assert stored.subject == f"{prefix}.m{i}" and stored.data == b"%d" % i
 
 
-async def test_a_refused_message_fails_only_its_caller(stream: tuple[nats.NATS, str]) -> None:
+async def test_a_refused_or_unroutable_message_fails_only_its_caller(
+    stream: tuple[nats.NATS, str],
+) -> None:
     nc, prefix = stream
     pipeline = Pipeline(nc)
     await pipeline.start()
 
     async def publish(i: int, data: bytes) -> int:
-        subject = f"{prefix}.m{i}"
+        subject = f"{prefix}.m{i}" if i != 5 else f"nostream-{prefix}.m{i}"  # no stream takes it
         with failing_closed(subject, 5):
             ack = await pipeline.publish(subject, data, headers={"Nats-Msg-Id": f"r{i}"}, timeout=5)
         return ack.seq
@@ -81,9 +83,10 @@ async def test_a_refused_message_fails_only_its_caller(stream: tuple[nats.NATS, 
     )
     assert pipeline.groups == 1
     assert isinstance(got[3], InvalidInput) and "refused" in got[3].message
-    assert all(isinstance(s, int) for i, s in enumerate(got) if i != 3)
+    assert isinstance(got[5], Unreachable)
+    assert all(isinstance(s, int) for i, s in enumerate(got) if i not in (3, 5))
     info = await nc.jetstream().stream_info(prefix.upper())
-    assert info.state.messages == 7
+    assert info.state.messages == 6
 
 
 async def test_each_callers_order_holds_and_a_retry_is_answered_as_a_duplicate(
