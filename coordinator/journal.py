@@ -6,6 +6,8 @@
   not at all, then applied in order), acknowledged before ``append`` returns; with the
   coordinator's key, signed once as a whole (``ledger.identity.seal_message``). The message is
   remembered by its bytes, so our own events are not parsed again when they come back.
+  Concurrent appends (different missions) share one write through the bus's publisher
+  (``fleetbus.pipeline``); each gets its own ack or error, so ``_unsure`` stays per mission.
 - With tracing on, the context of the span doing the work (or of one PRODUCER span) goes into
   every envelope and the NATS headers: nothing more here. The events' own spans, with their
   links, are projected from the stream off the hot path (``telemetry.projection``).

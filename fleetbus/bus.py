@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, Self
@@ -18,11 +18,13 @@ from typing import Protocol, Self
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from fleetbus.connection import connect as connect  # its home; callers import it here too
+from fleetbus.pipeline import Pipeline
 from fleetbus.pull import DurablePull, Refused
 from fleetbus.reader import read_until_end
 from ledger.errors import ComponentTimeout, InvalidInput, Unreachable
@@ -118,6 +120,26 @@ class Stored(int):
         return stored
 
 
+@contextlib.contextmanager
+def failing_closed(subject: str, timeout: float) -> Iterator[None]:
+    """nats-py's publish errors as ours: a refusal (nothing stored) is ``InvalidInput``; a
+    timeout or a lost connection is ambiguous (``ComponentTimeout``, ``Unreachable``)."""
+    try:
+        yield
+    except nats.errors.TimeoutError:
+        raise ComponentTimeout(f"JetStream did not acknowledge {subject} in {timeout}s") from None
+    except (
+        nats.errors.ConnectionClosedError,
+        nats.errors.NoRespondersError,
+        nats.js.errors.NoStreamResponseError,
+        nats.errors.OutboundBufferLimitError,  # disconnected, and not buffering: not sent
+        OSError,
+    ) as exc:
+        raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
+    except nats.js.errors.APIError as exc:  # refused outright (size, limits): nothing stored
+        raise InvalidInput(f"JetStream refused {subject}: {exc.description or exc}") from None
+
+
 async def publish_checked(
     js: JetStreamContext,
     subject: str,
@@ -128,21 +150,10 @@ async def publish_checked(
     headers: dict[str, str] | None = None,
 ) -> Stored:
     """Publish with ``Nats-Msg-Id`` and return the stream sequence; fail closed on trouble."""
-    try:
+    with failing_closed(subject, timeout):
         ack = await js.publish(
             subject, data, timeout=timeout, headers={**(headers or {}), "Nats-Msg-Id": msg_id}
         )
-    except nats.errors.TimeoutError:
-        raise ComponentTimeout(f"JetStream did not acknowledge {subject} in {timeout}s") from None
-    except (
-        nats.errors.ConnectionClosedError,
-        nats.errors.NoRespondersError,
-        nats.errors.OutboundBufferLimitError,  # disconnected, and not buffering: not sent
-        OSError,
-    ) as exc:
-        raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
-    except nats.js.errors.APIError as exc:  # refused outright (size, limits): nothing stored
-        raise InvalidInput(f"JetStream refused {subject}: {exc.description or exc}") from None
     return Stored(int(ack.seq), bool(ack.duplicate))
 
 
@@ -191,7 +202,8 @@ class Bus(Protocol):
         ...
 
     async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> None:
-        """Answer requests on ``subject`` (one member of the queue group gets each), from the
+        """Answer requests on ``subject`` (one member of the queue group gets each; requests
+        are handled concurrently, so each handler orders what it must itself), from the
         moment this returns: a request sent after it is answered, never "no responders"."""
         ...
 
@@ -221,6 +233,8 @@ class Bus(Protocol):
 
 
 STREAM_SUBJECTS = f"{SUBJECT_PREFIX}.>"
+PUBLISH_TIMEOUT_S = 2.0
+MAX_SERVING = 256  # requests in hand at once
 
 
 class JetStreamBus:
@@ -229,6 +243,10 @@ class JetStreamBus:
     def __init__(self, nc: Client, js: JetStreamContext, kv: KeyValue) -> None:
         self.nc, self.js, self.kv = nc, js, kv
         self.pull: DurablePull | None = None
+        self.pipeline = Pipeline(nc)  # concurrent appends share one write and the server's pass
+        self._serving: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(MAX_SERVING)
+        self._subs: list[Subscription] = []
 
     @classmethod
     async def connect(
@@ -248,7 +266,9 @@ class JetStreamBus:
         )
         js = nc.jetstream()
         await ensure_streams(js, replicas=replicas, duplicate_window_s=duplicate_window_s)
-        return cls(nc, js, await ensure_risk_bucket(js, replicas=replicas))
+        bus = cls(nc, js, await ensure_risk_bucket(js, replicas=replicas))
+        await bus.pipeline.start()
+        return bus
 
     @property
     def connected(self) -> bool:
@@ -257,19 +277,41 @@ class JetStreamBus:
     async def publish(
         self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
     ) -> Stored:
-        return await publish_checked(self.js, subject, data, msg_id=msg_id, headers=headers)
+        with failing_closed(subject, PUBLISH_TIMEOUT_S):
+            ack = await self.pipeline.publish(
+                subject,
+                data,
+                headers={**(headers or {}), "Nats-Msg-Id": msg_id},
+                timeout=PUBLISH_TIMEOUT_S,
+            )
+        return Stored(int(ack.seq), bool(ack.duplicate))
 
     async def put_risk(self, key: str, value: bytes) -> None:
         await self.kv.put(key, value)
 
     async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> None:
-        await self.nc.subscribe(subject, queue=queue, cb=handler)
+        async def dispatch(msg: Msg) -> None:
+            # each request in its own task (nats-py awaits a callback before the next message),
+            # so decisions of different missions run, and append, concurrently; at most
+            # MAX_SERVING at once, then the subscription's queue holds the rest
+            await self._slots.acquire()
+            task = asyncio.ensure_future(handler(msg))
+            self._serving.add(task)
+            task.add_done_callback(self._served)
+
+        self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=dispatch))
         # The server registers the interest when it has read the SUB, and a PONG proves it read
         # what came before its PING. nats-py writes a PING to the socket at once but the SUB
         # from its pending buffer a moment later, so the first PONG can come before the SUB is
         # read (1-5% of starts here); the second PING follows the SUB out.
         await self.nc.flush()
         await self.nc.flush()
+
+    def _served(self, task: asyncio.Task[None]) -> None:
+        self._serving.discard(task)
+        self._slots.release()
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("request handler failed", exc_info=exc)
 
     async def last_seq(self) -> int:
         try:
@@ -333,7 +375,15 @@ class JetStreamBus:
         await self.pull.start()
 
     async def close(self) -> None:
-        """Stop consuming (acknowledging what was applied), drain, close."""
+        """Stop taking requests and finish those in hand, stop consuming (acknowledging what was
+        applied), drain, close."""
+        for sub in self._subs:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        if self._serving:  # bounded: a handler stuck on a peer must not hold the process
+            _, stuck = await asyncio.wait(set(self._serving), timeout=PUBLISH_TIMEOUT_S * 2)
+            for task in stuck:
+                task.cancel()
         if self.pull is not None:
             await self.pull.stop()
         await self.nc.drain()
