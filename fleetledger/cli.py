@@ -19,7 +19,6 @@ from typing import Annotated, Any
 import click
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
@@ -27,7 +26,7 @@ from typer.core import TyperGroup
 from fleetbus.http import first_error
 from fleetledger import __version__
 from fleetledger.cli_identity import PERSON_FILE, write_person_file
-from fleetledger.console import error_line, fail, literal
+from fleetledger.console import console, error_line, fail, literal
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
@@ -80,7 +79,8 @@ def _refuse_for_agents(
     if acts_for_a_person(path, given):
         variable, agent = session
         err.print(
-            f"[red]refused[/] `fleetledger {' '.join(path)}` acts for a person, and this is "
+            literal("refused", "red")
+            + f" `fleetledger {' '.join(path)}` acts for a person, and this is "
             f"{agent}'s shell ({variable} is set): run it from your own terminal, not the "
             "agent's shell",
             soft_wrap=True,
@@ -127,8 +127,8 @@ def _register_subcommands() -> None:
 
 _register_subcommands()
 # Pipes and CI logs get a readable width instead of rich's 80-column fallback.
-out = Console(width=None if sys.stdout.isatty() else 140)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
+out = console()
+err = console(stderr=True)
 
 
 _fail = fail  # the one error printer (fleetledger.console)
@@ -157,12 +157,12 @@ def _servers_table(
     table.add_column("where")
     table.add_column("status")
     if servers.nats is not None:
-        table.add_row("nats-server (JetStream)", servers.nats_url, "[green]healthy[/]")
+        table.add_row("nats-server (JetStream)", servers.nats_url, literal("healthy", "green"))
     if servers.redis is not None:
-        table.add_row("redis-server", servers.redis_address, "[green]healthy[/]")
-    table.add_row("coordinator", f"http://127.0.0.1:{http_port}/readyz", "[green]ready[/]")
+        table.add_row("redis-server", servers.redis_address, literal("healthy", "green"))
+    table.add_row("coordinator", f"http://127.0.0.1:{http_port}/readyz", literal("ready", "green"))
     for i, sock in enumerate(sockets, start=1):
-        table.add_row(f"node agent node-{i}", str(sock), "[green]listening[/]")
+        table.add_row(f"node agent node-{i}", str(sock), literal("listening", "green"))
     table.add_row("settings", str(env_file), "written")
     return table
 
@@ -229,9 +229,12 @@ def up(
             write_env_file(env_file, env)  # last: a fleet.env says the fleet is ready
             out.print(_servers_table(servers, env_file, sockets, coordinator.http_port))
             err.print(
-                f"In another terminal: [bold]export FLEET_STATE_DIR={directory}[/], then e.g. "
-                "`fleetledger mission create ...`; there you act as the operator (person.env, "
-                "read only outside an agent's shell). Ctrl-C stops the fleet."
+                Text.assemble(
+                    "In another terminal: ",
+                    (f"export FLEET_STATE_DIR={directory}", "bold"),
+                    ", then e.g. `fleetledger mission create ...`; there you act as the operator "
+                    "(person.env, read only outside an agent's shell). Ctrl-C stops the fleet.",
+                )
             )
 
         node_agents: list[Any] = []
@@ -261,7 +264,7 @@ def demo(
     if problems:
         err.print(literal("the demo did not behave as scripted: ", "red") + "; ".join(problems))
         raise typer.Exit(1)
-    err.print("[green]demo complete[/]: every step behaved as scripted")
+    err.print(literal("demo complete", "green") + ": every step behaved as scripted")
 
 
 # --- commands that talk to a running fleet ---------------------------------------------------
@@ -413,7 +416,9 @@ def _done(reply: Any, what: str, as_json: bool) -> None:
     if as_json:
         print(reply.model_dump_json())
     else:
-        out.print(f"[green]ok[/] {what} (event {reply.event_id}, stream seq {reply.seq})")
+        out.print(
+            literal("ok", "green") + f" {what} (event {reply.event_id}, stream seq {reply.seq})"
+        )
 
 
 @mission_app.command("create")

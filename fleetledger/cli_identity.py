@@ -25,13 +25,14 @@ from urllib.parse import quote
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from fleetbus.http import first_error
 from fleetbus.identity import KeyStore, seed_of, write_private
 from fleetbus.permissions import authorization, write_server_config
 from fleetbus.settings import env_file
+from fleetledger.console import console, literal
 from fleetledger.reload import Running, await_applied
 from fleetledger.server_config import REDIS_COORDINATOR, nats_config, write_redis_config
 from fleetledger.servers import write_env_file
@@ -41,8 +42,8 @@ from ledger.errors import FleetError, InvalidInput
 from ledger.identity import Principal, Role
 
 identity_app = typer.Typer(help="Principals: who may sign events and ask for decisions.")
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 DirOpt = Annotated[
     Path | None,
@@ -133,7 +134,11 @@ def create(
         print(json.dumps({**principal.model_dump(mode="json"), "seed_file": str(seed),
                           "running_fleet": _fleet_json(fleet)}))  # fmt: skip
         return
-    out.print(f"created {principal.role} [bold]{name}[/] with key {principal.public_key}")
+    out.print(
+        Text.assemble(
+            f"created {principal.role} ", (name, "bold"), f" with key {principal.public_key}"
+        )
+    )
     out.print(f"its seed is in {seed} (0600): give it only to {name}'s process")
     _say_applied(fleet, f"{name} can connect now")
 
@@ -183,7 +188,11 @@ def use(
     except FleetError as exc:
         raise _fail(exc, False) from None
     path = write_person_file(env_file().parent, name, store.root)
-    out.print(f"you act as [bold]{name}[/] at your own terminals ({path}); agents' shells do not")
+    out.print(
+        Text.assemble(
+            "you act as ", (name, "bold"), f" at your own terminals ({path}); agents' shells do not"
+        )
+    )
 
 
 @identity_app.command("list")
@@ -456,7 +465,7 @@ def helm_values(
     for line in say:
         out.print(line, soft_wrap=True, highlight=False)
     if not nodes:
-        err.print("[yellow]warning[/] no node principals: no node agent will start")
+        err.print(literal("warning", "yellow") + " no node principals: no node agent will start")
 
 
 def register(app: typer.Typer) -> None:

@@ -12,20 +12,17 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from fleetbus.http import first_error
 from fleetbus.settings import env_file
-from fleetledger.console import fail
+from fleetledger.console import console, fail
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger_hook import forward
 from ledger.errors import FleetError, InvalidInput
@@ -54,8 +51,8 @@ from node_agent.settings import NodeSettings
 from node_agent.store import Store, safe_id
 from node_agent.wire import Evidence, HumanRequest, ItemReply, Items, TodoAdd, TodoCheck, TodoSet
 
-out = Console(width=None if sys.stdout.isatty() else 140)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
+out = console()
+err = console(stderr=True)
 
 node_app = typer.Typer(help="The per-machine node agent daemon.", no_args_is_help=True)
 todo_app = typer.Typer(
@@ -187,7 +184,7 @@ def todo_list(
     for i in Items.model_validate(reply).items:
         cells = (i.session_id, i.short_id, i.text, i.stored_status.value, i.stored_by,
                  i.model_claim, i.check)  # fmt: skip
-        table.add_row(*(escape(c or "") for c in cells))
+        table.add_row(*(c or "" for c in cells))
     out.print(table)
 
 
@@ -217,7 +214,7 @@ def todo_add(
         print(json.dumps(reply))
         return
     item = ItemReply.model_validate(reply).item
-    out.print(f"added [bold]{item.short_id}[/] ({item.item_id}): {item.text}")
+    out.print(Text.assemble("added ", (item.short_id, "bold"), f" ({item.item_id}): {item.text}"))
 
 
 def _check(
@@ -465,7 +462,7 @@ def hooks_install(
     out.print(f"fail-closed rules for a node agent that is down: {rules}")
     out.print("still to do:")
     for line in todo:
-        out.print(f"  - {escape(line)}")
+        out.print(f"  - {line}")
     _check_installed(name, root, settings.socket_path)
 
 
@@ -501,7 +498,7 @@ def node_state(
     if as_json:
         print(json.dumps({"session_id": safe_id(session), "summary": summary}))
     else:
-        out.print(escape(summary or "nothing recorded for this session"))
+        out.print(summary or "nothing recorded for this session")
 
 
 @node_app.command("claims")

@@ -13,16 +13,16 @@ import re
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from fleetledger.console import console
 from ledger.events import ID_PATTERN, ROLE_PATTERN
 
 role_app = typer.Typer(
     help="Roles per mission: owner, grant-issuer, risk and approver roles, acts-for:<principal>."
 )
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 
 def _checked(value: str, pattern: str, what: str) -> str:

@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetbus.identity import seed_of
+from fleetledger.console import console
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
 from ledger.events import parse_events
 from ledger.protocol import STREAM, SUBJECT_PREFIX
@@ -301,7 +302,7 @@ def register(app: typer.Typer) -> None:
         (follow) the spans of a range of the ledger stream to the OTLP receiver of OTEL_*."""
         from fleetledger.settings import FleetSettings
 
-        err = Console(stderr=True)
+        err = console(stderr=True)
         try:
             _check_range(target, first, last)
             settings = FleetSettings.load()
@@ -343,7 +344,7 @@ def _print_found(found: dict[str, Any], as_json: bool, err: Console) -> None:
         table.add_column("value")
         for key in ("kind", "mission_id", "trace_id", "span_id", "jaeger_url"):
             table.add_row(key, str(found[key] or "-"))
-        Console().print(table)
+        console().print(table)
     if found["trace_id"] is None:
         err.print("this event carries no trace context (tracing was off when it was recorded)")
         raise typer.Exit(1)

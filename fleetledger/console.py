@@ -1,8 +1,9 @@
-"""The CLI's error output: one way to print a `FleetError` and exit with its code (SPEC S13).
+"""The CLI's output: its consoles, and one way to print a `FleetError` and exit (SPEC S13).
 
-An error's message carries what the user typed (an action name, a path, a pattern it did not
-match), so it is printed as plain text: never read as rich markup (``[a-z0-9]`` is not a
-style) nor emoji codes (``:x:``). Only the word "error" is styled.
+What the CLI prints carries what users typed (an item's text, a path, a pattern it did not
+match), so every console here is literal by construction: no rich markup (``[a-z0-9]`` is not
+a style), no emoji codes (``:x:``), no highlighting. Style is given to the CLI's own words only,
+as ``Text`` (``literal``, ``Text.assemble``); nothing else is ever parsed.
 """
 
 from __future__ import annotations
@@ -18,8 +19,18 @@ from rich.text import Text
 from ledger.errors import FleetError
 from ledger.protocol import ErrorBody
 
-# Pipes and CI logs get a readable width instead of rich's 80-column fallback.
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
+
+def console(*, stderr: bool = False) -> Console:
+    """A literal console: markup, emoji and highlighting off. Pipes and CI logs get a readable
+    width instead of rich's 80-column fallback."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(
+        stderr=stderr, width=None if stream.isatty() else 140,
+        markup=False, emoji=False, highlight=False,
+    )  # fmt: skip
+
+
+err = console(stderr=True)
 
 
 def literal(text: str, style: str = "") -> Text:
@@ -40,4 +51,4 @@ def fail(exc: FleetError, as_json: bool = False) -> NoReturn:
     raise typer.Exit(exc.exit_code)
 
 
-__all__ = ["err", "error_line", "fail", "literal"]
+__all__ = ["console", "err", "error_line", "fail", "literal"]

@@ -22,6 +22,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
@@ -423,7 +424,7 @@ def race_table(figures: dict[str, Any]) -> Table:
             str(figures["branches"]),
             str(n),
             figures["naive_spend"],
-            "[red]yes[/]" if n > 1 else "no",
+            Text("yes", style="red") if n > 1 else "no",
         )
         table.add_row(
             "fleetledger Branch (Ray tasks, one Lua reservation)",

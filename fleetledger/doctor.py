@@ -30,7 +30,7 @@ from rich.text import Text
 
 from fleetbus.http import first_error
 from fleetbus.settings import env_file
-from fleetledger.console import fail
+from fleetledger.console import console, fail
 from fleetledger.settings import FleetSettings
 from fleetledger_hook import forward
 from fleetledger_hook.adapters import ADAPTERS
@@ -396,14 +396,14 @@ def run_checks(agent: Agent | None, project: Path) -> list[Check]:
 # --- output ---------------------------------------------------------------------------------
 
 
-def show(console: Console, checks: list[Check]) -> None:
+def show(out: Console, checks: list[Check]) -> None:
     """One line per check (and its fix), printed literally (paths and values are the user's)."""
     width = max(len(c.name) for c in checks)
     for c in checks:
         mark = ("ok  ", "green") if c.ok else ("FAIL", "bold red")
-        console.print(Text.assemble(mark, f" {c.name.ljust(width)}  {c.found}"), soft_wrap=True)
+        out.print(Text.assemble(mark, f" {c.name.ljust(width)}  {c.found}"), soft_wrap=True)
         if c.fix:
-            console.print(Text.assemble(" " * (width + 7), ("fix: ", "yellow"), c.fix),
+            out.print(Text.assemble(" " * (width + 7), ("fix: ", "yellow"), c.fix),
                           soft_wrap=True)  # fmt: skip
 
 
@@ -439,7 +439,7 @@ def doctor(
     if as_json:
         print(json.dumps({"ok": ok, "checks": [c.model_dump() for c in checks]}))
     else:
-        show(Console(width=None if os.isatty(1) else 140), checks)
+        show(console(), checks)
     raise typer.Exit(0 if ok else 1)
 
 

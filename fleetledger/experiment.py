@@ -52,6 +52,7 @@ from typing import Any
 import nats
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from coordinator.replay import replay_mission
 from coordinator.service import Coordinator
@@ -808,7 +809,7 @@ async def _coordinator_arms(
         last = n == len(arms) - 1
         name = "all" if off is None else f"without {off}"
         if err is not None:
-            err.print(f"[dim]coordinator arm: {name}[/]")
+            err.print(Text(f"coordinator arm: {name}", style="dim"))
         coordinator = await _start_coordinator(servers, keys, off)
         try:
             controls = ALL_CONTROLS - {off} if off else ALL_CONTROLS
@@ -1050,11 +1051,11 @@ def node_side(
 ) -> tuple[list[Tally], int]:
     """Every node mission on and off; and how many events the node agent published."""
     if err is not None:
-        err.print("[dim]node arms: a node agent, hooks as Claude Code runs them[/]")
+        err.print(Text("node arms: a node agent, hooks as Claude Code runs them", style="dim"))
     t = time.perf_counter()
     node = Node(directory / "node", nats_url, keys)
     if err is not None:
-        err.print(f"[dim]node agent up in {time.perf_counter() - t:.1f}s[/]")
+        err.print(Text(f"node agent up in {time.perf_counter() - t:.1f}s", style="dim"))
     tallies = []
     try:
         for control, mission in NODE_MISSIONS.items():
@@ -1064,7 +1065,7 @@ def node_side(
                 mission(node, directory / f"{control}-{'off' if off else 'on'}", tally)
                 if err is not None:
                     took = time.perf_counter() - t
-                    err.print(f"[dim]{control} {'off' if off else 'on'}: {took:.1f}s[/]")
+                    err.print(Text(f"{control} {'off' if off else 'on'}: {took:.1f}s", style="dim"))
                 tallies.append(tally)
         published = node.drained()
     finally:
@@ -1164,11 +1165,12 @@ def table(results: Results) -> Table:
             control.value,
             MISSIONS[control],
             str(on.violations),
-            f"{on.caught} / {'[red]' if on.missed else ''}{on.missed}"
-            f"{'[/]' if on.missed else ''} / {on.false_blocks}",
-            f"[red]{off.missed}[/] / {off.false_blocks}"
-            if off.missed
-            else f"0 / {off.false_blocks}",
+            Text.assemble(
+                f"{on.caught} / ",
+                (str(on.missed), "red" if on.missed else ""),
+                f" / {on.false_blocks}",
+            ),
+            Text.assemble((str(off.missed), "red" if off.missed else ""), f" / {off.false_blocks}"),
             "; ".join(harm) or "the missed steps",
             "-"
             if on.replay_ms is None
@@ -1190,7 +1192,8 @@ def short_table(results: Results) -> Table:
         t.add_column(col, overflow="fold")
     for control in Control:
         on, off = results.tally(control, False), results.tally(control, True)
-        harm = [f"[red]{off.missed} of {off.violations} let through[/]"]
+        let_through = Text(f"{off.missed} of {off.violations} let through", style="red")
+        harm: list[str] = []
         if off.overspend:
             harm.append(f"overspend {format_amount(off.overspend)}")
         for n, what in (
@@ -1204,7 +1207,7 @@ def short_table(results: Results) -> Table:
             control.value,
             MISSIONS[control],
             f"{on.caught} of {on.violations} stopped, {on.false_blocks} false blocks",
-            ", ".join(harm),
+            Text.assemble(let_through, *(f", {h}" for h in harm)),
         )
     return t
 

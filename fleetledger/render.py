@@ -1,11 +1,13 @@
-"""Rich tables for the CLI: the team view and decision receipts."""
+"""Rich tables for the CLI: the team view and decision receipts.
+
+Printed through the CLI's literal consoles (``fleetledger.console``): every string is shown as
+it is, and the only styles are the ``Text`` this module gives its own words."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -16,8 +18,8 @@ from ledger.mission import ItemStanding
 from ledger.money import format_amount
 
 
-def verdict(ok: bool) -> str:
-    return "[green]ALLOWED[/]" if ok else "[red]DENIED[/]"
+def verdict(ok: bool) -> Text:
+    return Text("ALLOWED", style="green") if ok else Text("DENIED", style="red")
 
 
 def team_view(view: dict[str, Any]) -> list[Table]:
@@ -51,13 +53,13 @@ def team_view(view: dict[str, Any]) -> list[Table]:
             b["committed"],
             b["settled"],
             b["remaining"],
-            "[red]blocked by overrun[/]" if b.get("blocked_by_overrun") else "",
+            Text("blocked by overrun", style="red") if b.get("blocked_by_overrun") else "",
         )
     for g in view["grants"]:
         lvl = g.get("budget") or {}
-        status = g["status"]
+        status = Text(g["status"])
         if lvl.get("blocked_by_overrun"):
-            status += ", [red]overrun[/]"
+            status.append(", ").append("overrun", style="red")
         budget.add_row(
             g["grant_id"],
             g["holder"],
@@ -77,10 +79,10 @@ def team_view(view: dict[str, Any]) -> list[Table]:
         for col in ("risk", "blocks", "scope", "owner", "status", "summary"):
             risks.add_column(col)
         for r in view["risks"]:
-            status = "[red]open[/]" if r["status"] == RiskStatus.OPEN else "treated"
+            risk_status = Text("open", style="red") if r["status"] == RiskStatus.OPEN else "treated"
             risks.add_row(
-                r["risk_id"], ", ".join(r["blocks"]), r["scope"], r["owner"], status,
-                Text(r["summary"]),
+                r["risk_id"], ", ".join(r["blocks"]), r["scope"], r["owner"], risk_status,
+                r["summary"],
             )  # fmt: skip
         tables.append(risks)
     if view["decisions"]:
@@ -106,15 +108,15 @@ AGENT_ROWS = 15  # item rows in one agent's table
 AGENT_TABLES = 12  # agents that get an item table (every agent gets its line of counts)
 
 # Keyed by the enum: the wire's strings look them up as they are (a StrEnum is its value).
-STANDING_LABELS: dict[str, str] = {
-    ItemStanding.VERIFIED: "[green]verified[/]",
-    ItemStanding.DONE: "[green]done[/]",
-    ItemStanding.CANCELLED: "[dim]cancelled[/]",
-    ItemStanding.BLOCKED: "[red]blocked[/]",
-    ItemStanding.PAUSED: "[yellow]paused[/]",
-    ItemStanding.CLAIMED_UNVERIFIED: "[yellow]claimed, unverified[/]",
-    ItemStanding.WAITING_ON_HUMAN: "[magenta]waiting on a human[/]",
-    ItemStanding.OPEN: "open",
+STANDING_LABELS: dict[str, Text] = {
+    ItemStanding.VERIFIED: Text("verified", style="green"),
+    ItemStanding.DONE: Text("done", style="green"),
+    ItemStanding.CANCELLED: Text("cancelled", style="dim"),
+    ItemStanding.BLOCKED: Text("blocked", style="red"),
+    ItemStanding.PAUSED: Text("paused", style="yellow"),
+    ItemStanding.CLAIMED_UNVERIFIED: Text("claimed, unverified", style="yellow"),
+    ItemStanding.WAITING_ON_HUMAN: Text("waiting on a human", style="magenta"),
+    ItemStanding.OPEN: Text("open"),
 }
 _NAMES: dict[str, str] = {
     ItemStanding.CLAIMED_UNVERIFIED: "claimed unverified",
@@ -130,11 +132,11 @@ _ALWAYS = (
 
 
 def clip(text: str | None, width: int) -> str:
-    """One line of at most ``width`` characters, cut with an ellipsis, safe as rich markup."""
+    """One line of at most ``width`` characters, cut with an ellipsis."""
     flat = " ".join((text or "").split())
     if len(flat) > width:
         flat = flat[: max(width - 1, 0)].rstrip() + "\u2026"
-    return escape(flat)
+    return flat
 
 
 def counts_line(counts: Mapping[str, int], total: int) -> str:
@@ -196,8 +198,8 @@ def progress_tables(progress: Mapping[str, Any]) -> list[Table]:
     for agent in agents:
         counts = agent["counts"]
         summary.add_row(
-            escape(agent["agent_id"]),
-            escape(", ".join(agent["nodes"])),
+            agent["agent_id"],
+            ", ".join(agent["nodes"]),
             str(agent["total"]),
             *(str(counts.get(s, 0)) for s in _ALWAYS),
             ", ".join(
@@ -217,7 +219,7 @@ def progress_tables(progress: Mapping[str, Any]) -> list[Table]:
     for agent in shown_agents:
         shown, hidden = digest(agent["items"], limit)
         table = Table(
-            title=f"{escape(agent['agent_id'])}: {counts_line(agent['counts'], agent['total'])}",
+            title=f"{agent['agent_id']}: {counts_line(agent['counts'], agent['total'])}",
             title_justify="left",
         )
         sessions = len({i["session_id"] for i in agent["items"]}) > 1
@@ -233,7 +235,7 @@ def progress_tables(progress: Mapping[str, Any]) -> list[Table]:
                 clip(short_id(item), 12),
                 *([clip(item["session_id"], 12)] if sessions else []),
                 clip(item["text"], 60),
-                STANDING_LABELS.get(item["standing"], escape(item["standing"])),
+                STANDING_LABELS.get(item["standing"]) or item["standing"],
                 _closes(item),
                 _latest(item),
             )

@@ -20,12 +20,10 @@ from importlib import resources
 from typing import Annotated, Any, Protocol
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from fleetbus.http import HttpServer, Page
 from fleetledger import webpage
-from fleetledger.console import fail
+from fleetledger.console import console, fail, literal
 from fleetledger.servers import WEB_PRINCIPAL
 from fleetledger.settings import FleetSettings
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
@@ -40,7 +38,7 @@ _ASSETS = {
     "/static/live.js": ("live.js", "text/javascript; charset=utf-8"),
     "/static/web.css": ("web.css", "text/css; charset=utf-8"),
 }
-err = Console(stderr=True)
+err = console(stderr=True)
 
 
 class ViewSource(Protocol):
@@ -255,7 +253,7 @@ def web(
         ))  # fmt: skip
     if not is_loopback(host):
         err.print(
-            f"[yellow]warning[/] serving on {escape(host)}, not loopback: anyone who reaches "
+            literal("warning", "yellow") + f" serving on {host}, not loopback: anyone who reaches "
             "it reads every mission's view (no login)"
         )
 
@@ -267,7 +265,7 @@ def web(
 
         def started(url: str) -> None:
             print(url, flush=True)
-            err.print(f"the team view, read-only as {escape(principal)}: {url} (Ctrl-C stops)")
+            err.print(f"the team view, read-only as {principal}: {url} (Ctrl-C stops)")
 
         await serve(
             FleetSettings.load(), host=host, port=port, principal=principal,

@@ -48,14 +48,45 @@ def test_a_path_in_a_hooks_install_error_survives_literally(tmp_path: Path, name
 
 
 def rendered(*renderables: object) -> str:
-    import io
+    """What the CLI's own console prints of these."""
+    from fleetledger.console import console
 
-    from rich.console import Console
-
-    console = Console(record=True, width=400, file=io.StringIO())
+    out = console()
+    out.begin_capture()
     for r in renderables:
-        console.print(r)
-    return console.export_text()
+        out.print(r, soft_wrap=True)
+    return out.end_capture()
+
+
+HOSTILE = "fix the [/] parser, see [bold red]x :x: \\[y]"
+
+
+@pytest.mark.parametrize(
+    "module", ["fleetledger.cli", "fleetledger.cli_node", "fleetledger.cli_identity",
+               "fleetledger.cli_roles", "fleetledger.web", "fleetledger.console"],
+)  # fmt: skip
+def test_every_cli_console_prints_what_it_is_given_literally(module: str) -> None:
+    """`todo add 'fix the [/] parser'` added the item, then died in a MarkupError traceback;
+    `todo add 'see [bold red]x'` printed 'see x': each module's consoles are literal."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    for name in ("out", "err"):
+        printer = getattr(mod, name, None)
+        if printer is None:
+            continue
+        printer.begin_capture()
+        printer.print(HOSTILE, soft_wrap=True)
+        assert printer.end_capture() == HOSTILE + "\n", (module, name)
+
+
+def test_a_todo_item_text_and_a_project_path_print_literally() -> None:
+    from rich.text import Text
+
+    from fleetledger.console import literal
+
+    line = Text.assemble("added ", ("t1", "bold"), f" (s-t1): {HOSTILE}")
+    assert rendered(line, literal(HOSTILE, "red")) == f"added t1 (s-t1): {HOSTILE}\n{HOSTILE}\n"
 
 
 def test_a_denial_reason_in_the_receipt_survives_literally() -> None:

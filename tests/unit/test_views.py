@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rich.console import Console
 from typer.testing import CliRunner
 
 from coordinator.views import ATTENTION_ORDER, digest, item_progress, operator_view, project
 from fleetledger.cli import app
+from fleetledger.console import console
 from fleetledger.render import AGENT_ROWS, PROGRESS_ROWS, clip, progress_tables, team_view
 from ledger.events import (
     ItemCaptured,
@@ -58,10 +58,13 @@ def two_agents() -> MissionState:
 
 
 def render(tables: list[Any], width: int = 120) -> str:
-    console = Console(record=True, width=width)
+    """As the CLI prints them: through its literal console (``fleetledger.console``)."""
+    out = console()
+    out.width = width
+    out.begin_capture()
     for table in tables:
-        console.print(table)
-    return console.export_text()
+        out.print(table)
+    return out.end_capture()
 
 
 def test_progress_lists_each_agents_items_in_session_order_with_enum_standings() -> None:
