@@ -160,10 +160,7 @@ def refused_identity(
     with contextlib.suppress(FleetError, OSError, ValidationError, SettingsError):
         settings = FleetBaseSettings.load()
         principal = settings.principal
-        if directory is not None:
-            known = directory()
-        elif settings.identity_dir is not None:
-            known = KeyStore(settings.identity_dir).directory()
+        known = (directory or KeyStore(settings.key_store).directory)()
     public = public_key(seed) if seed else None
     return auth_refused(f"NATS at {url}", public, known, principal)
 

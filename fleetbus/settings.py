@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from ledger.errors import InvalidInput
@@ -86,10 +86,17 @@ class FleetBaseSettings(BaseSettings):
         env_prefix="FLEET_", env_nested_delimiter="__", extra="ignore"
     )
 
-    # who this process is (SPEC S12): a principal of the key store in ``identity_dir``
+    # who this process is (SPEC S12): a principal of the key store in ``key_store``
     principal: str | None = None
     identity_dir: Path | None = None
+    state_dir: Path = Field(default_factory=default_state_dir)
     nats_tls: NatsTls = NatsTls()
+
+    @property
+    def key_store(self) -> Path:
+        """The key store this process's principal is in: FLEET_IDENTITY_DIR, else the state
+        directory's ``identity`` (where `fleetledger up` keeps it). The one answer."""
+        return self.identity_dir or self.state_dir / "identity"
 
     @classmethod
     def load(cls, **overrides: Any) -> Self:

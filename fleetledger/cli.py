@@ -349,7 +349,7 @@ def _principals() -> Any:
     settings = person()
     if settings.principal is None:
         return None
-    return KeyStore(settings.identity_dir or settings.state_dir / "identity").directory
+    return KeyStore(settings.key_store).directory
 
 
 def _directory() -> Any:

@@ -59,7 +59,7 @@ def key_store(directory: Path | None = None) -> KeyStore:
     if directory is not None:
         return KeyStore(directory)
     settings = FleetSettings.load()
-    return KeyStore(settings.identity_dir or settings.state_dir / "identity")
+    return KeyStore(settings.key_store)
 
 
 PERSON_FILE = "person.env"  # beside fleet.env: who acts at a person's terminal (never sourced)
@@ -81,7 +81,7 @@ def person() -> FleetSettings:
 def person_seed() -> str | None:
     """The seed of the person at this terminal (None: nobody is named here)."""
     settings = person()
-    return seed_of(settings.principal, settings.identity_dir or settings.state_dir / "identity")
+    return seed_of(settings.principal, settings.key_store)
 
 
 def write_person_file(directory: Path, name: str, identity_dir: Path) -> Path:

@@ -311,9 +311,7 @@ def register(app: typer.Typer) -> None:
                     "no fleet configured: run `fleetledger up` (it writes fleet.env) "
                     "or set FLEET_NATS_URL"
                 )
-            seed = seed_of(
-                settings.principal, settings.identity_dir or settings.state_dir / "identity"
-            )
+            seed = seed_of(settings.principal, settings.key_store)
             if target in ("export", "follow"):
                 found = asyncio.run(_project(target, settings.nats_url, seed, first, last))
             else:

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from pydantic import Field
-
 from fleetbus.settings import ENV_FILE_NAME, FleetBaseSettings, default_state_dir
 
 
@@ -14,7 +10,6 @@ class FleetSettings(FleetBaseSettings):
 
     nats_url: str | None = None
     redis_url: str | None = None
-    state_dir: Path = Field(default_factory=default_state_dir)
     jaeger_url: str = "http://127.0.0.1:16686"
 
 

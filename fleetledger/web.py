@@ -172,7 +172,7 @@ def viewer_seed(settings: FleetSettings, principal: str) -> str | None:
     A principal that is not a viewer is refused: this server never holds a key that writes."""
     from fleetbus.identity import KeyStore
 
-    root = settings.identity_dir or settings.state_dir / "identity"
+    root = settings.key_store
     if not root.is_dir():
         return None
     keys = KeyStore(root)

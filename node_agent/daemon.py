@@ -49,16 +49,12 @@ class NodeAgent:
         """The fleet's directory when this node is a principal (identity on), else None."""
         if self.settings.principal is None:
             return None
-        return KeyStore(
-            self.settings.identity_dir or self.settings.state_dir / "identity"
-        ).directory
+        return KeyStore(self.settings.key_store).directory
 
     def __init__(self, settings: NodeSettings, *, judge: Judge | None = None) -> None:
         self.settings = settings
         rules = completion.load(settings.completion_rules)  # bad rules: refused before any write
-        self.seed = seed_of(
-            settings.principal, settings.identity_dir or settings.state_dir / "identity"
-        )
+        self.seed = seed_of(settings.principal, settings.key_store)
         self.store = Store(
             settings.db_path, node_id=settings.node_id, default_mission=settings.mission,
             seed=self.seed,

@@ -150,7 +150,7 @@ def protected_paths(settings: NodeSettings, fleet_dir: Path) -> list[Path]:
     fleet.env and person.env, the node agent's state (socket, SQLite, fail-closed rules);
     absolute, a path inside another one left out."""
     found = [
-        settings.identity_dir or settings.state_dir / "identity", fleet_dir,
+        settings.key_store, fleet_dir,
         settings.socket_path.parent, settings.state_dir,
     ]  # fmt: skip
     paths = sorted({p.resolve() for p in found}, key=lambda p: len(p.parts))

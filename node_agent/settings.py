@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from fleetbus.http import loopback_host
-from fleetbus.settings import FleetBaseSettings, default_state_dir
+from fleetbus.settings import FleetBaseSettings
 from fleetledger_hook import policy
 from fleetledger_hook.policy import SHELL_TOOLS
 
@@ -105,7 +105,6 @@ DEFAULT_CACHEABLE: tuple[CacheRule, ...] = (
 class NodeSettings(FleetBaseSettings):
     """Everything a node agent (daemon, hooks, `todo`) reads from FLEET_* or fleet.env."""
 
-    state_dir: Path = Field(default_factory=default_state_dir)
     node_id: str = "node-local"
     mission: str = "local"  # node-local events need a mission; a session may name its own
     grant_id: str | None = None  # the grant consequential actions are authorised under

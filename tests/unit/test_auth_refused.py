@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
 
 from fleetbus.identity import auth_refused
 from ledger.errors import AuthRefused, ErrorCode, Unreachable
@@ -39,3 +42,26 @@ def test_a_key_the_directory_lacks_names_it_and_the_configured_principal() -> No
     exc = auth_refused("NATS at nats://h:1", KEY, {}, principal="bob")
     assert f"principal bob (key {KEY})" in exc.message and "does not hold that key" in exc.message
     assert "FLEET_IDENTITY_DIR" in exc.message
+
+
+def test_a_revoked_key_of_the_state_dirs_key_store_is_reported_revoked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleetledger up`'s key store is STATE/identity, with no FLEET_IDENTITY_DIR set: the
+    refusal read the directory only from FLEET_IDENTITY_DIR and called a revoked key unknown
+    ("does not hold that key"). One answer for where the key store is: ``key_store``."""
+    from fleetbus.connection import refused_identity
+    from fleetbus.identity import KeyStore
+    from fleetbus.settings import FleetBaseSettings
+
+    for key in ("FLEET_IDENTITY_DIR", "FLEET_PRINCIPAL"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path))
+    keys = KeyStore(tmp_path / "identity")
+    keys.create("h2", Role.HUMAN)
+    seed = keys.seed("h2")
+    keys.revoke("h2")
+    monkeypatch.setenv("FLEET_PRINCIPAL", "h2")
+    assert FleetBaseSettings.load().key_store == tmp_path / "identity"
+    exc = refused_identity("nats://127.0.0.1:1", seed, None)
+    assert "was revoked at" in exc.message, exc.message
