@@ -155,7 +155,8 @@ def is_loopback(host: str) -> bool:
 
 def viewer_seed(settings: FleetSettings, principal: str) -> str | None:
     """The viewer's seed from the fleet's key store; None on an open fleet (no key store).
-    A principal that is not a viewer is refused: this server never holds a key that writes."""
+    A principal that is not a viewer is refused: this server never holds a key that writes;
+    a revoked one is refused naming the way on (another viewer, not the same name again)."""
     from fleetbus.identity import KeyStore
 
     root = settings.identity_dir or settings.state_dir / "identity"
@@ -168,6 +169,13 @@ def viewer_seed(settings: FleetSettings, principal: str) -> str | None:
             f"the key store {root} has no principal {principal!r}: restart `fleetledger up` (it "
             f"creates {WEB_PRINCIPAL!r}) or run `fleetledger identity create {principal} "
             "--role viewer`"
+        )
+    if known[principal].revoked:  # its name stays taken: creating it again is a duplicate
+        at = known[principal].revoked_at
+        raise InvalidInput(
+            f"the viewer {principal!r} was revoked{f' at {at.isoformat()}' if at else ''}: "
+            "create another viewer (`fleetledger identity create NAME --role viewer`) and pass "
+            "--principal NAME"
         )
     if known[principal].role is not Role.VIEWER:
         raise InvalidInput(
