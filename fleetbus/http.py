@@ -15,6 +15,9 @@ A body is read only within its limits: at most ``MAX_BODY`` bytes (413) and ``MA
 levels of nesting (400, checked before parsing: a parser recursing 5,000 levels deep fails
 with no answer). A server given ``pages`` (the read-only web view) answers every other GET
 with the ``Page`` they return (HTML, CSS, script), under a strict content security policy.
+On TCP the API and the pages answer only a ``Host`` the server was given (default the loopback
+names with its port), whatever address it binds: one guard against DNS rebinding. A request
+line or header past 64 KiB is 431.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -92,6 +95,7 @@ class HttpServer:
         self.routes, self.live, self.ready, self.pages = routes or {}, live, ready, pages
         self._servers: list[asyncio.Server] = []
         self.http_port: int | None = None
+        self.allowed_hosts: frozenset[str] = frozenset()
         self.socket_path: Path | None = None
 
     async def listen_unix(self, path: Path) -> None:
@@ -110,29 +114,36 @@ class HttpServer:
         self._servers.append(server)
 
     async def listen_tcp(
-        self, port: int, host: str = "127.0.0.1", *, token: str | None = None
-    ) -> None:
+        self, port: int, host: str = "127.0.0.1", *, token: str | None = None,
+        allowed_hosts: Iterable[str] | None = None,
+    ) -> None:  # fmt: skip
         """Listen on ``host:port`` (0: a free port, then in ``http_port``). A server with routes
         needs ``token`` and a loopback ``host``; one with probes and pages only may listen
-        anywhere (`fleetledger web` asks for ``--allow-remote`` first)."""
+        anywhere (`fleetledger web` asks for ``--allow-remote`` first). Whatever the address,
+        the API and the pages answer only a ``Host`` in ``allowed_hosts`` (``host_entry``
+        each; default the loopback names with the bound port): a rebound DNS name is refused."""
         if self.routes and token is None:
             raise InvalidInput("the local API over TCP needs a bearer token")
         if token is not None:
             host = loopback_host(host)
-        serve = functools.partial(self._serve, token=token)
+        given = None if allowed_hosts is None else frozenset(map(host_entry, allowed_hosts))
+        serve = functools.partial(self._serve, token=token, tcp=True)
         server = await asyncio.start_server(serve, host, port)
         self.http_port = int(server.sockets[0].getsockname()[1])
+        self.allowed_hosts = given if given is not None else loopback_names(self.http_port)
         self._servers.append(server)
 
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-        token: str | None = None,
+        token: str | None = None, tcp: bool = False,
     ) -> None:  # fmt: skip
         try:
             async with asyncio.timeout(60):
-                status, body = await self._handle(reader, token)
+                status, body = await self._handle(reader, token, tcp)
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             status, body = 400, {"error": {"code": "FL-INPUT", "message": "incomplete request"}}
+        except LineTooLong as exc:
+            status, body = 431, _err(exc)
         if isinstance(body, Page):
             data, kind, extra = body.body, body.content_type, PAGE_HEADERS
         else:
@@ -150,12 +161,12 @@ class HttpServer:
             await writer.wait_closed()
 
     async def _handle(
-        self, reader: asyncio.StreamReader, token: str | None
+        self, reader: asyncio.StreamReader, token: str | None, tcp: bool
     ) -> tuple[int, dict[str, Any] | Page]:
-        request = (await reader.readline()).decode("latin-1").split()
+        request = (await _line(reader)).split()
         headers: dict[str, str] = {}
         while True:
-            line = (await reader.readline()).decode("latin-1").strip()
+            line = (await _line(reader)).strip()
             if not line:
                 break
             key, _, value = line.partition(":")
@@ -163,11 +174,18 @@ class HttpServer:
         if len(request) < 2:
             return 400, _err(InvalidInput("malformed HTTP request line"))
         method, (path, _, query) = request[0], request[1].partition("?")
+        probe = method == "GET" and path in ("/healthz", "/readyz")
+        named = (headers.get("host") or "").lower()  # probes without a token: any (kubelet's)
+        if tcp and (token is not None or not probe) and named not in self.allowed_hosts:
+            return 403, _err(InvalidInput(
+                f"request for another host refused (Host {headers.get('host', '')[:80]!r}; "
+                f"this server answers for {', '.join(sorted(self.allowed_hosts))})"
+            ))  # fmt: skip
         if token is not None:
-            refused = guard(method, headers, token, self.http_port)
+            refused = guard(method, headers, token, self.allowed_hosts)
             if refused is not None:
                 return refused[0], _err(InvalidInput(refused[1]))
-        if method == "GET" and path in ("/healthz", "/readyz"):
+        if probe:
             ok, body = await (self.live if path == "/healthz" else self.ready)()
             return (200 if ok else 503), body
         if method == "GET" and self.pages is not None:
@@ -180,7 +198,10 @@ class HttpServer:
         route = self.routes.get(path.removeprefix("/v1/")) if path.startswith("/v1/") else None
         if method != "POST" or route is None:
             return 404, _err(InvalidInput(f"no route {method} {path}"))
-        length = int(headers.get("content-length", "0") or 0)
+        given = headers.get("content-length", "0") or "0"
+        if not given.isdigit():
+            return 400, _err(InvalidInput(f"Content-Length {given[:40]!r} is not a number"))
+        length = int(given)
         if length > MAX_BODY:
             return 413, _err(InvalidInput(f"request body of {length} bytes exceeds {MAX_BODY}"))
         raw = await reader.readexactly(length) if length else b"{}"
@@ -225,20 +246,38 @@ def loopback_host(host: str) -> str:
 
 
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+_HOST_ENTRY = re.compile(
+    r"(?P<name>[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]"
+    r"{0,62}[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?"
+)
+
+
+def loopback_names(port: int) -> frozenset[str]:
+    """The Host headers a browser sends to a loopback server on ``port``."""
+    return frozenset(f"{name}:{port}" for name in _LOOPBACK_NAMES)
+
+
+def host_entry(entry: str) -> str:
+    """One allowed ``Host``: ``NAME[:PORT]`` (a DNS name, an IPv4 literal or a ``[v6]`` one;
+    without a port it is the header a browser sends for port 80), lower-cased; else
+    ``InvalidInput``."""
+    match = _HOST_ENTRY.fullmatch(entry)
+    port = match and match.group("port")
+    if match is None or (port is not None and not 0 < int(port) < 65536):
+        raise InvalidInput(f"allowed host {entry[:80]!r} is not NAME or NAME:PORT")
+    return entry.lower()
 
 
 def guard(
-    method: str, headers: dict[str, str], token: str, port: int | None
+    method: str, headers: dict[str, str], token: str, ours: frozenset[str]
 ) -> tuple[int, str] | None:
-    """Why a request on the guarded loopback API is refused (status, message), or None."""
-    ours = {f"{name}:{port}" for name in _LOOPBACK_NAMES}
+    """Why a request on the token-guarded API is refused (status, message), or None (its
+    ``Host`` is checked first, against ``ours``, for every request a TCP server answers)."""
     origin = headers.get("origin")
     if origin is not None and origin.removeprefix("http://") not in ours:
         return 403, f"cross-origin request refused (Origin {origin[:80]!r})"
     if headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
         return 403, f"cross-origin request refused (Sec-Fetch-Site {headers['sec-fetch-site']!r})"
-    if headers.get("host") not in ours:  # a rebound DNS name is another origin
-        return 403, f"request for another host refused (Host {headers.get('host', '')[:80]!r})"
     scheme, _, given = headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(
         given.strip().encode("utf-8", "replace"), token.encode()
@@ -280,6 +319,19 @@ def first_error(exc: ValidationError) -> str:
     err = exc.errors(include_url=False)[0]
     loc = ".".join(str(p) for p in err["loc"])
     return f"{loc}: {err['msg']}" if loc else str(err["msg"])
+
+
+class LineTooLong(InvalidInput):
+    """A request line or header longer than the stream's limit (answered 431)."""
+
+
+async def _line(reader: asyncio.StreamReader) -> str:
+    """One line of the request head; one past the reader's limit (64 KiB) is ``LineTooLong``
+    (asyncio raises ValueError there, after dropping what it buffered)."""
+    try:
+        return (await reader.readline()).decode("latin-1")
+    except (ValueError, asyncio.LimitOverrunError):
+        raise LineTooLong("a request line or header is longer than 64 KiB") from None
 
 
 def _err(exc: FleetError) -> dict[str, Any]:

@@ -35,7 +35,17 @@ from fleetledger.settings import FleetSettings
 from fleetledger_hook import forward
 from fleetledger_hook.adapters import ADAPTERS
 from ledger.errors import ComponentTimeout, FleetError, InvalidInput, Unreachable
-from node_agent.hooks import HOOK_PACKAGE, SETTINGS_FILES, Agent, codex_trust, install
+from node_agent.hooks import (
+    HOOK_PACKAGE,
+    SETTINGS_FILES,
+    Agent,
+    AgentLayers,
+    claude_layers,
+    codex_trust,
+    install,
+    parse_hooks,
+    read_layers,
+)  # fmt: skip
 from node_agent.settings import NodeSettings
 
 AGENTS: tuple[Agent, ...] = ("claude-code", "codex", "gemini")
@@ -196,17 +206,17 @@ def read_hooks(agent: Agent, project: Path) -> tuple[dict[str, Any] | None, list
     if not isinstance(config, dict):
         raise InvalidInput(f"{path} does not hold a JSON object")
     found: list[Hook] = []
-    for event, groups in (config.get("hooks") or {}).items():
-        for group in groups if isinstance(groups, list) else []:
-            for handler in group.get("hooks") or [] if isinstance(group, dict) else []:
+    for event, groups in parse_hooks(config, str(path)).items():
+        for group in groups:
+            for handler in group.hooks:
                 hook = _parse(agent, event, handler)
                 if hook is not None:
                     found.append(hook)
     return config, found
 
 
-def _parse(agent: str, event: str, handler: Any) -> Hook | None:
-    command = handler.get("command") if isinstance(handler, dict) else None
+def _parse(agent: str, event: str, handler: dict[str, Any]) -> Hook | None:
+    command = handler.get("command")
     if not isinstance(command, str):
         return None
     try:
@@ -251,9 +261,9 @@ def check_node_agent(socket: Path, source: str, agent: Agent | None = None) -> C
     return passed(name, f"{health.get('node_id', '?')} answers at {socket} ({source})")
 
 
-def check_hooks(agent: Agent, project: Path) -> Check:
+def check_hooks(agent: Agent, project: Path, layers: AgentLayers | None = None) -> Check:
     """Our hooks are there for every event, absolute, this installation's, one socket, and
-    exactly what `hooks install` would write now."""
+    exactly what `hooks install` would write now; no settings layer turns them all off."""
     name = f"{agent} hooks"
     path = project / SETTINGS_FILES[agent]
     reinstall = f"`fleetledger hooks install {agent} --project {project}`"
@@ -261,6 +271,10 @@ def check_hooks(agent: Agent, project: Path) -> Check:
         config, hooks = read_hooks(agent, project)
     except InvalidInput as exc:
         return failed(name, exc.message, f"fix or remove the file, then {reinstall}")
+    if layers is not None and layers.disabled_by is not None:
+        off = layers.disabled_by
+        return failed(name, f"{off} sets disableAllHooks: the agent runs no hook at all",
+                      f"remove disableAllHooks from {off}")  # fmt: skip
     if config is None or not hooks:
         return failed(name, f"no fleetledger hooks in {path}", reinstall)
     problems = []
@@ -343,20 +357,24 @@ def check_timeouts(agent: Agent, project: Path) -> Check:
     return passed(name, ", ".join(f"{h.event} {h.timeout}" for h in hooks))
 
 
-def check_environment(installed: str | None) -> Check:
-    """What an agent started in this terminal would carry: nothing that moves its hooks off
-    the installed socket (only FLEET_HOOK_SOCKET may), and no person's identity."""
+def check_environment(installed: str | None, layers: AgentLayers | None = None) -> Check:
+    """What an agent started in this terminal would carry, from this terminal or from the
+    ``env`` of its own settings files: nothing that moves its hooks off the installed socket
+    (only FLEET_HOOK_SOCKET may), and no person's identity."""
     name = "agent environment"
-    override = os.environ.get(forward.SOCKET_OVERRIDE)
+    sources = [(k, v, "is exported", "where the agent starts") for k, v in os.environ.items()]
+    sources += [(k, v, f"is set in {p}", f"from the env of {p}")
+                for k, (v, p) in (layers.env if layers else {}).items()]  # fmt: skip
     problems, fixes = [], []
-    if override and override != installed:
-        problems.append(f"{forward.SOCKET_OVERRIDE}={override} moves every hook off the "
-                        f"installed socket {installed}")  # fmt: skip
-        fixes.append(f"unset {forward.SOCKET_OVERRIDE} where the agent starts")
-    if os.environ.get("FLEET_PRINCIPAL"):
-        problems.append(f"FLEET_PRINCIPAL={os.environ['FLEET_PRINCIPAL']} is exported: an agent "
-                        "started here acts with a person's identity")  # fmt: skip
-        fixes.append("unset FLEET_PRINCIPAL (`fleetledger identity use NAME` instead)")
+    for key, value, where, there in sources:
+        if key == forward.SOCKET_OVERRIDE and value and value != installed:
+            problems.append(f"{key}={value} {where}: it moves every hook off the installed "
+                            f"socket {installed}")  # fmt: skip
+            fixes.append(f"unset {key} {there}")
+        if key == "FLEET_PRINCIPAL" and value:
+            problems.append(f"FLEET_PRINCIPAL={value} {where}: the agent acts with a person's "
+                            "identity")  # fmt: skip
+            fixes.append(f"unset FLEET_PRINCIPAL {there} (`fleetledger identity use NAME`)")
     if problems:
         return failed(name, "; ".join(problems), "; ".join(fixes))
     ignored = [k for k in ("FLEET_STATE_DIR", "FLEET_SOCKET") if os.environ.get(k)]
@@ -374,11 +392,16 @@ def agent_checks(agent: Agent, project: Path) -> list[Check]:
         found = check_node_agent(Path(socket), f"the socket the {agent} hooks name", agent)
     else:
         found = check_node_agent(NodeSettings.load().socket_path, "this terminal's settings", agent)
-    checks = [found, check_hooks(agent, project)]
+    layers, broken = AgentLayers(), None
+    try:  # the agent's own settings layers may turn the hooks off or move their socket
+        layers = read_layers(claude_layers(project, Path.home()) if agent == "claude-code" else [])
+    except InvalidInput as exc:
+        broken = failed(f"{agent} settings", exc.message, "fix the file named")
+    checks = [found, check_hooks(agent, project, layers)]
     if agent == "codex":
         checks.append(check_codex_trust(project))
-    checks += [check_timeouts(agent, project), check_environment(socket)]
-    return checks
+    checks += [check_timeouts(agent, project), check_environment(socket, layers)]
+    return checks if broken is None else [*checks, broken]
 
 
 def run_checks(agent: Agent | None, project: Path) -> list[Check]:

@@ -3,15 +3,15 @@
 It connects as a viewer (``ledger.identity.Role.VIEWER``: NATS lets it ask for views and list
 the ledger's subjects, nothing else) and serves, on the one HTTP server (``fleetbus.http``),
 ``/`` (the missions), ``/missions/<id>`` (a mission's page) and their fragments, which
-``live.js`` polls: a change shows within a second, with no reload and no build step. On
-loopback (the default) a request naming another host is refused, so a page elsewhere cannot
-reach it through a rebound DNS name; another address needs ``--allow-remote``, and says so.
+``live.js`` polls: a change shows within a second, with no reload and no build step. A
+request naming a Host it was not given (``--allowed-host``; default the loopback names with
+the port) is refused whatever address it binds, so a page elsewhere cannot reach it through a
+rebound DNS name; a non-loopback address needs ``--allow-remote``, and says so.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import re
 import signal
 import time
@@ -21,7 +21,7 @@ from typing import Annotated, Any, Protocol
 
 import typer
 
-from fleetbus.http import HttpServer, Page
+from fleetbus.http import HttpServer, Page, host_entry, loopback_host
 from fleetledger import webpage
 from fleetledger.console import console, fail, literal
 from fleetledger.servers import WEB_PRINCIPAL
@@ -74,22 +74,14 @@ class FleetSource:
 
 
 class WebView:
-    """The page routes over a ``ViewSource``; ``hosts``: the Host headers accepted (None: any)."""
+    """The page routes over a ``ViewSource`` (the server checks each request's Host first)."""
 
-    def __init__(
-        self, source: ViewSource, *, hosts: Callable[[], frozenset[str]] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:  # fmt: skip
-        self.source, self.hosts, self.clock = source, hosts, clock
+    def __init__(self, source: ViewSource, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.source, self.clock = source, clock
         self._cache: dict[str, tuple[float, asyncio.Task[Any]]] = {}
 
     async def page(self, path: str, query: str, headers: dict[str, str]) -> Page:
         """One GET: an asset, the index, a mission's page or either's fragment."""
-        if self.hosts is not None and headers.get("host") not in self.hosts():
-            return _html(403, webpage.error_page(
-                "Refused", f"this server answers for {', '.join(sorted(self.hosts()))} only, "
-                f"not Host {headers.get('host', '')[:80]!r}", status=403,
-            ))  # fmt: skip
         if path in _ASSETS:
             name, kind = _ASSETS[path]
             data = resources.files("fleetledger").joinpath("webassets", name).read_bytes()
@@ -152,24 +144,17 @@ def _given_digest(query: str) -> str | None:
 
 
 def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 or ``localhost``."""
-    if host == "localhost":
-        return True
+    """Whether ``host`` is a loopback address (``localhost`` or what ``loopback_host`` takes)."""
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
+        return host == "localhost" or bool(loopback_host(host))
+    except InvalidInput:
         return False
-
-
-def loopback_hosts(host: str, port: int) -> frozenset[str]:
-    """The Host headers a browser sends to a loopback server on ``port``."""
-    names = {"127.0.0.1", "localhost", "[::1]", f"[{host}]" if ":" in host else host}
-    return frozenset(f"{name}:{port}" for name in names)
 
 
 def viewer_seed(settings: FleetSettings, principal: str) -> str | None:
     """The viewer's seed from the fleet's key store; None on an open fleet (no key store).
-    A principal that is not a viewer is refused: this server never holds a key that writes."""
+    A principal that is not a viewer is refused: this server never holds a key that writes;
+    a revoked one is refused naming the way on (another viewer, not the same name again)."""
     from fleetbus.identity import KeyStore
 
     root = settings.key_store
@@ -183,6 +168,13 @@ def viewer_seed(settings: FleetSettings, principal: str) -> str | None:
             f"creates {WEB_PRINCIPAL!r}) or run `fleetledger identity create {principal} "
             "--role viewer`"
         )
+    if known[principal].revoked:  # its name stays taken: creating it again is a duplicate
+        at = known[principal].revoked_at
+        raise InvalidInput(
+            f"the viewer {principal!r} was revoked{f' at {at.isoformat()}' if at else ''}: "
+            "create another viewer (`fleetledger identity create NAME --role viewer`) and pass "
+            "--principal NAME"
+        )
     if known[principal].role is not Role.VIEWER:
         raise InvalidInput(
             f"{principal!r} is a {known[principal].role} principal; `fleetledger web` reads as "
@@ -193,9 +185,10 @@ def viewer_seed(settings: FleetSettings, principal: str) -> str | None:
 
 async def serve(
     settings: FleetSettings, *, host: str, port: int, principal: str,
-    started: Callable[[str], None], stop: asyncio.Event,
+    started: Callable[[str], None], stop: asyncio.Event, allowed_hosts: list[str] | None = None,
 ) -> None:  # fmt: skip
-    """Connect as the viewer, serve until ``stop`` is set; ``started`` gets the page's URL."""
+    """Connect as the viewer, serve until ``stop`` is set; ``started`` gets the page's URL.
+    ``allowed_hosts``: the Host headers answered (None: the loopback names with the port)."""
     from fleetbus.client import FleetClient
 
     if not settings.nats_url:
@@ -204,12 +197,7 @@ async def serve(
         )
     seed = viewer_seed(settings, principal)
     async with await FleetClient.connect(settings.nats_url, seed=seed) as client:
-        server: HttpServer | None = None
-
-        def hosts() -> frozenset[str]:
-            return loopback_hosts(host, server.http_port or port) if server else frozenset()
-
-        pages = WebView(FleetSource(client), hosts=hosts if is_loopback(host) else None)
+        pages = WebView(FleetSource(client))
 
         async def live() -> tuple[bool, dict[str, Any]]:
             return True, {"status": "alive"}
@@ -219,7 +207,7 @@ async def serve(
             return ok, {"status": "ready" if ok else "NATS not connected"}
 
         server = HttpServer(live=live, ready=ready, pages=pages.page)
-        await server.listen_tcp(port, host)
+        await server.listen_tcp(port, host, allowed_hosts=allowed_hosts)
         try:
             shown = f"[{host}]" if ":" in host else host
             started(f"http://{shown}:{server.http_port}/")
@@ -241,6 +229,13 @@ def web(
     principal: Annotated[
         str, typer.Option(help="The viewer principal to read as (the key store's).")
     ] = WEB_PRINCIPAL,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A Host header to answer, NAME[:PORT] (repeatable; default the "
+            "loopback names with the port). Any other is refused, whatever --host."
+        ),
+    ] = None,
 ) -> None:
     """Serve the team view as a live page per mission (read-only): budget per level, grants
     and their chain, risks and who may treat them, decisions with their cut, to-do progress."""
@@ -251,6 +246,10 @@ def web(
             f"--host {host!r} is not a loopback address: anyone who reaches it reads every "
             "mission's view, with no login. Pass --allow-remote to serve it there anyway"
         ))  # fmt: skip
+    try:
+        allowed = None if not allowed_host else [host_entry(h) for h in allowed_host]
+    except InvalidInput as exc:
+        fail(exc)
     if not is_loopback(host):
         err.print(
             literal("warning", "yellow") + f" serving on {host}, not loopback: anyone who reaches "
@@ -269,7 +268,7 @@ def web(
 
         await serve(
             FleetSettings.load(), host=host, port=port, principal=principal,
-            started=started, stop=stop,
+            started=started, stop=stop, allowed_hosts=allowed,
         )  # fmt: skip
 
     try:

@@ -34,12 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
 import fleetledger_hook
 from fleetledger_hook import core
 from fleetledger_hook.adapters import ADAPTERS
 from fleetledger_hook.core import HookAnswer, Policy
 from fleetledger_hook.transport import NodeDown, NodeError
-from ledger.errors import ComponentTimeout, FleetError, Unreachable
+from ledger.errors import ComponentTimeout, FleetError, InvalidInput, Unreachable
 from node_agent.client import NodeClient
 from node_agent.settings import NodeSettings
 
@@ -55,8 +57,20 @@ SETTINGS_FILES: dict[Agent, str] = {
 TIMEOUT_S = {"stop": 90, "other": 30}
 
 __all__ = [
-    "SETTINGS_FILES", "Agent", "HookAnswer", "Installed", "claude_deny_rules", "codex_trust",
-    "handle", "install", "protected_paths",
+    "SETTINGS_FILES",
+    "Agent",
+    "AgentLayers",
+    "HookAnswer",
+    "HookGroup",
+    "Installed",
+    "claude_deny_rules",
+    "claude_layers",
+    "codex_trust",
+    "handle",
+    "install",
+    "parse_hooks",
+    "protected_paths",
+    "read_layers",
 ]  # fmt: skip
 
 
@@ -106,6 +120,81 @@ def write_policy(settings: NodeSettings) -> Path:
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     tmp.replace(path)
     return path
+
+
+# --- the hooks table of an agent's settings file ----------------------------------------------
+
+
+class HookGroup(BaseModel):
+    """One matcher group of ``hooks.EVENT``: its handlers are objects (the rest is the CLI's)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    hooks: list[dict[str, Any]] = []
+
+
+_TABLE: TypeAdapter[dict[str, list[HookGroup]]] = TypeAdapter(dict[str, list[HookGroup]])
+
+
+def parse_hooks(config: dict[str, Any], where: str = "the settings file") -> dict[
+    str, list[HookGroup]
+]:  # fmt: skip
+    """The ``hooks`` table of an agent's settings object (Claude Code, Codex hooks.json and
+    Gemini CLI share ``{"hooks": {EVENT: [{"matcher": ..., "hooks": [{...}]}]}}``), or
+    ``InvalidInput`` naming the first place that is not of that shape."""
+    raw = config.get("hooks")
+    if raw is None:
+        return {}
+    try:
+        return _TABLE.validate_python(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        at = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        raise InvalidInput(
+            f"{where}: hooks{at} is {json.dumps(first['input'])[:80]}, which is not of the "
+            "shape hooks.EVENT = [{\"hooks\": [{...}, ...]}, ...] ({first['msg']})"
+        ) from None
+
+
+@dataclass
+class AgentLayers:
+    """What the agent's own settings layers say about our hooks: the effective ``env`` (each
+    variable with the file it comes from) and the file that turns every hook off, if any."""
+
+    env: dict[str, tuple[str, Path]] = field(default_factory=dict)
+    disabled_by: Path | None = None
+
+
+def claude_layers(project: Path, home: Path) -> list[Path]:
+    """Claude Code's settings files, lowest precedence first: user, project, local project
+    (a later one overrides an earlier one key by key; managed settings are the admin's)."""
+    return [home / ".claude/settings.json", home / ".claude/settings.local.json",
+            project / ".claude/settings.json", project / ".claude/settings.local.json"]  # fmt: skip
+
+
+def read_layers(paths: list[Path]) -> AgentLayers:
+    """The effective ``env`` and ``disableAllHooks`` of settings ``paths`` (lowest first), or
+    ``InvalidInput`` naming a file that is not a JSON object or holds them in another shape."""
+    found = AgentLayers()
+    for path in (p for p in paths if p.is_file()):
+        try:
+            layer = _LAYER.validate_json(path.read_bytes())
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            at = ".".join(map(str, first["loc"])) or "the file"
+            raise InvalidInput(f"{path}: {at}: {first['msg']}") from None
+        found.env |= {k: (v, path) for k, v in layer.env.items()}
+        if layer.disableAllHooks is not None:
+            found.disabled_by = path if layer.disableAllHooks else None
+    return found
+
+
+class _Layer(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    env: dict[str, str] = {}
+    disableAllHooks: bool | None = None
+
+
+_LAYER = TypeAdapter(_Layer)
 
 
 # --- hooks install ----------------------------------------------------------------------------
@@ -173,7 +262,7 @@ def _protect(agent: Agent, merged: dict[str, Any], protect: list[Path], done: In
     permissions = merged.setdefault("permissions", {})
     deny = permissions.setdefault("deny", []) if isinstance(permissions, dict) else None
     if not isinstance(deny, list):
-        raise FleetError("the settings file's permissions.deny is not a list; not touching it")
+        raise InvalidInput("the settings file's permissions.deny is not a list; not touching it")
     missing = [rule for rule in claude_deny_rules(protect) if rule not in deny]
     if missing:
         deny.extend(missing)
@@ -189,11 +278,11 @@ def install(
     Claude Code, Codex (hooks.json) and Gemini CLI share the shape
     ``{"hooks": {EVENT: [{"matcher": ..., "hooks": [{"type": "command", "command": ...}]}]}}``.
     An entry of ours is updated in place (a new path, timeout or wrapper); the rest is kept.
+    A table of another shape is refused (``parse_hooks``) before anything is merged.
     """
+    parse_hooks(existing)
     merged = json.loads(json.dumps(existing))  # deep copy
     hooks = merged.setdefault("hooks", {})
-    if not isinstance(hooks, dict):
-        raise FleetError("the settings file's 'hooks' is not an object; not touching it")
     done = Installed(merged)
     for event, op in ADAPTERS[agent].events.items():
         seconds = TIMEOUT_S["stop" if op == "stop" else "other"]
@@ -205,13 +294,11 @@ def install(
         if agent == "gemini":
             handler = {"name": f"fleetledger-{event}", **handler}
         groups = hooks.setdefault(event, [])
-        if not isinstance(groups, list):
-            raise FleetError(f"the settings file's hooks.{event} is not a list; not touching it")
         found = False
-        for group in groups:
-            handlers = group.get("hooks") if isinstance(group, dict) else None
-            for i, h in enumerate(handlers if isinstance(handlers, list) else []):
-                if _ours(h, agent, event) and handlers is not None:
+        for group in groups:  # of the shape parse_hooks checked
+            handlers = group.setdefault("hooks", [])
+            for i, h in enumerate(handlers):
+                if _ours(h, agent, event):
                     if not found and h != handler:
                         handlers[i] = handler
                         done.changed.append(event)
@@ -240,10 +327,11 @@ def codex_trust(hooks_file: Path, config: dict[str, Any]) -> dict[str, str]:
     defaulted to 600, absent fields left out as TOML drops them).
     """
     trusted = {}
-    for event, groups in (config.get("hooks") or {}).items():
+    for event, groups in parse_hooks(config, str(hooks_file)).items():
         label = _CODEX_EVENT_LABEL.sub("_", event).lower()
-        for g, group in enumerate(groups if isinstance(groups, list) else []):
-            for h, handler in enumerate(group.get("hooks") or []):
+        for g, group in enumerate(groups):
+            matcher = (group.model_extra or {}).get("matcher")
+            for h, handler in enumerate(group.hooks):
                 if not _ours(handler, "codex", event):
                     continue
                 normal = {"type": "command", "command": handler["command"],
@@ -252,8 +340,8 @@ def codex_trust(hooks_file: Path, config: dict[str, Any]) -> dict[str, str]:
                 if handler.get("statusMessage") is not None:
                     normal["statusMessage"] = handler["statusMessage"]
                 identity: dict[str, Any] = {"event_name": label, "hooks": [normal]}
-                if group.get("matcher") is not None and label not in _NO_MATCHER:
-                    identity["matcher"] = group["matcher"]
+                if matcher is not None and label not in _NO_MATCHER:
+                    identity["matcher"] = matcher
                 canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"),
                                        ensure_ascii=False)  # fmt: skip
                 digest = hashlib.sha256(canonical.encode()).hexdigest()
