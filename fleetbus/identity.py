@@ -11,10 +11,11 @@ write atomic.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from ledger.errors import AuthRefused, ErrorCode, FleetError, InvalidInput
 from ledger.identity import Principal, Role, public_key, seed_from_bytes
 
 DIRECTORY_FILE = "principals.json"
+LOCK_FILE = ".lock"  # held around every read-modify-write of the directory (flock)
 _PRINCIPALS = TypeAdapter(list[Principal])
 
 
@@ -37,6 +39,18 @@ class KeyStore:
     @property
     def directory_path(self) -> Path:
         return self.root / DIRECTORY_FILE
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the key store's lock: two commands that change the directory at once would
+        otherwise each write back what they read, and one change would be lost."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
 
     def principals(self) -> list[Principal]:
         """Every principal, revoked ones included (they verify nothing)."""
@@ -79,48 +93,51 @@ class KeyStore:
     ) -> Principal:
         """A new principal with a fresh key; its seed is written 0600 beside the directory.
         ``agents``: a node's agents (it asks and records only for them)."""
-        known = self.principals()
-        if any(p.name == name for p in known):
-            raise InvalidInput(f"principal {name!r} already exists", code=ErrorCode.DUPLICATE)
         if agents and role is not Role.NODE:
             raise InvalidInput(f"only a node runs agents; {name} is a {role}")
         seed = seed_from_bytes(secrets.token_bytes(32))
         principal = Principal(
             name=name, role=role, public_key=public_key(seed), missions=missions, agents=agents
         )
-        self._write(self.root / f"{name}.seed", seed.encode(), mode=0o600)
-        self._save([*known, principal])
+        with self._locked():
+            known = self.principals()
+            if any(p.name == name for p in known):
+                raise InvalidInput(f"principal {name!r} already exists", code=ErrorCode.DUPLICATE)
+            self._write(self.root / f"{name}.seed", seed.encode(), mode=0o600)
+            self._save([*known, principal])
         return principal
 
     def revoke(self, name: str) -> Principal:
         """Mark a principal revoked (its events and requests are refused from now on) and
         delete its seed if this machine holds it."""
-        known = self.principals()
-        if not any(p.name == name for p in known):
-            raise InvalidInput(f"no principal {name!r} to revoke", code=ErrorCode.NOT_FOUND)
-        at = datetime.now(UTC)  # replay keeps what the key signed before this
-        updated = [
-            p.model_copy(update={"revoked": True, "revoked_at": p.revoked_at or at})
-            if p.name == name
-            else p
-            for p in known
-        ]
-        self._save(updated)
-        with contextlib.suppress(FileNotFoundError):
-            (self.root / f"{name}.seed").unlink()
+        with self._locked():
+            known = self.principals()
+            if not any(p.name == name for p in known):
+                raise InvalidInput(f"no principal {name!r} to revoke", code=ErrorCode.NOT_FOUND)
+            at = datetime.now(UTC)  # replay keeps what the key signed before this
+            updated = [
+                p.model_copy(update={"revoked": True, "revoked_at": p.revoked_at or at})
+                if p.name == name
+                else p
+                for p in known
+            ]
+            self._save(updated)
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / f"{name}.seed").unlink()
         return next(p for p in updated if p.name == name)
 
     def bind_agents(self, agents: Mapping[str, frozenset[str]]) -> None:
         """Set the agents each named node runs (the directory is the binding)."""
-        known = self.principals()
-        updated = [
-            p.model_copy(update={"agents": agents[p.name]})
-            if p.name in agents and p.role is Role.NODE
-            else p
-            for p in known
-        ]
-        if updated != known:
-            self._save(updated)
+        with self._locked():
+            known = self.principals()
+            updated = [
+                p.model_copy(update={"agents": agents[p.name]})
+                if p.name in agents and p.role is Role.NODE
+                else p
+                for p in known
+            ]
+            if updated != known:
+                self._save(updated)
 
     def seed(self, name: str) -> str:
         """The secret of ``name`` if this machine holds it; refuses a seed others can read."""

@@ -128,7 +128,7 @@ def create(
     except ValidationError as exc:  # a name the Principal model refuses; nothing written
         raise _fail(InvalidInput(f"invalid principal: {first_error(exc)}"), as_json) from None
     seed = store.root / f"{name}.seed"
-    fleet = _applied(store, as_json)
+    fleet = _applied(store, principal, as_json)
     if as_json:
         print(json.dumps({**principal.model_dump(mode="json"), "seed_file": str(seed),
                           "running_fleet": _fleet_json(fleet)}))  # fmt: skip
@@ -138,11 +138,11 @@ def create(
     _say_applied(fleet, f"{name} can connect now")
 
 
-def _applied(store: KeyStore, as_json: bool) -> Running | None:
-    """The running fleet on ``store`` once it admits the directory as saved (None: no fleet
-    runs on it); one that does not in time fails the command, saying the change is saved."""
+def _applied(store: KeyStore, change: Principal, as_json: bool) -> Running | None:
+    """The running fleet on ``store`` once it admits ``change`` as saved (None: no fleet runs
+    on it); one that does not in time fails the command, saying the change is saved."""
     try:
-        return await_applied(store)
+        return await_applied(store, change)
     except FleetError as exc:
         raise _fail(exc, as_json) from None
 
@@ -217,7 +217,7 @@ def revoke(name: str, directory: DirOpt = None, as_json: JsonOpt = False) -> Non
         principal = store.revoke(name)
     except FleetError as exc:
         raise _fail(exc, as_json) from None
-    fleet = _applied(store, as_json)
+    fleet = _applied(store, principal, as_json)
     if as_json:
         print(json.dumps({**principal.model_dump(mode="json"),
                           "running_fleet": _fleet_json(fleet)}))  # fmt: skip
