@@ -95,6 +95,11 @@ class KeyStore:
         ``agents``: a node's agents (it asks and records only for them)."""
         if agents and role is not Role.NODE:
             raise InvalidInput(f"only a node runs agents; {name} is a {role}")
+        if role is Role.VIEWER and missions != frozenset({"*"}):
+            raise InvalidInput(
+                "a viewer reads every mission's view; mission scopes are not enforced for "
+                "reads (create the viewer without --missions)"
+            )
         seed = seed_from_bytes(secrets.token_bytes(32))
         principal = Principal(
             name=name, role=role, public_key=public_key(seed), missions=missions, agents=agents

@@ -8,7 +8,12 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
 from fleetbus.identity import KeyStore
+from fleetledger.cli import app
+from ledger.errors import InvalidInput
 from ledger.identity import Role
 
 ROUNDS = 10
@@ -55,3 +60,19 @@ def test_a_revocation_concurrent_with_a_create_is_kept(tmp_path: Path) -> None:
         by_name = {p.name: p for p in store.principals()}
         assert by_name["ann"].revoked, f"round {round_}: the revocation was lost"
         assert set(by_name) == {"ann", "b", "c", "d"}
+
+
+def test_a_viewer_scoped_to_missions_is_refused_writing_nothing(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "keys")
+    with pytest.raises(InvalidInput) as caught:
+        store.create("scoped", Role.VIEWER, frozenset({"m1"}))
+    assert "mission scopes are not enforced for reads" in caught.value.message
+    assert store.principals() == [] and not (store.root / "scoped.seed").exists()
+    assert store.create("fleetwide", Role.VIEWER).missions == frozenset({"*"})
+
+
+def test_cli_refuses_missions_for_a_viewer_with_exit_2(tmp_path: Path) -> None:
+    argv = ["identity", "create", "scoped", "--role", "viewer", "--missions", "m1"]
+    done = CliRunner().invoke(app, [*argv, "--dir", str(tmp_path)])
+    assert done.exit_code == 2, done.output
+    assert "a viewer reads every mission's view" in done.stderr
