@@ -44,8 +44,12 @@ class KeyStore:
     def _locked(self) -> Iterator[None]:
         """Hold the key store's lock: two commands that change the directory at once would
         otherwise each write back what they read, and one change would be lost."""
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        lock = self.root / LOCK_FILE
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise unusable(lock, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -58,6 +62,8 @@ class KeyStore:
             raw = self.directory_path.read_bytes()
         except FileNotFoundError:
             return []
+        except OSError as exc:
+            raise unusable(self.directory_path, exc) from None
         try:
             return _PRINCIPALS.validate_json(raw)
         except ValidationError as exc:
@@ -72,6 +78,8 @@ class KeyStore:
             mtime = self.directory_path.stat().st_mtime_ns
         except FileNotFoundError:
             return {}
+        except OSError as exc:
+            raise unusable(self.directory_path, exc) from None
         if self._cached is None or self._cached[0] != mtime:
             self._cached = (mtime, {p.public_key: p for p in self.principals()})
         return self._cached[1]
@@ -155,9 +163,11 @@ class KeyStore:
                 f"`fleetledger identity create {name} --role ...`",
                 code=ErrorCode.NOT_FOUND,
             ) from None
+        except OSError as exc:
+            raise unusable(path, exc) from None
         if mode & 0o077:
             raise InvalidInput(f"{path} is readable by others (mode {mode:o}); chmod 600 it")
-        return path.read_text().strip()
+        return _read(path)
 
     def redis_password(self, user: str) -> str:
         """The password of Redis ACL user ``user``, drawn (and written 0600) the first time;
@@ -165,17 +175,36 @@ class KeyStore:
         path = self.root / f"redis-{user}.password"
         if not path.exists():
             self._write(path, secrets.token_urlsafe(32).encode(), mode=0o600)
-        mode = path.stat().st_mode & 0o777
+        try:
+            mode = path.stat().st_mode & 0o777
+        except OSError as exc:
+            raise unusable(path, exc) from None
         if mode & 0o077:
             raise InvalidInput(f"{path} is readable by others (mode {mode:o}); chmod 600 it")
-        return path.read_text().strip()
+        return _read(path)
 
     def _save(self, principals: list[Principal]) -> None:
         self._write(self.directory_path, _PRINCIPALS.dump_json(principals, indent=2), mode=0o644)
 
     def _write(self, path: Path, data: bytes, *, mode: int) -> None:
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_private(path, data, mode=mode)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_private(path, data, mode=mode)
+        except OSError as exc:
+            raise unusable(path, exc) from None
+
+
+def unusable(path: Path, exc: OSError) -> InvalidInput:
+    """A key store path that cannot be read or written (a file where a directory belongs, a
+    read-only mount), named with the system's reason."""
+    return InvalidInput(f"cannot use {path}: {exc.strerror or exc}")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise unusable(path, exc) from None
 
 
 def write_private(path: Path, data: bytes, *, mode: int = 0o600) -> None:
@@ -272,5 +301,6 @@ __all__ = [
     "directory_json",
     "ensure_principals",
     "seed_of",
+    "unusable",
     "write_private",
 ]

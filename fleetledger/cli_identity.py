@@ -30,11 +30,21 @@ from rich.table import Table
 
 from fleetbus.http import first_error
 from fleetbus.identity import KeyStore, seed_of, write_private
-from fleetbus.permissions import authorization, write_server_config
+from fleetbus.permissions import authorization
 from fleetbus.settings import env_file
 from fleetledger.reload import Running, await_applied
-from fleetledger.server_config import REDIS_COORDINATOR, nats_config, write_redis_config
-from fleetledger.servers import write_env_file
+from fleetledger.server_config import (
+    REDIS_CONF,
+    REDIS_COORDINATOR,
+    distinct_ports,
+    listen_host,
+    nats_config,
+    redis_files,
+    redis_passwords,
+    url_host,
+    write_files,
+)
+from fleetledger.servers import env_file_text
 from fleetledger.settings import FleetSettings
 from fleetledger_hook.humans import agent_session
 from ledger.errors import FleetError, InvalidInput
@@ -273,31 +283,29 @@ def write_server_config_files(
             raise
         except FleetError as exc:
             raise InvalidInput(f"`coordinator run` needs it here: {exc.message}") from None
-        if out_dir.exists() and not out_dir.is_dir():
-            raise InvalidInput(f"--out {out_dir} is not a directory")
+        host = listen_host(host)
+        ports = {"--nats-port": nats_port, "--monitor-port": monitor_port}
+        distinct_ports({**ports, "--redis-port": redis_port})
+        out_dir = out_dir.resolve()
+        data_dirs = [out_dir / "jetstream", out_dir / "redis"]
+        for path in (out_dir, *data_dirs):
+            if path.exists() and not path.is_dir():
+                raise InvalidInput(f"--out: {path} is not a directory")
+        # every input drawn and every file rendered before the first write
+        passwords = redis_passwords(store)
+        nats_path, env_path = out_dir / "nats-server.json", out_dir / SERVICES_ENV
+        redis_path = out_dir / REDIS_CONF
+        files = {
+            nats_path: _nats_file(principals, host, nats_port, monitor_port, data_dirs[0]),
+            **redis_files(out_dir, passwords, port=redis_port, data=data_dirs[1], host=host),
+            env_path: env_file_text(
+                _services_env(store, chosen, passwords, host, nats_port, redis_port)
+            ).encode(),
+        }
+        _make_dirs([out_dir, *data_dirs])
+        write_files(files)
     except FleetError as exc:
         raise _fail(exc, as_json) from None
-    out_dir = out_dir.resolve()
-    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for data in ("jetstream", "redis"):
-        (out_dir / data).mkdir(exist_ok=True, mode=0o700)
-    nats_path = out_dir / "nats-server.json"
-    write_server_config(nats_path, nats_config(
-        port=nats_port, monitor=monitor_port, store=out_dir / "jetstream",
-        principals=principals, host=host,
-    ))  # fmt: skip
-    redis_path = write_redis_config(
-        out_dir, store, port=redis_port, data=out_dir / "redis", host=host
-    )
-    password = quote(store.redis_password(REDIS_COORDINATOR), safe="")
-    env = {
-        "FLEET_NATS_URL": f"nats://{host}:{nats_port}",
-        "FLEET_REDIS_URL": f"redis://{REDIS_COORDINATOR}:{password}@{host}:{redis_port}/0",
-        "FLEET_PRINCIPAL": chosen.name,
-        "FLEET_IDENTITY_DIR": str(store.root.resolve()),
-    }
-    env_path = out_dir / SERVICES_ENV
-    write_env_file(env_path, env)
     written = {"nats": nats_path, "redis": redis_path, "coordinator_env": env_path}
     if as_json:
         print(json.dumps({k: str(v) for k, v in written.items()}))
@@ -312,6 +320,39 @@ def write_server_config_files(
     ]
     for line in say:
         out.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def _nats_file(
+    principals: list[Principal], host: str, port: int, monitor: int, store: Path
+) -> bytes:
+    config = nats_config(port=port, monitor=monitor, store=store, principals=principals, host=host)
+    return json.dumps(config, indent=2).encode()  # nats-server reads JSON as its syntax
+
+
+def _services_env(
+    store: KeyStore,
+    chosen: Principal,
+    passwords: dict[str, str],
+    host: str,
+    nats_port: int,
+    redis_port: int,
+) -> dict[str, str]:
+    password = quote(passwords[REDIS_COORDINATOR], safe="")
+    at = url_host(host)
+    return {
+        "FLEET_NATS_URL": f"nats://{at}:{nats_port}",
+        "FLEET_REDIS_URL": f"redis://{REDIS_COORDINATOR}:{password}@{at}:{redis_port}/0",
+        "FLEET_PRINCIPAL": chosen.name,
+        "FLEET_IDENTITY_DIR": str(store.root.resolve()),
+    }
+
+
+def _make_dirs(paths: list[Path]) -> None:
+    for path in paths:
+        try:
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise InvalidInput(f"cannot make {path}: {exc.strerror or exc}") from None
 
 
 _SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS subdomain

@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -535,11 +536,17 @@ def fleet_keys(
     return keys
 
 
+def env_file_text(env: Mapping[str, str]) -> str:
+    """FLEET_* settings as a dotenv file that a POSIX shell sources too (``set -a; . FILE``):
+    each value shell-quoted, which python-dotenv (pydantic-settings' reader) reads back."""
+    return "".join(f"{key}={shlex.quote(value)}\n" for key, value in sorted(env.items()))
+
+
 def write_env_file(path: Path, env: dict[str, str]) -> None:
     """Write FLEET_* settings as a dotenv file (what `fleetledger up` leaves for others): 0600,
     since its Redis URL carries a password."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_private(path, "".join(f"{key}={value}\n" for key, value in sorted(env.items())).encode())
+    write_private(path, env_file_text(env).encode())
 
 
 __all__ = [
@@ -554,6 +561,7 @@ __all__ = [
     "EmbeddedServers",
     "ManagedServer",
     "NatsServerTls",
+    "env_file_text",
     "find_nats_server",
     "find_redis_server",
     "fleet_keys",
