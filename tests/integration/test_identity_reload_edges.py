@@ -1,10 +1,12 @@
 """The embedded fleet's identity reload at its edges (issue 24 review): a reload is confirmed
 only by a configuration load after its signal, and a directory it cannot read is one line in
-the log, not a traceback, while the fleet keeps running."""
+the log, not a traceback, while the fleet keeps running; a change made while it starts is
+applied."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -12,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from fleetledger.reload import await_applied
 from fleetledger.servers import EmbeddedServers, _config_load_time, _loaded_after, fleet_keys
+from ledger.identity import Principal, Role
 
 pytestmark = pytest.mark.integration
 
@@ -62,3 +66,21 @@ def test_a_malformed_directory_is_one_log_line_naming_it(
     assert str(fleet.keys.directory_path) in record.getMessage()
     assert "is not a principal directory" in record.getMessage()
     assert fleet.nats is not None and fleet.nats.running
+
+
+def test_a_principal_created_while_the_fleet_starts_is_admitted(tmp_path: Path) -> None:
+    keys = fleet_keys(tmp_path, ["node-1"])
+    conf = tmp_path / "nats-server.json"
+    created: list[Principal] = []
+
+    def create_once_configured() -> None:  # while nats-server starts from that configuration
+        wait_for(conf.exists, 30, "nats-server's configuration to be written")
+        created.append(keys.create("late", Role.HUMAN))
+
+    # started here, not in a thread: the servers die with the thread that started them
+    creator = threading.Thread(target=create_once_configured)
+    creator.start()
+    with EmbeddedServers(tmp_path, keys=keys, redis=False):
+        creator.join(30)
+        (late,) = created
+        assert await_applied(keys, late, timeout=10) is not None
