@@ -173,8 +173,10 @@ class KeyStore:
         """The password of Redis ACL user ``user``, drawn (and written 0600) the first time;
         refused if others can read it, like a seed."""
         path = self.root / f"redis-{user}.password"
-        if not path.exists():
-            self._write(path, secrets.token_urlsafe(32).encode(), mode=0o600)
+        if not path.exists():  # drawn under the lock: two first starts agree on one password
+            with self._locked():
+                if not path.exists():
+                    self._write(path, secrets.token_urlsafe(32).encode(), mode=0o600)
         try:
             mode = path.stat().st_mode & 0o777
         except OSError as exc:

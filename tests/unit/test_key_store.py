@@ -76,3 +76,15 @@ def test_cli_refuses_missions_for_a_viewer_with_exit_2(tmp_path: Path) -> None:
     done = CliRunner().invoke(app, [*argv, "--dir", str(tmp_path)])
     assert done.exit_code == 2, done.output
     assert "a viewer reads every mission's view" in done.stderr
+
+
+def test_parallel_first_draws_of_a_redis_password_agree(tmp_path: Path) -> None:
+    for round_ in range(ROUNDS):
+        root = tmp_path / str(round_)
+        seen: list[str] = []
+
+        def draw(root: Path = root, seen: list[str] = seen) -> None:
+            seen.append(KeyStore(root).redis_password("admin"))
+
+        _together([draw] * WRITERS)
+        assert len(set(seen)) == 1, f"round {round_}: {len(set(seen))} passwords drawn"
