@@ -21,7 +21,6 @@ import re
 import secrets
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import quote
 
 import typer
 from pydantic import ValidationError
@@ -35,13 +34,13 @@ from fleetbus.settings import env_file
 from fleetledger.reload import Running, await_applied
 from fleetledger.server_config import (
     REDIS_CONF,
-    REDIS_COORDINATOR,
     distinct_ports,
     listen_host,
-    nats_config,
+    make_dirs,
+    nats_file,
     redis_files,
     redis_passwords,
-    url_host,
+    services_env,
     write_files,
 )
 from fleetledger.servers import env_file_text
@@ -296,13 +295,13 @@ def write_server_config_files(
         nats_path, env_path = out_dir / "nats-server.json", out_dir / SERVICES_ENV
         redis_path = out_dir / REDIS_CONF
         files = {
-            nats_path: _nats_file(principals, host, nats_port, monitor_port, data_dirs[0]),
+            nats_path: nats_file(principals, host, nats_port, monitor_port, data_dirs[0]),
             **redis_files(out_dir, passwords, port=redis_port, data=data_dirs[1], host=host),
             env_path: env_file_text(
-                _services_env(store, chosen, passwords, host, nats_port, redis_port)
+                services_env(store, chosen, passwords, host, nats_port, redis_port)
             ).encode(),
         }
-        _make_dirs([out_dir, *data_dirs])
+        make_dirs([out_dir, *data_dirs])
         write_files(files)
     except FleetError as exc:
         raise _fail(exc, as_json) from None
@@ -320,39 +319,6 @@ def write_server_config_files(
     ]
     for line in say:
         out.print(line, soft_wrap=True, highlight=False, markup=False)
-
-
-def _nats_file(
-    principals: list[Principal], host: str, port: int, monitor: int, store: Path
-) -> bytes:
-    config = nats_config(port=port, monitor=monitor, store=store, principals=principals, host=host)
-    return json.dumps(config, indent=2).encode()  # nats-server reads JSON as its syntax
-
-
-def _services_env(
-    store: KeyStore,
-    chosen: Principal,
-    passwords: dict[str, str],
-    host: str,
-    nats_port: int,
-    redis_port: int,
-) -> dict[str, str]:
-    password = quote(passwords[REDIS_COORDINATOR], safe="")
-    at = url_host(host)
-    return {
-        "FLEET_NATS_URL": f"nats://{at}:{nats_port}",
-        "FLEET_REDIS_URL": f"redis://{REDIS_COORDINATOR}:{password}@{at}:{redis_port}/0",
-        "FLEET_PRINCIPAL": chosen.name,
-        "FLEET_IDENTITY_DIR": str(store.root.resolve()),
-    }
-
-
-def _make_dirs(paths: list[Path]) -> None:
-    for path in paths:
-        try:
-            path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as exc:
-            raise InvalidInput(f"cannot make {path}: {exc.strerror or exc}") from None
 
 
 _SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS subdomain

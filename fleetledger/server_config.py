@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fleetbus.identity import KeyStore, write_private
 from fleetbus.permissions import authorization
@@ -186,6 +188,42 @@ def write_redis_config(
     return directory / REDIS_CONF
 
 
+def nats_file(
+    principals: list[Principal], host: str, port: int, monitor: int, store: Path
+) -> bytes:
+    """nats-server's configuration file (JSON, its syntax) for the principals, on ``host``."""
+    config = nats_config(port=port, monitor=monitor, store=store, principals=principals, host=host)
+    return json.dumps(config, indent=2).encode()  # nats-server reads JSON as its syntax
+
+
+def services_env(
+    store: KeyStore,
+    chosen: Principal,
+    passwords: dict[str, str],
+    host: str,
+    nats_port: int,
+    redis_port: int,
+) -> dict[str, str]:
+    """The FLEET_* of `coordinator run` as ``chosen``, against servers on ``host``."""
+    password = quote(passwords[REDIS_COORDINATOR], safe="")
+    at = url_host(host)
+    return {
+        "FLEET_NATS_URL": f"nats://{at}:{nats_port}",
+        "FLEET_REDIS_URL": f"redis://{REDIS_COORDINATOR}:{password}@{at}:{redis_port}/0",
+        "FLEET_PRINCIPAL": chosen.name,
+        "FLEET_IDENTITY_DIR": str(store.root.resolve()),
+    }
+
+
+def make_dirs(paths: list[Path]) -> None:
+    """Make each directory (0700); InvalidInput naming one that cannot be made."""
+    for path in paths:
+        try:
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise InvalidInput(f"cannot make {path}: {exc.strerror or exc}") from None
+
+
 __all__ = [
     "REDIS_ADMIN",
     "REDIS_BRANCH",
@@ -196,10 +234,13 @@ __all__ = [
     "NatsServerTls",
     "distinct_ports",
     "listen_host",
+    "make_dirs",
     "nats_config",
+    "nats_file",
     "redis_acl",
     "redis_files",
     "redis_passwords",
+    "services_env",
     "url_host",
     "write_files",
     "write_redis_config",
