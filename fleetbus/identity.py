@@ -11,10 +11,11 @@ write atomic.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from ledger.errors import AuthRefused, ErrorCode, FleetError, InvalidInput
 from ledger.identity import Principal, Role, public_key, seed_from_bytes
 
 DIRECTORY_FILE = "principals.json"
+LOCK_FILE = ".lock"  # held around every read-modify-write of the directory (flock)
 _PRINCIPALS = TypeAdapter(list[Principal])
 
 
@@ -38,12 +40,30 @@ class KeyStore:
     def directory_path(self) -> Path:
         return self.root / DIRECTORY_FILE
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the key store's lock: two commands that change the directory at once would
+        otherwise each write back what they read, and one change would be lost."""
+        lock = self.root / LOCK_FILE
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise unusable(lock, exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
     def principals(self) -> list[Principal]:
         """Every principal, revoked ones included (they verify nothing)."""
         try:
             raw = self.directory_path.read_bytes()
         except FileNotFoundError:
             return []
+        except OSError as exc:
+            raise unusable(self.directory_path, exc) from None
         try:
             return _PRINCIPALS.validate_json(raw)
         except ValidationError as exc:
@@ -58,6 +78,8 @@ class KeyStore:
             mtime = self.directory_path.stat().st_mtime_ns
         except FileNotFoundError:
             return {}
+        except OSError as exc:
+            raise unusable(self.directory_path, exc) from None
         if self._cached is None or self._cached[0] != mtime:
             self._cached = (mtime, {p.public_key: p for p in self.principals()})
         return self._cached[1]
@@ -79,48 +101,56 @@ class KeyStore:
     ) -> Principal:
         """A new principal with a fresh key; its seed is written 0600 beside the directory.
         ``agents``: a node's agents (it asks and records only for them)."""
-        known = self.principals()
-        if any(p.name == name for p in known):
-            raise InvalidInput(f"principal {name!r} already exists", code=ErrorCode.DUPLICATE)
         if agents and role is not Role.NODE:
             raise InvalidInput(f"only a node runs agents; {name} is a {role}")
+        if role is Role.VIEWER and missions != frozenset({"*"}):
+            raise InvalidInput(
+                "a viewer reads every mission's view; mission scopes are not enforced for "
+                "reads (create the viewer without --missions)"
+            )
         seed = seed_from_bytes(secrets.token_bytes(32))
         principal = Principal(
             name=name, role=role, public_key=public_key(seed), missions=missions, agents=agents
         )
-        self._write(self.root / f"{name}.seed", seed.encode(), mode=0o600)
-        self._save([*known, principal])
+        with self._locked():
+            known = self.principals()
+            if any(p.name == name for p in known):
+                raise InvalidInput(f"principal {name!r} already exists", code=ErrorCode.DUPLICATE)
+            self._write(self.root / f"{name}.seed", seed.encode(), mode=0o600)
+            self._save([*known, principal])
         return principal
 
     def revoke(self, name: str) -> Principal:
         """Mark a principal revoked (its events and requests are refused from now on) and
         delete its seed if this machine holds it."""
-        known = self.principals()
-        if not any(p.name == name for p in known):
-            raise InvalidInput(f"no principal {name!r} to revoke", code=ErrorCode.NOT_FOUND)
-        at = datetime.now(UTC)  # replay keeps what the key signed before this
-        updated = [
-            p.model_copy(update={"revoked": True, "revoked_at": p.revoked_at or at})
-            if p.name == name
-            else p
-            for p in known
-        ]
-        self._save(updated)
-        with contextlib.suppress(FileNotFoundError):
-            (self.root / f"{name}.seed").unlink()
+        with self._locked():
+            known = self.principals()
+            if not any(p.name == name for p in known):
+                raise InvalidInput(f"no principal {name!r} to revoke", code=ErrorCode.NOT_FOUND)
+            at = datetime.now(UTC)  # replay keeps what the key signed before this
+            updated = [
+                p.model_copy(update={"revoked": True, "revoked_at": p.revoked_at or at})
+                if p.name == name
+                else p
+                for p in known
+            ]
+            self._save(updated)
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / f"{name}.seed").unlink()
         return next(p for p in updated if p.name == name)
 
     def bind_agents(self, agents: Mapping[str, frozenset[str]]) -> None:
         """Set the agents each named node runs (the directory is the binding)."""
-        known = self.principals()
-        updated = [
-            p.model_copy(update={"agents": agents[p.name]})
-            if p.name in agents and p.role is Role.NODE
-            else p
-            for p in known
-        ]
-        if updated != known:
-            self._save(updated)
+        with self._locked():
+            known = self.principals()
+            updated = [
+                p.model_copy(update={"agents": agents[p.name]})
+                if p.name in agents and p.role is Role.NODE
+                else p
+                for p in known
+            ]
+            if updated != known:
+                self._save(updated)
 
     def seed(self, name: str) -> str:
         """The secret of ``name`` if this machine holds it; refuses a seed others can read."""
@@ -133,27 +163,50 @@ class KeyStore:
                 f"`fleetledger identity create {name} --role ...`",
                 code=ErrorCode.NOT_FOUND,
             ) from None
+        except OSError as exc:
+            raise unusable(path, exc) from None
         if mode & 0o077:
             raise InvalidInput(f"{path} is readable by others (mode {mode:o}); chmod 600 it")
-        return path.read_text().strip()
+        return _read(path)
 
     def redis_password(self, user: str) -> str:
         """The password of Redis ACL user ``user``, drawn (and written 0600) the first time;
         refused if others can read it, like a seed."""
         path = self.root / f"redis-{user}.password"
-        if not path.exists():
-            self._write(path, secrets.token_urlsafe(32).encode(), mode=0o600)
-        mode = path.stat().st_mode & 0o777
+        if not path.exists():  # drawn under the lock: two first starts agree on one password
+            with self._locked():
+                if not path.exists():
+                    self._write(path, secrets.token_urlsafe(32).encode(), mode=0o600)
+        try:
+            mode = path.stat().st_mode & 0o777
+        except OSError as exc:
+            raise unusable(path, exc) from None
         if mode & 0o077:
             raise InvalidInput(f"{path} is readable by others (mode {mode:o}); chmod 600 it")
-        return path.read_text().strip()
+        return _read(path)
 
     def _save(self, principals: list[Principal]) -> None:
         self._write(self.directory_path, _PRINCIPALS.dump_json(principals, indent=2), mode=0o644)
 
     def _write(self, path: Path, data: bytes, *, mode: int) -> None:
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_private(path, data, mode=mode)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_private(path, data, mode=mode)
+        except OSError as exc:
+            raise unusable(path, exc) from None
+
+
+def unusable(path: Path, exc: OSError) -> InvalidInput:
+    """A key store path that cannot be read or written (a file where a directory belongs, a
+    read-only mount), named with the system's reason."""
+    return InvalidInput(f"cannot use {path}: {exc.strerror or exc}")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise unusable(path, exc) from None
 
 
 def write_private(path: Path, data: bytes, *, mode: int = 0o600) -> None:
@@ -250,5 +303,6 @@ __all__ = [
     "directory_json",
     "ensure_principals",
     "seed_of",
+    "unusable",
     "write_private",
 ]

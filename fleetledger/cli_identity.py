@@ -21,7 +21,6 @@ import re
 import secrets
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import quote
 
 import typer
 from pydantic import ValidationError
@@ -30,12 +29,22 @@ from rich.text import Text
 
 from fleetbus.http import first_error
 from fleetbus.identity import KeyStore, seed_of, write_private
-from fleetbus.permissions import authorization, write_server_config
+from fleetbus.permissions import authorization
 from fleetbus.settings import env_file
 from fleetledger.console import console, literal
 from fleetledger.reload import Running, await_applied
-from fleetledger.server_config import REDIS_COORDINATOR, nats_config, write_redis_config
-from fleetledger.servers import write_env_file
+from fleetledger.server_config import (
+    REDIS_CONF,
+    distinct_ports,
+    listen_host,
+    make_dirs,
+    nats_file,
+    redis_files,
+    redis_passwords,
+    services_env,
+    write_files,
+)
+from fleetledger.servers import env_file_text
 from fleetledger.settings import FleetSettings
 from fleetledger_hook.humans import agent_session
 from ledger.errors import FleetError, InvalidInput
@@ -129,7 +138,7 @@ def create(
     except ValidationError as exc:  # a name the Principal model refuses; nothing written
         raise _fail(InvalidInput(f"invalid principal: {first_error(exc)}"), as_json) from None
     seed = store.root / f"{name}.seed"
-    fleet = _applied(store, as_json)
+    fleet = _applied(store, principal, as_json)
     if as_json:
         print(json.dumps({**principal.model_dump(mode="json"), "seed_file": str(seed),
                           "running_fleet": _fleet_json(fleet)}))  # fmt: skip
@@ -143,11 +152,11 @@ def create(
     _say_applied(fleet, f"{name} can connect now")
 
 
-def _applied(store: KeyStore, as_json: bool) -> Running | None:
-    """The running fleet on ``store`` once it admits the directory as saved (None: no fleet
-    runs on it); one that does not in time fails the command, saying the change is saved."""
+def _applied(store: KeyStore, change: Principal, as_json: bool) -> Running | None:
+    """The running fleet on ``store`` once it admits ``change`` as saved (None: no fleet runs
+    on it); one that does not in time fails the command, saying the change is saved."""
     try:
-        return await_applied(store)
+        return await_applied(store, change)
     except FleetError as exc:
         raise _fail(exc, as_json) from None
 
@@ -226,7 +235,7 @@ def revoke(name: str, directory: DirOpt = None, as_json: JsonOpt = False) -> Non
         principal = store.revoke(name)
     except FleetError as exc:
         raise _fail(exc, as_json) from None
-    fleet = _applied(store, as_json)
+    fleet = _applied(store, principal, as_json)
     if as_json:
         print(json.dumps({**principal.model_dump(mode="json"),
                           "running_fleet": _fleet_json(fleet)}))  # fmt: skip
@@ -282,31 +291,29 @@ def write_server_config_files(
             raise
         except FleetError as exc:
             raise InvalidInput(f"`coordinator run` needs it here: {exc.message}") from None
-        if out_dir.exists() and not out_dir.is_dir():
-            raise InvalidInput(f"--out {out_dir} is not a directory")
+        host = listen_host(host)
+        ports = {"--nats-port": nats_port, "--monitor-port": monitor_port}
+        distinct_ports({**ports, "--redis-port": redis_port})
+        out_dir = out_dir.resolve()
+        data_dirs = [out_dir / "jetstream", out_dir / "redis"]
+        for path in (out_dir, *data_dirs):
+            if path.exists() and not path.is_dir():
+                raise InvalidInput(f"--out: {path} is not a directory")
+        # every input drawn and every file rendered before the first write
+        passwords = redis_passwords(store)
+        nats_path, env_path = out_dir / "nats-server.json", out_dir / SERVICES_ENV
+        redis_path = out_dir / REDIS_CONF
+        files = {
+            nats_path: nats_file(principals, host, nats_port, monitor_port, data_dirs[0]),
+            **redis_files(out_dir, passwords, port=redis_port, data=data_dirs[1], host=host),
+            env_path: env_file_text(
+                services_env(store, chosen, passwords, host, nats_port, redis_port)
+            ).encode(),
+        }
+        make_dirs([out_dir, *data_dirs])
+        write_files(files)
     except FleetError as exc:
         raise _fail(exc, as_json) from None
-    out_dir = out_dir.resolve()
-    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for data in ("jetstream", "redis"):
-        (out_dir / data).mkdir(exist_ok=True, mode=0o700)
-    nats_path = out_dir / "nats-server.json"
-    write_server_config(nats_path, nats_config(
-        port=nats_port, monitor=monitor_port, store=out_dir / "jetstream",
-        principals=principals, host=host,
-    ))  # fmt: skip
-    redis_path = write_redis_config(
-        out_dir, store, port=redis_port, data=out_dir / "redis", host=host
-    )
-    password = quote(store.redis_password(REDIS_COORDINATOR), safe="")
-    env = {
-        "FLEET_NATS_URL": f"nats://{host}:{nats_port}",
-        "FLEET_REDIS_URL": f"redis://{REDIS_COORDINATOR}:{password}@{host}:{redis_port}/0",
-        "FLEET_PRINCIPAL": chosen.name,
-        "FLEET_IDENTITY_DIR": str(store.root.resolve()),
-    }
-    env_path = out_dir / SERVICES_ENV
-    write_env_file(env_path, env)
     written = {"nats": nats_path, "redis": redis_path, "coordinator_env": env_path}
     if as_json:
         print(json.dumps({k: str(v) for k, v in written.items()}))

@@ -4,8 +4,9 @@ The process that runs the embedded nats-server (``EmbeddedServers``: `fleetledge
 the fixtures) watches its key store's directory. When it changes, that process rewrites the
 server's configuration from it and signals a reload (SIGHUP: nats-server closes the connections
 of keys it no longer admits), and once the server reports the new configuration loaded it
-records, in ``running.json`` beside the directory, the digest of the directory now in force.
-`identity create` / `revoke` wait until that digest is the one they wrote, or say why not. The
+records, in ``running.json`` beside the directory, the principals now in force.
+`identity create` / `revoke` wait until their own change (the principal with its key and its
+revoked flag) is among them, or say why not. The
 coordinator needs no signal: it reads the directory afresh whenever the file changed
 (``KeyStore.directory``).
 """
@@ -13,7 +14,6 @@ coordinator needs no signal: it reads the directory afresh whenever the file cha
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import threading
@@ -24,7 +24,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fleetbus.identity import KeyStore, write_private
-from ledger.errors import ComponentTimeout
+from ledger.errors import ComponentTimeout, FleetError
+from ledger.identity import Principal
 
 log = logging.getLogger("fleetledger.reload")
 
@@ -35,25 +36,27 @@ APPLY_TIMEOUT_S = 2.0  # how long `identity create` / `revoke` wait for the flee
 
 class Running(BaseModel):
     """What ``running.json`` says: the process that runs the fleet's nats-server, and the
-    digest of the principal directory that server admits now."""
+    principal directory that server admits now."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     pid: int
     nats_pid: int
     nats_url: str
-    applied: str
+    applied: list[Principal]
+
+    def admits(self, change: Principal) -> bool:
+        """Whether the applied directory holds ``change`` as made (its key, its revocation)."""
+        return any(
+            p.public_key == change.public_key and p.revoked == change.revoked for p in self.applied
+        )
 
 
-def directory_digest(store: KeyStore) -> str:
-    """SHA-256 of the directory file as it is now ("" when there is none)."""
-    try:
-        return hashlib.sha256(store.directory_path.read_bytes()).hexdigest()
-    except FileNotFoundError:
-        return ""
+Signature = tuple[int, int, int] | None
 
 
-def _signature(path: Path) -> tuple[int, int, int] | None:
+def signature(path: Path) -> Signature:
+    """What tells a changed directory file from the one read before (a stat, nothing read)."""
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -99,15 +102,18 @@ def running_fleet(store: KeyStore) -> Running | None:
     return found
 
 
-def await_applied(store: KeyStore, timeout: float = APPLY_TIMEOUT_S) -> Running | None:
-    """Wait until the fleet running on ``store`` admits its directory as it is now; None when
-    no fleet runs on it. ``ComponentTimeout`` naming the fleet when it did not in time."""
+def await_applied(
+    store: KeyStore, change: Principal, timeout: float = APPLY_TIMEOUT_S
+) -> Running | None:
+    """Wait until the fleet running on ``store`` admits ``change`` (a principal as this command
+    saved it: created, or revoked); None when no fleet runs on it. ``ComponentTimeout`` naming
+    the fleet when it did not in time."""
     deadline = time.monotonic() + timeout
     while True:
         found = running_fleet(store)
         if found is None:
             return None
-        if found.applied == directory_digest(store):
+        if found.admits(change):
             return found
         if time.monotonic() > deadline:
             raise ComponentTimeout(
@@ -123,12 +129,13 @@ class DirectoryWatcher:
     """A daemon thread that calls ``apply`` (from that thread) whenever the directory file of
     ``store`` changed since it was last applied (from its state when the watcher was made);
     ``apply`` returns False when it could not apply it yet (the server is restarting), and is
-    called again."""
+    called again. ``seen``: the signature of the directory the server was configured from
+    (taken before it was read), so a change made while the server started is applied too."""
 
-    def __init__(self, store: KeyStore, apply: Callable[[], bool]) -> None:
+    def __init__(self, store: KeyStore, apply: Callable[[], bool], seen: Signature) -> None:
         self.store, self.apply = store, apply
         self._stop = threading.Event()
-        self._seen = _signature(store.directory_path)
+        self._seen = seen
         self._thread = threading.Thread(target=self._run, name="identity-watch", daemon=True)
 
     def start(self) -> None:
@@ -141,13 +148,16 @@ class DirectoryWatcher:
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
-            now = _signature(self.store.directory_path)
+            now = signature(self.store.directory_path)
             if now == self._seen:
                 continue
             try:
                 if self.apply():
                     self._seen = now
-            except Exception:  # keep watching: the next change may apply; the CLI says it failed
+            except FleetError as exc:  # keep watching: the next change may apply
+                self._seen = now
+                log.error("could not apply the changed identity directory: %s", exc.message)
+            except Exception:  # a bug: its traceback; the CLI says the change was not applied
                 self._seen = now
                 log.exception("could not apply the changed identity directory")
 
@@ -157,10 +167,11 @@ __all__ = [
     "RUNNING_FILE",
     "DirectoryWatcher",
     "Running",
+    "Signature",
     "await_applied",
     "clear_running",
-    "directory_digest",
     "read_running",
     "running_fleet",
+    "signature",
     "write_running",
 ]

@@ -10,13 +10,49 @@ and kept 0600 in the key store; the ACL file holds only their SHA-256.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import json
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fleetbus.identity import KeyStore, write_private
 from fleetbus.permissions import authorization
+from ledger.errors import InvalidInput
 from ledger.identity import Principal
+
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")  # RFC 1123
+
+
+def listen_host(host: str) -> str:
+    """``host`` as a server can listen on it: an IP address (no zone) or an RFC 1123 hostname;
+    InvalidInput naming it otherwise (nothing else may reach a configuration file)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if len(host) <= 253 and all(_LABEL.fullmatch(label) for label in host.split(".")):
+            return host
+        raise InvalidInput(f"--host {host!r} is neither an IP address nor a hostname") from None
+    if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
+        raise InvalidInput(f"--host {host!r}: an IPv6 zone cannot be listened on here")
+    return str(address)
+
+
+def url_host(host: str) -> str:
+    """``host`` as it stands in a URL or ``host:port``: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
+def distinct_ports(ports: Mapping[str, int]) -> None:
+    """InvalidInput naming two options that give the same port (one server could not bind)."""
+    seen: dict[int, str] = {}
+    for option, port in ports.items():
+        if port in seen:
+            raise InvalidInput(f"{seen[port]} and {option} are both {port}: give each its own port")
+        seen[port] = option
 
 
 @dataclass(frozen=True)
@@ -60,7 +96,7 @@ def nats_config(
     config: dict[str, Any] = {
         "host": host,
         "port": port,
-        "http": f"{host}:{monitor}",
+        "http": f"{url_host(host)}:{monitor}",
         "jetstream": {"store_dir": str(store)},
     }
     if fsync_every_write:
@@ -108,34 +144,104 @@ def _quoted(path: Path) -> str:
     return '"' + str(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def write_redis_config(
-    directory: Path, keys: KeyStore, *, port: int, data: Path, host: str = "127.0.0.1"
-) -> Path:
-    """Write ``redis-users.acl`` and ``redis.conf`` (both 0600) into ``directory``; the path of
-    ``redis.conf``, which redis-server takes as its one argument. Listening on ``host`` only,
-    protected mode, the append-only file fsynced every second, no RDB snapshots; the users'
-    passwords are the key store's (drawn at first use)."""
-    passwords = {user: keys.redis_password(user) for user in REDIS_USERS}
+REDIS_CONF = "redis.conf"
+
+
+def redis_files(
+    directory: Path, passwords: Mapping[str, str], *, port: int, data: Path, host: str
+) -> dict[Path, bytes]:
+    """``redis-users.acl`` and ``redis.conf`` in ``directory``, rendered (``redis.conf`` last):
+    listening on ``host`` (checked by ``listen_host``) only, protected mode, the append-only
+    file fsynced every second, no RDB snapshots."""
     acl = directory / "redis-users.acl"
-    write_private(acl, redis_acl(passwords).encode())
     lines = [
         f"port {port}", f"bind {host}", f"dir {_quoted(data)}", 'save ""',
         "appendonly yes", "appendfsync everysec", "daemonize no", "protected-mode yes",
         f"aclfile {_quoted(acl)}",
     ]  # fmt: skip
-    conf = directory / "redis.conf"
-    write_private(conf, ("\n".join(lines) + "\n").encode())
-    return conf
+    return {
+        acl: redis_acl(dict(passwords)).encode(),
+        directory / REDIS_CONF: ("\n".join(lines) + "\n").encode(),
+    }
+
+
+def redis_passwords(keys: KeyStore) -> dict[str, str]:
+    """Every ACL user's password from the key store (drawn and kept there at first use)."""
+    return {user: keys.redis_password(user) for user in REDIS_USERS}
+
+
+def write_files(files: Mapping[Path, bytes]) -> None:
+    """Write rendered files, each 0600 and atomic; InvalidInput naming a path that cannot be."""
+    for path, body in files.items():
+        try:
+            write_private(path, body)
+        except OSError as exc:
+            raise InvalidInput(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def write_redis_config(
+    directory: Path, keys: KeyStore, *, port: int, data: Path, host: str = "127.0.0.1"
+) -> Path:
+    """Write ``redis_files`` (0600) into ``directory`` with the key store's passwords; the
+    path of ``redis.conf``, which redis-server takes as its one argument."""
+    write_files(redis_files(directory, redis_passwords(keys), port=port, data=data, host=host))
+    return directory / REDIS_CONF
+
+
+def nats_file(
+    principals: list[Principal], host: str, port: int, monitor: int, store: Path
+) -> bytes:
+    """nats-server's configuration file (JSON, its syntax) for the principals, on ``host``."""
+    config = nats_config(port=port, monitor=monitor, store=store, principals=principals, host=host)
+    return json.dumps(config, indent=2).encode()  # nats-server reads JSON as its syntax
+
+
+def services_env(
+    store: KeyStore,
+    chosen: Principal,
+    passwords: dict[str, str],
+    host: str,
+    nats_port: int,
+    redis_port: int,
+) -> dict[str, str]:
+    """The FLEET_* of `coordinator run` as ``chosen``, against servers on ``host``."""
+    password = quote(passwords[REDIS_COORDINATOR], safe="")
+    at = url_host(host)
+    return {
+        "FLEET_NATS_URL": f"nats://{at}:{nats_port}",
+        "FLEET_REDIS_URL": f"redis://{REDIS_COORDINATOR}:{password}@{at}:{redis_port}/0",
+        "FLEET_PRINCIPAL": chosen.name,
+        "FLEET_IDENTITY_DIR": str(store.root.resolve()),
+    }
+
+
+def make_dirs(paths: list[Path]) -> None:
+    """Make each directory (0700); InvalidInput naming one that cannot be made."""
+    for path in paths:
+        try:
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise InvalidInput(f"cannot make {path}: {exc.strerror or exc}") from None
 
 
 __all__ = [
     "REDIS_ADMIN",
     "REDIS_BRANCH",
+    "REDIS_CONF",
     "REDIS_COORDINATOR",
     "REDIS_GATEWAY",
     "REDIS_USERS",
     "NatsServerTls",
+    "distinct_ports",
+    "listen_host",
+    "make_dirs",
     "nats_config",
+    "nats_file",
     "redis_acl",
+    "redis_files",
+    "redis_passwords",
+    "services_env",
+    "url_host",
+    "write_files",
     "write_redis_config",
 ]

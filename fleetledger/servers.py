@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -30,6 +31,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -40,8 +42,9 @@ from fleetbus.permissions import write_server_config
 from fleetledger.reload import (
     DirectoryWatcher,
     Running,
+    Signature,
     clear_running,
-    directory_digest,
+    signature,
     write_running,
 )
 from fleetledger.server_config import (
@@ -56,7 +59,7 @@ from fleetledger.server_config import (
     write_redis_config,
 )
 from ledger.errors import BinaryMissing, ComponentTimeout, FleetError, InvalidInput
-from ledger.identity import Role
+from ledger.identity import Principal, Role
 
 STARTUP_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
@@ -148,14 +151,27 @@ def _nats_healthy(monitor_port: int) -> bool:
         return False
 
 
-def _config_load_time(monitor_port: int) -> str | None:
+def _config_load_time(monitor_port: int) -> datetime | None:
     """When nats-server last loaded its configuration (its /varz), None if it did not say."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/varz", timeout=0.5) as resp:
             value = json.loads(resp.read()).get("config_load_time")
+        return _rfc3339(str(value))
     except (urllib.error.URLError, OSError, ValueError):
         return None
-    return str(value) if value else None
+
+
+def _rfc3339(value: str) -> datetime:
+    """Go's RFC 3339 time (nanoseconds, ``Z`` or an offset) as an aware datetime."""
+    parsed = datetime.fromisoformat(value)  # 3.11+: Z, and the fraction cut to microseconds
+    if parsed.tzinfo is None:
+        raise ValueError(f"no time zone in {value!r}")
+    return parsed
+
+
+def _loaded_after(monitor_port: int, moment: datetime) -> bool:
+    loaded = _config_load_time(monitor_port)
+    return loaded is not None and loaded > moment
 
 
 def _redis_healthy(port: int, user: str, password: str) -> bool:
@@ -298,7 +314,8 @@ class EmbeddedServers:
         self._stopped = False
         self.nats_monitor_port = 0  # nats-server's HTTP monitoring port, once started
         self._nats_ports = (0, 0)
-        self._applied = ""  # digest of the directory nats-server admits (fleetledger.reload)
+        self._applied: list[Principal] = []  # the directory nats-server admits (reload)
+        self._configured: Signature = None  # the directory file's signature it was read at
         self._watcher: DirectoryWatcher | None = None
         self._reload_lock = threading.Lock()
 
@@ -337,7 +354,9 @@ class EmbeddedServers:
                 self.nats = self._start_with_retries(self._nats_server)
                 if self.keys is not None:  # identity changes take effect while it runs
                     self._record_running()
-                    self._watcher = DirectoryWatcher(self.keys, self.reload_identity)
+                    self._watcher = DirectoryWatcher(
+                        self.keys, self.reload_identity, self._configured
+                    )
                     self._watcher.start()
             if self._want_redis:
                 self.redis = self._start_with_retries(self._redis_server)
@@ -368,7 +387,7 @@ class EmbeddedServers:
         (self.state_dir / "jetstream").mkdir(exist_ok=True)
         self._nats_ports = (port, monitor)
         self.nats_monitor_port = monitor
-        self._applied = self._write_nats_config()
+        self._write_nats_config()
         argv = [str(binary), "-c", str(self._nats_conf)]
         return ManagedServer(
             "nats-server", argv, port, lambda: _nats_healthy(monitor),
@@ -379,12 +398,15 @@ class EmbeddedServers:
     def _nats_conf(self) -> Path:
         return self.state_dir / "nats-server.json"
 
-    def _write_nats_config(self) -> str:
-        """Write nats-server's configuration from the key store as it is now; the digest of
-        the directory it was made from (read first: a later change is applied again)."""
+    def _write_nats_config(self) -> None:
+        """Write nats-server's configuration from the key store as it is now; keep the
+        principals it admits and the directory file's signature, taken before it was read (a
+        change after that moment differs from it: the watcher applies it again)."""
         port, monitor = self._nats_ports
-        applied = directory_digest(self.keys) if self.keys is not None else ""
-        principals = self.keys.principals() if self.keys is not None else None
+        principals = None
+        if self.keys is not None:
+            self._configured = signature(self.keys.directory_path)
+            principals = self.keys.principals()
         write_server_config(
             self._nats_conf,
             nats_config(
@@ -397,7 +419,7 @@ class EmbeddedServers:
                 extra_users=self.extra_users,
             ),
         )
-        return applied
+        self._applied = principals or []
 
     def reload_identity(self) -> bool:
         """Rewrite nats-server's configuration from the key store and signal a reload; once
@@ -408,11 +430,13 @@ class EmbeddedServers:
             nats = self.nats
             if self.keys is None or nats is None or nats.proc is None or not nats.running:
                 return False
-            before = _config_load_time(self.nats_monitor_port)
-            self._applied = self._write_nats_config()
+            self._write_nats_config()
+            # nats-server's /varz says when it loaded its configuration last (to the
+            # nanosecond, UTC): a load later than this signal is the new configuration
+            signalled = datetime.now(UTC)
             nats.proc.send_signal(signal.SIGHUP)
             deadline = time.monotonic() + STOP_TIMEOUT_S
-            while _config_load_time(self.nats_monitor_port) in (before, None):
+            while not _loaded_after(self.nats_monitor_port, signalled):
                 if time.monotonic() > deadline:
                     raise ComponentTimeout(
                         f"nats-server did not reload {self._nats_conf} in {STOP_TIMEOUT_S:.0f}s; "
@@ -512,11 +536,17 @@ def fleet_keys(
     return keys
 
 
+def env_file_text(env: Mapping[str, str]) -> str:
+    """FLEET_* settings as a dotenv file that a POSIX shell sources too (``set -a; . FILE``):
+    each value shell-quoted, which python-dotenv (pydantic-settings' reader) reads back."""
+    return "".join(f"{key}={shlex.quote(value)}\n" for key, value in sorted(env.items()))
+
+
 def write_env_file(path: Path, env: dict[str, str]) -> None:
     """Write FLEET_* settings as a dotenv file (what `fleetledger up` leaves for others): 0600,
     since its Redis URL carries a password."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_private(path, "".join(f"{key}={value}\n" for key, value in sorted(env.items())).encode())
+    write_private(path, env_file_text(env).encode())
 
 
 __all__ = [
@@ -531,6 +561,7 @@ __all__ = [
     "EmbeddedServers",
     "ManagedServer",
     "NatsServerTls",
+    "env_file_text",
     "find_nats_server",
     "find_redis_server",
     "fleet_keys",

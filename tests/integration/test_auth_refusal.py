@@ -80,8 +80,8 @@ async def test_a_revoked_key_is_refused_as_revoked(secured: EmbeddedServers) -> 
     assert secured.keys is not None
     seed = secured.keys.seed("ann")
     ann = secured.keys.get("ann")
-    secured.keys.revoke("ann")
-    assert await_applied(secured.keys) is not None  # the fleet reloaded its nats-server
+    revoked = secured.keys.revoke("ann")
+    assert await_applied(secured.keys, revoked) is not None  # the fleet reloaded its nats-server
     exc, took = await refused(secured.nats_url, seed=seed, directory=secured.keys.directory)
     assert took < 1.0, took
     assert f"human ann (key {ann.public_key})" in exc.message and "was revoked at" in exc.message

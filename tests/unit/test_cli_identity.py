@@ -46,7 +46,7 @@ def test_a_duplicate_or_invalid_name_is_bad_input_and_writes_nothing(tmp_path: P
     assert again.exit_code == 2 and "already exists" in again.stderr
     bad = runner.invoke(app, [*base[:2], "../evil", *base[2:]])
     assert bad.exit_code == 2 and "invalid principal" in bad.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["lead.seed", "principals.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "lead.seed", "principals.json"]
 
 
 def test_a_seed_others_can_read_is_refused(tmp_path: Path) -> None:

@@ -5,17 +5,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from fleetbus.identity import KeyStore
 from fleetledger.reload import (
+    DirectoryWatcher,
     Running,
     await_applied,
     clear_running,
-    directory_digest,
     read_running,
+    signature,
     write_running,
 )
 from fleetledger.server_config import write_redis_config
@@ -25,45 +27,61 @@ from ledger.identity import Role
 
 def test_no_fleet_on_the_key_store_is_none(tmp_path: Path) -> None:
     store = KeyStore(tmp_path)
-    store.create("ann", Role.HUMAN)
-    assert await_applied(store, timeout=0.1) is None
+    ann = store.create("ann", Role.HUMAN)
+    assert await_applied(store, ann, timeout=0.1) is None
 
 
 def test_a_fleet_whose_process_is_gone_is_none(tmp_path: Path) -> None:
     store = KeyStore(tmp_path)
-    store.create("ann", Role.HUMAN)
+    ann = store.create("ann", Role.HUMAN)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
     pid = int(dead.stdout)
-    write_running(store, Running(pid=pid, nats_pid=pid, nats_url="nats://x:1", applied="old"))
-    assert await_applied(store, timeout=0.1) is None
+    write_running(store, Running(pid=pid, nats_pid=pid, nats_url="nats://x:1", applied=[]))
+    assert await_applied(store, ann, timeout=0.1) is None
 
 
 def test_a_running_fleet_that_applied_the_directory_is_returned(tmp_path: Path) -> None:
     store = KeyStore(tmp_path)
-    store.create("ann", Role.HUMAN)
+    ann = store.create("ann", Role.HUMAN)
     me = Running(pid=os.getpid(), nats_pid=os.getpid(), nats_url="nats://x:1",
-                 applied=directory_digest(store))  # fmt: skip
+                 applied=store.principals())  # fmt: skip
     write_running(store, me)
-    assert await_applied(store, timeout=0.1) == me
+    assert await_applied(store, ann, timeout=0.1) == me
 
 
 def test_a_running_fleet_that_did_not_apply_it_fails_naming_it(tmp_path: Path) -> None:
     store = KeyStore(tmp_path)
     store.create("ann", Role.HUMAN)
     stale = Running(pid=os.getpid(), nats_pid=1, nats_url="nats://x:1",
-                    applied=directory_digest(store))  # fmt: skip
+                    applied=store.principals())  # fmt: skip
     write_running(store, stale)
-    store.create("bob", Role.HUMAN)  # changed after the fleet applied it
+    bob = store.create("bob", Role.HUMAN)  # changed after the fleet applied it
     with pytest.raises(ComponentTimeout) as caught:
-        await_applied(store, timeout=0.1)
+        await_applied(store, bob, timeout=0.1)
     assert f"pid {os.getpid()}" in caught.value.message and "restart" in caught.value.message
     assert "saved in" in caught.value.message
 
 
+def test_a_revocation_waits_until_the_fleet_applied_it_not_only_the_file(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path)
+    store.create("ann", Role.HUMAN)
+    before = store.principals()
+    revoked = store.revoke("ann")
+    # the fleet applied a directory read before the revocation; a later create by another
+    # command must not count as this revocation applied
+    write_running(store, Running(pid=os.getpid(), nats_pid=1, nats_url="nats://x:1",
+                                 applied=before))  # fmt: skip
+    with pytest.raises(ComponentTimeout):
+        await_applied(store, revoked, timeout=0.1)
+    write_running(store, Running(pid=os.getpid(), nats_pid=1, nats_url="nats://x:1",
+                                 applied=store.principals()))  # fmt: skip
+    assert await_applied(store, revoked, timeout=0.1) is not None
+
+
 def test_only_the_process_that_wrote_running_json_clears_it(tmp_path: Path) -> None:
     store = KeyStore(tmp_path)
-    me = Running(pid=os.getpid(), nats_pid=1, nats_url="nats://x:1", applied="")
+    me = Running(pid=os.getpid(), nats_pid=1, nats_url="nats://x:1", applied=[])
     write_running(store, me)
     clear_running(store, os.getpid() + 1)
     assert read_running(store) == me
@@ -81,3 +99,17 @@ def test_redis_config_is_0600_and_holds_no_password(tmp_path: Path) -> None:
     passwords = [p.read_text().strip() for p in store.root.glob("redis-*.password")]
     assert passwords and not any(p in text + acl.read_text() for p in passwords)
     assert acl.read_text().startswith("user default off")
+
+
+def test_a_change_made_while_the_server_started_is_applied(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path)
+    store.create("ann", Role.HUMAN)
+    configured = signature(store.directory_path)  # what the server was configured from
+    store.create("bob", Role.HUMAN)  # while it starts: before the watcher runs
+    applied = threading.Event()
+    watcher = DirectoryWatcher(store, lambda: applied.set() or True, configured)
+    watcher.start()
+    try:
+        assert applied.wait(5), "the change made during the start was never applied"
+    finally:
+        watcher.stop()
