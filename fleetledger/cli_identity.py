@@ -98,7 +98,8 @@ def write_person_file(directory: Path, name: str, identity_dir: Path) -> Path:
     (the seed stays in the key store)."""
     path = directory / PERSON_FILE
     directory.mkdir(parents=True, exist_ok=True)
-    write_private(path, f"FLEET_PRINCIPAL={name}\nFLEET_IDENTITY_DIR={identity_dir}\n".encode())
+    person = {"FLEET_PRINCIPAL": name, "FLEET_IDENTITY_DIR": str(identity_dir)}
+    write_private(path, env_file_text(person).encode())  # quoted, as fleet.env is
     return path
 
 

@@ -159,3 +159,30 @@ def test_helm_values_refuses_secret_names_kubernetes_would_refuse(tmp_path: Path
     )
     assert same.exit_code == 2 and "is a node's Secret" in " ".join(same.stderr.split())
     assert not out.exists()
+
+
+def test_person_env_reads_back_a_key_store_path_with_spaces_and_a_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """person.env was written unquoted: `FLEET_IDENTITY_DIR=/x/my keys #1` read back as
+    '/x/my keys' (dotenv takes ' #' as a comment) and a shell could not source it. It is
+    written as fleet.env is (``env_file_text``, shell-quoted)."""
+    import subprocess
+
+    from fleetledger.cli_identity import person, write_person_file
+    from fleetledger_hook.humans import AGENT_MARKERS
+
+    for key, _ in AGENT_MARKERS:
+        monkeypatch.delenv(key, raising=False)
+    for key in ("FLEET_PRINCIPAL", "FLEET_IDENTITY_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path))
+    keys = tmp_path / "my keys #1"
+    path = write_person_file(tmp_path, "ann", keys)
+    settings = person()
+    assert (settings.principal, settings.identity_dir) == ("ann", keys)
+    sourced = subprocess.run(
+        ["bash", "-c", f'set -a; . "{path}"; printf %s "$FLEET_IDENTITY_DIR"'],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert sourced.stdout == str(keys)
