@@ -292,7 +292,11 @@ def ensure_principals(
     have = {p.name for p in store.principals()}
     for name, role in wanted.items():
         if name not in have:
-            store.create(name, role, agents=(agents or {}).get(name, frozenset()))
+            try:
+                store.create(name, role, agents=(agents or {}).get(name, frozenset()))
+            except InvalidInput as exc:  # another start created it since we read: it is there
+                if exc.code is not ErrorCode.DUPLICATE:
+                    raise
     store.bind_agents(agents or {})
 
 

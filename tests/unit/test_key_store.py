@@ -88,3 +88,30 @@ def test_parallel_first_draws_of_a_redis_password_agree(tmp_path: Path) -> None:
 
         _together([draw] * WRITERS)
         assert len(set(seen)) == 1, f"round {round_}: {len(set(seen))} passwords drawn"
+
+
+def test_two_starts_ensuring_the_same_principals_at_once_both_succeed(tmp_path: Path) -> None:
+    """Two `fleetledger up` on one key store: each read the names it had outside the lock, so
+    the second create of a name failed as a duplicate and that start died."""
+    from fleetbus.identity import ensure_principals
+
+    wanted = {f"p{i}": Role.HUMAN for i in range(8)}
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        store = KeyStore(tmp_path / "identity")
+        barrier.wait()
+        try:
+            ensure_principals(store, wanted)
+        except BaseException as exc:
+            errors.append(exc)
+
+    for _ in range(5):
+        threads = [threading.Thread(target=start) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert {p.name for p in KeyStore(tmp_path / "identity").principals()} == set(wanted)
