@@ -747,16 +747,32 @@ def replay(
     audit: Annotated[
         bool, typer.Option("--audit", help="Review every decision: reasonable at its cut, or not.")
     ] = False,
+    from_scratch: Annotated[
+        bool,
+        typer.Option(
+            "--from-scratch",
+            help="Read and verify every message from the first, not from the latest snapshot.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Rebuild a mission's state from the stream (to any cut) and report the time it took."""
+    """Rebuild a mission's state from the stream (to any cut) and report the time it took.
+
+    Starts from the coordinator's latest signed snapshot of the mission when it stands at or
+    before the cut and verifies (then every message after it is read and verified); with
+    --from-scratch, or --audit (which reviews every decision), from the first message."""
     from coordinator.replay import replay_mission
     from coordinator.views import operator_view
     from fleetledger.render import team_view
 
     result = _run(
         lambda: replay_mission(
-            _nats_url(), mission_id, cut=cut, seed=_seed(), principals=_directory()
+            _nats_url(),
+            mission_id,
+            cut=cut,
+            seed=_seed(),
+            principals=_directory(),
+            from_snapshot=not (from_scratch or audit),
         ),
         as_json,
     )
@@ -768,6 +784,8 @@ def replay(
         "rejections": [r.as_dict() for r in result.rejections],  # each with its rule
         "last_seq": result.last_seq,
         "seconds": round(result.seconds, 6),
+        "from_snapshot": result.from_snapshot,  # its sequence; None: read from the first message
+        "snapshot_refused": result.snapshot_refused,
     }
     reviews: list[dict[str, Any]] = []
     if audit:
@@ -794,6 +812,11 @@ def replay(
     for r in result.rejections:  # reported, not folded: as ingest dead-lettered them
         said = f" seq {r.seq} {r.kind or 'message'} {r.event_id or ''}: {r.reason}"
         err.print(Text.assemble(("rejected", "red"), said), soft_wrap=True)
+    if result.from_snapshot is not None:
+        err.print(f"from the coordinator's signed snapshot at seq {result.from_snapshot} "
+                  "(verified); --from-scratch reads every message")  # fmt: skip
+    elif result.snapshot_refused is not None and not (from_scratch or audit):
+        err.print(f"from the first message: no snapshot used ({result.snapshot_refused})")
     err.print(
         f"replayed {result.events} events up to seq {result.last_seq} "
         f"in {result.seconds * 1000:.1f} ms "
