@@ -36,7 +36,6 @@ import importlib.util
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -45,22 +44,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-# Run as a script, bench/ comes first on sys.path and bench/reservations.py would shadow the
-# `reservations` package; drop it before importing ours (growth_node is imported by path).
-BENCH = Path(__file__).parent.resolve()
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH]
+import nats
+from rich.console import Console
+from rich.table import Table
 
-import nats  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from coordinator.service import Coordinator  # noqa: E402
-from coordinator.settings import CoordinatorSettings  # noqa: E402
-from fleetbus.client import FleetClient  # noqa: E402
-from fleetbus.identity import KeyStore  # noqa: E402
-from fleetledger.servers import EmbeddedServers  # noqa: E402
-from ledger.authority import Authority  # noqa: E402
-from ledger.events import (  # noqa: E402
+from coordinator.service import Coordinator
+from coordinator.settings import CoordinatorSettings
+from fleetbus.client import FleetClient
+from fleetbus.identity import KeyStore
+from fleetledger.servers import EmbeddedServers
+from ledger.authority import Authority
+from ledger.events import (
     POLICY_VERSION,
     ActionRequested,
     BudgetCommitted,
@@ -74,10 +68,10 @@ from ledger.events import (  # noqa: E402
     bundle_json,
     make_event,
 )
-from ledger.identity import Role  # noqa: E402
-from ledger.kernel import ActionRequest  # noqa: E402
-from ledger.protocol import subject_of  # noqa: E402
-from reservations import ReservationClient  # noqa: E402
+from ledger.identity import Role
+from ledger.kernel import ActionRequest
+from ledger.protocol import subject_of
+from reservations import ReservationClient
 
 err = Console(stderr=True)
 
@@ -411,7 +405,7 @@ async def spread(events: int, missions: int) -> dict[str, float]:
 def node_figures(quick: bool) -> dict[str, Any]:
     """``bench/growth_node.py``'s ``stop_growth`` and ``claims_miss_growth``, when present (run
     outside any event loop: they run their own). A figure that fails says so."""
-    path = BENCH / "growth_node.py"
+    path = Path(__file__).parent / "growth_node.py"
     if not path.exists():
         return {"missing": "bench/growth_node.py is not there: no Stop or claims-miss figures"}
     spec = importlib.util.spec_from_file_location("growth_node", path)

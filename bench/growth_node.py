@@ -29,14 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Run as a script, bench/ comes first on sys.path and bench/reservations.py would shadow the
-# `reservations` package; drop it before importing ours.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
-
-from node_agent.autoledger import AutoLedger  # noqa: E402
-from node_agent.checks import WrittenCheck  # noqa: E402
-from node_agent.claims import ClaimKey, ClaimsCache  # noqa: E402
-from node_agent.store import Store  # noqa: E402
+from node_agent.autoledger import AutoLedger
+from node_agent.checks import WrittenCheck
+from node_agent.claims import ClaimKey, ClaimsCache
+from node_agent.store import Store
 
 WORDS = ("login", "session", "cache", "parser", "deploy", "schema", "router", "billing")
 MISS_TASK = "why does the login test fail in the session module of the api service"

@@ -28,39 +28,34 @@ import os
 import secrets
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-# Run as a script, bench/ comes first on sys.path and bench/reservations.py would shadow the
-# `reservations` package; drop it before importing ours.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+import nacl.signing
+from nats.aio.msg import Msg
+from rich.console import Console
 
-import nacl.signing  # noqa: E402
-from nats.aio.msg import Msg  # noqa: E402
-from rich.console import Console  # noqa: E402
-
-from coordinator.ingest import fold_message  # noqa: E402
-from coordinator.replay import replay_mission  # noqa: E402
-from coordinator.service import Coordinator  # noqa: E402
-from coordinator.settings import CoordinatorSettings  # noqa: E402
-from fleetbus.bus import connect  # noqa: E402
-from fleetbus.client import FleetClient  # noqa: E402
-from fleetbus.reader import read_until_end  # noqa: E402
-from fleetledger.servers import (  # noqa: E402
+from coordinator.ingest import fold_message
+from coordinator.replay import replay_mission
+from coordinator.service import Coordinator
+from coordinator.settings import CoordinatorSettings
+from fleetbus.bus import connect
+from fleetbus.client import FleetClient
+from fleetbus.reader import read_until_end
+from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
     OPERATOR_PRINCIPAL,
     EmbeddedServers,
     fleet_keys,
 )
-from ledger.authority import Authority  # noqa: E402
-from ledger.events import ItemCaptured, make_event  # noqa: E402
-from ledger.kernel import ActionRequest  # noqa: E402
-from ledger.mission import MissionState  # noqa: E402
-from ledger.protocol import STREAM, mission_filter  # noqa: E402
+from ledger.authority import Authority
+from ledger.events import ItemCaptured, make_event
+from ledger.kernel import ActionRequest
+from ledger.mission import MissionState
+from ledger.protocol import STREAM, mission_filter
 
 err = Console(stderr=True)
 MISSION, NODE, AGENT = "bench-replay", "node-1", "agent-1"
