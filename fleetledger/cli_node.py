@@ -25,6 +25,7 @@ from fleetbus.settings import env_file
 from fleetledger.console import console, fail
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger_hook import forward
+from fleetledger_hook.adapters import ADAPTERS
 from ledger.errors import FleetError, InvalidInput
 from node_agent.checks import (
     Check,
@@ -39,8 +40,6 @@ from node_agent.client import NodeClient, token_path
 from node_agent.daemon import serve
 from node_agent.execution import ExecutionState
 from node_agent.hooks import (
-    SETTINGS_FILES,
-    Agent,
     codex_trust,
     install,
     protected_paths,
@@ -60,16 +59,16 @@ todo_app = typer.Typer(
 )
 hooks_app = typer.Typer(help="Install agent hooks that call the node agent.", no_args_is_help=True)
 
-AGENTS = ("claude-code", "codex", "gemini")
+AGENTS = ", ".join(ADAPTERS)
 
 
 _fail = fail  # the one error printer (fleetledger.console)
 
 
-def _agent(value: str) -> Agent:
-    if value not in AGENTS:
-        raise typer.BadParameter(f"agent must be one of {', '.join(AGENTS)}")
-    return value  # type: ignore[return-value]
+def _agent(value: str) -> str:
+    if value not in ADAPTERS:
+        raise typer.BadParameter(f"agent must be one of {AGENTS}")
+    return value
 
 
 @node_app.command("run")
@@ -355,7 +354,7 @@ def todo_evidence(evidence_id: str) -> None:
 
 
 def hook(
-    agent: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
+    agent: Annotated[str, typer.Argument(help=AGENTS)],
     event: Annotated[str, typer.Argument(help="The agent's hook event, e.g. Stop")],
 ) -> None:
     """Answer one agent hook: JSON on stdin, the agent's answer on stdout.
@@ -385,7 +384,7 @@ def _codex_home() -> Path:
 
 @hooks_app.command("install")
 def hooks_install(
-    agent: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
+    agent: Annotated[str, typer.Argument(help=AGENTS)],
     project: Annotated[Path | None, typer.Option(help="Project directory (default: here).")] = None,
     trust: Annotated[
         bool,
@@ -401,7 +400,7 @@ def hooks_install(
     """
     name = _agent(agent)
     root = (project or Path.cwd()).resolve()
-    path = root / SETTINGS_FILES[name]
+    path = root / ADAPTERS[name].settings_file
     try:
         settings = NodeSettings.load()
         existing = json.loads(path.read_text()) if path.is_file() else {}
@@ -466,7 +465,7 @@ def hooks_install(
     _check_installed(name, root, settings.socket_path)
 
 
-def _check_installed(agent: Agent, root: Path, socket: Path) -> None:
+def _check_installed(agent: str, root: Path, socket: Path) -> None:
     """`hooks install` ends with `doctor`'s checks of this agent, and says loudly when no node
     agent answers at the socket it wrote (the hooks would fail closed on every call)."""
     from fleetledger.doctor import agent_checks, show

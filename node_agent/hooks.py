@@ -2,7 +2,8 @@
 
 The hook process itself is ``fleetledger_hook`` (stdlib only: one adapter per agent over one
 core). This module writes each agent's configuration so that it works on the first run and
-fails closed in that agent's own terms:
+fails closed in that agent's own terms, everything agent-specific asked of its adapter (its
+settings file, the handler and matcher group it takes, its timeout unit, its protections):
 
 - the command is absolute (this interpreter, ``-S`` so no site-packages are scanned, and the
   ``fleetledger_hook`` directory), with the node agent's socket baked in as a default;
@@ -15,10 +16,9 @@ fails closed in that agent's own terms:
 - Codex runs a project's hooks only when each one is trusted (``trusted_hash`` in the user's
   config.toml): ``codex_trust`` computes the hashes the way Codex does (sha256 of the canonical
   JSON of the normalised hook identity) for ``hooks install codex --trust``;
-- where the agent has its own protection of files, the key store, fleet.env and the node
-  agent's state (its socket, its SQLite file) are put under it (``protected_paths``): Claude
-  Code's ``permissions.deny`` ``Read(...)``/``Edit(...)`` rules, which its sandbox merges into
-  its own read and write denials. Codex and Gemini CLI get no such entry (see the README).
+- where the agent has its own protection of files (``Adapter.protect``: Claude Code's
+  ``permissions.deny`` rules), the key store, fleet.env and the node agent's state (its socket,
+  its SQLite file) are put under it (``protected_paths``). Codex and Gemini CLI have none.
 
 ``handle`` runs one hook call through the same core against a ``NodeClient`` (demo, tests).
 """
@@ -32,39 +32,29 @@ import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 import fleetledger_hook
 from fleetledger_hook import core
+from fleetledger_hook.adapter import HookAnswer
 from fleetledger_hook.adapters import ADAPTERS
-from fleetledger_hook.core import HookAnswer, Policy
-from fleetledger_hook.transport import NodeDown, NodeError
+from fleetledger_hook.core import NodeDown, NodeError, Policy
 from ledger.errors import ComponentTimeout, FleetError, InvalidInput, Unreachable
 from node_agent.client import NodeClient
 from node_agent.settings import NodeSettings
 
-Agent = Literal["claude-code", "codex", "gemini"]
 HOOK_PACKAGE = Path(fleetledger_hook.__file__).resolve().parent
 
-SETTINGS_FILES: dict[Agent, str] = {
-    "claude-code": ".claude/settings.json",
-    "codex": ".codex/hooks.json",
-    "gemini": ".gemini/settings.json",
-}
 # seconds the agent waits for one hook before killing it: above the hook's own deadline
 TIMEOUT_S = {"stop": 90, "other": 30}
 
 __all__ = [
-    "SETTINGS_FILES",
-    "Agent",
     "AgentLayers",
     "HookAnswer",
     "HookGroup",
     "Installed",
-    "claude_deny_rules",
-    "claude_layers",
     "codex_trust",
     "handle",
     "install",
@@ -98,7 +88,7 @@ def policy_of(settings: NodeSettings) -> Policy:
 
 
 def handle(
-    agent: Agent, event: str, raw: str, *, settings: NodeSettings, client: NodeClient | None
+    agent: str, event: str, raw: str, *, settings: NodeSettings, client: NodeClient | None
 ) -> HookAnswer:
     """One hook call through the hook core, over ``client`` (None: the node agent is down)."""
     transport = _ClientTransport(client) if client is not None else None
@@ -164,15 +154,9 @@ class AgentLayers:
     disabled_by: Path | None = None
 
 
-def claude_layers(project: Path, home: Path) -> list[Path]:
-    """Claude Code's settings files, lowest precedence first: user, project, local project
-    (a later one overrides an earlier one key by key; managed settings are the admin's)."""
-    return [home / ".claude/settings.json", home / ".claude/settings.local.json",
-            project / ".claude/settings.json", project / ".claude/settings.local.json"]  # fmt: skip
-
-
 def read_layers(paths: list[Path]) -> AgentLayers:
-    """The effective ``env`` and ``disableAllHooks`` of settings ``paths`` (lowest first), or
+    """The effective ``env`` and ``disableAllHooks`` of settings ``paths`` (lowest first: an
+    adapter's ``settings_layers``), or
     ``InvalidInput`` naming a file that is not a JSON object or holds them in another shape."""
     found = AgentLayers()
     for path in (p for p in paths if p.is_file()):
@@ -201,7 +185,7 @@ _LAYER = TypeAdapter(_Layer)
 
 
 def hook_command(
-    agent: Agent, event: str, *, socket: Path | None, python: str | None = None,
+    agent: str, event: str, *, socket: Path | None, python: str | None = None,
     package: Path | None = None,
 ) -> str:  # fmt: skip
     """The absolute, wrapped command line of one hook."""
@@ -250,49 +234,27 @@ def protected_paths(settings: NodeSettings, fleet_dir: Path) -> list[Path]:
     return kept
 
 
-def claude_deny_rules(paths: list[Path]) -> list[str]:
-    """Claude Code permission rules that keep its file tools (and the shell commands naming
-    these paths) out of them: ``//`` starts an absolute path in a rule."""
-    return [f"{tool}(/{path}/**)" for path in paths for tool in ("Read", "Edit")]
-
-
-def _protect(agent: Agent, merged: dict[str, Any], protect: list[Path], done: Installed) -> None:
-    if agent != "claude-code" or not protect:
-        return
-    permissions = merged.setdefault("permissions", {})
-    deny = permissions.setdefault("deny", []) if isinstance(permissions, dict) else None
-    if not isinstance(deny, list):
-        raise InvalidInput("the settings file's permissions.deny is not a list; not touching it")
-    missing = [rule for rule in claude_deny_rules(protect) if rule not in deny]
-    if missing:
-        deny.extend(missing)
-        done.changed.append("permissions.deny")
-
-
 def install(
-    agent: Agent, existing: dict[str, Any], *, socket: Path | None, python: str | None = None,
+    agent: str, existing: dict[str, Any], *, socket: Path | None, python: str | None = None,
     package: Path | None = None, protect: list[Path] | None = None,
 ) -> Installed:  # fmt: skip
     """Merge our hooks into an agent's settings object without clobbering anything there.
 
-    Claude Code, Codex (hooks.json) and Gemini CLI share the shape
-    ``{"hooks": {EVENT: [{"matcher": ..., "hooks": [{"type": "command", "command": ...}]}]}}``.
-    An entry of ours is updated in place (a new path, timeout or wrapper); the rest is kept.
-    A table of another shape is refused (``parse_hooks``) before anything is merged.
+    The agents share the shape
+    ``{"hooks": {EVENT: [{"matcher": ..., "hooks": [{"type": "command", "command": ...}]}]}}``;
+    the handler and its group are the adapter's. An entry of ours is updated in place (a new
+    path, timeout or wrapper); the rest is kept. A table of another shape is refused
+    (``parse_hooks``) before anything is merged.
     """
+    adapter = ADAPTERS[agent]
     parse_hooks(existing)
     merged = json.loads(json.dumps(existing))  # deep copy
     hooks = merged.setdefault("hooks", {})
     done = Installed(merged)
-    for event, op in ADAPTERS[agent].events.items():
+    for event, op in adapter.events.items():
         seconds = TIMEOUT_S["stop" if op == "stop" else "other"]
-        handler: dict[str, Any] = {
-            "type": "command",
-            "command": hook_command(agent, event, socket=socket, python=python, package=package),
-            "timeout": seconds * 1000 if agent == "gemini" else seconds,  # Gemini: milliseconds
-        }
-        if agent == "gemini":
-            handler = {"name": f"fleetledger-{event}", **handler}
+        command = hook_command(agent, event, socket=socket, python=python, package=package)
+        handler = adapter.handler(event, command, seconds)
         groups = hooks.setdefault(event, [])
         found = False
         for group in groups:  # of the shape parse_hooks checked
@@ -305,12 +267,12 @@ def install(
                     found = True
         if found:
             continue
-        entry: dict[str, Any] = {"hooks": [handler]}
-        if op in ("pre", "post") and agent != "codex":
-            entry = {"matcher": "*" if agent == "claude-code" else ".*", **entry}
-        groups.append(entry)
+        groups.append(adapter.group(event, handler))
         done.changed.append(event)
-    _protect(agent, merged, protect or [], done)
+    try:
+        done.changed += adapter.protect(merged, [str(p) for p in protect or []])
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
     return done
 
 
