@@ -14,8 +14,8 @@ settings file, the handler and matcher group it takes, its timeout unit, its pro
 - entries merged without clobbering the user's own hooks; ours are recognised and updated in
   place, so installing twice changes nothing;
 - Codex runs a project's hooks only when each one is trusted (``trusted_hash`` in the user's
-  config.toml): ``codex_trust`` computes the hashes the way Codex does (sha256 of the canonical
-  JSON of the normalised hook identity) for ``hooks install codex --trust``;
+  config.toml): ``codex_trust`` has its adapter compute the hashes the way Codex does for
+  ``hooks install codex --trust``;
 - where the agent has its own protection of files (``Adapter.protect``: Claude Code's
   ``permissions.deny`` rules), the key store, fleet.env and the node agent's state (its socket,
   its SQLite file) are put under it (``protected_paths``). Codex and Gemini CLI have none.
@@ -25,11 +25,10 @@ settings file, the handler and matcher group it takes, its timeout unit, its pro
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import json
 import re
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 import fleetledger_hook
 from fleetledger_hook import core
 from fleetledger_hook.adapter import HookAnswer
-from fleetledger_hook.adapters import ADAPTERS
+from fleetledger_hook.adapters import ADAPTERS, codex
 from fleetledger_hook.core import NodeDown, NodeError, Policy
 from ledger.errors import ComponentTimeout, FleetError, InvalidInput, Unreachable
 from node_agent.client import NodeClient
@@ -201,7 +200,7 @@ def hook_command(
     return command
 
 
-def _ours(handler: Any, agent: str, event: str) -> bool:
+def _ours(handler: Any, event: str, agent: str) -> bool:
     command = handler.get("command") if isinstance(handler, dict) else None
     if not isinstance(command, str):
         return False
@@ -260,7 +259,7 @@ def install(
         for group in groups:  # of the shape parse_hooks checked
             handlers = group.setdefault("hooks", [])
             for i, h in enumerate(handlers):
-                if _ours(h, agent, event):
+                if _ours(h, event, agent):
                     if not found and h != handler:
                         handlers[i] = handler
                         done.changed.append(event)
@@ -276,61 +275,19 @@ def install(
     return done
 
 
-_CODEX_EVENT_LABEL = re.compile(r"(?<!^)(?=[A-Z])")
-
-
 def codex_trust(hooks_file: Path, config: dict[str, Any]) -> dict[str, str]:
-    """Codex's trust key -> ``trusted_hash`` for each of our hooks in ``hooks_file``.
-
-    As Codex computes them (codex-rs/hooks discovery and config fingerprint): the key is
-    ``<hooks.json path>:<event_snake>:<group index>:<handler index>``; the hash is
-    ``sha256:`` + hex of the compact, key-sorted JSON of the hook's normalised identity, the
-    event's snake-case label with its matcher group holding only this one handler (timeout
-    defaulted to 600, absent fields left out as TOML drops them).
-    """
-    trusted = {}
-    for event, groups in parse_hooks(config, str(hooks_file)).items():
-        label = _CODEX_EVENT_LABEL.sub("_", event).lower()
-        for g, group in enumerate(groups):
-            matcher = (group.model_extra or {}).get("matcher")
-            for h, handler in enumerate(group.hooks):
-                if not _ours(handler, "codex", event):
-                    continue
-                normal = {"type": "command", "command": handler["command"],
-                          "timeout": max(1, int(handler.get("timeout") or 600)),
-                          "async": bool(handler.get("async", False))}  # fmt: skip
-                if handler.get("statusMessage") is not None:
-                    normal["statusMessage"] = handler["statusMessage"]
-                identity: dict[str, Any] = {"event_name": label, "hooks": [normal]}
-                if matcher is not None and label not in _NO_MATCHER:
-                    identity["matcher"] = matcher
-                canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"),
-                                       ensure_ascii=False)  # fmt: skip
-                digest = hashlib.sha256(canonical.encode()).hexdigest()
-                trusted[f"{hooks_file}:{label}:{g}:{h}"] = f"sha256:{digest}"
-    return trusted
-
-
-_NO_MATCHER = frozenset({"user_prompt_submit", "stop"})  # Codex ignores a matcher there
+    """Codex's trust key -> ``trusted_hash`` for each of our hooks in ``hooks_file`` (its
+    settings object ``config``, of the shape ``parse_hooks`` reads), as Codex computes them
+    (``codex.trust_hashes``)."""
+    parse_hooks(config, str(hooks_file))
+    ours = functools.partial(_ours, agent="codex")
+    return codex.trust_hashes(str(hooks_file), config.get("hooks") or {}, ours)
 
 
 def trust_in_codex_config(text: str, trusted: dict[str, str], project: Path) -> str:
-    """``config.toml`` text with the project trusted and each hook's ``trusted_hash`` set; the
-    rest of the file kept as it is (tables of ours are replaced, nothing else is touched)."""
-    parsed = tomllib.loads(text) if text.strip() else {}
-    out = text if text.endswith("\n") or not text else text + "\n"
-    projects = parsed.get("projects", {})
-    if projects.get(str(project), {}).get("trust_level") != "trusted":
-        header = f"[projects.{json.dumps(str(project))}]"
-        if header in out:
-            raise FleetError(
-                f'{header} in the Codex config is not trusted; set trust_level = "trusted" '
-                "there yourself (not overwriting your choice)"
-            )
-        out += f'\n{header}\ntrust_level = "trusted"\n'
-    for key, digest in trusted.items():
-        header = f"[hooks.state.{json.dumps(key)}]"
-        out = re.sub(rf"\n?{re.escape(header)}\n(?:(?!\[)[^\n]*\n?)*", "\n", out)
-        out = out.rstrip("\n") + f'\n\n{header}\ntrusted_hash = "{digest}"\n'
-    tomllib.loads(out)  # never write a file Codex cannot read
-    return out
+    """``config.toml`` text with the project and ``trusted`` hooks trusted
+    (``codex.trusted_config``); a project the user keeps untrusted is a ``FleetError``."""
+    try:
+        return codex.trusted_config(text, trusted, str(project))
+    except codex.KeptUntrusted as exc:
+        raise FleetError(str(exc)) from None
