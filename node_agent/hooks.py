@@ -25,7 +25,6 @@ settings file, the handler and matcher group it takes, its timeout unit, its pro
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import sys
@@ -154,9 +153,9 @@ class AgentLayers:
 
 
 def read_layers(paths: list[Path]) -> AgentLayers:
-    """The effective ``env`` and ``disableAllHooks`` of settings ``paths`` (lowest first: an
-    adapter's ``settings_layers``), or
-    ``InvalidInput`` naming a file that is not a JSON object or holds them in another shape."""
+    """The effective ``env`` and ``disableAllHooks`` of settings ``paths`` (lowest first, an
+    adapter's ``settings_layers``), or ``InvalidInput`` naming a file that is not a JSON object
+    or holds them in another shape."""
     found = AgentLayers()
     for path in (p for p in paths if p.is_file()):
         try:
@@ -200,7 +199,7 @@ def hook_command(
     return command
 
 
-def _ours(handler: Any, event: str, agent: str) -> bool:
+def _ours(handler: Any, agent: str, event: str) -> bool:
     command = handler.get("command") if isinstance(handler, dict) else None
     if not isinstance(command, str):
         return False
@@ -259,7 +258,7 @@ def install(
         for group in groups:  # of the shape parse_hooks checked
             handlers = group.setdefault("hooks", [])
             for i, h in enumerate(handlers):
-                if _ours(h, event, agent):
+                if _ours(h, agent, event):
                     if not found and h != handler:
                         handlers[i] = handler
                         done.changed.append(event)
@@ -280,7 +279,10 @@ def codex_trust(hooks_file: Path, config: dict[str, Any]) -> dict[str, str]:
     settings object ``config``, of the shape ``parse_hooks`` reads), as Codex computes them
     (``codex.trust_hashes``)."""
     parse_hooks(config, str(hooks_file))
-    ours = functools.partial(_ours, agent="codex")
+
+    def ours(handler: dict[str, Any], event: str) -> bool:
+        return _ours(handler, "codex", event)
+
     return codex.trust_hashes(str(hooks_file), config.get("hooks") or {}, ours)
 
 
