@@ -19,14 +19,13 @@ from fleetbus.settings import env_file
 from fleetledger._cli import err, fail, out
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger_hook import forward
+from fleetledger_hook.adapters import ADAPTERS
 from ledger.errors import FleetError, InvalidInput
 from node_agent.claims import ClaimsCache
 from node_agent.client import token_path
 from node_agent.daemon import serve
 from node_agent.execution import ExecutionState
 from node_agent.hooks import (
-    SETTINGS_FILES,
-    Agent,
     codex_trust,
     install,
     protected_paths,
@@ -39,13 +38,13 @@ from node_agent.store import Store, safe_id
 node_app = typer.Typer(help="The per-machine node agent daemon.", no_args_is_help=True)
 hooks_app = typer.Typer(help="Install agent hooks that call the node agent.", no_args_is_help=True)
 
-AGENTS = ("claude-code", "codex", "gemini")
+AGENTS = ", ".join(ADAPTERS)
 
 
-def _agent(value: str) -> Agent:
-    if value not in AGENTS:
-        raise typer.BadParameter(f"agent must be one of {', '.join(AGENTS)}")
-    return value  # type: ignore[return-value]
+def _agent(value: str) -> str:
+    if value not in ADAPTERS:
+        raise typer.BadParameter(f"agent must be one of {AGENTS}")
+    return value
 
 
 @node_app.command("run")
@@ -101,7 +100,7 @@ def node_run(
 
 
 def hook(
-    agent: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
+    agent: Annotated[str, typer.Argument(help=AGENTS)],
     event: Annotated[str, typer.Argument(help="The agent's hook event, e.g. Stop")],
 ) -> None:
     """Answer one agent hook: JSON on stdin, the agent's answer on stdout.
@@ -130,7 +129,7 @@ def _codex_home() -> Path:
 
 
 def _still_to_do(
-    name: Agent, root: Path, path: Path, hooks: dict[str, Any], protect: list[Path], trust: bool
+    name: str, root: Path, path: Path, hooks: dict[str, Any], protect: list[Path], trust: bool
 ) -> list[str]:
     """What is left for the user once the hooks are written (Codex's trust written with
     ``--trust``)."""
@@ -172,7 +171,7 @@ def _still_to_do(
 
 @hooks_app.command("install")
 def hooks_install(
-    agent: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
+    agent: Annotated[str, typer.Argument(help=AGENTS)],
     project: Annotated[Path | None, typer.Option(help="Project directory (default: here).")] = None,
     trust: Annotated[
         bool,
@@ -188,7 +187,7 @@ def hooks_install(
     """
     name = _agent(agent)
     root = (project or Path.cwd()).resolve()
-    path = root / SETTINGS_FILES[name]
+    path = root / ADAPTERS[name].settings_file
     try:
         settings = NodeSettings.load()
         existing = json.loads(path.read_text()) if path.is_file() else {}
@@ -221,7 +220,7 @@ def hooks_install(
     _check_installed(name, root, settings.socket_path)
 
 
-def _check_installed(agent: Agent, root: Path, socket: Path) -> None:
+def _check_installed(agent: str, root: Path, socket: Path) -> None:
     """`hooks install` ends with `doctor`'s checks of this agent, and says loudly when no node
     agent answers at the socket it wrote (the hooks would fail closed on every call)."""
     from fleetledger.doctor import agent_checks, show

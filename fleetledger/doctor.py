@@ -37,10 +37,7 @@ from fleetledger_hook.adapters import ADAPTERS
 from ledger.errors import ComponentTimeout, FleetError, InvalidInput, Unreachable
 from node_agent.hooks import (
     HOOK_PACKAGE,
-    SETTINGS_FILES,
-    Agent,
     AgentLayers,
-    claude_layers,
     codex_trust,
     install,
     parse_hooks,
@@ -48,7 +45,7 @@ from node_agent.hooks import (
 )  # fmt: skip
 from node_agent.settings import NodeSettings
 
-AGENTS: tuple[Agent, ...] = ("claude-code", "codex", "gemini")
+AGENTS = tuple(ADAPTERS)
 PROBE_MISSION = "doctor-probe"  # a mission id nobody creates: any answer proves the coordinator
 
 
@@ -194,9 +191,9 @@ class Hook(BaseModel):
     timeout: Any = None
 
 
-def read_hooks(agent: Agent, project: Path) -> tuple[dict[str, Any] | None, list[Hook]]:
+def read_hooks(agent: str, project: Path) -> tuple[dict[str, Any] | None, list[Hook]]:
     """The agent's settings object in ``project`` (None: no file) and our hooks in it."""
-    path = project / SETTINGS_FILES[agent]
+    path = project / ADAPTERS[agent].settings_file
     if not path.is_file():
         return None, []
     try:
@@ -238,7 +235,7 @@ def installed_socket(hooks: list[Hook]) -> str | None:
     return next((h.socket for h in hooks if h.socket), None)
 
 
-def check_node_agent(socket: Path, source: str, agent: Agent | None = None) -> Check:
+def check_node_agent(socket: Path, source: str, agent: str | None = None) -> Check:
     """A node agent answers ``/healthz`` on ``socket``."""
     from node_agent.client import NodeClient
 
@@ -261,11 +258,11 @@ def check_node_agent(socket: Path, source: str, agent: Agent | None = None) -> C
     return passed(name, f"{health.get('node_id', '?')} answers at {socket} ({source})")
 
 
-def check_hooks(agent: Agent, project: Path, layers: AgentLayers | None = None) -> Check:
+def check_hooks(agent: str, project: Path, layers: AgentLayers | None = None) -> Check:
     """Our hooks are there for every event, absolute, this installation's, one socket, and
     exactly what `hooks install` would write now; no settings layer turns them all off."""
     name = f"{agent} hooks"
-    path = project / SETTINGS_FILES[agent]
+    path = project / ADAPTERS[agent].settings_file
     reinstall = f"`fleetledger hooks install {agent} --project {project}`"
     try:
         config, hooks = read_hooks(agent, project)
@@ -314,7 +311,7 @@ def check_codex_trust(project: Path) -> Check:
     config_path = codex_home() / "config.toml"
     fix = f"`fleetledger hooks install codex --trust --project {project}` (or approve each " \
           "fleetledger hook under /hooks in codex)"  # fmt: skip
-    hooks_file = project / SETTINGS_FILES["codex"]
+    hooks_file = project / ADAPTERS["codex"].settings_file
     try:
         config, _ = read_hooks("codex", project)
         toml = tomllib.loads(config_path.read_text()) if config_path.is_file() else {}
@@ -337,10 +334,11 @@ def check_codex_trust(project: Path) -> Check:
     return passed(name, f"{config_path}: {project} and {len(expected)} hooks trusted as they are")
 
 
-def check_timeouts(agent: Agent, project: Path) -> Check:
+def check_timeouts(agent: str, project: Path) -> Check:
     """Each hook's timeout, in the CLI's unit (Gemini: milliseconds), lies above the hook's own
     deadline: a hook the CLI kills is allowed by Gemini and a non-blocking error to Claude."""
-    unit, scale = ("ms", 1000) if agent == "gemini" else ("s", 1)
+    adapter = ADAPTERS[agent]
+    unit, scale = adapter.timeout_unit, adapter.timeout(1)
     name = f"hook timeouts ({unit})"
     try:
         _, hooks = read_hooks(agent, project)
@@ -348,7 +346,7 @@ def check_timeouts(agent: Agent, project: Path) -> Check:
         return failed(name, exc.message, f"`fleetledger hooks install {agent}`")
     short = []
     for hook in hooks:
-        own = forward.deadline_s(hook.event in forward.STOP_EVENTS) * scale
+        own = forward.deadline_s(agent, hook.event) * scale
         if not isinstance(hook.timeout, int | float) or hook.timeout <= own:
             short.append(f"{hook.event} {hook.timeout}{unit} (the hook's own deadline {own:g})")
     if short or not hooks:
@@ -382,7 +380,7 @@ def check_environment(installed: str | None, layers: AgentLayers | None = None) 
     return passed(name, f"nothing overrides the installed socket{note}")
 
 
-def agent_checks(agent: Agent, project: Path) -> list[Check]:
+def agent_checks(agent: str, project: Path) -> list[Check]:
     """The checks of one agent's set-up in ``project`` (what `hooks install` ends with)."""
     try:
         socket = installed_socket(read_hooks(agent, project)[1])
@@ -394,7 +392,7 @@ def agent_checks(agent: Agent, project: Path) -> list[Check]:
         found = check_node_agent(NodeSettings.load().socket_path, "this terminal's settings", agent)
     layers, broken = AgentLayers(), None
     try:  # the agent's own settings layers may turn the hooks off or move their socket
-        layers = read_layers(claude_layers(project, Path.home()) if agent == "claude-code" else [])
+        layers = read_layers(ADAPTERS[agent].settings_layers(project, Path.home()))
     except InvalidInput as exc:
         broken = failed(f"{agent} settings", exc.message, "fix the file named")
     checks = [found, check_hooks(agent, project, layers)]
@@ -404,7 +402,7 @@ def agent_checks(agent: Agent, project: Path) -> list[Check]:
     return checks if broken is None else [*checks, broken]
 
 
-def run_checks(agent: Agent | None, project: Path) -> list[Check]:
+def run_checks(agent: str | None, project: Path) -> list[Check]:
     """Every check, in order; the agent's only with ``agent``."""
     from fleetledger.runtime import run_loop
 
@@ -432,7 +430,7 @@ def show(out: Console, checks: list[Check]) -> None:
 
 def doctor(
     agent: Annotated[
-        str | None, typer.Option(help="Also check this agent's hooks: claude-code, codex, gemini.")
+        str | None, typer.Option(help=f"Also check this agent's hooks: {', '.join(ADAPTERS)}.")
     ] = None,
     project: Annotated[
         Path | None, typer.Option(help="The agent's project (default: here).")

@@ -61,9 +61,9 @@ def node() -> Iterator[NodeSettings]:
 
 def install_ours(agent: Agent, *, socket_path: Path, python: str | None = None) -> None:
     """What `fleetledger hooks install <agent>` writes (and --trust for Codex)."""
-    from node_agent.hooks import SETTINGS_FILES
+    from fleetledger_hook.adapters import ADAPTERS
 
-    path = agent.project / SETTINGS_FILES[agent.name]  # type: ignore[index]
+    path = agent.project / ADAPTERS[agent.name].settings_file
     done = install(agent.name, {}, socket=socket_path, python=python)  # type: ignore[arg-type]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(done.config, indent=2))
