@@ -20,7 +20,7 @@ from node_agent.judge import JudgeApi, JudgeGate, http_judge, parse_verdict, ver
 from node_agent.store import Store
 from tests.fixtures.llama_judge import MODEL_NAME, LlamaJudgeServer
 
-pytestmark = [pytest.mark.realmodel, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 THREE = "- write hello.txt\n- run the tests\n- update the changelog"
 

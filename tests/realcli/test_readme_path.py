@@ -20,12 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.fixtures.model_servers import AnthropicServer, Text
 from tests.realcli.agents import base_env
-
-pytestmark = pytest.mark.realcli
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Please do: 1. write hello.txt 2. update the changelog"
