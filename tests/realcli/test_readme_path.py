@@ -1,6 +1,6 @@
 """The README's path from `make demo` to a governed Claude Code session, run as written (issue 24).
 
-The two code blocks of "Point an agent at fleetledger" are read from README.md and run by bash
+The two code blocks of "Point Claude Code, Codex or Gemini at it" are read from README.md and run
 in a fresh HOME, line for line: terminal 1 starts `fleetledger up`; terminal 2 exports the
 fleet's settings, installs the hooks into a project of its own, runs `fleetledger doctor`
 (which must pass every check), starts `claude` (the real Claude Code CLI from the cache; on
