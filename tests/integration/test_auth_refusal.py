@@ -25,8 +25,6 @@ from ledger.errors import AuthRefused, ErrorCode, Unreachable
 from ledger.identity import Role
 from ledger.protocol import ErrorBody
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

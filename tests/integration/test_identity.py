@@ -22,8 +22,6 @@ from fleetbus.client import FleetClient
 from fleetledger.servers import EmbeddedServers, fleet_keys
 from ledger.errors import Rule, RuleViolation
 
-pytestmark = pytest.mark.integration
-
 PEOPLE = ("finance-lead", "treasury", "mallory")
 
 

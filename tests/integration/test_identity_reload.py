@@ -29,8 +29,6 @@ from fleetbus.connection import refused_now
 from fleetbus.identity import KeyStore
 from ledger.errors import AuthRefused
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

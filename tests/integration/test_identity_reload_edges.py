@@ -18,8 +18,6 @@ from fleetledger.reload import await_applied
 from fleetledger.servers import EmbeddedServers, _config_load_time, _loaded_after, fleet_keys
 from ledger.identity import Principal, Role
 
-pytestmark = pytest.mark.integration
-
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout

@@ -22,8 +22,6 @@ from fleetledger.servers import EmbeddedServers
 from ledger.identity import Role
 from ledger.protocol import AUTHORIZE_SUBJECT
 
-pytestmark = pytest.mark.integration
-
 ROLES = {"coordinator": Role.COORDINATOR, "node-1": Role.NODE, "lead": Role.HUMAN,
          "orch": Role.SERVICE, "web": Role.VIEWER}  # fmt: skip
 LEDGER, DEAD, FOLLOW, RISKS = "FLEET_LEDGER", "FLEET_DEADLETTER", "FLEET_FOLLOW", "KV_fleet-risks"

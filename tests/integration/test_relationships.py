@@ -27,8 +27,6 @@ from ledger.kernel import ActionRequest
 from ledger.money import parse_amount
 from reservations import ReservationClient
 
-pytestmark = pytest.mark.integration
-
 PEOPLE = ("finance-lead", "ap-agent", "treasury", "mallory", "issuer")
 
 

@@ -13,8 +13,6 @@ from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation, Unreacha
 from ledger.events import BudgetOverrun, BudgetReserved, BudgetSettled
 from reservations import MISSION_SCOPE, ReservationClient
 
-pytestmark = pytest.mark.integration
-
 _ids = itertools.count()
 
 

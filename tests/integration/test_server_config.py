@@ -20,7 +20,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
 import redis
 
 from fleetbus.client import FleetClient
@@ -35,8 +34,6 @@ from fleetledger.servers import (
 from ledger.authority import Authority
 from ledger.identity import Role
 from ledger.kernel import ActionRequest
-
-pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 

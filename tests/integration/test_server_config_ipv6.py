@@ -11,7 +11,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
 import redis
 
 from fleetbus.bus import connect
@@ -25,8 +24,6 @@ from fleetledger.servers import (
 )
 from fleetledger.settings import FleetSettings
 from ledger.identity import Role
-
-pytestmark = pytest.mark.integration
 
 
 def answers(url: str) -> bool:

@@ -27,8 +27,6 @@ from ledger.identity import Role, verify_message
 from ledger.kernel import ActionRequest
 from ledger.protocol import DEADLETTER_STREAM, STREAM, deadletter_subject
 
-pytestmark = pytest.mark.integration
-
 Secured = tuple[KeyStore, str, Coordinator]
 
 

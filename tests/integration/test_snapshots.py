@@ -28,8 +28,6 @@ from ledger.identity import Role
 from ledger.kernel import ActionRequest
 from ledger.mission import dump_state, load_state
 
-pytestmark = pytest.mark.integration
-
 Fleet = tuple[EmbeddedServers, KeyStore]
 MISSION_EVENTS = 300  # a moderate mission: evidence registrations, one message each
 

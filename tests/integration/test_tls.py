@@ -36,8 +36,6 @@ from ledger.kernel import ActionRequest
 from reservations import Branch, ReservationClient
 from tests.fixtures.tls_proxy import Certificates, TlsProxy, make_certificates
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certificates:

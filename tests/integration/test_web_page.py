@@ -29,8 +29,6 @@ from ledger.ids import new_id
 from ledger.kernel import ActionRequest
 from tests.integration.browser import Browser
 
-pytestmark = pytest.mark.integration
-
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"  # gitignored
 LEAD, AGENT, NODE = "lead", "claude", "node-1"
 

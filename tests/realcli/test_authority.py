@@ -30,8 +30,6 @@ from tests.fixtures.model_servers import ScriptedServer, Text
 from tests.realcli.agents import Agent
 from tests.realcli.test_hooks import install_ours, sent
 
-pytestmark = pytest.mark.realcli
-
 PUSH = "git push origin main"
 COST = "0.04"  # what a push reserves: the money a failed push must give back
 GIT_ID = ["-c", "user.name=fleet-test", "-c", "user.email=fleet-test@example.invalid"]

@@ -23,7 +23,6 @@ from tests.fixtures.model_servers import Text
 from tests.realcli.agents import Codex
 from tests.realcli.test_hooks import PUSH, node, sent
 
-pytestmark = pytest.mark.realcli
 __all__ = ["node"]  # the module's node agent fixture, shared
 
 

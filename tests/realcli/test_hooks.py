@@ -28,8 +28,6 @@ from node_agent.settings import NodeSettings
 from tests.fixtures.model_servers import ScriptedServer, Text, ToolCall, apply_patch
 from tests.realcli.agents import Agent, Codex
 
-pytestmark = pytest.mark.realcli
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -31,8 +31,6 @@ from node_agent.settings import NodeSettings
 from tests.fixtures.model_servers import ScriptedServer, Text, ToolCall
 from tests.realcli.agents import Agent, ClaudeCode
 
-pytestmark = pytest.mark.realcli
-
 ROOT = Path(__file__).resolve().parents[2]
 REFUSED = "run it from your own terminal, not the agent's shell"
 
