@@ -45,13 +45,13 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from fleetbus.client import FleetClient  # noqa: E402
+from fleetledger.processes import free_port  # noqa: E402
 from fleetledger.servers import (  # noqa: E402
     COORDINATOR_PRINCIPAL,
     OPERATOR_PRINCIPAL,
     REDIS_ADMIN,
     EmbeddedServers,
     fleet_keys,
-    free_port,
 )
 from ledger.authority import Authority  # noqa: E402
 from ledger.events import EvidenceRegistered, make_event  # noqa: E402

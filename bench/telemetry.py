@@ -36,7 +36,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from fleetbus.client import FleetClient  # noqa: E402
-from fleetledger.servers import EmbeddedServers, free_port  # noqa: E402
+from fleetledger.processes import free_port  # noqa: E402
+from fleetledger.servers import EmbeddedServers  # noqa: E402
 from ledger.authority import Authority  # noqa: E402
 from ledger.kernel import ActionRequest  # noqa: E402
 from telemetry import Telemetry  # noqa: E402

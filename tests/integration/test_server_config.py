@@ -25,13 +25,8 @@ import redis
 
 from fleetbus.client import FleetClient
 from fleetbus.identity import KeyStore
-from fleetledger.servers import (
-    REDIS_ADMIN,
-    ManagedServer,
-    find_nats_server,
-    find_redis_server,
-    free_port,
-)
+from fleetledger.processes import ManagedServer, find_nats_server, find_redis_server, free_port
+from fleetledger.servers import REDIS_ADMIN
 from ledger.authority import Authority
 from ledger.identity import Role
 from ledger.kernel import ActionRequest

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from fleetbus.client import FleetClient
-from fleetledger.servers import EmbeddedServers, free_port
+from fleetledger.processes import free_port
+from fleetledger.servers import EmbeddedServers
 from ledger.errors import Unreachable
 from telemetry import Telemetry
 from tests.fixtures.otlp_receiver import OTLPReceiver, Received
