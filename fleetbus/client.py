@@ -43,6 +43,7 @@ from ledger.protocol import (
     ManageOp,
     ManageReply,
     ManageRequest,
+    MissionView,
     ViewRequest,
     receipt_subject,
     reply_from_receipt,
@@ -327,12 +328,14 @@ class FleetClient:
             )
         self._check_receipt(message)
 
-    async def view(self, mission_id: str, role: str = "operator") -> dict[str, Any]:
+    async def view(self, mission_id: str, role: str = "operator") -> MissionView:
+        """The mission's view for ``role``; its fields a role does not see are unset (``wire``
+        gives it back as the coordinator sent it)."""
         body = ViewRequest.model_validate({"mission_id": mission_id, "role": role})
         data = json.loads(await self._request(VIEW_SUBJECT, body.model_dump_json().encode()))
         if "error" in data:
             raise ErrorBody.model_validate(data["error"]).error()
-        return dict(data)
+        return MissionView.model_validate(data)
 
     async def publish(self, event: Event) -> int:
         """Append an event to the ledger stream directly (node outboxes do this).

@@ -719,14 +719,14 @@ def view(
     each agent has open, verified, claimed-unverified and waiting on a human."""
     from fleetbus.client import FleetClient
     from fleetledger.render import team_view
-    from ledger.protocol import ViewRequest
+    from ledger.protocol import MissionView, ViewRequest
 
     try:  # a role no view has is bad input (exit 2), even with no fleet to ask
         request = ViewRequest.model_validate({"mission_id": mission_id, "role": as_})
     except ValidationError as exc:
         _fail(InvalidInput(f"invalid input: {first_error(exc)}"), as_json)
 
-    async def call() -> dict[str, Any]:
+    async def call() -> MissionView:
         async with await FleetClient.connect(
             _nats_url(), seed=_seed(), principals=_principals()
         ) as client:
@@ -734,7 +734,7 @@ def view(
 
     data = _run(call, as_json)
     if as_json:
-        print(json.dumps(data))
+        print(json.dumps(data.wire()))
         return
     for table in team_view(data):
         out.print(table)
@@ -778,7 +778,7 @@ def replay(
             for r in review_all(result.record)
         ]
     if as_json:
-        print(json.dumps({**summary, "view": data, "audit": reviews}))
+        print(json.dumps({**summary, "view": data.wire(), "audit": reviews}))
         return
     for table in team_view(data):
         out.print(table)

@@ -21,6 +21,7 @@ from fleetbus.client import FleetClient
 from fleetledger.servers import REDIS_BRANCH, REDIS_GATEWAY, EmbeddedServers
 from ledger.authority import Authority
 from ledger.money import format_amount, parse_amount
+from ledger.protocol import MissionView
 from reservations import BranchContext, run_branches
 from reservations.cluster import connect
 
@@ -128,16 +129,17 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
         "naive_spend": format_amount(sum(admitted) * amount),
         "ray_admitted": ours,
         "ray_spend": format_amount(ours * amount),
-        "ray_ledger_settled": view["budget"]["settled"],
+        "ray_ledger_settled": view.budget.settled if view.budget else None,
     }
 
 
-async def _recorded(fleet: FleetClient, settled: str) -> dict[str, Any]:
+async def _recorded(fleet: FleetClient, settled: str) -> MissionView:
     """The mission's view once the coordinator has recorded ``settled`` (its sweep rounds read
     the branches' reservations from Redis); the last view if that takes too long."""
     deadline = time.monotonic() + RECORD_WAIT_S
     while True:
         view = await fleet.view(RAY_MISSION)
-        if view["budget"]["settled"] == settled or time.monotonic() > deadline:
+        recorded = view.budget.settled if view.budget else None
+        if recorded == settled or time.monotonic() > deadline:
             return view
         await asyncio.sleep(0.2)  # its next sweep round is at most a second away

@@ -121,7 +121,7 @@ async def test_kill_and_restart_loses_nothing_and_doubles_nothing(tmp_path: Path
         assert sorted(d.action_id for d in state.decisions) == sorted(f"a{i}" for i in range(60))
         assert sorted(state.reservations) == sorted(f"r-a{i}" for i in range(60))
         assert state.level("mission").committed == 60 * 10_000
-        assert view["budget"]["committed"] == "0.60"
+        assert view.budget.committed == "0.60"
         async with ReservationClient.from_url(servers.redis_url) as store:
             redis_level = await store.level("chaos", "mission")
         # Redis never holds less than the record; an unrecorded hold is returned by its lease.

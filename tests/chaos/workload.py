@@ -354,7 +354,7 @@ class Client:
         assert self.fleet is not None
         op = self.history.invoke(self.name, mission, "view", {})
         try:
-            v = await self.fleet.view(mission)
+            v = (await self.fleet.view(mission)).wire()
         except FleetError as exc:
             self.history.error(op, _code(exc), exc.message)
             return
@@ -738,7 +738,7 @@ async def run_chaos(
 async def _view(fleet: FleetClient, mission: str) -> dict[str, Any] | None:
     """The live view, or None for a mission the coordinator does not know."""
     try:
-        return await fleet.view(mission)
+        return (await fleet.view(mission)).wire()
     except FleetError as exc:
         if exc.code is ErrorCode.NOT_FOUND:
             return None

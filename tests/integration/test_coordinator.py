@@ -131,8 +131,8 @@ async def test_invoice_credit_needs_evidence_and_is_accepted_with_it(fleet: Flee
     assert ok.reservation_id == "r-a1"
     view = await fleet.view(mid)
     # An authorised action's reservation is committed at once: no lease can return it.
-    assert view["budget"]["committed"] == "0.05" and view["budget"]["reserved"] == "0.00"
-    assert [d["allowed"] for d in view["decisions"]] == [False, True]
+    assert view.budget.committed == "0.05" and view.budget.reserved == "0.00"
+    assert [d.allowed for d in view.decisions] == [False, True]
 
 
 async def test_widening_delegation_is_rejected_and_recorded(fleet: FleetClient) -> None:
@@ -146,8 +146,8 @@ async def test_widening_delegation_is_rejected_and_recorded(fleet: FleetClient) 
     assert exc.value.rule is Rule.ATTENUATION
     assert "payment.send" in str(exc.value)
     view = await fleet.view(mid)
-    assert "g-wide" in view["rejected_grants"]
-    assert [g["grant_id"] for g in view["grants"]] == ["g-ap"]
+    assert "g-wide" in view.rejected_grants
+    assert [g.grant_id for g in view.grants] == ["g-ap"]
 
 
 async def test_child_budget_must_fit_parent_remaining(fleet: FleetClient) -> None:
@@ -209,7 +209,7 @@ async def test_concurrent_requests_never_overspend(fleet: FleetClient, redis_url
         level = await store.level(mid, "mission")
     assert level.used == 800_000
     view = await fleet.view(mid)
-    assert view["budget"]["remaining"] == "0.00"
+    assert view.budget.remaining == "0.00"
 
 
 async def test_four_branches_of_050_against_080_admit_exactly_one(fleet: FleetClient) -> None:
@@ -234,7 +234,7 @@ async def test_retried_authorize_returns_the_recorded_receipt(fleet: FleetClient
     assert first.decision is not None and again.decision is not None
     assert again.decision.allowed and again.decision.cut == first.decision.cut
     view = await fleet.view(mid)
-    assert view["budget"]["committed"] == "0.10"  # reserved (and committed) once
+    assert view.budget.committed == "0.10"  # reserved (and committed) once
 
 
 async def test_unknown_outcome_blocks_the_idempotency_key_until_reconciled(
@@ -251,7 +251,7 @@ async def test_unknown_outcome_blocks_the_idempotency_key_until_reconciled(
         "effect.record", mid, {"action_id": "a1", "outcome": "verified_failure", "actual": 0}
     )
     view = await fleet.view(mid)
-    assert view["budget"]["committed"] == "0.00" and view["budget"]["settled"] == "0.00"
+    assert view.budget.committed == "0.00" and view.budget.settled == "0.00"
     again = await fleet.authorize(mid, request("a3", "g-ap", "pay", 100_000, key="invoice-7"))
     assert again.decision is not None and again.decision.allowed
 
@@ -267,7 +267,7 @@ async def test_settle_above_reservation_records_overrun_and_blocks_grant(
         "effect.record", mid, {"action_id": "a1", "outcome": "verified_success", "actual": 150_000}
     )
     view = await fleet.view(mid)
-    assert view["budget"]["settled"] == "0.15"
+    assert view.budget.settled == "0.15"
     blocked = await fleet.authorize(mid, request("a2", "g-ap", "pay", 10_000))
     assert blocked.decision is not None and blocked.decision.rule is Rule.BUDGET_CONSERVATION
     assert "overrun" in blocked.decision.reason
@@ -530,8 +530,8 @@ async def test_replay_to_a_cut_and_audit_each_decision(fleet: FleetClient, nats_
     assert at_decision.state.evidence["ev-1"].superseded_by is None
     assert whole.state.evidence["ev-1"].superseded_by == "ev-2"
     view = await fleet.view(mid)
-    assert view["version"] == whole.state.version  # the coordinator and a replay agree
-    assert view["budget"]["committed"] == "0.05"
+    assert view.version == whole.state.version  # the coordinator and a replay agree
+    assert view.budget.committed == "0.05"
     (review,) = review_all(whole.record)
     assert review.verdict is Hindsight.CHANGED_SINCE
 
@@ -554,7 +554,7 @@ async def test_an_authorised_reservation_is_committed_so_no_lease_returns_spent_
         "effect.record", mid, {"action_id": "a1", "outcome": "verified_success", "actual": 80_000}
     )
     view = await fleet.view(mid)
-    assert (view["budget"]["committed"], view["budget"]["settled"]) == ("0.00", "0.08")
+    assert (view.budget.committed, view.budget.settled) == ("0.00", "0.08")
 
 
 async def test_an_actual_against_a_settled_reservation_is_refused_not_dropped(
@@ -573,7 +573,7 @@ async def test_an_actual_against_a_settled_reservation_is_refused_not_dropped(
         )
     assert "already settled" in str(exc.value)
     view = await fleet.view(mid)
-    assert view["budget"]["settled"] == "0.09"
+    assert view.budget.settled == "0.09"
 
 
 async def test_a_gap_in_delivery_is_filled_from_the_stream_in_order() -> None:
@@ -665,7 +665,7 @@ async def test_the_answer_is_the_stored_receipt_republished_by_the_stream(
     assert third.decision is not None and third.decision.allowed
     assert third.reservation_id == "r-a3" and third.decision_seq == seq + 2
     view = await fleet.view(mid)
-    assert view["budget"]["committed"] == "0.25"
+    assert view.budget.committed == "0.25"
 
 
 async def test_a_bad_event_inside_a_bundle_is_dead_lettered_alone(

@@ -99,7 +99,7 @@ async def test_an_impostor_cannot_treat_a_risk_as_its_owner(
         )
         assert reply.ok
         view = await owner.view("m-impostor")
-        assert [r["status"] for r in view["risks"]] == ["treated"]
+        assert [r.status for r in view.risks] == ["treated"]
     finally:
         await owner.close()
 

@@ -94,7 +94,7 @@ async def test_coordinator_and_client_work_end_to_end_over_nats_tls(
             )  # fmt: skip
             assert reply.decision is not None and reply.decision.allowed
             view = await fleet.view(mid)
-            assert view["budget"]["committed"] == "0.01"
+            assert view.budget.committed == "0.01"
     finally:
         await co.stop()
 

@@ -148,7 +148,8 @@ async def test_an_authorised_push_runs_is_allowed_and_its_effect_recorded(
     expected = "unknown" if agent.name == "codex" else "verified_success"
     await wait_until(lambda: outcomes(coordinator, mission) == [expected])
     view = await fleet.view(mission)
-    assert view["budget"]["settled" if expected == "verified_success" else "committed"] == COST
+    spent = "settled" if expected == "verified_success" else "committed"
+    assert getattr(view.budget, spent) == COST
 
 
 async def test_a_failed_authorised_push_is_a_verified_failure_and_its_money_returned(
@@ -167,7 +168,7 @@ async def test_a_failed_authorised_push_is_a_verified_failure_and_its_money_retu
         return
     await wait_until(lambda: outcomes(coordinator, mission) == ["verified_failure"])
     view = await fleet.view(mission)
-    assert (view["budget"]["committed"], view["budget"]["settled"]) == ("0.00", "0.00"), view
+    assert (view.budget.committed, view.budget.settled) == ("0.00", "0.00"), view
 
 
 async def test_a_push_under_an_open_risk_is_denied_naming_the_risk(
