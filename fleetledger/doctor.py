@@ -175,12 +175,12 @@ def check_node_agent(socket: Path, source: str, agent: Agent | None = None) -> C
             probe.settimeout(3.0)
             probe.connect(str(socket))
         with NodeClient(socket, timeout=3.0) as client:
-            health = client.get("/healthz")
+            health = client.health()
     except OSError as exc:
         return failed(name, f"nothing listens at {socket} ({exc.strerror or exc}; {source})", fix)
     except FleetError as exc:
         return failed(name, f"{exc.message} ({source})", fix)
-    return passed(name, f"{health.get('node_id', '?')} answers at {socket} ({source})")
+    return passed(name, f"{health.node_id or '?'} answers at {socket} ({source})")
 
 
 # --- the agent's set-up ------------------------------------------------------------------

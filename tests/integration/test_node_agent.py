@@ -31,6 +31,7 @@ from node_agent.client import NodeClient, token_path
 from node_agent.daemon import NodeAgent
 from node_agent.hooks import HookAnswer, handle
 from node_agent.settings import NodeSettings
+from node_agent.wire import Health, Prompt, Prompted
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "claude_code_session.jsonl"
 
@@ -134,12 +135,13 @@ async def test_the_socket_is_private_to_its_owner(node: NodeAgent) -> None:
 
 
 async def test_health_and_readiness_answer_over_the_socket(node: NodeAgent) -> None:
-    def probe() -> tuple[dict[str, Any], dict[str, Any]]:
+    def probe() -> tuple[Health, dict[str, Any]]:
         with NodeClient(node.settings.socket_path) as client:
-            return client.get("/healthz"), client.get("/readyz")
+            return client.health(), client.get("/readyz")
 
     live, ready = await asyncio.to_thread(probe)
-    assert live["status"] == "alive" and ready["status"] == "ready" and ready["nats"] == "off"
+    assert live.status == "alive" and live.node_id == node.settings.node_id
+    assert ready["status"] == "ready" and ready["nats"] == "off"
 
 
 async def test_loopback_http_serves_the_same_api(state_dir: Path) -> None:
@@ -147,12 +149,12 @@ async def test_loopback_http_serves_the_same_api(state_dir: Path) -> None:
     try:
         assert agent.api.http_port
 
-        def call() -> dict[str, Any]:
+        def call() -> Prompted:
             token = token_path(agent.settings.socket_path)
             with NodeClient(http_port=agent.api.http_port, token_file=token) as client:
-                return client.call("prompt", session_id="s-http", text="- fix the bug")
+                return client.prompt(Prompt(session_id="s-http", text="- fix the bug"))
 
-        assert "fix the bug" in (await asyncio.to_thread(call))["context"]
+        assert "fix the bug" in str((await asyncio.to_thread(call)).context)
     finally:
         await agent.stop()
 
