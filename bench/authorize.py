@@ -57,6 +57,7 @@ from ledger.authority import Authority  # noqa: E402
 from ledger.events import EvidenceRegistered, make_event  # noqa: E402
 from ledger.identity import public_key, seed_from_bytes  # noqa: E402
 from ledger.kernel import ActionRequest  # noqa: E402
+from ledger.protocol import CreateMission, IssueGrant, OpenRisk  # noqa: E402
 from node_agent.risks import RiskWatcher  # noqa: E402
 
 err = Console(stderr=True)
@@ -214,9 +215,8 @@ async def propagation(
     for r in range(rounds):
         t = time.monotonic()
         await client.manage(
-            "risk.open",
             mission,
-            {"risk_id": f"r{r}", "blocks": ["x"], "owner": "o", "summary": "s"},
+            OpenRisk(risk_id=f"r{r}", blocks=["x"], owner="o", summary="s"),
         )
         learned = await asyncio.gather(*(w.wait_for(mission, f"r{r}", open=True) for w in watchers))
         delays += [k.learned_at - t for k in learned]
@@ -258,21 +258,19 @@ async def set_up(client: FleetClient, missions: tuple[str, ...]) -> None:
     expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
     for m in missions:
         await client.manage(
-            "mission.create",
             m,
-            {"purpose": "bench", "owner": "o", "ceiling": 10**12, "expires_at": expires},
+            CreateMission(purpose="bench", owner="o", ceiling=10**12, expires_at=expires),
         )
     await client.manage(
-        "grant.issue",
         missions[0],
-        {
-            "grant_id": "g",
-            "holder": "a",
-            "purpose": "bench",
-            "owner": "o",
-            "authority": Authority.of(["pay"]).model_dump(mode="json"),
-            "budget": 10**12,
-        },
+        IssueGrant(
+            grant_id="g",
+            holder="a",
+            purpose="bench",
+            owner="o",
+            authority=Authority.of(["pay"]).model_dump(mode="json"),
+            budget=10**12,
+        ),
     )
 
 

@@ -40,6 +40,7 @@ from fleetledger.processes import free_port  # noqa: E402
 from fleetledger.servers import EmbeddedServers  # noqa: E402
 from ledger.authority import Authority  # noqa: E402
 from ledger.kernel import ActionRequest  # noqa: E402
+from ledger.protocol import CreateMission, IssueGrant  # noqa: E402
 from telemetry import Telemetry  # noqa: E402
 
 err = Console(stderr=True)
@@ -103,21 +104,19 @@ async def setup(client: FleetClient, missions: list[str]) -> None:
     expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
     for m in missions:
         await client.manage(
-            "mission.create",
             m,
-            {"purpose": "bench", "owner": "o", "ceiling": 10**12, "expires_at": expires},
+            CreateMission(purpose="bench", owner="o", ceiling=10**12, expires_at=expires),
         )
         await client.manage(
-            "grant.issue",
             m,
-            {
-                "grant_id": "g",
-                "holder": "a",
-                "purpose": "bench",
-                "owner": "o",
-                "authority": Authority.of(["pay"]).model_dump(mode="json"),
-                "budget": 10**12,
-            },
+            IssueGrant(
+                grant_id="g",
+                holder="a",
+                purpose="bench",
+                owner="o",
+                authority=Authority.of(["pay"]).model_dump(mode="json"),
+                budget=10**12,
+            ),
         )
 
 

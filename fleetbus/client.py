@@ -39,8 +39,8 @@ from ledger.protocol import (
     VIEW_SUBJECT,
     AuthorizeReply,
     AuthorizeRequest,
+    Change,
     ErrorBody,
-    ManageOp,
     ManageReply,
     ManageRequest,
     MissionView,
@@ -188,11 +188,11 @@ class FleetClient:
             raise Unreachable(NO_COORDINATOR)
         return bytes(msg.data)
 
-    async def manage(
-        self, op: ManageOp, mission_id: str, args: dict[str, Any], *, actor: str = "cli"
-    ) -> ManageReply:
+    async def manage(self, mission_id: str, change: Change, *, actor: str = "cli") -> ManageReply:
+        """One management change of the mission (its op is the model's: ``change.op``)."""
+        op = change.op
         body = ManageRequest(
-            op=op, mission_id=mission_id, actor=actor, node_id=self.node_id, args=args
+            op=op, mission_id=mission_id, actor=actor, node_id=self.node_id, args=change.args()
         )
         data = body.model_dump_json().encode()
         with producer_span_lazy(

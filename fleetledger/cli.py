@@ -378,11 +378,12 @@ def _run(coro_fn: Any, as_json: bool = False) -> Any:
 
 async def _manage(op: Any, mission: str, args: dict[str, Any], actor: str = "cli") -> Any:
     from fleetbus.client import FleetClient
+    from ledger.protocol import change_of
 
     async with await FleetClient.connect(
         _nats_url(), seed=_seed(), principals=_principals()
     ) as client:
-        return await client.manage(op, mission, args, actor=actor)
+        return await client.manage(mission, change_of(op, args), actor=actor)
 
 
 def _amount(text: str, what: str) -> int:

@@ -74,7 +74,14 @@ from ledger.events import GRANT_ISSUER_ROLE
 from ledger.kernel import ActionRequest, Decision, decide
 from ledger.mission import MissionState
 from ledger.money import format_amount, parse_amount
-from ledger.protocol import ManageOp
+from ledger.protocol import (
+    CreateMission,
+    IssueGrant,
+    ManageOp,
+    OpenRisk,
+    RegisterEvidence,
+    change_of,
+)
 from node_agent.checks import FileCheck
 from node_agent.client import NodeClient
 from node_agent.hooks import hook_command  # the installed command line, as agents run it
@@ -436,7 +443,7 @@ class Run:
     async def manage(self, op: ManageOp, args: dict[str, Any], *, by: str = OWNER) -> None:
         """A management step of the script, sent by ``by`` (a refusal here is a broken
         script: it raises)."""
-        await self.people[by].manage(op, self.mission, args)
+        await self.people[by].manage(self.mission, change_of(op, args))
         if op == "grant.issue":
             self.holders[args["grant_id"]] = args["holder"]
 
@@ -711,19 +718,18 @@ async def _authorize_p50(people: Principals, mission: str, n: int) -> float:
     receipt verified."""
     expires = (datetime.now(UTC) + timedelta(days=1)).isoformat()
     fleet, holder = people[OWNER], people["helper-agent"]
-    await fleet.manage("mission.create", mission, {
-        "purpose": "latency", "owner": OWNER, "ceiling": 10**12,
-        "expires_at": expires})  # fmt: skip
-    await fleet.manage("grant.issue", mission, _grant(
+    await fleet.manage(mission, CreateMission(
+        purpose="latency", owner=OWNER, ceiling=10**12,
+        expires_at=expires))  # fmt: skip
+    await fleet.manage(mission, IssueGrant(**_grant(
         "g-root", "ap-agent", "latency", ["pay", "wire"], 10**11, may_delegate=True,
-        evidence_required_for=["pay"]))  # fmt: skip
-    await fleet.manage("grant.issue", mission, _grant(
+        evidence_required_for=["pay"])))  # fmt: skip
+    await fleet.manage(mission, IssueGrant(**_grant(
         "g-leaf", "helper-agent", "latency", ["pay"], 10**10, parent="g-root",
-        evidence_required_for=["pay"]))  # fmt: skip
-    await fleet.manage("evidence.register", mission,
-                       {"evidence_id": "ev", "source": "s", "claim": "c"})  # fmt: skip
-    risk = {"risk_id": "r", "blocks": ["wire"], "owner": "treasury", "summary": "s"}
-    await fleet.manage("risk.open", mission, risk)
+        evidence_required_for=["pay"])))  # fmt: skip
+    await fleet.manage(mission, RegisterEvidence(evidence_id="ev", source="s", claim="c"))
+    risk = OpenRisk(risk_id="r", blocks=["wire"], owner="treasury", summary="s")
+    await fleet.manage(mission, risk)
     times = []
     for i in range(n + 10):
         req = ActionRequest(action_id=f"lat-{i}", grant_id="g-leaf", action="pay", cost=1,

@@ -7,11 +7,13 @@ Versioned subjects (`fleet.v1.*`) let a coordinator serve two protocol versions 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ledger.authority import Authority
 from ledger.errors import (
     AuthRefused,
     BinaryMissing,
@@ -286,6 +288,147 @@ class ManageRequest(BaseModel):
     actor: str = "cli"
     node_id: str = "cli"
     args: dict[str, Any] = Field(default_factory=dict)
+
+
+# --- management requests: what each op takes (``FleetClient.manage`` sends one) -------------
+# The coordinator validates the payload an op's arguments become (``coordinator.manage``), so
+# these stay loose: a value it refuses is refused there, with its rule. A field left out (None)
+# is the coordinator's to fill: who acts (the signer), a grant's expiry, an approval's version.
+# ``datetime`` fields may be given as ISO 8601 text.
+
+
+class Change(BaseModel):
+    """The arguments of one management op."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    op: ClassVar[ManageOp]
+
+    def args(self) -> dict[str, Any]:
+        """The ``ManageRequest.args`` it sends: its fields as JSON, without those left out."""
+        return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
+
+
+class CreateMission(Change):
+    op: ClassVar[ManageOp] = "mission.create"
+    purpose: str
+    owner: str
+    ceiling: int  # micros
+    expires_at: datetime | str | None = None
+    policy: Authority | None = None
+    risk_roles: list[str] | None = None
+    approver_roles: list[str] | None = None
+
+
+class IssueGrant(Change):
+    """A grant (``ledger.events.GrantSpec``); its expiry defaults to its parent's."""
+
+    op: ClassVar[ManageOp] = "grant.issue"
+    grant_id: str
+    parent_id: str | None = None
+    holder: str
+    purpose: str
+    owner: str
+    authority: Authority | dict[str, Any]  # a dict: sent as it is, for the coordinator to judge
+    budget: int  # micros
+    effective_from: datetime | str | None = None
+    expires_at: datetime | str | None = None
+
+
+class RevokeGrant(Change):
+    op: ClassVar[ManageOp] = "grant.revoke"
+    grant_id: str
+    reason: str
+    by: str | None = None
+
+
+class RegisterEvidence(Change):
+    op: ClassVar[ManageOp] = "evidence.register"
+    evidence_id: str
+    source: str
+    claim: str
+    valid_from: datetime | str | None = None
+    valid_until: datetime | str | None = None
+    registered_by: str | None = None
+
+
+class SupersedeEvidence(Change):
+    op: ClassVar[ManageOp] = "evidence.supersede"
+    evidence_id: str
+    by: str  # the evidence that replaces it
+    actor: str | None = None
+
+
+class OpenRisk(Change):
+    op: ClassVar[ManageOp] = "risk.open"
+    risk_id: str
+    blocks: list[str]
+    owner: str
+    summary: str
+    grant_id: str | None = None  # None: the whole mission
+
+
+class TreatRisk(Change):
+    op: ClassVar[ManageOp] = "risk.treat"
+    risk_id: str
+    status: str  # ACCEPTED, MITIGATED or TRANSFERRED
+    by: str | None = None
+    role: str | None = None
+
+
+class Approve(Change):
+    op: ClassVar[ManageOp] = "approve"
+    approval_id: str
+    role: str
+    action: str
+    expires_at: datetime | str
+    approver: str | None = None
+    grant_id: str | None = None
+    evaluated_version: int | None = None  # None: the mission's version now
+    conditions: dict[str, Any] | None = None  # ``ledger.events.ApprovalConditions``
+    uses: int | None = None
+
+
+class RecordEffect(Change):
+    op: ClassVar[ManageOp] = "effect.record"
+    action_id: str
+    outcome: str  # ``ledger.events.Outcome``
+    actual: int | None = None  # micros
+    detail: str | None = None
+
+
+class TreatOverrun(Change):
+    op: ClassVar[ManageOp] = "overrun.treat"
+    scope: str
+    by: str | None = None
+
+
+class BindRole(Change):
+    op: ClassVar[ManageOp] = "role.bind"
+    principal: str
+    role: str
+    by: str | None = None
+
+
+class UnbindRole(Change):
+    op: ClassVar[ManageOp] = "role.unbind"
+    principal: str
+    role: str
+    by: str | None = None
+
+
+CHANGES: dict[ManageOp, type[Change]] = {
+    c.op: c
+    for c in (
+        CreateMission, IssueGrant, RevokeGrant, RegisterEvidence, SupersedeEvidence, OpenRisk,
+        TreatRisk, Approve, RecordEffect, TreatOverrun, BindRole, UnbindRole,
+    )
+}  # fmt: skip
+
+
+def change_of(op: ManageOp, args: Mapping[str, Any]) -> Change:
+    """``op``'s request model holding ``args`` (arguments a command or a script gathered)."""
+    return CHANGES[op].model_validate(args)
 
 
 class ManageReply(BaseModel):

@@ -25,7 +25,7 @@ from fleetledger.servers import write_env_file
 from ledger.authority import Authority
 from ledger.errors import InvalidInput
 from ledger.ids import new_id
-from ledger.protocol import STREAM, mission_filter
+from ledger.protocol import STREAM, CreateMission, IssueGrant, OpenRisk, mission_filter
 from node_agent.checks import FileCheck, sha256_file
 from node_agent.client import NodeClient, token_path
 from node_agent.daemon import NodeAgent
@@ -322,23 +322,19 @@ async def release_mission(fleet: FleetClient, *, may_delegate: bool = False) -> 
     mission = f"m-{new_id().hex[-12:]}"
     expires = "2099-01-01T00:00:00+00:00"
     await fleet.manage(
-        "mission.create",
         mission,
-        {"purpose": "release", "owner": "ann", "ceiling": 1_000_000, "expires_at": expires},
+        CreateMission(purpose="release", owner="ann", ceiling=1_000_000, expires_at=expires),
     )
     await fleet.manage(
-        "grant.issue",
         mission,
-        {
-            "grant_id": "g-rel",
-            "holder": "claude",
-            "purpose": "release",
-            "owner": "ann",
-            "authority": Authority.of(["git.push"], may_delegate=may_delegate).model_dump(
-                mode="json"
-            ),
-            "budget": 100_000,
-        },
+        IssueGrant(
+            grant_id="g-rel",
+            holder="claude",
+            purpose="release",
+            owner="ann",
+            authority=Authority.of(["git.push"], may_delegate=may_delegate).model_dump(mode="json"),
+            budget=100_000,
+        ),
     )
     return mission
 
@@ -361,14 +357,13 @@ async def test_consequential_action_is_authorised_by_the_coordinator_and_blocked
         allowed = await hook(agent, "PreToolUse", push)
         assert allowed.stdout == "", allowed
         await fleet.manage(
-            "risk.open",
             mission,
-            {
-                "risk_id": "r-tag",
-                "blocks": ["git.push"],
-                "owner": "sec",
-                "summary": "tag signing key leaked",
-            },
+            OpenRisk(
+                risk_id="r-tag",
+                blocks=["git.push"],
+                owner="sec",
+                summary="tag signing key leaked",
+            ),
         )
         await wait_until(lambda: agent.gate.local_risk(mission, "git.push", "g-rel") is not None)
         denied = json.loads((await hook(agent, "PreToolUse", push)).stdout)["hookSpecificOutput"]
@@ -421,13 +416,11 @@ async def test_a_risk_on_a_parent_grant_blocks_the_childs_action_on_the_node_eve
 ) -> None:
     mission = await release_mission(fleet, may_delegate=True)
     await fleet.manage(
-        "grant.issue",
-        mission,
-        {
-            "grant_id": "g-child", "parent_id": "g-rel", "holder": "helper", "purpose": "release",
-            "owner": "ann", "authority": Authority.of(["git.push"]).model_dump(mode="json"),
-            "budget": 50_000,
-        },
+        mission, IssueGrant(
+            grant_id="g-child", parent_id="g-rel", holder="helper", purpose="release",
+            owner="ann", authority=Authority.of(["git.push"]).model_dump(mode="json"),
+            budget=50_000,
+        ),
     )  # fmt: skip
     online = NodeSettings(
         state_dir=state_dir, nats_url=nats_url, mission=mission, grant_id="g-child"
@@ -439,10 +432,8 @@ async def test_a_risk_on_a_parent_grant_blocks_the_childs_action_on_the_node_eve
             lambda: agent.store.grant_chain(mission, "g-child") == ("g-child", "g-rel")
         )
         await fleet.manage(
-            "risk.open",
-            mission,
-            {"risk_id": "r-parent", "blocks": ["git.push"], "owner": "sec",
-             "summary": "release branch frozen", "grant_id": "g-rel"},
+            mission, OpenRisk(risk_id="r-parent", blocks=["git.push"], owner="sec",
+             summary="release branch frozen", grant_id="g-rel"),
         )  # fmt: skip
         await wait_until(lambda: bool(agent.store.open_risks(mission)))
     finally:

@@ -22,7 +22,7 @@ from fleetledger.cli import app
 from ledger.events import ItemStatusChanged, make_event
 from ledger.ids import new_id
 from ledger.items import Actor, ItemStatus
-from ledger.protocol import MissionView
+from ledger.protocol import CreateMission, MissionView
 from node_agent.client import NodeClient
 from node_agent.daemon import NodeAgent
 from node_agent.settings import NodeSettings
@@ -54,10 +54,8 @@ def state_dir() -> Any:
 async def mission(fleet: FleetClient) -> str:
     mid = f"m-{new_id().hex[-12:]}"
     await fleet.manage(
-        "mission.create",
-        mid,
-        {"purpose": "docs", "owner": "lead", "ceiling": 1_000_000,
-         "expires_at": "2099-01-01T00:00:00+00:00"},
+        mid, CreateMission(purpose="docs", owner="lead", ceiling=1_000_000,
+         expires_at="2099-01-01T00:00:00+00:00"),
     )  # fmt: skip
     return mid
 

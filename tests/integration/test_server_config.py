@@ -30,6 +30,7 @@ from fleetledger.servers import REDIS_ADMIN
 from ledger.authority import Authority
 from ledger.identity import Role
 from ledger.kernel import ActionRequest
+from ledger.protocol import CreateMission, IssueGrant
 
 pytestmark = pytest.mark.integration
 
@@ -131,13 +132,11 @@ async def run_a_mission(url: str, keys: KeyStore) -> None:
     try:
         soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
         await ann.manage(
-            "mission.create", "m-own",
-            {"purpose": "p", "owner": "ann", "ceiling": 1_000_000, "expires_at": soon},
+            "m-own", CreateMission(purpose="p", owner="ann", ceiling=1_000_000, expires_at=soon),
         )  # fmt: skip
         await ann.manage(
-            "grant.issue", "m-own",
-            {"grant_id": "g", "holder": "claude", "purpose": "release", "owner": "ann",
-             "authority": Authority.of(["git.push"]).model_dump(mode="json"), "budget": 100_000},
+            "m-own", IssueGrant(grant_id="g", holder="claude", purpose="release", owner="ann",
+             authority=Authority.of(["git.push"]).model_dump(mode="json"), budget=100_000),
         )  # fmt: skip
         reply = await ann.authorize("m-own", ActionRequest(
             action_id="a-1", grant_id="g", action="git.push", cost=40_000, idempotency_key="a-1",
