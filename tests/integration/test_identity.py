@@ -107,8 +107,7 @@ async def test_an_unsigned_request_is_refused_naming_the_rule(
     lead.seed = None  # connected as finance-lead, but the request carries no signature
     try:
         with pytest.raises(RuleViolation) as exc:
-            await lead.manage("m-x", OpenRisk(risk_id="k", blocks=["a"], owner="o",
-                                                   summary="s"))  # fmt: skip
+            await lead.manage("m-x", OpenRisk(risk_id="k", blocks=["a"], owner="o", summary="s"))
         assert exc.value.rule is Rule.PRODUCER_IDENTITY and "not signed" in exc.value.reason
     finally:
         await lead.close()

@@ -384,7 +384,7 @@ async def test_a_rewritten_durable_is_refused_naming_what_changed_and_loses_no_e
         try:
             soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
             await lead.manage("m1", CreateMission(purpose="p", owner="lead",
-                              ceiling=1_000_000, expires_at=soon))  # fmt: skip
+                                                  ceiling=1_000_000, expires_at=soon))  # fmt: skip
             await lead.manage("m1", IssueGrant(
                 grant_id="g", holder="lead", purpose="p", owner="lead",
                 authority=Authority.of(["credit.issue"]).model_dump(mode="json"),
