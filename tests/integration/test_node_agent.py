@@ -479,3 +479,57 @@ async def test_an_agents_claim_makes_the_node_verify_at_once(
     claimed = await node.call("claim", {"item": "t1", "session_id": "s-claim", "by": "bot"})
     assert claimed["item"]["stored_status"] == "done"  # verified here, by the check
     assert claimed["item"]["stored_by"].startswith("check:")
+
+
+async def test_the_typed_client_reads_each_operation_s_reply_model(node: NodeAgent) -> None:
+    """Each NodeClient method names a route the node serves and reads its reply model."""
+    from node_agent.wire import (
+        ClaimStatsQuery,
+        ContextText,
+        Decision,
+        ExecState,
+        ItemClaim,
+        ItemReply,
+        Items,
+        ResourceChange,
+        ResourceRef,
+        SessionRef,
+        TodoAdd,
+        TodoList,
+        ToolCall,
+    )
+
+    def calls() -> list[object]:
+        with NodeClient(node.settings.socket_path) as client:
+            added = client.todo_add(TodoAdd(session_id="s-typed", text="ship it", agent="ann"))
+            return [
+                added,
+                client.todo_list(TodoList(session_id="s-typed")),
+                client.claim(ItemClaim(item=added.item.item_id, session_id="s-typed")),
+                client.context(SessionRef(session_id="s-typed")),
+                client.observe(ResourceChange(session_id="s-typed", resource_id="file:/x")),
+                client.check_resource(ResourceRef(session_id="s-typed", resource_id="file:/x")),
+                client.exec_state(SessionRef(session_id="s-typed")),
+                client.tool(ToolCall(session_id="s-typed", phase="pre", tool="Read")),
+                client.claims_stats(ClaimStatsQuery()),
+            ]
+
+    (
+        added,
+        listed,
+        claimed,
+        context,
+        observed,
+        checked,
+        state,
+        tool,
+        stats,
+    ) = await asyncio.to_thread(calls)
+    assert isinstance(added, ItemReply) and added.item.text == "ship it"
+    assert isinstance(listed, Items) and [i.text for i in listed.items] == ["ship it"]
+    assert isinstance(claimed, ItemReply) and claimed.item.item_id == added.item.item_id
+    assert isinstance(context, ContextText) and "ship it" in str(context.context)
+    assert observed.resource_id == "file:/x"  # type: ignore[attr-defined]
+    assert isinstance(checked, Decision) and isinstance(tool, Decision)
+    assert isinstance(state, ExecState)
+    assert stats.turns == 0  # type: ignore[attr-defined]
