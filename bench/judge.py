@@ -42,17 +42,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Run as a script, bench/ comes first on sys.path and bench/telemetry.py would shadow the
-# package; drop it before importing ours.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ledger.items import Actor, ItemStatus  # noqa: E402
-from node_agent.autoledger import AutoLedger  # noqa: E402
-from node_agent.daemon import NodeAgent  # noqa: E402
-from node_agent.judge import JudgeGate  # noqa: E402
-from node_agent.settings import NodeSettings  # noqa: E402
-from node_agent.store import Store  # noqa: E402
+from ledger.items import Actor, ItemStatus
+from node_agent.autoledger import AutoLedger
+from node_agent.daemon import NodeAgent
+from node_agent.judge import JudgeGate
+from node_agent.settings import NodeSettings
+from node_agent.store import Store
 
 _NOTED = re.compile(r"^- \[(t\d+)\] ", re.M)
 

@@ -27,7 +27,7 @@ from rich.text import Text
 
 from fleetbus.http import first_error
 from fleetbus.settings import env_file
-from fleetledger.console import console, fail
+from fleetledger._cli import console, fail
 from fleetledger.doctor_agent import (
     Check,
     check_codex_trust,
@@ -53,7 +53,7 @@ PROBE_MISSION = "doctor-probe"  # a mission id nobody creates: any answer proves
 
 def check_settings() -> Check:
     """Where this terminal's settings come from: FLEET_* variables, fleet.env, person.env."""
-    from fleetledger.cli_identity import PERSON_FILE, person
+    from fleetledger._cli import PERSON_FILE, person
 
     name = "settings"
     path = env_file()
@@ -78,7 +78,7 @@ def check_settings() -> Check:
 
 async def _nats_and_coordinator() -> tuple[Check, Check]:
     from fleetbus.client import FleetClient
-    from fleetledger.cli_identity import person, person_seed
+    from fleetledger._cli import person, person_seed
     from ledger.identity import public_key
 
     settings = person()
@@ -252,7 +252,7 @@ def doctor(
     if not root.is_dir():
         fail(InvalidInput(f"--project {root} is not a directory"), as_json)
     try:  # settings that do not load are bad input, named once (every check reads them)
-        from fleetledger.cli_identity import person
+        from fleetledger._cli import person
 
         NodeSettings.load(), person()
     except FleetError as exc:

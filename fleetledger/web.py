@@ -23,7 +23,7 @@ import typer
 
 from fleetbus.http import HttpServer, Page, host_entry, loopback_host
 from fleetledger import webpage
-from fleetledger.console import console, fail, literal
+from fleetledger._cli import console, fail, literal
 from fleetledger.servers import WEB_PRINCIPAL
 from fleetledger.settings import FleetSettings
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable

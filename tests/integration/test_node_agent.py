@@ -20,7 +20,7 @@ from typer.testing import CliRunner, Result
 
 from coordinator.service import Coordinator
 from fleetbus.client import FleetClient
-from fleetledger.cli_node import register
+from fleetledger import cli_node, cli_todo
 from fleetledger.servers import write_env_file
 from ledger.authority import Authority
 from ledger.errors import InvalidInput
@@ -205,7 +205,8 @@ def _cli() -> typer.Typer:
     def root() -> None:
         """test root"""
 
-    register(app)
+    cli_node.register(app)
+    cli_todo.register(app)
     return app
 
 

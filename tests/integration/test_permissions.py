@@ -81,7 +81,7 @@ MAY_PUBLISH: dict[str, set[str]] = {
         f"$JS.ACK.{LEDGER}.coordinator.1.1.1.1.1",
         *reader_of(LEDGER),
         *reader_of(DEAD),
-        *reader_of(SNAPSHOTS),  # its signed mission states: no one else reads or writes them
+        *reader_of(SNAPSHOTS),  # its signed mission states: only it writes them
         "fleet.ledger.m1.item.captured",
         "fleet.ledger.m1.risk.opened",
         "fleet.ledger.m1.decision.recorded.a1",
@@ -97,6 +97,7 @@ MAY_PUBLISH: dict[str, set[str]] = {
         f"{API}.STREAM.INFO.{LEDGER}",
         *reader_of(LEDGER, ("x1",)),
         *reader_of(DEAD),
+        *reader_of(SNAPSHOTS),  # a replay may start from one (it verifies the signature)
     },
     # an orchestrator appends nothing: it asks `budget.record` and the coordinator records
     "orch": {*REQUESTS},

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from coordinator.views import ATTENTION_ORDER, digest, item_progress, operator_view, project
+from fleetledger._cli import console
 from fleetledger.cli import app
-from fleetledger.console import console
 from fleetledger.render import AGENT_ROWS, PROGRESS_ROWS, clip, progress_tables, team_view
 from ledger.events import (
     ItemCaptured,
@@ -60,7 +60,7 @@ def two_agents() -> MissionState:
 
 
 def render(tables: list[Any], width: int = 120) -> str:
-    """As the CLI prints them: through its literal console (``fleetledger.console``)."""
+    """As the CLI prints them: through its literal console (``fleetledger._cli``)."""
     out = console()
     out.width = width
     out.begin_capture()
