@@ -41,18 +41,19 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetbus.client import FleetClient
+from fleetledger.processes import free_port
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
     OPERATOR_PRINCIPAL,
     REDIS_ADMIN,
     EmbeddedServers,
     fleet_keys,
-    free_port,
 )
 from ledger.authority import Authority
 from ledger.events import EvidenceRegistered, make_event
 from ledger.identity import public_key, seed_from_bytes
 from ledger.kernel import ActionRequest
+from ledger.protocol import CreateMission, IssueGrant, OpenRisk
 from node_agent.risks import RiskWatcher
 
 err = Console(stderr=True)
@@ -210,9 +211,8 @@ async def propagation(
     for r in range(rounds):
         t = time.monotonic()
         await client.manage(
-            "risk.open",
             mission,
-            {"risk_id": f"r{r}", "blocks": ["x"], "owner": "o", "summary": "s"},
+            OpenRisk(risk_id=f"r{r}", blocks=["x"], owner="o", summary="s"),
         )
         learned = await asyncio.gather(*(w.wait_for(mission, f"r{r}", open=True) for w in watchers))
         delays += [k.learned_at - t for k in learned]
@@ -254,21 +254,19 @@ async def set_up(client: FleetClient, missions: tuple[str, ...]) -> None:
     expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
     for m in missions:
         await client.manage(
-            "mission.create",
             m,
-            {"purpose": "bench", "owner": "o", "ceiling": 10**12, "expires_at": expires},
+            CreateMission(purpose="bench", owner="o", ceiling=10**12, expires_at=expires),
         )
     await client.manage(
-        "grant.issue",
         missions[0],
-        {
-            "grant_id": "g",
-            "holder": "a",
-            "purpose": "bench",
-            "owner": "o",
-            "authority": Authority.of(["pay"]).model_dump(mode="json"),
-            "budget": 10**12,
-        },
+        IssueGrant(
+            grant_id="g",
+            holder="a",
+            purpose="bench",
+            owner="o",
+            authority=Authority.of(["pay"]).model_dump(mode="json"),
+            budget=10**12,
+        ),
     )
 
 

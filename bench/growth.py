@@ -70,7 +70,7 @@ from ledger.events import (
 )
 from ledger.identity import Role
 from ledger.kernel import ActionRequest
-from ledger.protocol import subject_of
+from ledger.protocol import CreateMission, IssueGrant, RecordEffect, RegisterEvidence, subject_of
 from reservations import ReservationClient
 
 err = Console(stderr=True)
@@ -182,13 +182,11 @@ async def grow_redis(redis_url: str, mid: str, actions: int) -> None:
 async def set_up(client: FleetClient, mid: str) -> None:
     expires = (datetime.now(UTC) + timedelta(hours=4)).isoformat()
     await client.manage(
-        "mission.create", mid,
-        {"purpose": "bench", "owner": "o", "ceiling": 10**12, "expires_at": expires},
+        mid, CreateMission(purpose="bench", owner="o", ceiling=10**12, expires_at=expires),
     )  # fmt: skip
     await client.manage(
-        "grant.issue", mid,
-        {"grant_id": "g", "holder": "a", "purpose": "bench", "owner": "o",
-         "authority": Authority.of(["pay"]).model_dump(mode="json"), "budget": 10**11},
+        mid, IssueGrant(grant_id="g", holder="a", purpose="bench", owner="o",
+         authority=Authority.of(["pay"]).model_dump(mode="json"), budget=10**11),
     )  # fmt: skip
 
 
@@ -211,12 +209,12 @@ async def authorize(client: FleetClient, mid: str, action_id: str) -> None:
 
 async def effect(client: FleetClient, mid: str, action_id: str) -> None:
     args = {"action_id": action_id, "outcome": "verified_success", "actual": 1}
-    await client.manage("effect.record", mid, args)
+    await client.manage(mid, RecordEffect(**args))
 
 
 async def register(client: FleetClient, mid: str, evidence_id: str) -> None:
     args = {"evidence_id": evidence_id, "source": "bench", "claim": "c"}
-    await client.manage("evidence.register", mid, args)
+    await client.manage(mid, RegisterEvidence(**args))
 
 
 class Sample:

@@ -55,7 +55,7 @@ from ledger.authority import Authority
 from ledger.events import ItemCaptured, make_event
 from ledger.kernel import ActionRequest
 from ledger.mission import MissionState
-from ledger.protocol import STREAM, mission_filter
+from ledger.protocol import STREAM, CreateMission, IssueGrant, mission_filter
 
 err = Console(stderr=True)
 MISSION, NODE, AGENT = "bench-replay", "node-1", "agent-1"
@@ -66,16 +66,12 @@ NODE_EVERY = 4  # one node observation per this many decisions
 async def set_up(person: FleetClient) -> None:
     expires = (datetime.now(UTC) + timedelta(hours=4)).isoformat()
     await person.manage(
-        "mission.create",
-        MISSION,
-        {"purpose": "bench", "owner": OPERATOR_PRINCIPAL, "ceiling": 10**12,
-         "expires_at": expires},
+        MISSION, CreateMission(purpose="bench", owner=OPERATOR_PRINCIPAL, ceiling=10**12,
+         expires_at=expires),
     )  # fmt: skip
     await person.manage(
-        "grant.issue",
-        MISSION,
-        {"grant_id": "g", "holder": AGENT, "purpose": "bench", "owner": OPERATOR_PRINCIPAL,
-         "authority": Authority.of(["pay"]).model_dump(mode="json"), "budget": 10**12},
+        MISSION, IssueGrant(grant_id="g", holder=AGENT, purpose="bench", owner=OPERATOR_PRINCIPAL,
+         authority=Authority.of(["pay"]).model_dump(mode="json"), budget=10**12),
     )  # fmt: skip
 
 

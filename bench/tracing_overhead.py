@@ -32,9 +32,11 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetbus.client import FleetClient
-from fleetledger.servers import EmbeddedServers, free_port
+from fleetledger.processes import free_port
+from fleetledger.servers import EmbeddedServers
 from ledger.authority import Authority
 from ledger.kernel import ActionRequest
+from ledger.protocol import CreateMission, IssueGrant
 from telemetry import Telemetry
 
 err = Console(stderr=True)
@@ -98,21 +100,19 @@ async def setup(client: FleetClient, missions: list[str]) -> None:
     expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
     for m in missions:
         await client.manage(
-            "mission.create",
             m,
-            {"purpose": "bench", "owner": "o", "ceiling": 10**12, "expires_at": expires},
+            CreateMission(purpose="bench", owner="o", ceiling=10**12, expires_at=expires),
         )
         await client.manage(
-            "grant.issue",
             m,
-            {
-                "grant_id": "g",
-                "holder": "a",
-                "purpose": "bench",
-                "owner": "o",
-                "authority": Authority.of(["pay"]).model_dump(mode="json"),
-                "budget": 10**12,
-            },
+            IssueGrant(
+                grant_id="g",
+                holder="a",
+                purpose="bench",
+                owner="o",
+                authority=Authority.of(["pay"]).model_dump(mode="json"),
+                budget=10**12,
+            ),
         )
 
 

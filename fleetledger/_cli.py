@@ -196,9 +196,12 @@ async def fleet_client(agent_id: str = "cli") -> FleetClient:
 async def manage(
     op: ManageOp, mission: str, args: Mapping[str, object], actor: str = "cli"
 ) -> ManageReply:
-    """One management request to the coordinator, as this terminal's person."""
+    """One management request to the coordinator, as this terminal's person (``args``: what
+    the command gathered, as ``op``'s request model)."""
+    from ledger.protocol import change_of
+
     async with await fleet_client() as client:
-        return await client.manage(op, mission, dict(args), actor=actor)
+        return await client.manage(mission, change_of(op, args), actor=actor)
 
 
 def done(reply: ManageReply, what: str, as_json: bool) -> None:

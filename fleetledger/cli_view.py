@@ -37,20 +37,20 @@ def view(
     """The team view of a mission: budget per level, grants, open risks, receipts, and what
     each agent has open, verified, claimed-unverified and waiting on a human."""
     from fleetledger.render import team_view
-    from ledger.protocol import ViewRequest
+    from ledger.protocol import MissionView, ViewRequest
 
     try:  # a role no view has is bad input (exit 2), even with no fleet to ask
         request = ViewRequest.model_validate({"mission_id": mission_id, "role": as_})
     except ValidationError as exc:
         fail(InvalidInput(f"invalid input: {first_error(exc)}"), as_json)
 
-    async def call() -> dict[str, Any]:
+    async def call() -> MissionView:
         async with await fleet_client() as client:
             return await client.view(request.mission_id, request.role)
 
     data = run(call, as_json)
     if as_json:
-        print(json.dumps(data))
+        print(json.dumps(data.wire()))
         return
     for table in team_view(data):
         out.print(table)
@@ -111,7 +111,7 @@ def replay(
             for r in review_all(result.record)
         ]
     if as_json:
-        print(json.dumps({**summary, "view": data, "audit": reviews}))
+        print(json.dumps({**summary, "view": data.wire(), "audit": reviews}))
         return
     for table in team_view(data):
         out.print(table)

@@ -389,6 +389,15 @@ class HookReply(Reply):
     stderr: str
 
 
+class Health(Reply):
+    """A node agent's ``/healthz``: alive, and which node it is."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    status: str
+    node_id: str | None = None
+
+
 class ClaimStats(Reply):
     turns: int
     avoided: int

@@ -40,6 +40,7 @@ from fleetledger.servers import (
 from ledger.controls import ALL_CONTROLS, KERNEL_CONTROLS, Control
 from ledger.kernel import ActionRequest, decide
 from ledger.mission import MissionState
+from ledger.protocol import CreateMission, IssueGrant, OpenRisk, RegisterEvidence
 from reservations import (
     Budget,
     ReservationClient,
@@ -95,19 +96,18 @@ async def _authorize_p50(people: Principals, mission: str, n: int) -> float:
     receipt verified."""
     expires = (datetime.now(UTC) + timedelta(days=1)).isoformat()
     fleet, holder = people[OWNER], people["helper-agent"]
-    await fleet.manage("mission.create", mission, {
-        "purpose": "latency", "owner": OWNER, "ceiling": 10**12,
-        "expires_at": expires})  # fmt: skip
-    await fleet.manage("grant.issue", mission, grant_spec(
+    await fleet.manage(mission, CreateMission(
+        purpose="latency", owner=OWNER, ceiling=10**12,
+        expires_at=expires))  # fmt: skip
+    await fleet.manage(mission, IssueGrant(**grant_spec(
         "g-root", "ap-agent", "latency", ["pay", "wire"], 10**11, may_delegate=True,
-        evidence_required_for=["pay"]))  # fmt: skip
-    await fleet.manage("grant.issue", mission, grant_spec(
+        evidence_required_for=["pay"])))  # fmt: skip
+    await fleet.manage(mission, IssueGrant(**grant_spec(
         "g-leaf", "helper-agent", "latency", ["pay"], 10**10, parent="g-root",
-        evidence_required_for=["pay"]))  # fmt: skip
-    await fleet.manage("evidence.register", mission,
-                       {"evidence_id": "ev", "source": "s", "claim": "c"})  # fmt: skip
-    risk = {"risk_id": "r", "blocks": ["wire"], "owner": "treasury", "summary": "s"}
-    await fleet.manage("risk.open", mission, risk)
+        evidence_required_for=["pay"])))  # fmt: skip
+    await fleet.manage(mission, RegisterEvidence(evidence_id="ev", source="s", claim="c"))
+    risk = OpenRisk(risk_id="r", blocks=["wire"], owner="treasury", summary="s")
+    await fleet.manage(mission, risk)
     times = []
     for i in range(n + 10):
         req = ActionRequest(action_id=f"lat-{i}", grant_id="g-leaf", action="pay", cost=1,

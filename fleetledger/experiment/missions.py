@@ -18,7 +18,7 @@ from ledger.errors import RuleViolation
 from ledger.events import GRANT_ISSUER_ROLE
 from ledger.kernel import ActionRequest, Decision
 from ledger.money import parse_amount
-from ledger.protocol import ManageOp
+from ledger.protocol import ManageOp, change_of
 
 CEILING = parse_amount("0.80")
 COST = parse_amount("0.05")
@@ -106,7 +106,7 @@ class Run:
     async def manage(self, op: ManageOp, args: dict[str, Any], *, by: str = OWNER) -> None:
         """A management step of the script, sent by ``by`` (a refusal here is a broken
         script: it raises)."""
-        await self.people[by].manage(op, self.mission, args)
+        await self.people[by].manage(self.mission, change_of(op, args))
         if op == "grant.issue":
             self.holders[args["grant_id"]] = args["holder"]
 

@@ -82,7 +82,7 @@ class Node:
             {"session_id": session, "text": text, "check": check, "agent": session}
         )
         with NodeClient(self.socket) as client:
-            client.ask("todo.add", request, seed=self.keys.seed(OPERATOR_PRINCIPAL))
+            client.todo_add(request, seed=self.keys.seed(OPERATOR_PRINCIPAL))
 
     def drained(self, timeout: float = 30) -> int:
         """Wait until the node agent is connected and its outbox has published everything;

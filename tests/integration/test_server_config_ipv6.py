@@ -15,13 +15,8 @@ import redis
 
 from fleetbus.bus import connect
 from fleetbus.identity import KeyStore
-from fleetledger.servers import (
-    REDIS_ADMIN,
-    ManagedServer,
-    find_nats_server,
-    find_redis_server,
-    free_port,
-)
+from fleetledger.processes import ManagedServer, find_nats_server, find_redis_server, free_port
+from fleetledger.servers import REDIS_ADMIN
 from fleetledger.settings import FleetSettings
 from ledger.identity import Role
 

@@ -27,6 +27,7 @@ from ledger.authority import Authority
 from ledger.identity import Role
 from ledger.kernel import ActionRequest
 from ledger.mission import dump_state, load_state
+from ledger.protocol import CreateMission, IssueGrant, RegisterEvidence
 
 Fleet = tuple[EmbeddedServers, KeyStore]
 MISSION_EVENTS = 300  # a moderate mission: evidence registrations, one message each
@@ -62,20 +63,19 @@ async def build(fleet: Fleet, mission: str, evidence: range) -> int:
         if evidence.start == 0:
             soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
             await lead.manage(
-                "mission.create",
                 mission,
-                {"purpose": "p", "owner": "lead", "ceiling": 1_000_000, "expires_at": soon},
+                CreateMission(purpose="p", owner="lead", ceiling=1_000_000, expires_at=soon),
             )
-            await lead.manage("grant.issue", mission, {
-                "grant_id": "g", "holder": "lead", "purpose": "p", "owner": "lead",
-                "authority": Authority.of(["pay"]).model_dump(mode="json"), "budget": 500_000,
-            })  # fmt: skip
+            await lead.manage(mission, IssueGrant(
+                grant_id="g", holder="lead", purpose="p", owner="lead",
+                authority=Authority.of(["pay"]).model_dump(mode="json"), budget=500_000,
+            ))  # fmt: skip
             request = ActionRequest(action_id="a1", grant_id="g", action="pay", cost=5_000,
                                     idempotency_key="k1")  # fmt: skip
             assert (await lead.authorize(mission, request)).decision.allowed  # type: ignore[union-attr]
         for n in evidence:
             body = {"evidence_id": f"ev-{n}", "source": "b", "claim": f"c{n}"}
-            await lead.manage("evidence.register", mission, body)
+            await lead.manage(mission, RegisterEvidence(**body))
     finally:
         await lead.close()
     reader = await FleetClient.connect(servers.nats_url, seed=keys.seed("coordinator"))

@@ -102,12 +102,16 @@ def test_a_denial_reason_in_the_receipt_survives_literally() -> None:
 
 def test_a_purpose_and_a_risk_summary_in_the_team_view_survive_literally() -> None:
     from fleetledger.render import team_view
+    from ledger.protocol import MissionView
 
-    view = {
-        "mission_id": "m1", "purpose": "credit [red]October[/]", "owner": "lead", "version": 1,
-        "grants": [], "decisions": [],
-        "risks": [{"risk_id": "r1", "blocks": ["credit.issue"], "scope": "m1", "owner": "t",
-                   "status": "open", "summary": "covenant [b]breach[/b] :warning:"}],
-    }  # fmt: skip
+    risk = {"risk_id": "r1", "blocks": ["credit.issue"], "scope": "m1", "owner": "t",
+            "status": "open", "summary": "covenant [b]breach[/b] :warning:", "risk_roles": [],
+            "may_treat": []}  # fmt: skip
+    view = MissionView.model_validate({
+        "mission_id": "m1", "exists": True, "purpose": "credit [red]October[/]", "owner": "lead",
+        "version": 1, "applied_seq": 0, "grants": [], "rejected_grants": {}, "risks": [risk],
+        "open_blockers": [risk], "actions": [], "decisions": [],
+        "progress": {"total": 0, "counts": {}, "agents": []},
+    })  # fmt: skip
     text = rendered(*team_view(view))
     assert "credit [red]October[/]" in text and "covenant [b]breach[/b] :warning:" in text

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fleetledger.doctor import (
+from fleetledger.doctor_agent import (
     check_codex_trust,
     check_environment,
     check_hooks,

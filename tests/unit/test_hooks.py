@@ -18,6 +18,7 @@ import pytest
 
 from fleetledger_hook.adapters import ADAPTERS
 from fleetledger_hook.adapters.codex import patch_paths
+from ledger.protocol import Change
 from node_agent.auditor import is_reminder
 from node_agent.capture import parse_prompt
 from node_agent.daemon import NodeAgent
@@ -156,8 +157,8 @@ class Fleet:
         self.keys.append(request.idempotency_key)
         return SimpleNamespace(decision=SimpleNamespace(allowed=True, rule=None, reason="ok"))
 
-    async def manage(self, op: str, mission: str, body: dict[str, Any], actor: str) -> None:
-        self.effects.append(body)
+    async def manage(self, mission: str, change: Change, *, actor: str) -> None:
+        self.effects.append(change.args())
 
 
 @pytest.fixture
