@@ -26,10 +26,10 @@ from node_agent.client import token_path
 from node_agent.daemon import serve
 from node_agent.execution import ExecutionState
 from node_agent.hooks import (
-    codex_trust,
+    hook_trust,
     install,
     protected_paths,
-    trust_in_codex_config,
+    trusted_text,
     write_policy,
 )
 from node_agent.settings import NodeSettings
@@ -122,51 +122,27 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _codex_home() -> Path:
-    import os
-
-    return Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
-
-
 def _still_to_do(
     name: str, root: Path, path: Path, hooks: dict[str, Any], protect: list[Path], trust: bool
 ) -> list[str]:
-    """What is left for the user once the hooks are written (Codex's trust written with
-    ``--trust``)."""
-    todo: list[str] = []
-    if name == "codex":
-        config = _codex_home() / "config.toml"
-        if trust:
-            text = config.read_text() if config.is_file() else ""
-            trusted = codex_trust(path, hooks)
-            config.parent.mkdir(parents=True, exist_ok=True)
-            config.write_text(trust_in_codex_config(text, trusted, root))
-            out.print(f"trusted {root} and {len(trusted)} hook(s) in {config}")
-        else:
-            todo.append(
-                "Codex runs these hooks only in a trusted project, each hook trusted: rerun "
-                f"with --trust (writes {config}), or run `codex` in {root}, trust the "
-                "project and approve each fleetledger hook under /hooks"
-            )
-    if name == "claude-code":
-        todo.append("Claude Code reads .claude/settings.json when a session starts: "
-                    "restart running sessions")  # fmt: skip
+    """What is left for the user once the hooks are written (the agent's own trust step
+    written with ``--trust``), in the agent's adapter's words."""
+    import os
+
+    adapter, todo = ADAPTERS[name], list[str]()
+    config = adapter.trust_file(os.environ, Path.home())
+    if config is not None and trust:
+        text = config.read_text() if config.is_file() else ""
+        trusted = hook_trust(name, path, hooks)
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(trusted_text(name, text, trusted, root))
+        out.print(f"trusted {root} and {len(trusted)} hook(s) in {config}")
+    elif config is not None:
         todo.append(
-            f"its file tools may not read or edit {', '.join(map(str, protect))}; turn on "
-            "its sandbox (/sandbox) to keep every command it runs out of them too"
+            f"{name} runs these hooks only in a trusted project, each hook trusted: rerun "
+            f"with --trust (writes {config}), or {adapter.trust_by_hand}"
         )
-    else:
-        todo.append(
-            f"{name} has no per-path read protection that we configure: its shell can read "
-            f"{', '.join(map(str, protect))} (the key store among them); run the agent as "
-            "another OS user to keep a person's key from it"
-        )
-    if name == "gemini":
-        todo.append(
-            "Gemini CLI loads a project's .gemini/ only in a trusted folder: trust "
-            f"{root} when it asks (or set GEMINI_CLI_TRUST_WORKSPACE=true)"
-        )
-    return todo
+    return todo + adapter.install_notes(root, [str(p) for p in protect])
 
 
 @hooks_app.command("install")
@@ -176,8 +152,9 @@ def hooks_install(
     trust: Annotated[
         bool,
         typer.Option(
-            help="Codex: trust the project and record each hook's trusted_hash in "
-            "$CODEX_HOME/config.toml, as Codex's /hooks review does."
+            help="For a CLI that runs only trusted hooks (Codex): trust the project and record "
+            "each hook's digest in its own trust file ($CODEX_HOME/config.toml), as its review "
+            "does."
         ),
     ] = False,
 ) -> None:

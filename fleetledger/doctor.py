@@ -30,10 +30,10 @@ from fleetbus.settings import env_file
 from fleetledger._cli import console, fail
 from fleetledger.doctor_agent import (
     Check,
-    check_codex_trust,
     check_environment,
     check_hooks,
     check_timeouts,
+    check_trust,
     failed,
     installed_socket,
     passed,
@@ -203,8 +203,8 @@ def agent_checks(agent: str, project: Path) -> list[Check]:
     except InvalidInput as exc:
         broken = failed(f"{agent} settings", exc.message, "fix the file named")
     checks = [found, check_hooks(agent, project, layers)]
-    if agent == "codex":
-        checks.append(check_codex_trust(project))
+    if ADAPTERS[agent].trust_file(os.environ, Path.home()) is not None:
+        checks.append(check_trust(agent, project))
     checks += [check_timeouts(agent, project), check_environment(socket, layers)]
     return checks if broken is None else [*checks, broken]
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from ledger.errors import InvalidInput
 from node_agent.hooks import (
     HOOK_PACKAGE,
     AgentLayers,
-    codex_trust,
+    hook_trust,
     install,
     parse_hooks,
 )  # fmt: skip
@@ -142,38 +141,29 @@ def check_hooks(agent: str, project: Path, layers: AgentLayers | None = None) ->
                   f"{Path(hooks[0].python).name} -S {main}, socket {socket}")  # fmt: skip
 
 
-def codex_home() -> Path:
-    return Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
-
-
-def check_codex_trust(project: Path) -> Check:
-    """The project is trusted and each of our hooks' ``trusted_hash`` in Codex's config.toml
-    is the hash of the hook as it is now (Codex skips a hook whose hash changed, silently)."""
-    name = "Codex trust"
-    config_path = codex_home() / "config.toml"
-    fix = f"`fleetledger hooks install codex --trust --project {project}` (or approve each " \
-          "fleetledger hook under /hooks in codex)"  # fmt: skip
-    hooks_file = project / ADAPTERS["codex"].settings_file
+def check_trust(agent: str, project: Path) -> Check:
+    """The agent's CLI trusts the project and each of our hooks as it is now (Codex skips a
+    hook whose recorded hash changed, silently); only for a CLI with a trust step."""
+    adapter = ADAPTERS[agent]
+    name = f"{agent} trust"
+    path = adapter.trust_file(os.environ, Path.home())
+    if path is None:
+        return passed(name, f"{agent} runs a project's hooks without a trust step")
+    fix = (f"`fleetledger hooks install {agent} --trust --project {project}` (or "
+           f"{adapter.trust_by_hand})")  # fmt: skip
+    hooks_file = project / adapter.settings_file
     try:
-        config, _ = read_hooks("codex", project)
-        toml = tomllib.loads(config_path.read_text()) if config_path.is_file() else {}
-    except (InvalidInput, tomllib.TOMLDecodeError) as exc:
+        config, _ = read_hooks(agent, project)
+        if config is None:
+            return failed(name, f"no {hooks_file}", fix)
+        expected = hook_trust(agent, hooks_file, config)
+        text = path.read_text() if path.is_file() else ""
+        problems = adapter.trust_problems(text, expected, str(project))
+    except (InvalidInput, ValueError, OSError) as exc:
         return failed(name, str(exc), fix)
-    if config is None:
-        return failed(name, f"no {hooks_file}", fix)
-    level = toml.get("projects", {}).get(str(project), {}).get("trust_level")
-    state = toml.get("hooks", {}).get("state", {})
-    expected = codex_trust(hooks_file, config)
-    stale = [k.rsplit(":", 3)[1] for k, digest in expected.items()
-             if state.get(k, {}).get("trusted_hash") != digest]  # fmt: skip
-    if level != "trusted" or stale:
-        said = [] if level == "trusted" else [f"{project} is not trusted ({level or 'unset'})"]
-        if stale:
-            events = ", ".join(sorted(set(stale)))
-            said.append(f"the trust of {events} does not match the hooks as they are now "
-                        "(re-installed or edited since): Codex skips them")  # fmt: skip
-        return failed(name, f"{config_path}: {'; '.join(said)}", fix)
-    return passed(name, f"{config_path}: {project} and {len(expected)} hooks trusted as they are")
+    if problems:
+        return failed(name, f"{path}: {'; '.join(problems)}", fix)
+    return passed(name, f"{path}: {project} and {len(expected)} hooks trusted as they are")
 
 
 def check_timeouts(agent: str, project: Path) -> Check:
@@ -225,11 +215,10 @@ def check_environment(installed: str | None, layers: AgentLayers | None = None) 
 __all__ = [
     "Check",
     "Hook",
-    "check_codex_trust",
     "check_environment",
     "check_hooks",
     "check_timeouts",
-    "codex_home",
+    "check_trust",
     "failed",
     "installed_socket",
     "passed",

@@ -5,7 +5,8 @@ Everything we know about an agent CLI lives in its adapter (``fleetledger_hook.a
 - its hooks: the events and the node agent's operation each maps to, how it reads a post-tool
   result (outcome, exit status), how it words an answer (deny, block, context, fail closed);
 - its settings: the hooks file in a project, the unit of a hook's timeout, the matcher of a
-  tool hook, the handler's fields, its own settings layers and file protections;
+  tool hook, the handler's fields, its own settings layers and file protections, what is left
+  for the user after an install, and a trust step the CLI may require (Codex's config.toml);
 - its tools: the names of its shell, read, write and fetch tools, the files a call touches, the
   content a read gave the model and the text a result holds.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
     from pathlib import Path
     from typing import Any, ClassVar, Literal
 
@@ -102,6 +104,41 @@ class Adapter:
     def settings_layers(self, project: Path, home: Path) -> list[Path]:
         """The settings files the CLI merges (lowest precedence first) whose ``env`` and
         ``disableAllHooks`` apply to its hooks; none by default."""
+        return []
+
+    def install_notes(self, project: Path, protected: list[str]) -> list[str]:
+        """What is left for the user once `hooks install` wrote the hooks (``protected``: the
+        paths an agent must not read): by default, that this CLI has no per-path protection
+        of ours, so the key store is kept from it only by running it as another OS user."""
+        return [
+            f"{self.name} has no per-path read protection that we configure: its shell can "
+            f"read {', '.join(protected)} (the key store among them); run the agent as "
+            "another OS user to keep a person's key from it"
+        ]
+
+    # --- trust: a CLI that runs a project's hooks only once the user trusted them ---------
+
+    def trust_file(self, environ: Mapping[str, str], home: Path) -> Path | None:
+        """Where this CLI keeps which projects and hooks the user trusts (written by `hooks
+        install --trust`, checked by doctor); None: it runs a project's hooks untrusted."""
+        return None
+
+    trust_by_hand = ""  # how a user trusts the project and its hooks in the CLI itself
+
+    def trust_hashes(
+        self, hooks_file: str, table: dict[str, Any], ours: Callable[[dict[str, Any], str], bool]
+    ) -> dict[str, str]:
+        """Each of our handlers' trust key -> the digest the CLI trusts it by."""
+        return {}
+
+    def trusted(self, text: str, trusted: dict[str, str], project: str) -> str:
+        """The trust file's ``text`` with ``project`` and the ``trusted`` hooks trusted; a
+        ``ValueError`` when the user's own choice or the text's syntax forbids it."""
+        return text
+
+    def trust_problems(self, text: str, trusted: dict[str, str], project: str) -> list[str]:
+        """What in the trust file's ``text`` keeps the project or any of ``trusted`` from
+        running as it is now; none: it runs. ``ValueError`` for text that does not parse."""
         return []
 
     # --- hook input → request -----------------------------------------------------------

@@ -13,9 +13,9 @@ settings file, the handler and matcher group it takes, its timeout unit, its pro
   a hook the agent kills is *allowed* by Gemini and a non-blocking error to Claude Code;
 - entries merged without clobbering the user's own hooks; ours are recognised and updated in
   place, so installing twice changes nothing;
-- Codex runs a project's hooks only when each one is trusted (``trusted_hash`` in the user's
-  config.toml): ``codex_trust`` has its adapter compute the hashes the way Codex does for
-  ``hooks install codex --trust``;
+- a CLI that runs a project's hooks only once each is trusted (Codex: ``trusted_hash`` in the
+  user's config.toml) has its adapter compute the digests the way it does (``hook_trust``) and
+  write them (``trusted_text``) for ``hooks install AGENT --trust``;
 - where the agent has its own protection of files (``Adapter.protect``: Claude Code's
   ``permissions.deny`` rules), the key store, fleet.env and the node agent's state (its socket,
   its SQLite file) are put under it (``protected_paths``). Codex and Gemini CLI have none.
@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 import fleetledger_hook
 from fleetledger_hook import core
 from fleetledger_hook.adapter import HookAnswer
-from fleetledger_hook.adapters import ADAPTERS, codex
+from fleetledger_hook.adapters import ADAPTERS
 from fleetledger_hook.core import NodeDown, NodeError, Policy
 from ledger.errors import ComponentTimeout, FleetError, InvalidInput, Unreachable
 from node_agent.client import NodeClient
@@ -53,12 +53,13 @@ __all__ = [
     "HookAnswer",
     "HookGroup",
     "Installed",
-    "codex_trust",
     "handle",
+    "hook_trust",
     "install",
     "parse_hooks",
     "protected_paths",
     "read_layers",
+    "trusted_text",
 ]  # fmt: skip
 
 
@@ -274,22 +275,23 @@ def install(
     return done
 
 
-def codex_trust(hooks_file: Path, config: dict[str, Any]) -> dict[str, str]:
-    """Codex's trust key -> ``trusted_hash`` for each of our hooks in ``hooks_file`` (its
-    settings object ``config``, of the shape ``parse_hooks`` reads), as Codex computes them
-    (``codex.trust_hashes``)."""
+def hook_trust(agent: str, hooks_file: Path, config: dict[str, Any]) -> dict[str, str]:
+    """The trust key -> digest for each of our hooks in ``hooks_file`` (its settings object
+    ``config``, of the shape ``parse_hooks`` reads), as the agent's CLI computes them (its
+    adapter's ``trust_hashes``; none for a CLI without a trust step)."""
     parse_hooks(config, str(hooks_file))
 
     def ours(handler: dict[str, Any], event: str) -> bool:
-        return _ours(handler, "codex", event)
+        return _ours(handler, agent, event)
 
-    return codex.trust_hashes(str(hooks_file), config.get("hooks") or {}, ours)
+    return ADAPTERS[agent].trust_hashes(str(hooks_file), config.get("hooks") or {}, ours)
 
 
-def trust_in_codex_config(text: str, trusted: dict[str, str], project: Path) -> str:
-    """``config.toml`` text with the project and ``trusted`` hooks trusted
-    (``codex.trusted_config``); a project the user keeps untrusted is a ``FleetError``."""
+def trusted_text(agent: str, text: str, trusted: dict[str, str], project: Path) -> str:
+    """The agent's trust file ``text`` with the project and ``trusted`` hooks trusted (its
+    adapter's ``trusted``); what the user's own choice or the file's syntax forbids is a
+    ``FleetError`` naming it."""
     try:
-        return codex.trusted_config(text, trusted, str(project))
-    except codex.KeptUntrusted as exc:
+        return ADAPTERS[agent].trusted(text, trusted, str(project))
+    except ValueError as exc:
         raise FleetError(str(exc)) from None

@@ -79,6 +79,14 @@ class ClaudeCode(Adapter):
         deny.extend(missing)
         return ["permissions.deny"] if missing else []
 
+    def install_notes(self, project: Path, protected: list[str]) -> list[str]:
+        return [
+            "Claude Code reads .claude/settings.json when a session starts: restart running "
+            "sessions",
+            f"its file tools may not read or edit {', '.join(protected)}; turn on its sandbox "
+            "(/sandbox) to keep every command it runs out of them too",
+        ]
+
     def content_read(self, response: Any) -> str | None:
         """``tool_response.file``: content, startLine, numLines, totalLines."""
         if not isinstance(response, dict) or not isinstance(response.get("file"), dict):

@@ -21,7 +21,8 @@ from __future__ import annotations
 from fleetledger_hook.adapter import TYPE_CHECKING, Adapter
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
+    from pathlib import Path
     from typing import Any, ClassVar
 
     from fleetledger_hook.adapter import Op
@@ -67,6 +68,41 @@ class Codex(Adapter):
             return True
         command = tool_input.get("command")
         return isinstance(command, str) and command.startswith(PATCH_START)
+
+    def trust_file(self, environ: Mapping[str, str], home: Path) -> Path | None:
+        from pathlib import Path
+
+        return Path(environ.get("CODEX_HOME") or home / ".codex") / "config.toml"
+
+    trust_by_hand = (
+        "run `codex` in the project, trust the project and approve each fleetledger hook "
+        "under /hooks"
+    )
+
+    def trust_hashes(
+        self, hooks_file: str, table: dict[str, Any], ours: Callable[[dict[str, Any], str], bool]
+    ) -> dict[str, str]:
+        return trust_hashes(hooks_file, table, ours)
+
+    def trusted(self, text: str, trusted: dict[str, str], project: str) -> str:
+        return trusted_config(text, trusted, project)
+
+    def trust_problems(self, text: str, trusted: dict[str, str], project: str) -> list[str]:
+        """The project not trusted, or a hook whose ``trusted_hash`` is not its hash now
+        (Codex skips such a hook, silently)."""
+        import tomllib
+
+        toml = tomllib.loads(text) if text.strip() else {}
+        level = toml.get("projects", {}).get(project, {}).get("trust_level")
+        state = toml.get("hooks", {}).get("state", {})
+        stale = [k.rsplit(":", 3)[1] for k, digest in trusted.items()
+                 if state.get(k, {}).get("trusted_hash") != digest]  # fmt: skip
+        said = [] if level == "trusted" else [f"{project} is not trusted ({level or 'unset'})"]
+        if stale:
+            events = ", ".join(sorted(set(stale)))
+            said.append(f"the trust of {events} does not match the hooks as they are now "
+                        "(re-installed or edited since): Codex skips them")  # fmt: skip
+        return said
 
 
 # --- trust: the hashes Codex keeps in config.toml, one per hook -------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 from fleetledger_hook.adapter import TYPE_CHECKING, Adapter, HookAnswer
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any, ClassVar
 
     from fleetledger_hook.adapter import Op
@@ -79,6 +80,13 @@ class Gemini(Adapter):
     write_tools = frozenset({"write_file", "replace"})
     fetch_tools = frozenset({"web_fetch"})
     output_keys = ("llmContent", "error")
+
+    def install_notes(self, project: Path, protected: list[str]) -> list[str]:
+        return [
+            *super().install_notes(project, protected),
+            "Gemini CLI loads a project's .gemini/ only in a trusted folder: trust "
+            f"{project} when it asks (or set GEMINI_CLI_TRUST_WORKSPACE=true)",
+        ]
 
     def handler(self, event: str, command: str, seconds: int) -> dict[str, Any]:
         return {"name": f"fleetledger-{event}", **super().handler(event, command, seconds)}

@@ -107,7 +107,7 @@ def test_a_stale_codex_trust_fails_until_trusted_again(fleet: Path, tmp_path: Pa
     code, report = doctor(env, "codex", project)
 
     assert code == 1
-    trust = failing(report)["Codex trust"]
+    trust = failing(report)["codex trust"]
     assert "stop does not match" in trust["found"] and "--trust" in trust["fix"], trust
     assert cli(env, *install).returncode == 0
     assert doctor(env, "codex", project)[0] == 0

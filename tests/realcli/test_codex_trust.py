@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetledger.doctor_agent import check_codex_trust
+from fleetledger.doctor_agent import check_trust
 from node_agent.settings import NodeSettings
 from tests.fixtures.model_servers import Text
 from tests.realcli.agents import Codex
@@ -46,18 +46,18 @@ def test_codex_skips_a_hook_with_stale_trust_and_doctor_names_it(
     with codex.server_class(steps) as server:
         codex.setup(server)  # the user's own config.toml, project trusted
         assert subprocess.run(cli, env=env, capture_output=True, timeout=120).returncode == 0
-        assert check_codex_trust(codex.project).ok
+        assert check_trust("codex", codex.project).ok
         hooks_file = codex.project / ".codex/hooks.json"
         config = json.loads(hooks_file.read_text())
         config["hooks"]["PreToolUse"][0]["hooks"][0]["timeout"] = 45
         hooks_file.write_text(json.dumps(config, indent=2))
 
-        stale = check_codex_trust(codex.project)
+        stale = check_trust("codex", codex.project)
         skipped = codex.run(server, "Push the branch.")
         pushed = (codex.project / "pushed.marker").exists()
         (codex.project / "pushed.marker").unlink(missing_ok=True)
         assert subprocess.run(cli, env=env, capture_output=True, timeout=120).returncode == 0
-        trusted = check_codex_trust(codex.project)
+        trusted = check_trust("codex", codex.project)
         refused = codex.run(server, "Push the branch.")
 
     assert skipped.returncode == 0, skipped.describe()

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from node_agent.hooks import codex_trust, install, trust_in_codex_config, write_policy
+from node_agent.hooks import hook_trust, install, trusted_text, write_policy
 from node_agent.settings import NodeSettings
 from tests.fixtures.model_servers import ScriptedServer, Text, ToolCall, apply_patch
 from tests.realcli.agents import Agent, Codex
@@ -67,8 +67,8 @@ def install_ours(agent: Agent, *, socket_path: Path, python: str | None = None) 
     path.write_text(json.dumps(done.config, indent=2))
     if isinstance(agent, Codex):
         agent.bypass_trust = False  # as a user runs it: only trusted hooks run
-        trusted = codex_trust(path, done.config)
-        agent.extra_config += trust_in_codex_config("", trusted, agent.project).split(
+        trusted = hook_trust("codex", path, done.config)
+        agent.extra_config += trusted_text("codex", "", trusted, agent.project).split(
             'trust_level = "trusted"\n', 1
         )[1]
 

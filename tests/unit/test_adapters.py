@@ -2,9 +2,9 @@
 
 A fourth agent is one module in ``fleetledger_hook/adapters`` (and its real-CLI test): this
 registers a made-up one, before anything else is imported as a new module would be, and finds
-it in every consumer (the installer and its CLI, the hook route's wire model, the doctor, the
-hook's deadline, the judge's shell tools, the node's reading of its tool calls). And the hook
-package imports nothing that imports it back.
+it in every consumer (the installer and its CLI with what is left to do and its trust step,
+the hook route's wire model, the doctor, the hook's deadline, the judge's shell tools, the
+node's reading of its tool calls).
 """
 
 from __future__ import annotations
@@ -36,6 +36,26 @@ class Fourth(Adapter):
     tool_matcher = "any"
     shell_tools = ("sh_tool",)
     write_tools = frozenset({"put_file"})
+    trust_by_hand = "approve them in fourth's review"
+
+    def install_notes(self, project, protected):
+        return [f"restart fourth in {project}"]
+
+    def trust_file(self, environ, home):  # a CLI that runs only hooks its user trusted
+        return Path(environ["FOURTH_HOME"]) / "trust.json"
+
+    def trust_hashes(self, hooks_file, table, ours):
+        return {f"{hooks_file}:{event}:{g}:{h}": f"d-{handler['command']}"
+                for event, groups in table.items() for g, group in enumerate(groups)
+                for h, handler in enumerate(group["hooks"]) if ours(handler, event)}
+
+    def trusted(self, text, trusted, project):
+        return json.dumps({"projects": [project], "hooks": trusted})
+
+    def trust_problems(self, text, trusted, project):
+        kept = json.loads(text) if text else {"projects": [], "hooks": {}}
+        return ([] if project in kept["projects"] else ["not trusted"]) + [
+            k for k, d in trusted.items() if kept["hooks"].get(k) != d]
 
 
 ADAPTERS["fourth"] = Fourth()  # what its line in adapters/__init__.py does
@@ -43,7 +63,8 @@ ADAPTERS["fourth"] = Fourth()  # what its line in adapters/__init__.py does
 from typer.testing import CliRunner
 
 from fleetledger.cli import app
-from fleetledger.doctor import check_hooks, check_timeouts
+from fleetledger.doctor import agent_checks
+from fleetledger.doctor_agent import check_hooks, check_timeouts, check_trust
 from fleetledger_hook import forward, policy
 from node_agent.hooks import install
 from node_agent.routes_tool import Reading
@@ -52,8 +73,18 @@ from node_agent.wire import HookCall
 
 project, state = Path(sys.argv[1]), Path(sys.argv[2])
 os.environ["FLEET_STATE_DIR"] = str(state)
+os.environ["FOURTH_HOME"] = str(state / "fourth-home")
 done = CliRunner().invoke(app, ["hooks", "install", "fourth", "--project", str(project)])
 assert done.exit_code == 0, done.output
+assert f"restart fourth in {project}" in done.output  # its own words for what is left
+assert "rerun with --trust" in done.output and "approve them in fourth's review" in done.output
+assert not check_trust("fourth", project).ok  # doctor: not trusted yet
+trusted = CliRunner().invoke(
+    app, ["hooks", "install", "fourth", "--project", str(project), "--trust"]
+)
+assert trusted.exit_code == 0 and "trusted" in trusted.output, trusted.output
+assert check_trust("fourth", project).ok  # the digests its adapter computes, as written
+assert "fourth trust" in {c.name for c in agent_checks("fourth", project)}
 written = json.loads((project / ".fourth/hooks.json").read_text())
 assert sorted(written["hooks"]) == ["After", "Ask", "Before", "End"]
 before = written["hooks"]["Before"][0]

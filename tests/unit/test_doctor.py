@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 from fleetledger.doctor_agent import (
-    check_codex_trust,
     check_environment,
     check_hooks,
     check_timeouts,
+    check_trust,
     read_hooks,
 )
 from fleetledger_hook.adapters import ADAPTERS
-from node_agent.hooks import codex_trust, install, trust_in_codex_config
+from node_agent.hooks import hook_trust, install, trusted_text
 
 SOCKET = Path("/run/fleetledger/node-agent.sock")
 
@@ -81,13 +81,13 @@ def trust(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     project = tmp_path / "project"
     config = installed(project, "codex")
     hooks_file = project / ADAPTERS["codex"].settings_file
-    text = trust_in_codex_config("", codex_trust(hooks_file, config), project)
+    text = trusted_text("codex", "", hook_trust("codex", hooks_file, config), project)
     (home / "config.toml").write_text(text)
     return project
 
 
 def test_codex_trust_as_recorded_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert check_codex_trust(trust(tmp_path, monkeypatch)).ok
+    assert check_trust("codex", trust(tmp_path, monkeypatch)).ok
 
 
 def test_codex_trust_goes_stale_when_a_hook_changes(
@@ -96,7 +96,7 @@ def test_codex_trust_goes_stale_when_a_hook_changes(
     project = trust(tmp_path, monkeypatch)
     install_again = install("codex", {}, socket=Path("/tmp/other/node-agent.sock")).config
     write(project, "codex", install_again)  # re-installed with another socket: new hashes
-    found = check_codex_trust(project)
+    found = check_trust("codex", project)
     assert not found.ok and "Codex skips them" in found.found
     assert found.fix is not None and "--trust" in found.fix
 
@@ -105,7 +105,7 @@ def test_an_untrusted_codex_project_fails(tmp_path: Path, monkeypatch: pytest.Mo
     project = trust(tmp_path, monkeypatch)
     config = tmp_path / "codex-home" / "config.toml"
     config.write_text(config.read_text().replace('trust_level = "trusted"', 'trust_level = "x"'))
-    found = check_codex_trust(project)
+    found = check_trust("codex", project)
     assert not found.ok and "is not trusted (x)" in found.found
 
 

@@ -22,7 +22,7 @@ from ledger.protocol import Change
 from node_agent.auditor import is_reminder
 from node_agent.capture import parse_prompt
 from node_agent.daemon import NodeAgent
-from node_agent.hooks import codex_trust, hook_command, install, trust_in_codex_config
+from node_agent.hooks import hook_command, hook_trust, install, trusted_text
 from node_agent.settings import NodeSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -318,7 +318,7 @@ def test_a_hook_that_cannot_start_exits_2_through_its_wrapper(tmp_path: Path) ->
 def test_codex_trust_records_a_hash_per_hook_and_keeps_the_config(tmp_path: Path) -> None:
     hooks_file = tmp_path / ".codex" / "hooks.json"
     config = install("codex", {}, socket=Path("/tmp/n.sock")).config
-    trusted = codex_trust(hooks_file, config)
+    trusted = hook_trust("codex", hooks_file, config)
     assert sorted(k.split(":")[-3] for k in trusted) == [
         "post_tool_use",
         "pre_tool_use",
@@ -328,8 +328,8 @@ def test_codex_trust_records_a_hash_per_hook_and_keeps_the_config(tmp_path: Path
     ]
     assert all(v.startswith("sha256:") and len(v) == 71 for v in trusted.values())
     text = 'model = "m"\n\n[other]\nkeep = 1\n'
-    once = trust_in_codex_config(text, trusted, tmp_path)
-    assert trust_in_codex_config(once, trusted, tmp_path) == once  # idempotent
+    once = trusted_text("codex", text, trusted, tmp_path)
+    assert trusted_text("codex", once, trusted, tmp_path) == once  # idempotent
     parsed = tomllib.loads(once)
     assert parsed["other"] == {"keep": 1} and parsed["model"] == "m"
     assert parsed["projects"][str(tmp_path)]["trust_level"] == "trusted"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ledger.errors import InvalidInput
-from node_agent.hooks import codex_trust, install, parse_hooks
+from node_agent.hooks import hook_trust, install, parse_hooks
 
 MALFORMED: list[tuple[Any, str]] = [
     ({"hooks": {"PreToolUse": [{"hooks": 5}]}}, "hooks.PreToolUse[0].hooks is 5"),
@@ -41,7 +41,7 @@ def test_the_parser_names_the_place_that_is_not_of_the_shape(config: Any, said: 
     with pytest.raises(InvalidInput):
         install("claude-code", config, socket=None)
     with pytest.raises(InvalidInput):
-        codex_trust(Path("f.json"), config)
+        hook_trust("codex", Path("f.json"), config)
 
 
 @pytest.mark.parametrize(("config", "said"), MALFORMED[:2])
