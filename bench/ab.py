@@ -1,4 +1,4 @@
-"""bench/ab.py: the controlled experiment (issue 17, SPEC S12): what each control catches.
+"""bench/ab.py: the controlled experiment (issue 17, docs/security.md): what each control catches.
 
 Each scripted mission runs on the real stack (nats-server, redis-server, an in-process
 coordinator, a real node agent through the hook command) with every control on, then with one

@@ -1,7 +1,7 @@
 """Authorize latency, ingest rate and risk propagation, each against its raw NATS baseline.
 
 In one run, on embedded nats-server and redis-server:
-  (a) authorize p50/p99 over NATS vs SPEC S11's composite floor: per request, sequentially, in
+  (a) authorize p50/p99 over NATS vs its composite floor (docs/development.md): per request, sequentially, in
       one process, a raw nats-py request/reply + one raw redis-py EVALSHA of a trivial script +
       one raw JetStream publish awaited for its ack (targets: p50 <= 1.5x the floor, p99 <= 5
       ms); the raw request/reply alone is printed too, for reference. Measured twice: identity

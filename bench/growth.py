@@ -1,5 +1,5 @@
 """Growth: what a request costs as its mission grows, restart and reconciliation (issue 29;
-SPEC S11 "flat as the work grows").
+"flat as the work grows", docs/development.md).
 
 At each size (events of one mission; quick: 2, 1,000 and 10,000; full: 2, 1,000, 10,000 and
 50,000), on its own embedded nats-server and redis-server (JetStream fsync on every write,

@@ -1,4 +1,4 @@
-"""bench/judge.py: the node agent's turn ends (SPEC S11; issue 14, item 5).
+"""bench/judge.py: the node agent's turn ends (docs/development.md; issue 14, item 5).
 
 Two scripted missions, each turn end through the auto-ledger with a counting judge injected
 (a real ``Judge`` implementation, no network):

@@ -1,1 +1,1 @@
-"""coordinator (see SPEC S3)."""
+"""coordinator (see docs/development.md)."""

@@ -45,7 +45,7 @@ class Ingest:
         principals: Callable[[], Mapping[str, Principal]] | None = None,
     ) -> None:
         """``principals``: the fleet's directory; with it, every event produced elsewhere must
-        be signed by a known principal that may emit its kind for its mission (SPEC S12)."""
+        be signed by a known principal that may emit its kind for its mission (docs/security.md)."""
         self.bus, self.journal, self.board = bus, journal, board
         self.principals = principals
         self.telemetry = telemetry

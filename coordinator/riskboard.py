@@ -1,7 +1,7 @@
 """The risk board: every risk opened or treated, as a typed record in the KV bucket nodes watch.
 
 A watcher that joins late or reconnects receives the current value of every key, so a node
-learns open risks also when it was offline (SPEC S6.3).
+learns open risks also when it was offline (docs/decisions.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Projections of one mission's state for each reader (SPEC S6.4). Pure; none changes state.
+"""Projections of one mission's state for each reader (docs/decisions.md). Pure; none changes state.
 
 Every projection is built from the same typed record; some redact (the business owner does not
 see reasons that may quote evidence, nor item texts, only their counts; the policy engineer does

@@ -86,7 +86,7 @@ class FleetBaseSettings(BaseSettings):
         env_prefix="FLEET_", env_nested_delimiter="__", extra="ignore"
     )
 
-    # who this process is (SPEC S12): a principal of the key store in ``key_store``
+    # who this process is (docs/security.md): a principal of the key store in ``key_store``
     principal: str | None = None
     identity_dir: Path | None = None
     state_dir: Path = Field(default_factory=default_state_dir)

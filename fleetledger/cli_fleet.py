@@ -150,7 +150,7 @@ def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
     no_ray: Annotated[bool, typer.Option("--no-ray", help="Skip the Ray branch race.")] = False,
 ) -> None:
-    """Start the embedded fleet, run the scripted mission of SPEC S10, print what was stopped."""
+    """Start the embedded fleet, run the README's scripted mission, print what was stopped."""
     from fleetledger.demo import expected, run_demo
 
     figures = run(lambda: run_demo(err if as_json else out, err, ray_branches=not no_ray), as_json)

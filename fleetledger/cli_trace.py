@@ -1,4 +1,4 @@
-"""`fleetledger trace`: ledger event spans, projected from the stream (SPEC S8).
+"""`fleetledger trace`: ledger event spans, projected from the stream (docs/tracing.md).
 
 - ``trace EVENT_ID``: the trace and span of one ledger event, and a Jaeger link. The event is
   found in the ledger stream (subjects ``fleet.ledger.>``) from a little before the time its

@@ -116,7 +116,7 @@ def replay(
     for table in team_view(data):
         out.print(table)
     if audit:
-        hindsight = Table(title="Hindsight on each decision (S4.3)", title_justify="left")
+        hindsight = Table(title="Hindsight on each decision", title_justify="left")
         for col in ("action", "verdict", "why"):
             hindsight.add_column(col, overflow="fold")
         for r in reviews:

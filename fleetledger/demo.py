@@ -1,4 +1,4 @@
-"""The scripted mission of SPEC S10, run on the embedded fleet: what fleetledger stops, as tables.
+"""The README's scripted mission, run on the embedded fleet: what fleetledger stops, as tables.
 
 Everything goes through the real distributed path: nats-server (JetStream) and redis-server
 from their pip packages on free ports, a coordinator, node agents watching risks over NATS KV,

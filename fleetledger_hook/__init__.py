@@ -1,4 +1,4 @@
-"""fleetledger_hook: the agent hooks, stdlib only (SPEC S5.5).
+"""fleetledger_hook: the agent hooks, stdlib only (docs/agents.md).
 
 One short process per hook call (``forward``): it forwards the agent's hook JSON to the node
 agent's ``/v1/hook`` over its Unix socket and prints the answer; the node agent runs the

@@ -1,6 +1,6 @@
 """The authority vector: what a grant permits, and the order on it (attenuation, intersection).
 
-Authority is a vector, not a role (SPEC S4.2). ``"*"`` in a set dimension means "any".
+Authority is a vector, not a role (docs/decisions.md). ``"*"`` in a set dimension means "any".
 Narrower means: fewer actions, resource classes and audiences; lower sensitivity and value
 ceiling; *more* actions requiring evidence or approval; delegation only if the parent may.
 """

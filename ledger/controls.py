@@ -1,6 +1,6 @@
 """The controls of the controlled experiment (issue 17): what each arm of ``bench/ab.py`` removes.
 
-A control is one mechanism fleetledger has for one failure of SPEC S1. The coordinator-side
+A control is one mechanism fleetledger has for one failure the README names. The coordinator-side
 ones live in the kernel (``decide(..., controls=...)``, which skips exactly the absent
 control's check); the node-side ones live in the node agent and are switched off in the
 experiment by an agent that ignores them. Production never passes ``controls``: the default is

@@ -3,7 +3,7 @@
 ``draft(state)`` is a new instance of the state's class whose tables (dicts, lists, sets) are
 layers over the original's: a read of an entry hands out a private shallow copy of it (kept in
 the layer), a write lands in the layer, and the original is never changed. So checking what a
-change would do costs what the change touches, not the size of the state (SPEC S11: nothing
+change would do costs what the change touches, not the size of the state (docs/development.md: nothing
 proportional to a mission's history per request). A draft is for checking only: it answers the
 state's own queries, but ``dataclasses.asdict`` and ``copy`` of it see the layers, not a state.
 

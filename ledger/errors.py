@@ -8,7 +8,7 @@
     ├── ComponentTimeout (TimeoutError)    a component did not answer in time
     └── BinaryMissing (FileNotFoundError)  a server binary that a pip package should ship is absent
 
-CLI exit codes (SPEC S13) derive from the class: InvalidInput 2, RuleViolation 3,
+CLI exit codes (docs/errors.md) derive from the class: InvalidInput 2, RuleViolation 3,
 Unreachable (AuthRefused too)/ComponentTimeout 4, anything else 1.
 """
 
@@ -35,7 +35,7 @@ class ErrorCode(StrEnum):
 
 
 class Rule(StrEnum):
-    """The rules of SPEC S4.2 (and their operational companions) a rejection can name."""
+    """The rules (docs/decisions.md; and their operational companions) a rejection can name."""
 
     PURPOSE_BINDING = "purpose_binding"
     ATTENUATION = "attenuation"

@@ -1,4 +1,4 @@
-"""Ledger events: the envelope and every kind of SPEC S4.1 as a discriminated union on ``kind``,
+"""Ledger events: the envelope and every kind (docs/decisions.md) as a discriminated union on ``kind``,
 and the layout of a stored message.
 
 Events are immutable. ``parse_event`` is the one way in for one event from bytes or dicts, and
@@ -81,7 +81,7 @@ class MissionCreated(_Payload):
     expires_at: UtcDatetime | None = None
     policy: Authority | None = None  # organisational policy: every grant is intersected with it
     risk_roles: Names = frozenset({"risk-officer"})  # may treat any risk, when bound
-    # the roles whose holders may approve (SPEC S4.2: a role the mission names, never any
+    # the roles whose holders may approve (docs/decisions.md: a role the mission names, never any
     # role a principal happens to hold); `mission create --approvers ROLE,...`
     approver_roles: Names = frozenset({"approver"})
     # who created it (the authenticated principal); it and ``owner`` hold the owner role
@@ -537,7 +537,7 @@ class TraceContext(BaseModel):
 
 
 class Event(BaseModel):
-    """One immutable ledger event: the envelope of SPEC S4.1 around a typed payload."""
+    """One immutable ledger event: the envelope (docs/decisions.md) around a typed payload."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -2,7 +2,7 @@
 
 A retry with the same id and *other* terms (grant, action, cost, idempotency key, evidence) is
 refused as a conflict that names the recorded terms; it is never answered with the new terms,
-and it changes nothing (SPEC S12).
+and it changes nothing (docs/security.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Who produced an event: principals, one Ed25519 signature per stored message, and which
-kinds each role may emit for which missions (SPEC S12).
+kinds each role may emit for which missions (docs/security.md).
 
 A stored message (format 2, ``ledger.events``) is signed once, over its bytes as stored, and
 verified once where it is read; its events carry no signatures of their own. Messages of
@@ -287,7 +287,7 @@ SIGNED_AT_HEADER = "Fleet-Signed-At"
 SIGNATURE_HEADER = "Fleet-Signature"
 NONCE_HEADER = "Fleet-Nonce"
 REQUEST_SKEW = timedelta(minutes=5)  # a signed request older (or newer) than this is refused
-# the payload field of each management op that names the person acting (SPEC S12: it must be
+# the payload field of each management op that names the person acting (docs/security.md: it must be
 # the authenticated principal, never a free string)
 ACTING_AS: dict[str, str] = {
     "risk.treat": "by", "approve": "approver", "overrun.treat": "by", "grant.revoke": "by",

@@ -130,7 +130,7 @@ class Usage:
 
 
 class ReservationState(StrEnum):
-    """A reservation is held, maybe committed, then resolved exactly once (SPEC S7.1)."""
+    """A reservation is held, maybe committed, then resolved exactly once (docs/reservations.md)."""
 
     HELD = "held"
     COMMITTED = "committed"
@@ -179,7 +179,7 @@ class ActionRecord:
 
 
 class ItemStanding(StrEnum):
-    """Where a to-do item stands, as the fleet-wide progress view shows it (SPEC S5.1)."""
+    """Where a to-do item stands, as the fleet-wide progress view shows it (docs/node-agent.md)."""
 
     VERIFIED = "verified"  # done by a check the node agent ran and saw pass
     DONE = "done"  # closed by a human or the coordinator
@@ -248,7 +248,7 @@ class MissionState:
     decisions: list[DecisionRecorded] = field(default_factory=list)
     items: dict[str, ItemProgress] = field(default_factory=dict)  # the agents' to-do items
     # every event id applied: a verbatim copy published again (under another message id, or
-    # after JetStream's duplicate window) is refused, never applied twice (SPEC S12)
+    # after JetStream's duplicate window) is refused, never applied twice (docs/security.md)
     applied: set[uuid.UUID] = field(default_factory=set)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> MissionState:

@@ -1,4 +1,4 @@
-"""Mission-wide budget reservations on Redis (SPEC S7): atomic, leased, idempotent.
+"""Mission-wide budget reservations on Redis (docs/reservations.md): atomic, leased, idempotent.
 
 ``ReservationClient`` reserves on every level of a grant chain in one Lua script, then
 commits, settles (an overrun is recorded and blocks its scope) or releases. Held reservations

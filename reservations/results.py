@@ -1,6 +1,6 @@
 """Typed results of reservation calls, each with the ledger payload that records it.
 
-Every Redis transition has a matching ledger event (SPEC S7.2); the coordinator appends
+Every Redis transition has a matching ledger event (docs/reservations.md); the coordinator appends
 ``result.ledger_payload()`` with ``effective_at=result.at`` (Redis time of the transition).
 ``replayed`` marks an idempotent retry and, like ``at``, is left out of equality so a retry
 compares equal to the original result.

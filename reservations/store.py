@@ -210,7 +210,7 @@ def _denied(reply: Any) -> bool:
 
 
 class ReservationClient:
-    """Async Redis client for mission-wide budget reservations (SPEC S7)."""
+    """Async Redis client for mission-wide budget reservations (docs/reservations.md)."""
 
     def __init__(
         self, connection: RespConnection, *, retries: int = 1, script_wait_s: float = 5.0

@@ -1,4 +1,4 @@
-"""telemetry: OpenTelemetry for the fleet (SPEC S8): set-up from OTEL_*, ledger event spans and
+"""telemetry: OpenTelemetry for the fleet (docs/tracing.md): set-up from OTEL_*, ledger event spans and
 links, W3C trace context in NATS headers and event envelopes, GenAI names, fleet metrics."""
 
 from telemetry.handling import (

@@ -1,4 +1,4 @@
-"""Owns the projection of the ledger stream onto spans: one span per stored event (SPEC S8).
+"""Owns the projection of the ledger stream onto spans: one span per stored event (docs/tracing.md).
 
 Spans for ledger events are not recorded on the hot path: they are built from the durable stream
 by whoever follows it (``fleetledger trace follow``, ``trace export``), so they are never lost

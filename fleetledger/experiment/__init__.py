@@ -1,4 +1,4 @@
-"""The controlled experiment (issue 17, SPEC S12): each mission with every control on, then with
+"""The controlled experiment (issue 17, docs/security.md): each mission with every control on, then with
 one control off at a time, on the real stack; what each control catches, and what it costs.
 
 Coordinator-side controls (evidence gating, risk non-erasure, attenuation, shared

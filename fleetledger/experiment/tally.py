@@ -16,7 +16,7 @@ from ledger.money import format_amount
 IDENTITY_RULES = frozenset({Rule.PRODUCER_IDENTITY, Rule.PRODUCER_PERMISSION, Rule.ROLE_BINDING})
 ISSUER_RULES = IDENTITY_RULES | {Rule.GRANT_AUTHORITY}
 
-# Which mission exercises which control (SPEC S1's failures).
+# Which mission exercises which control (the failures the README names).
 MISSIONS: dict[Control, str] = {
     Control.EVIDENCE_GATING: "invoice exception",
     Control.RISK_NON_ERASURE: "credit recommendation, covenant risk handed on as prose",

@@ -152,7 +152,7 @@ class Violation:
 CHECKS = (
     "exactly-once",  # an acknowledged decision is in the ledger exactly once
     "answer-matches-receipt",  # what a client was told is what the receipt records
-    "conflicting-retry-refused",  # a retry with other terms is refused (SPEC S12)
+    "conflicting-retry-refused",  # a retry with other terms is refused (docs/security.md)
     "identical-retry-harmless",  # a retry with the same terms gets the same answer
     "conservation",  # reserved + committed + settled <= ceiling, every level, every cut
     "redis-agrees",  # Redis and the ledger hold the same numbers, per level and reservation

@@ -87,7 +87,7 @@ class ServerComponent:
 
 @dataclass
 class CoordinatorComponent:
-    """One ``fleetledger coordinator run`` at a time (SPEC S6.5: one active per partition)."""
+    """One ``fleetledger coordinator run`` at a time (one coordinator decides: partitioning is not built yet)."""
 
     env: dict[str, str]
     log: Path

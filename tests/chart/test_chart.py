@@ -100,6 +100,15 @@ def test_schema_rejects_a_misspelled_key() -> None:
         jsonschema.validate({"coordinator": {"replica": 2}}, SCHEMA)
 
 
+def test_schema_refuses_a_second_coordinator_replica() -> None:
+    """Two coordinators would both consume the stream and both decide (missions are not
+    partitioned between replicas): the values say so before anything renders."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    values["coordinator"]["replicas"] = 2
+    with pytest.raises(jsonschema.ValidationError, match="2 is greater than the maximum of 1"):
+        jsonschema.validate(values, SCHEMA)
+
+
 def test_schema_requires_an_external_url_when_nats_is_not_deployed() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     values["nats"]["enabled"] = False

@@ -1,4 +1,4 @@
-"""The loopback judge against a real small model (issue 14, item 4; SPEC S5.2).
+"""The loopback judge against a real small model (issue 14, item 4; docs/judge.md).
 
 SmolLM2-135M-Instruct on llama.cpp, one thread, behind the real protocols
 (fleetledger/judge_server.py), driven through ``AutoLedger`` / ``JudgeGate`` and our

@@ -1,6 +1,6 @@
 """How to drive each real agent CLI offline: its model server, environment, argv and hooks.
 
-Each driver knows one CLI's facts (learned from its docs and by running it, see SPEC S5.5):
+Each driver knows one CLI's facts (learned from its docs and by running it, see docs/agents.md):
 where its hook configuration lives in a project, which environment points it at a local model
 server, and the flags for one non-interactive run with no approvals.
 """

@@ -1,5 +1,5 @@
 """Checking a change costs what the change touches, not the mission's history (issue 29, part 1;
-SPEC S11 "flat as the work grows").
+"flat as the work grows", docs/development.md).
 
 Found: every management request was checked through ``evolve``, a deep copy of the whole
 ``MissionState`` (1.1 s at 50,000 events; ``effect.record`` 2.3 s), on the coordinator's

@@ -1,4 +1,4 @@
-"""Money under retries and ambiguity (issue 15, SPEC S12), over the in-memory transports.
+"""Money under retries and ambiguity (issue 15, docs/security.md), over the in-memory transports.
 
 One answer per id: a retry with other terms is a conflict, never answered with the new terms.
 Money an ambiguous call may have taken is always recorded or returned, also when the retry

@@ -1,4 +1,4 @@
-"""Signed messages (SPEC S12): one Ed25519 signature per stored message over its bytes as
+"""Signed messages (docs/security.md): one Ed25519 signature per stored message over its bytes as
 stored, over nkeys; format-1 events (each signed itself) still verify; who may emit what."""
 
 from __future__ import annotations

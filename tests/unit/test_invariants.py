@@ -1,4 +1,4 @@
-"""Each invariant of SPEC S4.2 as a pure function: every accept path and every reject path."""
+"""Each invariant (docs/decisions.md) as a pure function: every accept path and every reject path."""
 
 from __future__ import annotations
 

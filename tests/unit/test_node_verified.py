@@ -1,4 +1,4 @@
-"""A verified item means the work was done (issue 22, SPEC S5.1): each trick an agent can play
+"""A verified item means the work was done (issue 22, docs/node-agent.md): each trick an agent can play
 with its own tools (a shell command, a file write) on a workspace whose suite fails, played for
 real, leaves "run the tests" open; a done test item reopens when the workspace changes under
 it; one sentence's tasks close one by one; a file check names a file, never a word.

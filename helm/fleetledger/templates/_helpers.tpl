@@ -233,7 +233,7 @@ authorization: {{ toJson .Values.identity.natsAuthorization | replace "\\u003e" 
 {{- end }}
 
 {{/*
-Identity (SPEC S12). Refuses to render a fleet whose identity values cannot work, before
+Identity (docs/security.md). Refuses to render a fleet whose identity values cannot work, before
 anything is applied: identity on without principals, an authorization block that is not the
 principals' (re-run `fleetledger identity helm-values`), no coordinator principal or Secret.
 */}}
