@@ -1,13 +1,13 @@
 """Authorize latency, ingest rate and risk propagation, each against its raw NATS baseline.
 
 In one run, on embedded nats-server and redis-server:
-  (a) authorize p50/p99 over NATS vs its composite floor (docs/development.md): per request, sequentially, in
-      one process, a raw nats-py request/reply + one raw redis-py EVALSHA of a trivial script +
-      one raw JetStream publish awaited for its ack (targets: p50 <= 1.5x the floor, p99 <= 5
-      ms); the raw request/reply alone is printed too, for reference. Measured twice: identity
-      off (an open NATS), and identity on (the secure default: every connection authenticated
-      by its nkey with its role's subject permissions, authorize requests signed by the asking
-      person and verified by the coordinator, every event and receipt signed by the
+  (a) authorize p50/p99 over NATS vs its composite floor (docs/development.md): per request,
+      sequentially, in one process, a raw nats-py request/reply + one raw redis-py EVALSHA of a
+      trivial script + one raw JetStream publish awaited for its ack (targets: p50 <= 1.5x the
+      floor, p99 <= 5 ms); the raw request/reply alone is printed too, for reference. Measured
+      twice: identity off (an open NATS), and identity on (the secure default: every connection
+      authenticated by its nkey with its role's subject permissions, authorize requests signed by
+      the asking person and verified by the coordinator, every event and receipt signed by the
       coordinator, the receipt verified by the client), each against its own floor;
   (b) ingest rate, publish -> applied by the coordinator, vs raw JetStream async publish (>= 0.5x);
   (c) risk propagation p99 to 100 watching agents (<= 100 ms);

@@ -2,7 +2,8 @@
 SQLite query of the same row, measured in one run.
 
   (a) replay: 1 novel question + 19 repeats (x rounds) through ``ClaimsCache.turn`` with a
-      stand-in model that counts its calls; target (docs/development.md): >= 95% of turns avoid inference;
+      stand-in model that counts its calls; target (docs/development.md): >= 95% of turns
+      avoid inference;
       a mixed replay whose inputs change alongside must give 0 false hits;
   (b) lookup: ``ClaimsCache.lookup`` (identity, freshness, status, artifact checks) vs a raw
       ``SELECT * FROM claims WHERE claim_id = ?`` on its own connection, same file, same row.

@@ -1,4 +1,5 @@
-"""bench/hooks.py: one agent hook call end to end, with a node agent running (docs/agents.md and docs/development.md).
+"""bench/hooks.py: one agent hook call end to end, with a node agent running (docs/agents.md,
+docs/development.md).
 
 Each call is what an agent CLI does: ``sh -c <the installed command>`` with the hook JSON on
 stdin, to the answer on stdout. Measured in one run against a real node agent

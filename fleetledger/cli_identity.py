@@ -1,4 +1,5 @@
-"""`fleetledger identity ...`: create, list and revoke principals (docs/security.md) for a deployment.
+"""`fleetledger identity ...`: create, list and revoke principals (docs/security.md) for a
+deployment.
 
 A principal is a name, a role and an Ed25519 key (a NATS nkey). Its public key goes in the
 fleet's directory (``principals.json``), its seed in a 0600 file beside it; `fleetledger up`

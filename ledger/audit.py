@@ -1,4 +1,5 @@
-"""Hindsight on a decision (docs/decisions.md): reasonable on what was knowable, or relied on stale facts.
+"""Hindsight on a decision (docs/decisions.md): reasonable on what was knowable, or relied on
+stale facts.
 
 A decision receipt names the cut it evaluated. Replaying to that cut gives what the ledger knew;
 the full record gives what is known now, including facts recorded *after* the decision but

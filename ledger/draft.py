@@ -1,11 +1,11 @@
 """Drafts: a dataclass state that reads through to another and copies only what it touches.
 
-``draft(state)`` is a new instance of the state's class whose tables (dicts, lists, sets) are
-layers over the original's: a read of an entry hands out a private shallow copy of it (kept in
-the layer), a write lands in the layer, and the original is never changed. So checking what a
-change would do costs what the change touches, not the size of the state (docs/development.md: nothing
-proportional to a mission's history per request). A draft is for checking only: it answers the
-state's own queries, but ``dataclasses.asdict`` and ``copy`` of it see the layers, not a state.
+``draft(state)`` is a new instance of the state's class whose tables (dicts, lists, sets) are layers
+over the original's: a read of an entry hands out a private shallow copy of it (kept in the layer),
+a write lands in the layer, and the original is never changed. So checking what a change would do
+costs what the change touches, not the size of the state (docs/development.md: nothing proportional
+to a mission's history per request). A draft is for checking only: it answers the state's own
+queries, but ``dataclasses.asdict`` and ``copy`` of it see the layers, not a state.
 
 The state's entries must be either immutable or mutated only through their own attributes (a
 shallow copy then keeps them apart); nested containers inside an entry are never mutated in

@@ -1,5 +1,5 @@
-"""Ledger events: the envelope and every kind (docs/decisions.md) as a discriminated union on ``kind``,
-and the layout of a stored message.
+"""Ledger events: the envelope and every kind (docs/decisions.md) as a discriminated union on
+``kind``, and the layout of a stored message.
 
 Events are immutable. ``parse_event`` is the one way in for one event from bytes or dicts, and
 ``read_message`` for a stored message: unknown kinds and malformed payloads raise

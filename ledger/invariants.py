@@ -1,4 +1,5 @@
-"""The invariants (docs/decisions.md), each a pure function that raises ``RuleViolation`` naming its rule.
+"""The invariants (docs/decisions.md), each a pure function that raises ``RuleViolation``
+naming its rule.
 
 Every check takes plain typed values (no state object, no clock) so it can be tested alone;
 ``mission.MissionState.apply`` and ``kernel.decide`` call them, nothing else decides.

@@ -1,4 +1,5 @@
-"""To-do items and the status firewall (docs/node-agent.md, invariant 7: no model-driven transitions).
+"""To-do items and the status firewall (docs/node-agent.md, invariant 7: no model-driven
+transitions).
 
 Stored status is authoritative and moves only by a human, the coordinator, or a completion check
 the node agent verified. Judged status is what a model says; it is advisory and never moves the

@@ -1,8 +1,8 @@
 """The authority kernel: ``decide(state, request, now) -> Decision``, pure and total.
 
-Checks run in the order docs/decisions.md gives (grant, attenuation, evidence, risks, approvals, outcome,
-then budget); the first failure is the denial and names its rule. The decision carries what a
-receipt records: the cut, policy version, evidence set, risk set and budget state.
+Checks run in the order docs/decisions.md gives (grant, attenuation, evidence, risks, approvals,
+outcome, then budget); the first failure is the denial and names its rule. The decision carries what
+a receipt records: the cut, policy version, evidence set, risk set and budget state.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""telemetry: OpenTelemetry for the fleet (docs/tracing.md): set-up from OTEL_*, ledger event spans and
-links, W3C trace context in NATS headers and event envelopes, GenAI names, fleet metrics."""
+"""telemetry: OpenTelemetry for the fleet (docs/tracing.md): set-up from OTEL_*, ledger event spans
+and links, W3C trace context in NATS headers and event envelopes, GenAI names, fleet metrics."""
 
 from telemetry.handling import (
     consumer_span,

@@ -31,7 +31,7 @@ from opentelemetry.semconv.attributes.k8s_attributes import (
     K8S_POD_NAME,
 )
 
-# --- ledger event attributes (docs/tracing.md) ------------------------------------------------------
+# --- ledger event attributes (docs/tracing.md) -----------------------------------------------
 LEDGER_EVENT_ID: Final = "ledger.event_id"
 LEDGER_KIND: Final = "ledger.kind"
 LEDGER_MISSION_ID: Final = "ledger.mission_id"

@@ -1,5 +1,5 @@
-"""The controlled experiment (issue 17, docs/security.md): each mission with every control on, then with
-one control off at a time, on the real stack; what each control catches, and what it costs.
+"""The controlled experiment (issue 17, docs/security.md): each mission with every control on, then
+with one control off at a time, on the real stack; what each control catches, and what it costs.
 
 Coordinator-side controls (evidence gating, risk non-erasure, attenuation, shared
 reservations) are switched off for real: an in-process ``Coordinator`` on nats-server and

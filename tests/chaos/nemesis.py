@@ -87,7 +87,8 @@ class ServerComponent:
 
 @dataclass
 class CoordinatorComponent:
-    """One ``fleetledger coordinator run`` at a time (one coordinator decides: partitioning is not built yet)."""
+    """One ``fleetledger coordinator run`` at a time (one coordinator decides: partitioning is not
+    built yet)."""
 
     env: dict[str, str]
     log: Path

@@ -1,4 +1,5 @@
-"""One answer per id (docs/security.md): a retry must repeat the recorded terms, or it is a conflict."""
+"""One answer per id (docs/security.md): a retry must repeat the recorded terms, or it is a
+conflict."""
 
 from __future__ import annotations
 

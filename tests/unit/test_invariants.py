@@ -1,4 +1,5 @@
-"""Each invariant (docs/decisions.md) as a pure function: every accept path and every reject path."""
+"""Each invariant (docs/decisions.md) as a pure function: every accept path and every reject
+path."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The inward rule (docs/development.md), checked by import-linter (`make lint`): kept now, broken by one import."""
+"""The inward rule (docs/development.md), checked by import-linter (`make lint`): kept now,
+broken by one import."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Verified completion and reminders that never burn turns (issue 14 parts 1 and 2, docs/node-agent.md).
+"""Verified completion and reminders that never burn turns (issue 14 parts 1 and 2,
+docs/node-agent.md).
 
 Each test drives the node agent in process (its SQLite store, no server) through Claude Code's
 hook payloads, as the real CLI sends them (tests/realcli proves the same with the real CLI).

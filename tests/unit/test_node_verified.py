@@ -1,7 +1,7 @@
-"""A verified item means the work was done (issue 22, docs/node-agent.md): each trick an agent can play
-with its own tools (a shell command, a file write) on a workspace whose suite fails, played for
-real, leaves "run the tests" open; a done test item reopens when the workspace changes under
-it; one sentence's tasks close one by one; a file check names a file, never a word.
+"""A verified item means the work was done (issue 22, docs/node-agent.md): each trick an agent can
+play with its own tools (a shell command, a file write) on a workspace whose suite fails, played for
+real, leaves "run the tests" open; a done test item reopens when the workspace changes under it; one
+sentence's tasks close one by one; a file check names a file, never a word.
 
 The workspace is a real git repository with a failing suite; the agent's commands really run
 there (and exit 0: that is the trick) and reach the node agent as Claude Code's hooks would.

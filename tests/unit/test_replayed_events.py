@@ -1,4 +1,5 @@
-"""A verbatim copy of an applied event changes nothing (docs/security.md: replayed events are refused).
+"""A verbatim copy of an applied event changes nothing (docs/security.md: replayed events are
+refused).
 
 Found by review: a node's old ``item.status_changed``, republished under a new message id
 (JetStream de-duplicates by message id within its window only), rolled an item from done back
