@@ -33,10 +33,10 @@ from typing import Any
 # `reservations` package; drop it before importing ours.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
 
-from node_agent.autoledger import AutoLedger  # noqa: E402
-from node_agent.checks import WrittenCheck  # noqa: E402
 from node_agent.claims import ClaimKey, ClaimsCache  # noqa: E402
 from node_agent.store import Store  # noqa: E402
+from node_agent.todo.autoledger import AutoLedger  # noqa: E402
+from node_agent.todo.checks import WrittenCheck  # noqa: E402
 
 WORDS = ("login", "session", "cache", "parser", "deploy", "schema", "router", "billing")
 MISS_TASK = "why does the login test fail in the session module of the api service"

@@ -48,11 +48,11 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ledger.items import Actor, ItemStatus  # noqa: E402
-from node_agent.autoledger import AutoLedger  # noqa: E402
 from node_agent.daemon import NodeAgent  # noqa: E402
-from node_agent.judge import JudgeGate  # noqa: E402
 from node_agent.settings import NodeSettings  # noqa: E402
 from node_agent.store import Store  # noqa: E402
+from node_agent.todo.autoledger import AutoLedger  # noqa: E402
+from node_agent.todo.judge import JudgeGate  # noqa: E402
 
 _NOTED = re.compile(r"^- \[(t\d+)\] ", re.M)
 

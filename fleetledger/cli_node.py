@@ -26,14 +26,6 @@ from fleetledger.console import console, fail
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger_hook import forward
 from ledger.errors import FleetError, InvalidInput
-from node_agent.checks import (
-    Check,
-    CommandCheck,
-    EvidenceCheck,
-    FileCheck,
-    PassedCheck,
-    WrittenCheck,
-)
 from node_agent.claims import ClaimsCache
 from node_agent.client import NodeClient, token_path
 from node_agent.daemon import serve
@@ -49,6 +41,14 @@ from node_agent.hooks import (
 )
 from node_agent.settings import NodeSettings
 from node_agent.store import Store, safe_id
+from node_agent.todo.checks import (
+    Check,
+    CommandCheck,
+    EvidenceCheck,
+    FileCheck,
+    PassedCheck,
+    WrittenCheck,
+)
 from node_agent.wire import Evidence, HumanRequest, ItemReply, Items, TodoAdd, TodoCheck, TodoSet
 
 out = console()

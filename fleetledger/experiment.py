@@ -75,9 +75,9 @@ from ledger.kernel import ActionRequest, Decision, decide
 from ledger.mission import MissionState
 from ledger.money import format_amount, parse_amount
 from ledger.protocol import ManageOp
-from node_agent.checks import FileCheck
 from node_agent.client import NodeClient
 from node_agent.hooks import hook_command  # the installed command line, as agents run it
+from node_agent.todo.checks import FileCheck
 from node_agent.wire import TodoAdd
 from reservations import (
     BranchesResult,

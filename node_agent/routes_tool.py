@@ -20,7 +20,6 @@ from pydantic import ValidationError
 
 from fleetbus.http import Route, typed
 from ledger.events import TraceContext
-from node_agent.autoledger import AutoLedger
 from node_agent.execution import (
     FETCH_TOOLS,
     READ_TOOLS,
@@ -33,6 +32,7 @@ from node_agent.execution import (
 from node_agent.gate import ActionGate
 from node_agent.settings import NodeSettings
 from node_agent.store import Session
+from node_agent.todo.autoledger import AutoLedger
 from node_agent.wire import (
     Decision,
     DecisionKind,

@@ -43,7 +43,7 @@ from ledger.identity import seal_message
 from ledger.invariants import RiskFact
 from ledger.items import Actor, Item, ItemStatus, JudgedStatus, record_judgement, transition
 from ledger.protocol import subject_of
-from node_agent.checks import CHECK, Check, CheckResult
+from node_agent.todo.checks import CHECK, Check, CheckResult
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from ledger.items import ItemStatus
-from node_agent.checks import Check
+from node_agent.todo.checks import Check
 
 if TYPE_CHECKING:  # hooks import this module: keep it light (no SQLite store)
     from node_agent.store import StoredItem

@@ -15,9 +15,9 @@ import jsonschema
 import pytest
 
 from ledger.items import ItemStatus
-from node_agent.autoledger import AutoLedger, TurnResult
-from node_agent.judge import JudgeApi, JudgeGate, http_judge, parse_verdict, verdict_schema
 from node_agent.store import Store
+from node_agent.todo.autoledger import AutoLedger, TurnResult
+from node_agent.todo.judge import JudgeApi, JudgeGate, http_judge, parse_verdict, verdict_schema
 from tests.fixtures.llama_judge import MODEL_NAME, LlamaJudgeServer
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow, pytest.mark.timeout(300)]

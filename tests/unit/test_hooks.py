@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from fleetledger_hook.adapters import ADAPTERS
-from node_agent.auditor import is_reminder
-from node_agent.capture import parse_prompt
 from node_agent.daemon import NodeAgent
 from node_agent.execution import patch_paths, tool_paths
 from node_agent.hooks import codex_trust, hook_command, install, trust_in_codex_config
 from node_agent.settings import NodeSettings
+from node_agent.todo.auditor import is_reminder
+from node_agent.todo.capture import parse_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "hook_payloads"

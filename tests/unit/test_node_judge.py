@@ -20,9 +20,11 @@ from hypothesis import strategies as st
 
 from ledger.errors import InvalidInput, RuleViolation
 from ledger.items import Actor, ItemStatus
-from node_agent.autoledger import AutoLedger
 from node_agent.daemon import NodeAgent
-from node_agent.judge import (
+from node_agent.settings import NodeSettings
+from node_agent.store import Store, StoredItem
+from node_agent.todo.autoledger import AutoLedger
+from node_agent.todo.judge import (
     MAX_SUGGESTION,
     JudgeApi,
     JudgeGate,
@@ -33,8 +35,6 @@ from node_agent.judge import (
     validate_endpoint,
     verdict_schema,
 )
-from node_agent.settings import NodeSettings
-from node_agent.store import Store, StoredItem
 from tests.fixtures.ollama import FakeOllama
 
 

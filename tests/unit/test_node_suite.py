@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node_agent.checks import PassedCheck
-from node_agent.completion import EXTENSIONS, file_name
 from node_agent.store import Store
-from node_agent.suite import (
+from node_agent.todo.checks import PassedCheck
+from node_agent.todo.completion import EXTENSIONS, file_name
+from node_agent.todo.suite import (
     Defined,
     Report,
     Verifier,

@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from ledger.clock import ManualClock
 from ledger.events import MAX_EVENT_BYTES, read_message
 from ledger.items import Actor, ItemStatus
-from node_agent.auditor import SHOWN, context
-from node_agent.autoledger import AutoLedger
-from node_agent.checks import EvidenceCheck, WrittenCheck
 from node_agent.execution import ExecutionState
-from node_agent.recheck import RACY_NS, Listing, written_inputs
 from node_agent.store import Store
+from node_agent.todo.auditor import SHOWN, context
+from node_agent.todo.autoledger import AutoLedger
+from node_agent.todo.checks import EvidenceCheck, WrittenCheck
+from node_agent.todo.recheck import RACY_NS, Listing, written_inputs
 
 LATER = timedelta(microseconds=RACY_NS // 1000) + timedelta(seconds=1)
 
@@ -233,7 +233,7 @@ def test_a_key_taken_too_soon_after_a_change_leaves_the_fingerprint_unknown(
 
 def test_a_listing_that_matches_the_executions_walk(tmp_path: Path) -> None:
     """The walk that lists a directory finds every file ``matching`` can find."""
-    from node_agent.recheck import list_files
+    from node_agent.todo.recheck import list_files
 
     (tmp_path / "notes").mkdir()
     (tmp_path / "build").mkdir()

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
-from node_agent.checks import CheckResult, PassedCheck, Runner
 from node_agent.store import Store
+from node_agent.todo.checks import CheckResult, PassedCheck, Runner
 from node_agent.workspace import Fingerprint, Workspace, skipped
 
 CHILD = Path(__file__).with_name("suite_child.py")

@@ -23,10 +23,12 @@ from typing import Any
 from ledger.errors import InvalidInput
 from ledger.events import ReminderEmitted, TurnEnded
 from ledger.items import Actor, ItemStatus
-from node_agent import completion, recheck
-from node_agent.auditor import Audit, Ruling, audit, context, rule_turn, told
-from node_agent.capture import match_item, parse_prompt
-from node_agent.checks import (
+from node_agent.execution import ExecutionState
+from node_agent.store import Session, Store, StoredItem, safe_id
+from node_agent.todo import completion, recheck
+from node_agent.todo.auditor import Audit, Ruling, audit, context, rule_turn, told
+from node_agent.todo.capture import match_item, parse_prompt
+from node_agent.todo.checks import (
     Check,
     CheckResult,
     EvidenceCheck,
@@ -34,12 +36,10 @@ from node_agent.checks import (
     WrittenCheck,
     run_check,
 )
-from node_agent.completion import CompletionRule
-from node_agent.execution import ExecutionState
-from node_agent.judge import JudgeGate, JudgeOutcome
-from node_agent.recheck import Verified
-from node_agent.store import Session, Store, StoredItem, safe_id
-from node_agent.suite import Verifier
+from node_agent.todo.completion import CompletionRule
+from node_agent.todo.judge import JudgeGate, JudgeOutcome
+from node_agent.todo.recheck import Verified
+from node_agent.todo.suite import Verifier
 from node_agent.workspace import Fingerprint
 
 
