@@ -57,7 +57,7 @@ from ledger.authority import Authority  # noqa: E402
 from ledger.events import EvidenceRegistered, make_event  # noqa: E402
 from ledger.identity import public_key, seed_from_bytes  # noqa: E402
 from ledger.kernel import ActionRequest  # noqa: E402
-from node_agent.risks import RiskWatcher  # noqa: E402
+from node_agent.fleet.risks import RiskWatcher  # noqa: E402
 
 err = Console(stderr=True)
 

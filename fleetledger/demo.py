@@ -40,7 +40,7 @@ from ledger.authority import Authority
 from ledger.errors import FleetError, RuleViolation
 from ledger.kernel import ActionRequest
 from ledger.money import format_amount, parse_amount
-from node_agent.risks import RiskWatcher
+from node_agent.fleet.risks import RiskWatcher
 from node_agent.scripted import DEMO_NODE
 from telemetry import current_trace_context, process_telemetry
 

@@ -25,10 +25,10 @@ from ledger.identity import Principal
 from node_agent.claims import ClaimsCache
 from node_agent.client import token_path
 from node_agent.execution import ExecutionState
-from node_agent.follower import FleetFollower
-from node_agent.gate import ActionGate
+from node_agent.fleet.follower import FleetFollower
+from node_agent.fleet.gate import ActionGate
+from node_agent.fleet.outbox import OutboxPublisher
 from node_agent.hooks import write_policy
-from node_agent.outbox import OutboxPublisher
 from node_agent.routes_claims import ClaimRoutes
 from node_agent.routes_hook import HookRoutes
 from node_agent.routes_resource import ResourceRoutes

@@ -29,7 +29,7 @@ from node_agent.execution import (
     response_text,
     tool_paths,
 )
-from node_agent.gate import ActionGate
+from node_agent.fleet.gate import ActionGate
 from node_agent.settings import NodeSettings
 from node_agent.store import Session
 from node_agent.todo.autoledger import AutoLedger

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from ledger.invariants import RiskFact
-from node_agent.gate import ActionGate
+from node_agent.fleet.gate import ActionGate
 from node_agent.settings import DEFAULT_RULES
 from node_agent.store import Store
 from node_agent.wire import Decision, DecisionKind, TodoAdd

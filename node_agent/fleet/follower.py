@@ -22,7 +22,7 @@ from fleetbus.reader import Reader
 from ledger.events import Event, GrantIssued, parse_events
 from ledger.protocol import FOLLOW_STREAM, SUBJECT_PREFIX
 from node_agent.execution import ExecutionState
-from node_agent.risks import KnownRisk, RiskWatcher
+from node_agent.fleet.risks import KnownRisk, RiskWatcher
 from node_agent.store import Store
 
 log = logging.getLogger("fleetledger.node.follower")
