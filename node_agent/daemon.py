@@ -22,6 +22,11 @@ from fleetbus.http import HttpServer, Route
 from fleetbus.identity import KeyStore, seed_of
 from ledger.errors import InvalidInput
 from ledger.identity import Principal
+from node_agent.api.routes_claims import ClaimRoutes
+from node_agent.api.routes_hook import HookRoutes
+from node_agent.api.routes_resource import ResourceRoutes
+from node_agent.api.routes_todo import TodoRoutes
+from node_agent.api.routes_turn import TurnRoutes
 from node_agent.claims import ClaimsCache
 from node_agent.client import token_path
 from node_agent.execution import ExecutionState
@@ -29,12 +34,7 @@ from node_agent.fleet.follower import FleetFollower
 from node_agent.fleet.gate import ActionGate
 from node_agent.fleet.outbox import OutboxPublisher
 from node_agent.hooks import write_policy
-from node_agent.routes_claims import ClaimRoutes
-from node_agent.routes_hook import HookRoutes
-from node_agent.routes_resource import ResourceRoutes
-from node_agent.routes_todo import TodoRoutes
 from node_agent.routes_tool import ToolRoutes
-from node_agent.routes_turn import TurnRoutes
 from node_agent.settings import NodeSettings
 from node_agent.store import Store
 from node_agent.todo import completion
