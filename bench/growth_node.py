@@ -34,6 +34,7 @@ from typing import Any
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
 
 from node_agent.claims import ClaimKey, ClaimsCache  # noqa: E402
+from node_agent.node_store import NodeStore  # noqa: E402
 from node_agent.store import Store  # noqa: E402
 from node_agent.todo.autoledger import AutoLedger  # noqa: E402
 from node_agent.todo.checks import WrittenCheck  # noqa: E402
@@ -67,7 +68,7 @@ async def _stop_at(size: int, samples: int) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="fl-bench-stop-") as tmp:
         ws = Path(tmp) / "ws"
         _workspace(ws)
-        store = Store(Path(tmp) / "node.sqlite3", node_id="bench")
+        store = NodeStore(Path(tmp) / "node.sqlite3", node_id="bench")
         ledger = AutoLedger(store)
         session = ledger.session("bench-stop", agent="worker")
         checks = {
@@ -139,7 +140,7 @@ def _fill(store: Store, count: int) -> None:
 def _claims_miss_at(size: int, samples: int) -> float:
     """p50 ms of ``related`` for a task whose common words every claim shares."""
     with tempfile.TemporaryDirectory(prefix="fl-bench-miss-") as tmp:
-        store = Store(Path(tmp) / "node.sqlite3", node_id="bench")
+        store = NodeStore(Path(tmp) / "node.sqlite3", node_id="bench")
         cache = ClaimsCache(store)
         session = store.ensure_session("bench-miss", agent_id="worker")
         _fill(store, size - FILL)

@@ -39,8 +39,9 @@ from node_agent.hooks import (
     trust_in_codex_config,
     write_policy,
 )
+from node_agent.session import safe_id
 from node_agent.settings import NodeSettings
-from node_agent.store import Store, safe_id
+from node_agent.store import Store
 from node_agent.todo.checks import (
     Check,
     CommandCheck,

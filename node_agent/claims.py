@@ -18,18 +18,34 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-import httpx
-
 from ledger.errors import ErrorCode, FleetError
 from ledger.events import ClaimRecorded, TurnReceipt
-from node_agent.store import Session, Store
+from node_agent.session import Session
+from node_agent.store import Store, declare
+
+TABLES = declare("""
+-- the claims cache (claims.py): owner-scoped claims, FTS5 over them, a receipt per turn
+CREATE TABLE IF NOT EXISTS claims (
+    claim_id TEXT PRIMARY KEY, owner TEXT NOT NULL, task TEXT NOT NULL, repo TEXT NOT NULL,
+    profile TEXT NOT NULL, inputs TEXT NOT NULL, status TEXT NOT NULL, result TEXT NOT NULL,
+    artifact TEXT NOT NULL, created_at REAL NOT NULL, fresh_until REAL
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS claims_fts USING fts5(
+    claim_id UNINDEXED, owner UNINDEXED, task, result
+);
+CREATE TABLE IF NOT EXISTS receipts (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, claim_id TEXT NOT NULL,
+    outcome TEXT NOT NULL, model TEXT, status TEXT NOT NULL, prompt_tokens INTEGER,
+    completion_tokens INTEGER, cost INTEGER, attempted INTEGER NOT NULL,
+    avoided INTEGER NOT NULL, at REAL NOT NULL
+);
+""")
 
 TAIL = 8  # messages of recent history in a working set
 RELATED = 5  # related claims in a working set
@@ -391,50 +407,3 @@ class ClaimsCache:
             "cost_known_micros": row["cost"], "unknown_usage": int(row["unknown_usage"]),
             "unknown_cost": int(row["unknown_cost"]),
         }  # fmt: skip
-
-
-class OpenAIChatProvider:
-    """An OpenAI-compatible ``/v1/chat/completions`` provider (no env proxies, no redirects)."""
-
-    def __init__(
-        self, base_url: str, model: str, *, api_key: str | None = None,
-        api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 30.0, max_tokens: int = 512,
-    ) -> None:  # fmt: skip
-        self.base_url, self.model = base_url.rstrip("/"), model
-        self.api_key = api_key if api_key is not None else os.environ.get(api_key_env)
-        self.api_key_env, self.timeout_s, self.max_tokens = api_key_env, timeout_s, max_tokens
-
-    async def complete(self, working_set: WorkingSet) -> Completion:
-        if not self.api_key:
-            raise MissingApiKey(f"no API key: set {self.api_key_env}; no request was made")
-        body = {
-            "model": self.model,
-            "messages": working_set.prompt(),
-            "max_tokens": self.max_tokens,
-        }
-        try:
-            async with httpx.AsyncClient(
-                timeout=self.timeout_s, trust_env=False, follow_redirects=False
-            ) as http:
-                reply = await http.post(
-                    f"{self.base_url}/v1/chat/completions", json=body,
-                    headers={"Authorization": f"Bearer {self.api_key}"},
-                )  # fmt: skip
-        except httpx.HTTPError as exc:
-            raise ProviderFailed(f"provider call failed: {type(exc).__name__}") from None
-        if reply.status_code != 200:
-            raise ProviderFailed(f"provider answered HTTP {reply.status_code}")
-        try:
-            data = reply.json()
-            text = str(data["choices"][0]["message"]["content"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise ProviderFailed("provider answer is not a chat completion") from None
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        return Completion(
-            text, str(data.get("model") or self.model), _count(usage.get("prompt_tokens")),
-            _count(usage.get("completion_tokens")), None,
-        )  # fmt: skip
-
-
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

@@ -34,9 +34,9 @@ from node_agent.fleet.follower import FleetFollower
 from node_agent.fleet.gate import ActionGate
 from node_agent.fleet.outbox import OutboxPublisher
 from node_agent.hooks import write_policy
+from node_agent.node_store import NodeStore
 from node_agent.routes_tool import ToolRoutes
 from node_agent.settings import NodeSettings
-from node_agent.store import Store
 from node_agent.todo import completion
 from node_agent.todo.autoledger import AutoLedger
 from node_agent.todo.judge import HttpJudge, Judge, JudgeGate, http_judge
@@ -55,7 +55,7 @@ class NodeAgent:
         self.settings = settings
         rules = completion.load(settings.completion_rules)  # bad rules: refused before any write
         self.seed = seed_of(settings.principal, settings.key_store)
-        self.store = Store(
+        self.store = NodeStore(
             settings.db_path, node_id=settings.node_id, default_mission=settings.mission,
             seed=self.seed,
         )  # fmt: skip

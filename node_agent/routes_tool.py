@@ -30,8 +30,8 @@ from node_agent.execution import (
     tool_paths,
 )
 from node_agent.fleet.gate import ActionGate
+from node_agent.session import Session
 from node_agent.settings import NodeSettings
-from node_agent.store import Session
 from node_agent.todo.autoledger import AutoLedger
 from node_agent.wire import (
     Decision,

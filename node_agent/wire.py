@@ -39,7 +39,7 @@ from ledger.items import ItemStatus
 from node_agent.todo.checks import Check
 
 if TYPE_CHECKING:  # hooks import this module: keep it light (no SQLite store)
-    from node_agent.store import StoredItem
+    from node_agent.todo.item import StoredItem
 
 NonEmpty = Annotated[str, Field(min_length=1, pattern=r"\S")]
 

@@ -25,8 +25,9 @@ from fleetledger_hook import core
 from fleetledger_hook.adapters import ADAPTERS
 from fleetledger_hook.transport import NodeError
 from ledger.errors import FleetError
+from node_agent.session import safe_id
 from node_agent.settings import NodeSettings
-from node_agent.store import Store, safe_id
+from node_agent.store import Store
 from node_agent.wire import HookCall, HookReply
 
 

@@ -12,9 +12,10 @@ from ledger.errors import InvalidInput, Rule, RuleViolation
 from ledger.identity import NonceWindow, Principal
 from ledger.items import Actor, ItemStatus
 from node_agent.fleet.people import person_of
+from node_agent.session import safe_id
 from node_agent.settings import NodeSettings
-from node_agent.store import StoredItem, safe_id
 from node_agent.todo.autoledger import AutoLedger
+from node_agent.todo.item import StoredItem
 from node_agent.wire import (
     Done,
     Evidence,

@@ -23,7 +23,7 @@ from ledger.errors import InvalidInput
 from ledger.events import ReminderEmitted, TurnEnded
 from ledger.items import Actor, ItemStatus
 from node_agent.execution import ExecutionState
-from node_agent.store import Session, Store, StoredItem, safe_id
+from node_agent.session import Session, safe_id
 from node_agent.todo import completion
 from node_agent.todo.auditor import Audit, Ruling, audit, context, rule_turn, told
 from node_agent.todo.capture import match_item, parse_prompt
@@ -33,8 +33,10 @@ from node_agent.todo.checks import (
     WrittenCheck,
 )
 from node_agent.todo.completion import CompletionRule
+from node_agent.todo.item import StoredItem
+from node_agent.todo.item_store import ItemStore
 from node_agent.todo.judge import JudgeGate, JudgeOutcome
-from node_agent.todo.suite import Verifier
+from node_agent.todo.verifier import Verifier
 from node_agent.workspace import Fingerprint
 
 
@@ -66,7 +68,7 @@ Settled = tuple[str | None, bool, str | None]  # reminder text, block, message f
 class AutoLedger:
     def __init__(
         self,
-        store: Store,
+        store: ItemStore,
         *,
         gate: JudgeGate | None = None,
         execution: ExecutionState | None = None,
@@ -337,11 +339,7 @@ class AutoLedger:
             )  # fmt: skip
             self._rulings[session_id] = (asked, ruling)
         with self.store.tx() as db:
-            turn = session.turn + 1
-            db.execute(
-                "UPDATE sessions SET turn = ?, consecutive_blocks = ? WHERE session_id = ?",
-                (turn, session.consecutive_blocks + 1 if ruling.block else 0, session_id),
-            )
+            turn = self.store.count_turn(db, session, block=ruling.block)
             if (ruling.told, ruling.noted) != (told_before, noted_before):
                 self.store.set_reminded(session_id, ruling.told, ruling.noted)
             self.store.emit(db, session, TurnEnded(session_id=session_id, turn=turn))

@@ -13,11 +13,12 @@ from collections.abc import Sequence
 
 from ledger.items import Actor, ItemStatus
 from node_agent.execution import ExecutionState
-from node_agent.store import Store, StoredItem
 from node_agent.todo import recheck
 from node_agent.todo.checks import CheckResult, EvidenceCheck, PassedCheck, WrittenCheck, run_check
+from node_agent.todo.item import StoredItem
+from node_agent.todo.item_store import ItemStore
 from node_agent.todo.recheck import Verified
-from node_agent.todo.suite import Verifier
+from node_agent.todo.verifier import Verifier
 from node_agent.workspace import Fingerprint
 
 
@@ -25,7 +26,7 @@ class Checker:
     """Runs items' checks here and remembers, by item, what a check that did not pass read."""
 
     def __init__(
-        self, store: Store, execution: ExecutionState, verifier: Verifier, *, timeout_s: float
+        self, store: ItemStore, execution: ExecutionState, verifier: Verifier, *, timeout_s: float
     ) -> None:
         self.store, self.execution, self.verifier = store, execution, verifier
         self.check_timeout_s = timeout_s

@@ -31,7 +31,6 @@ from datetime import UTC, datetime, timedelta
 
 from ledger.clock import Clock
 from node_agent.execution import SKIP_DIRS, matches
-from node_agent.store import StoredItem
 from node_agent.todo.checks import (
     AnyCheck,
     CommandCheck,
@@ -40,6 +39,7 @@ from node_agent.todo.checks import (
     PassedCheck,
     WrittenCheck,
 )
+from node_agent.todo.item import StoredItem
 from node_agent.workspace import Fingerprint
 
 RACY_NS = 2 * 10**9  # coarser than any file system's timestamp tick (FAT's is 2 s)

@@ -12,11 +12,12 @@ from node_agent.claims import (
     ClaimKey,
     ClaimsCache,
     Completion,
-    OpenAIChatProvider,
     WorkingSet,
     normalise_task,
 )
-from node_agent.store import Session, Store
+from node_agent.provider import OpenAIChatProvider
+from node_agent.session import Session
+from node_agent.store import Store
 
 
 class CountingProvider:

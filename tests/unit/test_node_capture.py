@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ledger.items import Actor, ItemStatus
-from node_agent.store import Store
+from node_agent.node_store import NodeStore
 from node_agent.todo.auditor import audit, reminder
 from node_agent.todo.capture import match_item, parse_prompt
 
@@ -50,7 +50,7 @@ def test_match_item_finds_the_item_a_phrase_names() -> None:
 
 
 def test_auditor_resolves_terminal_blocked_and_paused_items_as_clear(tmp_path: Path) -> None:
-    store = Store(tmp_path / "db.sqlite3")
+    store = NodeStore(tmp_path / "db.sqlite3")
     session = store.ensure_session("s1")
     items = store.add_items(session, ["a one", "b two", "c three", "d four"])
     human = Actor("human", "ann")
@@ -66,7 +66,7 @@ def test_auditor_resolves_terminal_blocked_and_paused_items_as_clear(tmp_path: P
 
 
 def test_reminder_lists_open_items_in_order_with_their_claims(tmp_path: Path) -> None:
-    store = Store(tmp_path / "db.sqlite3")
+    store = NodeStore(tmp_path / "db.sqlite3")
     session = store.ensure_session("s1")
     _first, second = store.add_items(session, ["write the docs", "fix the bug"])
     store.record_claim(second.item_id, "done", "agent")

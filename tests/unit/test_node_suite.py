@@ -17,7 +17,6 @@ from node_agent.todo.completion import EXTENSIONS, file_name
 from node_agent.todo.suite import (
     Defined,
     Report,
-    Verifier,
     defined_tests,
     read_counts,
     read_mypy,
@@ -26,6 +25,7 @@ from node_agent.todo.suite import (
     verdict,
     workspace_tests,
 )
+from node_agent.todo.verifier import Verifier
 from node_agent.workspace import Workspace
 
 NAMES = st.lists(st.from_regex(r"[a-z_]{1,8}\.py::test_[a-z]{1,5}", fullmatch=True), max_size=3)
