@@ -20,7 +20,7 @@ from node_agent.todo.suite import inside, run_suite, verdict
 from node_agent.workspace import Fingerprint, Workspace, skipped
 
 TABLES = declare("""
--- the node's own test/lint runs (suite.py), by the workspace fingerprint they saw
+-- the node's own test/lint runs (the Verifier), by the workspace fingerprint they saw
 CREATE TABLE IF NOT EXISTS suite_runs (
     cwd TEXT NOT NULL, runner TEXT NOT NULL, fingerprint TEXT NOT NULL, passed INTEGER NOT NULL,
     detail TEXT NOT NULL, ms REAL NOT NULL, at TEXT NOT NULL,
