@@ -28,7 +28,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from node_agent.claims import ClaimKey, ClaimsCache, Completion, WorkingSet  # noqa: E402
+from node_agent.claims import ClaimKey, ClaimsCache  # noqa: E402
+from node_agent.provider import Completion, WorkingSet  # noqa: E402
 from node_agent.store import Store  # noqa: E402
 
 err = Console(stderr=True)

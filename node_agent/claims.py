@@ -6,11 +6,8 @@ it is fresh, its status is a live success and its artifact is substantive; anyth
 miss. Query first: a hit returns the stored result with a zero-call receipt; a miss goes to the
 provider with a bounded working set (system instruction, related claims found with SQLite FTS5,
 the selected story, the last 8 messages). Every turn writes a receipt, and unknown usage stays
-unknown (None, never 0). A missing API key is not an attempt; a failed provider call is.
-
-    FleetError
-    ├── MissingApiKey    no key configured: nothing was sent (inference_attempted=false)
-    └── ProviderFailed   the provider was called and failed (inference_attempted=true)
+unknown (None, never 0). A missing API key is not an attempt; a failed provider call is
+(``provider.py`` draws the two errors).
 """
 
 from __future__ import annotations
@@ -22,10 +19,10 @@ import re
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from ledger.errors import ErrorCode, FleetError
 from ledger.events import ClaimRecorded, TurnReceipt
+from node_agent.provider import MissingApiKey, Provider, WorkingSet
 from node_agent.session import Session
 from node_agent.store import Store, declare
 
@@ -58,20 +55,6 @@ DEFAULT_SYSTEM = (
 PLACEHOLDERS = frozenset({"", "n/a", "na", "none", "null", "todo", "tbd", "...", "-", "?"})
 _WORD = re.compile(r"[A-Za-z0-9_]+")
 _TOKEN = re.compile(r"[^\W_]+")  # FTS5 unicode61: letters and digits, the rest separates
-
-
-class MissingApiKey(FleetError):
-    """No API key is configured: no request was made."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, code=ErrorCode.INVALID_INPUT)
-
-
-class ProviderFailed(FleetError):
-    """The provider was called and the call failed (status, timeout, malformed answer)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, code=ErrorCode.UNREACHABLE)
 
 
 # --- related claims (pure) ----------------------------------------------------------------------
@@ -156,44 +139,6 @@ class Claim:
     status: str
     result: str
     artifact: str
-
-
-@dataclass(frozen=True)
-class WorkingSet:
-    """What a miss sends to the model: bounded, whatever the history's length."""
-
-    system: str
-    claims: tuple[str, ...]
-    story: str | None
-    messages: tuple[str, ...]
-    task: str
-
-    def prompt(self) -> list[dict[str, str]]:
-        context = ["Related verified claims:\n- " + "\n- ".join(self.claims)] if self.claims else []
-        if self.story:
-            context.append(f"Story: {self.story}")
-        system = "\n\n".join([self.system, *context])
-        history = [{"role": "user", "content": m} for m in self.messages]
-        return [
-            {"role": "system", "content": system},
-            *history,
-            {"role": "user", "content": self.task},
-        ]
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    model: str
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cost: int | None = None  # micros; None when the provider does not say
-
-
-class Provider(Protocol):
-    model: str
-
-    async def complete(self, working_set: WorkingSet) -> Completion: ...
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,75 @@
-"""The provider a claims-cache miss asks: an OpenAI-compatible chat completion over httpx.
+"""The provider a claims-cache miss asks: what it is sent, what it answers, how it fails.
 
-It raises what the cache records on its receipt: ``MissingApiKey`` when no key is configured
-(nothing was sent), ``ProviderFailed`` when the call was made and failed.
+A ``Provider`` completes a ``WorkingSet`` (bounded, whatever the history's length) into a
+``Completion``; ``OpenAIChatProvider`` is one over an OpenAI-compatible chat endpoint (httpx).
+The cache records on its receipt which of these it was:
+
+    FleetError
+    ├── MissingApiKey    no key configured: nothing was sent (inference_attempted=false)
+    └── ProviderFailed   the provider was called and failed (inference_attempted=true)
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
 
-from node_agent.claims import Completion, MissingApiKey, ProviderFailed, WorkingSet
+from ledger.errors import ErrorCode, FleetError
+
+
+class MissingApiKey(FleetError):
+    """No API key is configured: no request was made."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=ErrorCode.INVALID_INPUT)
+
+
+class ProviderFailed(FleetError):
+    """The provider was called and the call failed (status, timeout, malformed answer)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code=ErrorCode.UNREACHABLE)
+
+
+@dataclass(frozen=True)
+class WorkingSet:
+    """What a miss sends to the model: bounded, whatever the history's length."""
+
+    system: str
+    claims: tuple[str, ...]
+    story: str | None
+    messages: tuple[str, ...]
+    task: str
+
+    def prompt(self) -> list[dict[str, str]]:
+        context = ["Related verified claims:\n- " + "\n- ".join(self.claims)] if self.claims else []
+        if self.story:
+            context.append(f"Story: {self.story}")
+        system = "\n\n".join([self.system, *context])
+        history = [{"role": "user", "content": m} for m in self.messages]
+        return [
+            {"role": "system", "content": system},
+            *history,
+            {"role": "user", "content": self.task},
+        ]
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    model: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost: int | None = None  # micros; None when the provider does not say
+
+
+class Provider(Protocol):
+    model: str
+
+    async def complete(self, working_set: WorkingSet) -> Completion: ...
 
 
 class OpenAIChatProvider:
