@@ -2,18 +2,19 @@
 
 Each wing's store extends the core ``Store`` with its tables and their SQL (``ItemStore``,
 ``RiskStore``); the features that keep their SQL in their own class over the core (the judge's
-verdict cache, the verifier's runs, the claims cache, the execution state) declare their tables
-at import. Importing them here means a ``NodeStore`` opens every table a node has.
+verdict cache, the verifier's runs, the claims cache) declare their tables when imported, so
+importing them here means a ``NodeStore`` opens every table a node has. (The execution state's
+tables are declared by ``store.py`` until its SQL moves into its own module.)
 """
 
 from __future__ import annotations
 
-from node_agent import claims, execution
+from node_agent import claims
 from node_agent.fleet.risk_store import RiskStore
 from node_agent.todo import judge, verifier
 from node_agent.todo.item_store import ItemStore
 
-DECLARING = (claims, execution, judge, verifier)  # declare their tables when imported
+DECLARING = (claims, judge, verifier)  # modules imported for the tables they declare
 
 
 class NodeStore(ItemStore, RiskStore):
