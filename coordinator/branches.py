@@ -16,16 +16,14 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from coordinator.journal import Journal
+from coordinator.unapplied import Unapplied
 from ledger.errors import FleetError, RuleViolation
 from ledger.events import MAX_BUNDLE_EVENTS, Event
 from ledger.mission import MISSION_SCOPE, unrecorded
 from reservations import BranchesResult, BranchRecord, Budget
-
-if TYPE_CHECKING:
-    from coordinator.reconcile import Unapplied
 
 log = logging.getLogger("fleetledger.coordinator.branches")
 

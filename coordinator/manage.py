@@ -20,7 +20,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from coordinator.journal import Journal
-from coordinator.reconcile import Unapplied, follow
+from coordinator.reconcile import follow
+from coordinator.unapplied import Unapplied
 from fleetbus.bus import Request
 from fleetbus.http import first_error
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation

@@ -37,7 +37,7 @@ class Queries:
             await msg.respond(_error(err))
             return
         view = project(state, req.role, applied_seq=self.journal.applied_seq)
-        await msg.respond(json.dumps(view).encode())
+        await msg.respond(view.model_dump_json(exclude_unset=True).encode())
 
 
 def _error(exc: FleetError) -> bytes:

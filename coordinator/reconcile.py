@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 
 from coordinator.branches import BranchRecorder
 from coordinator.journal import Journal
+from coordinator.unapplied import Unapplied
 from fleetbus.bus import cancel_requested
 from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
 from ledger.events import MAX_BUNDLE_EVENTS, BudgetExpired, BudgetReleased, Event
@@ -117,32 +118,6 @@ async def follow(journal: Journal, budget: Budget, mission_id: str, reservation_
             exc.message,
         )
     return True
-
-
-class Unapplied:
-    """(mission, reservation) whose recorded resolution Redis may not have applied yet, each
-    kept until Redis applied it, or until ``keep_s`` passed with nothing resolved on the
-    record (an ambiguous append can land late, within JetStream's duplicate window)."""
-
-    def __init__(self, keep_s: float = 120.0) -> None:
-        self.keep = timedelta(seconds=keep_s)
-        self._items: dict[tuple[str, str], datetime] = {}
-
-    def add(self, mission_id: str, reservation_id: str, now: datetime) -> None:
-        self._items[(mission_id, reservation_id)] = now + self.keep
-
-    def discard(self, mission_id: str, reservation_id: str) -> None:
-        self._items.pop((mission_id, reservation_id), None)
-
-    def items(self) -> list[tuple[str, str, datetime]]:
-        """(mission, reservation, kept until) of every item."""
-        return [(m, r, until) for (m, r), until in sorted(self._items.items())]
-
-    def __contains__(self, key: tuple[str, str]) -> bool:
-        return key in self._items
-
-    def __len__(self) -> int:
-        return len(self._items)
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,7 +399,6 @@ def _reservation_of(event: Event) -> str:
 
 __all__ = [
     "Reconciler",
-    "Unapplied",
     "Undecided",
     "authorize_reservation_id",
     "follow",

@@ -4,26 +4,35 @@ Reads the stream with a read-only reader filtered to the mission's subjects and 
 message as ingest does (``coordinator.ingest.fold_message``: subject, signature, producer
 permission, the fold), so the result equals the coordinator's; every event kept out is
 reported with the rule it broke, not folded.
+
+``from_snapshot``: start from the coordinator's latest snapshot of the mission when it stands
+at or before the cut (``coordinator.snapshots.restore_one``: the mark and the mission's state,
+signed by a coordinator of the directory, the stream's message at the mark the one the mark
+saw), then read and verify every message after it. A snapshot that is missing, past the cut or
+does not verify is not used: the replay reads from scratch and says why (``snapshot_refused``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
 from coordinator.ingest import bulk_fold, fold_message
+from coordinator.snapshots import JetStreamSnapshots, Restored, restore_one
 from fleetbus.bus import connect
 from fleetbus.reader import read_until_end
 from ledger.errors import InvalidInput, RuleViolation, Unreachable
 from ledger.events import Event
-from ledger.identity import Principal, as_of
+from ledger.identity import Principal, Role, as_of
 from ledger.mission import MissionState
-from ledger.protocol import STREAM, mission_filter
+from ledger.protocol import STREAM, SUBJECT_PREFIX, mission_filter
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,10 @@ class ReplayResult:
     last_seq: int
     seconds: float
     rejections: list[Rejection] = field(default_factory=list)  # what was not folded, and why
+    # the sequence of the snapshot it started from (None: from scratch); ``record``,
+    # ``events`` and ``rejections`` then cover only what came after it
+    from_snapshot: int | None = None
+    snapshot_refused: str | None = None  # why a snapshot asked for was not used
 
 
 async def replay_mission(
@@ -62,11 +75,13 @@ async def replay_mission(
     cut: int | None = None,
     seed: str | None = None,
     principals: Mapping[str, Principal] | None = None,
+    from_snapshot: bool = False,
 ) -> ReplayResult:
     """Fold the mission's events with stream sequence ≤ ``cut`` (default: all); ``seed``: the
     principal to read the stream as (None: an open NATS); ``principals``: the fleet's directory,
     with which every event must pass the signature and permission check of ingest, or it is
-    counted rejected, as at ingest."""
+    counted rejected, as at ingest; ``from_snapshot``: start from a verified snapshot at or
+    before the cut when there is one (module docstring)."""
     if cut is not None and cut < 0:
         raise InvalidInput(f"--cut {cut} must be a stream sequence ≥ 0")
     nc = await connect(nats_url, name="fleetledger-replay", seed=seed)
@@ -75,6 +90,7 @@ async def replay_mission(
     events = last = 0
     record: list[Event] = []
     rejections: list[Rejection] = []
+    start, refused = 0, None
     try:
         js = nc.jetstream()
         try:
@@ -86,6 +102,13 @@ async def replay_mission(
                 f"JetStream did not answer ({type(exc).__name__}): fail closed"
             ) from None
         end = int(info.state.last_seq) if cut is None else min(cut, int(info.state.last_seq))
+        if from_snapshot:
+            try:
+                snapshot = await _snapshot(nc, mission_id, principals, end)
+                states[mission_id] = snapshot.states[mission_id]
+                start = snapshot.seqs[mission_id]
+            except InvalidInput as exc:
+                refused = exc.message
 
         async def visit(msg: Msg) -> None:
             nonlocal events, last
@@ -112,9 +135,12 @@ async def replay_mission(
                 )
             last = seq
 
-        if end > 0:  # a read-only reader of the mission's subjects (fleetbus.pull)
+        last = start
+        if end > start:  # a read-only reader of the mission's subjects (fleetbus.pull)
             with bulk_fold():
-                await read_until_end(nc, STREAM, mission_filter(mission_id), visit, upto=end)
+                await read_until_end(
+                    nc, STREAM, mission_filter(mission_id), visit, upto=end, start_seq=start + 1
+                )
     except (LookupError, TimeoutError) as exc:
         raise Unreachable(f"JetStream did not serve the read ({exc}): fail closed") from None
     except (NatsError, OSError) as exc:  # a read refused or unanswered: fail closed, say so
@@ -123,5 +149,42 @@ async def replay_mission(
         await nc.close()
     return ReplayResult(
         states[mission_id], events, record, len(rejections), last,
-        time.perf_counter() - started, rejections,
+        time.perf_counter() - started, rejections, start or None, refused,
     )  # fmt: skip
+
+
+async def _snapshot(
+    nc: Client, mission_id: str, principals: Mapping[str, Principal] | None, end: int
+) -> Restored:
+    """The mission's latest snapshot, verified, standing at or before ``end``; else
+    ``InvalidInput`` naming why not."""
+    if principals is None:
+        raise InvalidInput("an open fleet keeps no signed snapshots")
+    coordinators = [p.public_key for p in principals.values()
+                    if p.role is Role.COORDINATOR and not p.revoked]  # fmt: skip
+    try:
+        stored = await JetStreamSnapshots(nc, nc.jetstream()).load(mission_id)
+    except (LookupError, TimeoutError, NatsError, OSError) as exc:
+        raise InvalidInput(f"the snapshots could not be read ({type(exc).__name__})") from None
+    # ``last`` = the stream's end: a snapshot past the cut is reported as such, not as a reset
+    snapshot = restore_one(stored, mission_id, signers=coordinators, last=2**62)
+    at = snapshot.seqs[mission_id]
+    if at > end:
+        raise InvalidInput(f"the mission's latest snapshot stands at {at}, after the cut {end}")
+    seen: list[bytes] = []
+
+    async def keep(msg: Msg) -> bool:
+        seen.append(bytes(msg.data))
+        return True
+
+    if snapshot.seq > 0:  # the stream's message at the mark must be the one the mark saw
+        await read_until_end(
+            nc, STREAM, f"{SUBJECT_PREFIX}.>", keep, start_seq=snapshot.seq, upto=snapshot.seq
+        )
+    digest = hashlib.sha256(seen[0]).hexdigest() if seen else ""
+    if digest != snapshot.digest:
+        raise InvalidInput(
+            f"the stream's message at {snapshot.seq} is not the one the snapshots saw: "
+            "the stream was reset"
+        )
+    return snapshot

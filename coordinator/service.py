@@ -25,10 +25,11 @@ from coordinator.ingest import Ingest
 from coordinator.journal import Journal
 from coordinator.manage import Directory, Manager
 from coordinator.queries import Queries
-from coordinator.reconcile import Reconciler, Unapplied, Undecided
+from coordinator.reconcile import Reconciler, Undecided
 from coordinator.riskboard import RiskBoard
 from coordinator.settings import CoordinatorSettings
 from coordinator.snapshots import JetStreamSnapshots, SnapshotStore, Snapshotter
+from coordinator.unapplied import Unapplied
 from fleetbus.bus import Bus, JetStreamBus
 from fleetbus.http import HttpServer
 from fleetbus.identity import KeyStore, seed_of

@@ -25,7 +25,7 @@ import hashlib
 import json
 import logging
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -56,7 +56,7 @@ class SnapshotStore(Protocol):
 
     async def put(self, key: str, value: bytes) -> None: ...
 
-    async def load(self) -> dict[str, bytes]: ...
+    async def load(self, mission: str | None = None) -> dict[str, bytes]: ...
 
 
 @dataclass
@@ -113,34 +113,75 @@ def mission_body(state: MissionState, receipts: Receipts) -> bytes:
     return json.dumps(receipts).encode() + b"\n" + dump_state(state)
 
 
-def restore(stored: Mapping[str, bytes], *, signer: str, last: int) -> Restored | None:
-    """The states the stored snapshots hold for a stream that ends at ``last``; None if no
-    mark was ever written; ``InvalidInput`` naming why the snapshots cannot be trusted."""
-    if MARK_KEY not in stored:
+def signer_of(value: bytes) -> str | None:
+    """The public key a sealed value names as its signer (unverified: ``unseal`` checks it)."""
+    try:
+        signer = json.loads(value.partition(b"\n")[0]).get("signer")
+    except (ValueError, AttributeError):
         return None
+    return signer if isinstance(signer, str) else None
+
+
+def _mark(stored: Mapping[str, bytes], *, signer: str, last: int) -> Restored:
+    """The mark, verified, with no state yet (``seqs``: each mission's own sequence in it)."""
     seq, body = unseal(stored[MARK_KEY], kind="mark", key=MARK_KEY, signer=signer)
     if seq > last:
         raise InvalidInput(f"the snapshots stand at {seq}, past the stream's end {last}: reset?")
     try:
         mark = json.loads(body)
-        out = Restored(seq=seq, digest=str(mark["digest"]), seqs={})
-        missions = dict[str, int](mark["missions"])
+        return Restored(seq=seq, digest=str(mark["digest"]), seqs=dict(mark["missions"]))
     except (ValueError, KeyError, TypeError):
         raise InvalidInput("the snapshot mark's body is not a mark") from None
-    for mission, at in missions.items():
-        key = MISSION_PREFIX + mission
-        if key not in stored:
-            raise InvalidInput(f"snapshot {key} is missing")
-        taken, data = unseal(stored[key], kind="mission", key=key, signer=signer)
-        if not at <= taken <= last:
-            raise InvalidInput(f"snapshot {key} stands at {taken}, outside {at}..{last}")
-        receipts, _, state = data.partition(b"\n")
-        out.states[mission] = state_of = load_state(state)
-        if state_of.mission_id != mission:
-            raise InvalidInput(f"snapshot {key} holds mission {state_of.mission_id}")
-        for action, (r_seq, event_id) in dict(json.loads(receipts)).items():
-            out.receipts[(mission, action)] = (int(r_seq), str(event_id))
-        out.seqs[mission] = taken
+
+
+def _mission(
+    stored: Mapping[str, bytes], out: Restored, mission: str, at: int, *, signer: str, last: int
+) -> None:
+    """Into ``out``: ``mission``'s snapshot, verified, standing between ``at`` (the mark's
+    word for it) and ``last``."""
+    key = MISSION_PREFIX + mission
+    if key not in stored:
+        raise InvalidInput(f"snapshot {key} is missing")
+    taken, data = unseal(stored[key], kind="mission", key=key, signer=signer)
+    if not at <= taken <= last:
+        raise InvalidInput(f"snapshot {key} stands at {taken}, outside {at}..{last}")
+    receipts, _, state = data.partition(b"\n")
+    out.states[mission] = state_of = load_state(state)
+    if state_of.mission_id != mission:
+        raise InvalidInput(f"snapshot {key} holds mission {state_of.mission_id}")
+    for action, (r_seq, event_id) in dict(json.loads(receipts)).items():
+        out.receipts[(mission, action)] = (int(r_seq), str(event_id))
+    out.seqs[mission] = taken
+
+
+def restore(stored: Mapping[str, bytes], *, signer: str, last: int) -> Restored | None:
+    """The states the stored snapshots hold for a stream that ends at ``last``; None if no
+    mark was ever written; ``InvalidInput`` naming why the snapshots cannot be trusted."""
+    if MARK_KEY not in stored:
+        return None
+    out = _mark(stored, signer=signer, last=last)
+    for mission, at in dict(out.seqs).items():
+        _mission(stored, out, mission, at, signer=signer, last=last)
+    return out
+
+
+def restore_one(
+    stored: Mapping[str, bytes], mission: str, *, signers: Collection[str], last: int
+) -> Restored:
+    """One mission's state from the stored snapshots (the mark and that mission's snapshot,
+    signed by one of ``signers``: the fleet's coordinators), for a stream ending at ``last``;
+    ``InvalidInput`` naming why there is none to trust (a replay then reads from scratch)."""
+    if MARK_KEY not in stored:
+        raise InvalidInput("no snapshot was taken yet")
+    signer = signer_of(stored[MARK_KEY])
+    if signer is None or signer not in signers:
+        raise InvalidInput(f"the snapshot mark is signed by {signer}, not a coordinator's key")
+    out = _mark(stored, signer=signer, last=last)
+    at = out.seqs.get(mission)
+    if at is None:
+        raise InvalidInput(f"the snapshots hold no state of mission {mission}")
+    out.seqs = {}
+    _mission(stored, out, mission, at, signer=signer, last=last)
     return out
 
 
@@ -185,7 +226,8 @@ class JetStreamSnapshots:
         digest = hashlib.sha256(value).hexdigest()
         await self.js.publish(subject, b"", headers={PARTS: str(len(parts)), DIGEST: digest})
 
-    async def load(self) -> dict[str, bytes]:
+    async def load(self, mission: str | None = None) -> dict[str, bytes]:
+        """The latest value of every key; ``mission``: only the mark and that mission's."""
         raw: dict[str, tuple[bytes, dict[str, str]]] = {}
         prefix = f"$KV.{SNAPSHOT_BUCKET}."
 
@@ -194,9 +236,13 @@ class JetStreamSnapshots:
             if headers.get("KV-Operation") is None:  # a put, not a delete
                 raw[msg.subject.removeprefix(prefix)] = (bytes(msg.data), headers)
 
-        await read_until_end(
-            self.nc, SNAPSHOT_STREAM, SNAPSHOT_SUBJECTS, each, last_per_subject=True
-        )
+        if mission is None:
+            filters = [SNAPSHOT_SUBJECTS]
+        else:
+            key = f"{prefix}{MISSION_PREFIX}{mission}"
+            filters = [f"{prefix}{MARK_KEY}", key, f"{key}.>"]  # the mark, the value, its parts
+        for subjects in filters:
+            await read_until_end(self.nc, SNAPSHOT_STREAM, subjects, each, last_per_subject=True)
         out: dict[str, bytes] = {}
         for key, (data, headers) in raw.items():
             if PART in headers:  # put together under its key below
@@ -307,4 +353,7 @@ def _receipts(journal: Journal, state: MissionState) -> Receipts:
     return out
 
 
-__all__ = ["JetStreamSnapshots", "Restored", "SnapshotStore", "Snapshotter", "restore", "seal"]
+__all__ = [
+    "JetStreamSnapshots", "Restored", "SnapshotStore", "Snapshotter", "restore", "restore_one",
+    "seal", "signer_of",
+]  # fmt: skip

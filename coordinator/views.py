@@ -7,12 +7,25 @@ not see amounts).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from ledger.events import DecisionRecorded
 from ledger.invariants import RiskStatus, risk_treaters
-from ledger.mission import MISSION_SCOPE, ItemProgress, ItemStanding, MissionState
+from ledger.mission import MISSION_SCOPE, Grant, ItemProgress, ItemStanding, MissionState
 from ledger.money import format_amount
+from ledger.protocol import (
+    ActionView,
+    AgentProgress,
+    DecisionView,
+    GrantView,
+    ItemView,
+    LevelMicros,
+    LevelView,
+    MissionView,
+    ProgressView,
+    RiskView,
+)
 
 # What a bounded human view shows first: what needs someone, then what is settled.
 ATTENTION_ORDER: tuple[ItemStanding, ...] = (
@@ -27,23 +40,21 @@ ATTENTION_ORDER: tuple[ItemStanding, ...] = (
 )
 
 
-def _level(state: MissionState, scope: str) -> dict[str, Any]:
+def _level(state: MissionState, scope: str) -> LevelView:
     lvl = state.level(scope)
-    return {
-        "scope": scope,
-        "ceiling": format_amount(lvl.ceiling),
-        "reserved": format_amount(lvl.reserved),
-        "committed": format_amount(lvl.committed),
-        "settled": format_amount(lvl.settled),
-        "remaining": format_amount(lvl.remaining),
-        "blocked_by_overrun": state.blocked_scopes.get(scope),
-        "micros": {  # the same amounts as integers (micro-units), for a page's bars
-            "ceiling": lvl.ceiling,
-            "reserved": lvl.reserved,
-            "committed": lvl.committed,
-            "settled": lvl.settled,
-        },
-    }
+    return LevelView(
+        scope=scope,
+        ceiling=format_amount(lvl.ceiling),
+        reserved=format_amount(lvl.reserved),
+        committed=format_amount(lvl.committed),
+        settled=format_amount(lvl.settled),
+        remaining=format_amount(lvl.remaining),
+        blocked_by_overrun=state.blocked_scopes.get(scope),
+        micros=LevelMicros(
+            ceiling=lvl.ceiling, reserved=lvl.reserved, committed=lvl.committed,
+            settled=lvl.settled,
+        ),
+    )  # fmt: skip
 
 
 def _counts(standings: Sequence[ItemStanding]) -> dict[str, int]:
@@ -51,24 +62,18 @@ def _counts(standings: Sequence[ItemStanding]) -> dict[str, int]:
     return {s.value: standings.count(s) for s in ItemStanding}
 
 
-def _item(item: ItemProgress) -> dict[str, Any]:
-    return {
-        "item_id": item.item_id,
-        "session_id": item.session_id,
-        "node_id": item.node_id,
-        "order": item.order,
-        "text": item.text,
-        "status": item.status.value,  # the stored status (authoritative)
-        "standing": item.standing.value,
-        "check": item.check,  # how the node verifies it; None: only a human can close it
-        "closed_by": item.closed_by,
-        "check_detail": item.check_detail,
-        "claim": item.claim,  # advisory, never a stored status
-    }
+def _item(item: ItemProgress) -> ItemView:
+    return ItemView(
+        item_id=item.item_id, session_id=item.session_id, node_id=item.node_id,
+        order=item.order, text=item.text, status=item.status, standing=item.standing,
+        check=item.check, closed_by=item.closed_by, check_detail=item.check_detail,
+        claim=item.claim,
+    )  # fmt: skip
 
 
-def item_progress(state: MissionState) -> dict[str, Any]:
-    """Each agent's to-do items with their standing, in (agent, session, order) order.
+def item_progress(state: MissionState, *, items: bool = True) -> ProgressView:
+    """Each agent's to-do items with their standing, in (agent, session, order) order;
+    ``items=False``: each agent's counts only.
 
     Only items whose capture the stream carried are in the state, so none is invented here.
     """
@@ -78,25 +83,23 @@ def item_progress(state: MissionState) -> dict[str, Any]:
     agents: dict[str, list[ItemProgress]] = {}
     for item in ordered:
         agents.setdefault(item.agent_id, []).append(item)
-    return {
-        "total": len(ordered),
-        "counts": _counts([i.standing for i in ordered]),
-        "agents": [
-            {
-                "agent_id": agent_id,
-                "nodes": sorted({i.node_id for i in items}),
-                "total": len(items),
-                "counts": _counts([i.standing for i in items]),
-                "items": [_item(i) for i in items],
-            }
-            for agent_id, items in agents.items()
+    return ProgressView(
+        total=len(ordered),
+        counts=_counts([i.standing for i in ordered]),
+        agents=[
+            AgentProgress(
+                agent_id=agent_id,
+                nodes=sorted({i.node_id for i in mine}),
+                total=len(mine),
+                counts=_counts([i.standing for i in mine]),
+                **({"items": [_item(i) for i in mine]} if items else {}),
+            )
+            for agent_id, mine in agents.items()
         ],
-    }
+    )
 
 
-def digest(
-    items: Sequence[Mapping[str, Any]], limit: int
-) -> tuple[list[Mapping[str, Any]], dict[str, int]]:
+def digest(items: Sequence[ItemView], limit: int) -> tuple[list[ItemView], dict[str, int]]:
     """The at most ``limit`` items a bounded human view shows, and the rest counted by standing.
 
     Items that need someone are chosen first (``ATTENTION_ORDER``); the chosen keep their
@@ -107,116 +110,101 @@ def digest(
     def rank_of(standing: str) -> int:
         return rank.get(standing, len(rank))
 
-    chosen = sorted(range(len(items)), key=lambda n: (rank_of(items[n]["standing"]), n))
+    chosen = sorted(range(len(items)), key=lambda n: (rank_of(items[n].standing), n))
     keep = sorted(chosen[: max(limit, 0)])
     kept = set(keep)
     hidden: dict[str, int] = {}
     for n, item in enumerate(items):
         if n not in kept:
-            hidden[item["standing"]] = hidden.get(item["standing"], 0) + 1
+            hidden[item.standing.value] = hidden.get(item.standing.value, 0) + 1
     return [items[n] for n in keep], {s: hidden[s] for s in sorted(hidden, key=rank_of)}
 
 
-def operator_view(
-    state: MissionState, *, applied_seq: int = 0, receipts: int = 20
-) -> dict[str, Any]:
-    """Blockers, remaining budget per level, grants and agents, recent decision receipts, and
-    each agent's to-do progress."""
-    mission = state.mission
-    grants = []
-    for gid, grant in state.grants.items():
-        grants.append(
-            {
-                "grant_id": gid,
-                "parent_id": grant.spec.parent_id,
-                "holder": grant.spec.holder,
-                "purpose": grant.spec.purpose,
-                "actions": sorted(grant.spec.authority.actions),
-                "status": "revoked" if grant.revoked else "active",
-                "expires_at": grant.spec.expires_at.isoformat() if grant.spec.expires_at else None,
-                "budget": _level(state, gid),
-            }
+def _grant(state: MissionState, gid: str, grant: Grant, *, amounts: bool) -> GrantView:
+    spec = grant.spec
+    return GrantView(
+        grant_id=gid, parent_id=spec.parent_id, holder=spec.holder, purpose=spec.purpose,
+        actions=sorted(spec.authority.actions), status="revoked" if grant.revoked else "active",
+        expires_at=spec.expires_at.isoformat() if spec.expires_at else None,
+        **({"budget": _level(state, gid)} if amounts else {}),
+    )  # fmt: skip
+
+
+def _risks(state: MissionState) -> list[RiskView]:
+    risk_roles = state.mission.risk_roles if state.mission else frozenset()
+    return [
+        RiskView(
+            risk_id=r.risk_id,
+            blocks=sorted(r.blocks),
+            owner=r.owner,
+            summary=r.summary,
+            scope=r.grant_id or MISSION_SCOPE,
+            status=RiskStatus.OPEN if r.open else RiskStatus.TREATED,
+            risk_roles=sorted(risk_roles),
+            may_treat=sorted(risk_treaters(r, risk_roles=risk_roles, roles=state.roles)),
         )
-    risk_roles = mission.risk_roles if mission else frozenset()
-    risks = [
-        {
-            "risk_id": r.risk_id,
-            "blocks": sorted(r.blocks),
-            "owner": r.owner,
-            "summary": r.summary,
-            "scope": r.grant_id or MISSION_SCOPE,
-            "status": "open" if r.open else "treated",
-            "risk_roles": sorted(risk_roles),  # besides its owner, holders of these may treat it
-            "may_treat": sorted(risk_treaters(r, risk_roles=risk_roles, roles=state.roles)),
-        }
         for r in state.risks.values()
     ]
-    decisions = [
-        {
-            "action_id": d.action_id,
-            "action": d.action,
-            "allowed": d.allowed,
-            "rule": d.rule.value if d.rule else None,
-            "reason": d.reason,
-            "cut": d.cut,
-            "cut_seq": d.cut_seq,
-        }
-        for d in state.decisions[-receipts:]
-    ]
+
+
+def _decision(d: DecisionRecorded, *, reasons: bool, proof: bool) -> DecisionView:
+    """A receipt; ``reasons``: with its reason; ``proof``: with its evidence, risks and
+    policy version."""
+    shown: dict[str, Any] = {"reason": d.reason} if reasons else {}
+    if proof:
+        shown.update(evidence=list(d.evidence), risks=list(d.risks),
+                     policy_version=d.policy_version)  # fmt: skip
+    return DecisionView(
+        action_id=d.action_id, action=d.action, allowed=d.allowed, rule=d.rule, cut=d.cut,
+        cut_seq=d.cut_seq, **shown,
+    )  # fmt: skip
+
+
+def _view(
+    state: MissionState, role: str | None, *, applied_seq: int, receipts: int = 20
+) -> MissionView:
+    mission = state.mission
+    amounts = role != "policy"  # the policy engineer does not see amounts
+    business = role == "business"  # nor reasons (they may quote evidence), nor item texts
+    proof = role in ("incident", "auditor")
+    risks = _risks(state)
     actions = [
-        {
-            "action_id": a.action_id,
-            "action": a.action,
-            "status": a.status.value,
-            "needs_review": a.needs_review,
-        }
+        ActionView(
+            action_id=a.action_id, action=a.action, status=a.status, needs_review=a.needs_review
+        )
         for a in state.actions.values()
     ]
-    return {
-        "mission_id": state.mission_id,
-        "exists": mission is not None,
-        "purpose": mission.purpose if mission else None,
-        "owner": mission.owner if mission else None,
-        "version": state.version,
-        "applied_seq": applied_seq,
-        "budget": _level(state, MISSION_SCOPE) if mission else None,
-        "grants": grants,
-        "rejected_grants": dict(state.rejected_grants),
-        "risks": risks,
-        "open_blockers": [r for r in risks if r["status"] == RiskStatus.OPEN],
-        "actions": actions,
-        "decisions": decisions,
-        "progress": item_progress(state),
-    }
+    shown: dict[str, Any] = {}
+    if amounts:
+        shown["budget"] = _level(state, MISSION_SCOPE) if mission else None
+    if role is not None:
+        shown["role"] = role
+    return MissionView(
+        mission_id=state.mission_id,
+        exists=mission is not None,
+        purpose=mission.purpose if mission else None,
+        owner=mission.owner if mission else None,
+        version=state.version,
+        applied_seq=applied_seq,
+        grants=[_grant(state, gid, g, amounts=amounts) for gid, g in state.grants.items()],
+        rejected_grants=dict(state.rejected_grants),
+        risks=risks,
+        open_blockers=[r for r in risks if r.status == RiskStatus.OPEN],
+        actions=actions,
+        decisions=[
+            _decision(d, reasons=not business, proof=proof) for d in state.decisions[-receipts:]
+        ],
+        progress=item_progress(state, items=not business),
+        **shown,
+    )
 
 
-def project(state: MissionState, role: str, *, applied_seq: int = 0) -> dict[str, Any]:
+def operator_view(state: MissionState, *, applied_seq: int = 0, receipts: int = 20) -> MissionView:
+    """Blockers, remaining budget per level, grants and agents, recent decision receipts, and
+    each agent's to-do progress."""
+    return _view(state, None, applied_seq=applied_seq, receipts=receipts)
+
+
+def project(state: MissionState, role: str, *, applied_seq: int = 0) -> MissionView:
     """The view for ``role``; unknown roles get the operator view's public subset."""
-    view = operator_view(state, applied_seq=applied_seq)
-    if role == "policy":
-        for grant in view["grants"]:
-            grant.pop("budget", None)
-        view.pop("budget", None)
-    elif role == "business":
-        for decision in view["decisions"]:
-            decision.pop("reason", None)
-        for agent in view["progress"]["agents"]:  # counts only: item texts quote prompts
-            agent.pop("items", None)
-    elif role in ("incident", "auditor"):
-        view["decisions"] = (
-            [
-                {
-                    **d,
-                    "evidence": list(r.evidence),
-                    "risks": list(r.risks),
-                    "policy_version": r.policy_version,
-                }
-                for d, r in zip(
-                    view["decisions"], state.decisions[-len(view["decisions"]) :], strict=True
-                )
-            ]
-            if view["decisions"]
-            else []
-        )
-    view["role"] = role
-    return view
+    return _view(state, role, applied_seq=applied_seq)

@@ -39,10 +39,11 @@ from ledger.protocol import (
     VIEW_SUBJECT,
     AuthorizeReply,
     AuthorizeRequest,
+    Change,
     ErrorBody,
-    ManageOp,
     ManageReply,
     ManageRequest,
+    MissionView,
     ViewRequest,
     receipt_subject,
     reply_from_receipt,
@@ -187,11 +188,11 @@ class FleetClient:
             raise Unreachable(NO_COORDINATOR)
         return bytes(msg.data)
 
-    async def manage(
-        self, op: ManageOp, mission_id: str, args: dict[str, Any], *, actor: str = "cli"
-    ) -> ManageReply:
+    async def manage(self, mission_id: str, change: Change, *, actor: str = "cli") -> ManageReply:
+        """One management change of the mission (its op is the model's: ``change.op``)."""
+        op = change.op
         body = ManageRequest(
-            op=op, mission_id=mission_id, actor=actor, node_id=self.node_id, args=args
+            op=op, mission_id=mission_id, actor=actor, node_id=self.node_id, args=change.args()
         )
         data = body.model_dump_json().encode()
         with producer_span_lazy(
@@ -327,12 +328,14 @@ class FleetClient:
             )
         self._check_receipt(message)
 
-    async def view(self, mission_id: str, role: str = "operator") -> dict[str, Any]:
+    async def view(self, mission_id: str, role: str = "operator") -> MissionView:
+        """The mission's view for ``role``; its fields a role does not see are unset (``wire``
+        gives it back as the coordinator sent it)."""
         body = ViewRequest.model_validate({"mission_id": mission_id, "role": role})
         data = json.loads(await self._request(VIEW_SUBJECT, body.model_dump_json().encode()))
         if "error" in data:
             raise ErrorBody.model_validate(data["error"]).error()
-        return dict(data)
+        return MissionView.model_validate(data)
 
     async def publish(self, event: Event) -> int:
         """Append an event to the ledger stream directly (node outboxes do this).

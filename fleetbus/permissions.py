@@ -7,14 +7,14 @@ line only.
 
 - coordinator: appends to the ledger, the dead letters and the risk board; manages its three
   streams, the risk bucket and the snapshot bucket (its signed mission states: no one else
-  may read or write them); its own durable consumer ``coordinator`` (create, info, pull,
+  may write them); its own durable consumer ``coordinator`` (create, info, pull,
   ack, delete) and read-only readers of the ledger; listens on the request subjects and answers
   only the requests it received (``allow_responses``);
 - node: publishes its observations only (``fleet.ledger.<mission>.<observation kind>``), asks
   for decisions, management and views, and reads what it follows through read-only readers:
   the follow stream (other nodes' resource changes, grants) and the risk bucket;
-- human: asks; reads the ledger stream (replay, trace) and the dead letters through read-only
-  readers;
+- human: asks; reads the ledger stream (replay, trace), the dead letters and the snapshots (a
+  replay may start from one, verifying its signature) through read-only readers;
 - service (an orchestrator of Branches): asks; the coordinator records its branches from Redis;
 - viewer (`fleetledger web`): asks for views and lists the ledger's subjects (which missions
   exist), nothing else: it can change nothing and read no event.
@@ -122,6 +122,7 @@ def _human_publish() -> list[str]:
         f"{API}.STREAM.INFO.{STREAM}",
         *reader(STREAM, f"{SUBJECT_PREFIX}.>"),  # replay, trace
         *reader(DEADLETTER_STREAM, f"{DEADLETTER_PREFIX}.>"),  # what was refused, and why
+        *reader(SNAPSHOT_STREAM, SNAPSHOT_SUBJECTS),  # replay from the coordinator's snapshot
     ]
 
 

@@ -7,10 +7,8 @@ block (one nkey user per principal, least-privilege subject permissions) for a r
 `identity helm-values` writes what the Helm chart takes: the public directory and that block as
 values, and the coordinator's and the nodes' seeds as Secret manifests.
 
-Who acts at this terminal (``person``): FLEET_PRINCIPAL if set, else, outside an agent session
-only, the ``person.env`` beside fleet.env (`fleetledger up` writes the operator's there; `identity
-use NAME` writes yours). fleet.env itself names nobody, so a terminal an agent starts in, or an
-agent that reads fleet.env, carries no person's identity.
+`identity use NAME` writes ``person.env``: who acts at your own terminals (``fleetledger._cli``
+says how the CLI reads it).
 """
 
 from __future__ import annotations
@@ -28,10 +26,18 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetbus.http import first_error
-from fleetbus.identity import KeyStore, seed_of, write_private
+from fleetbus.identity import KeyStore
 from fleetbus.permissions import authorization
 from fleetbus.settings import env_file
-from fleetledger.console import console, literal
+from fleetledger._cli import (
+    JsonOpt,
+    err,
+    fail,
+    key_store,
+    literal,
+    out,
+    write_person_file,
+)
 from fleetledger.reload import Running, await_applied
 from fleetledger.server_config import (
     REDIS_CONF,
@@ -45,68 +51,16 @@ from fleetledger.server_config import (
     write_files,
 )
 from fleetledger.servers import env_file_text
-from fleetledger.settings import FleetSettings
-from fleetledger_hook.humans import agent_session
 from ledger.errors import FleetError, InvalidInput
 from ledger.identity import Principal, Role
 
 identity_app = typer.Typer(help="Principals: who may sign events and ask for decisions.")
-out = console()
-err = console(stderr=True)
-
 DirOpt = Annotated[
     Path | None,
     typer.Option(
         "--dir", help="The key store (default: FLEET_IDENTITY_DIR, else <state>/identity)."
     ),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
-
-
-def key_store(directory: Path | None = None) -> KeyStore:
-    """The key store this process uses: ``--dir``, FLEET_IDENTITY_DIR, else the state dir's."""
-    if directory is not None:
-        return KeyStore(directory)
-    settings = FleetSettings.load()
-    return KeyStore(settings.key_store)
-
-
-PERSON_FILE = "person.env"  # beside fleet.env: who acts at a person's terminal (never sourced)
-
-
-def person() -> FleetSettings:
-    """This terminal's settings, with the person who acts here: FLEET_PRINCIPAL as set, else
-    (outside an agent session only) the principal that ``person.env`` names."""
-    settings = FleetSettings.load()
-    if settings.principal is not None or agent_session(os.environ) is not None:
-        return settings
-    fleet_env = env_file()
-    path = fleet_env.parent / PERSON_FILE
-    if not path.is_file():
-        return settings
-    return FleetSettings(_env_file=(fleet_env, path) if fleet_env.is_file() else path)
-
-
-def person_seed() -> str | None:
-    """The seed of the person at this terminal (None: nobody is named here)."""
-    settings = person()
-    return seed_of(settings.principal, settings.key_store)
-
-
-def write_person_file(directory: Path, name: str, identity_dir: Path) -> Path:
-    """``person.env`` in ``directory``: who acts at a person's terminal, 0600, no secret in it
-    (the seed stays in the key store)."""
-    path = directory / PERSON_FILE
-    directory.mkdir(parents=True, exist_ok=True)
-    person = {"FLEET_PRINCIPAL": name, "FLEET_IDENTITY_DIR": str(identity_dir)}
-    write_private(path, env_file_text(person).encode())  # quoted, as fleet.env is
-    return path
-
-
-def _fail(exc: FleetError, as_json: bool) -> typer.Exit:
-    from fleetledger.console import fail
-
-    fail(exc, as_json)  # prints literally and raises the Exit
 
 
 @identity_app.command("create")
@@ -135,9 +89,9 @@ def create(
         bound = frozenset(a.strip() for a in agents.split(",") if a.strip())
         principal = store.create(name, role, scope, agents=bound)
     except FleetError as exc:
-        raise _fail(exc, as_json) from None
+        fail(exc, as_json)
     except ValidationError as exc:  # a name the Principal model refuses; nothing written
-        raise _fail(InvalidInput(f"invalid principal: {first_error(exc)}"), as_json) from None
+        fail(InvalidInput(f"invalid principal: {first_error(exc)}"), as_json)
     seed = store.root / f"{name}.seed"
     fleet = _applied(store, principal, as_json)
     if as_json:
@@ -159,7 +113,7 @@ def _applied(store: KeyStore, change: Principal, as_json: bool) -> Running | Non
     try:
         return await_applied(store, change)
     except FleetError as exc:
-        raise _fail(exc, as_json) from None
+        fail(exc, as_json)
 
 
 def _fleet_json(fleet: Running | None) -> dict[str, object] | None:
@@ -196,7 +150,7 @@ def use(
             raise InvalidInput(f"{name} is a {principal.role}{state}, not a person")
         store.seed(name)  # this machine holds the key (and it is 0600)
     except FleetError as exc:
-        raise _fail(exc, False) from None
+        fail(exc, False)
     path = write_person_file(env_file().parent, name, store.root)
     out.print(
         Text.assemble(
@@ -212,7 +166,7 @@ def list_principals(directory: DirOpt = None, as_json: JsonOpt = False) -> None:
     try:
         principals = store.principals()
     except FleetError as exc:
-        raise _fail(exc, as_json) from None
+        fail(exc, as_json)
     if as_json:
         print(json.dumps([p.model_dump(mode="json") for p in principals]))
         return
@@ -235,7 +189,7 @@ def revoke(name: str, directory: DirOpt = None, as_json: JsonOpt = False) -> Non
     try:
         principal = store.revoke(name)
     except FleetError as exc:
-        raise _fail(exc, as_json) from None
+        fail(exc, as_json)
     fleet = _applied(store, principal, as_json)
     if as_json:
         print(json.dumps({**principal.model_dump(mode="json"),
@@ -253,7 +207,7 @@ def nats_authorization(directory: DirOpt = None) -> None:
     try:
         block = authorization(store.principals())
     except FleetError as exc:
-        raise _fail(exc, False) from None
+        fail(exc, False)
     print(json.dumps({"authorization": block}, indent=2))
 
 
@@ -314,7 +268,7 @@ def write_server_config_files(
         make_dirs([out_dir, *data_dirs])
         write_files(files)
     except FleetError as exc:
-        raise _fail(exc, as_json) from None
+        fail(exc, as_json)
     written = {"nats": nats_path, "redis": redis_path, "coordinator_env": env_path}
     if as_json:
         print(json.dumps({k: str(v) for k, v in written.items()}))
@@ -375,6 +329,25 @@ def _secret(name: str, namespace: str | None, seeds: dict[str, str]) -> dict[str
             "stringData": {f"{who}.seed": seed for who, seed in sorted(seeds.items())}}  # fmt: skip
 
 
+def _check_secret_names(
+    coordinator_secret: str, node_secrets: dict[str, str], node_secret_prefix: str
+) -> None:
+    """The chart's Secret names (and the node names they are made of) as Kubernetes takes them."""
+    if not _SECRET_NAME.fullmatch(coordinator_secret):
+        raise InvalidInput(
+            f"--coordinator-secret {coordinator_secret!r} is not a Kubernetes Secret name"
+        )
+    for node, name in node_secrets.items():
+        if not _SECRET_NAME.fullmatch(name) or not _NODE_NAME.fullmatch(node):
+            raise InvalidInput(
+                f"node principal {node!r} is no Kubernetes node name, or "
+                f"--node-secret-prefix {node_secret_prefix!r} makes {name!r} no Secret name "
+                "(lowercase letters, digits, '-' and '.')"
+            )
+    if coordinator_secret in node_secrets.values():
+        raise InvalidInput(f"--coordinator-secret {coordinator_secret!r} is a node's Secret")
+
+
 def _write(path: Path, text: str, mode: int) -> None:
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
@@ -419,23 +392,11 @@ def helm_values(
         coordinator_seeds = {chosen.name: _seed_to_export(store, chosen.name)}
         node_seeds = {name: _seed_to_export(store, name) for name in nodes}
         node_secrets = {name: f"{node_secret_prefix}-{name}" for name in nodes}
-        if not _SECRET_NAME.fullmatch(coordinator_secret):
-            raise InvalidInput(
-                f"--coordinator-secret {coordinator_secret!r} is not a Kubernetes Secret name"
-            )
-        for node, name in node_secrets.items():
-            if not _SECRET_NAME.fullmatch(name) or not _NODE_NAME.fullmatch(node):
-                raise InvalidInput(
-                    f"node principal {node!r} is no Kubernetes node name, or "
-                    f"--node-secret-prefix {node_secret_prefix!r} makes {name!r} no Secret name "
-                    "(lowercase letters, digits, '-' and '.')"
-                )
-        if coordinator_secret in node_secrets.values():
-            raise InvalidInput(f"--coordinator-secret {coordinator_secret!r} is a node's Secret")
+        _check_secret_names(coordinator_secret, node_secrets, node_secret_prefix)
         if out_dir.exists() and not out_dir.is_dir():
             raise InvalidInput(f"--out {out_dir} is not a directory")
     except FleetError as exc:
-        raise _fail(exc, as_json) from None
+        fail(exc, as_json)
     values = {
         "identity": {
             "enabled": True,

@@ -1,38 +1,31 @@
-"""The node agent's commands: `node-agent run|state|claims`, `todo ...`, `hook AGENT EVENT`,
-`hooks install`.
+"""The node agent's commands: `node-agent run|state|claims`, `hook AGENT EVENT`, `hooks install`.
 
-`todo` asks the running node agent over its local API (``FLEET_SOCKET``, which `fleetledger
-up` writes to fleet.env, else the socket in ``FLEET_STATE_DIR``): the daemon owns its SQLite
-file, so the CLI shows what the hooks see and never creates a second, empty ledger beside it.
-`node-agent state|claims` still read the file (read-only inspection; to move to the API too).
+`node-agent state|claims` read the daemon's SQLite file (read-only inspection; to move to the
+API as `todo` did, ``fleetledger.cli_todo``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.table import Table
 from rich.text import Text
 
-from fleetbus.http import first_error
 from fleetbus.settings import env_file
-from fleetledger.console import console, fail
+from fleetledger._cli import err, fail, out
 from fleetledger.runtime import run_loop, tune_gc
 from fleetledger_hook import forward
+from fleetledger_hook.adapters import ADAPTERS
 from ledger.errors import FleetError, InvalidInput
 from node_agent.claims import ClaimsCache
-from node_agent.client import NodeClient, token_path
+from node_agent.client import token_path
 from node_agent.daemon import serve
 from node_agent.execution import ExecutionState
 from node_agent.hooks import (
-    SETTINGS_FILES,
-    Agent,
     codex_trust,
     install,
     protected_paths,
@@ -42,35 +35,17 @@ from node_agent.hooks import (
 from node_agent.session import safe_id
 from node_agent.settings import NodeSettings
 from node_agent.store import Store
-from node_agent.todo.checks import (
-    Check,
-    CommandCheck,
-    EvidenceCheck,
-    FileCheck,
-    PassedCheck,
-    WrittenCheck,
-)
-from node_agent.wire import Evidence, HumanRequest, ItemReply, Items, TodoAdd, TodoCheck, TodoSet
-
-out = console()
-err = console(stderr=True)
 
 node_app = typer.Typer(help="The per-machine node agent daemon.", no_args_is_help=True)
-todo_app = typer.Typer(
-    help="The node-local to-do ledger (status firewall applies).", no_args_is_help=True
-)
 hooks_app = typer.Typer(help="Install agent hooks that call the node agent.", no_args_is_help=True)
 
-AGENTS = ("claude-code", "codex", "gemini")
+AGENTS = ", ".join(ADAPTERS)
 
 
-_fail = fail  # the one error printer (fleetledger.console)
-
-
-def _agent(value: str) -> Agent:
-    if value not in AGENTS:
-        raise typer.BadParameter(f"agent must be one of {', '.join(AGENTS)}")
-    return value  # type: ignore[return-value]
+def _agent(value: str) -> str:
+    if value not in ADAPTERS:
+        raise typer.BadParameter(f"agent must be one of {AGENTS}")
+    return value
 
 
 @node_app.command("run")
@@ -95,9 +70,9 @@ def node_run(
     try:
         settings = NodeSettings.load(**overrides)
     except FleetError as exc:
-        _fail(exc)
+        fail(exc)
     except ValueError as exc:
-        _fail(InvalidInput(str(exc)))
+        fail(InvalidInput(str(exc)))
     err.print(
         f"node agent {settings.node_id}: socket {settings.socket_path}, db {settings.db_path}"
     )
@@ -120,243 +95,13 @@ def node_run(
     try:
         run_loop(serve_tuned())
     except FleetError as exc:
-        _fail(exc)
+        fail(exc)
     except KeyboardInterrupt:
         err.print("node agent stopped")
 
 
-def _ask(op: str, as_json: bool = False, **body: Any) -> dict[str, Any]:
-    """One call to the running node agent; its error, or its absence, ends the command."""
-    try:
-        settings = NodeSettings.load()
-        with NodeClient(settings.socket_path, timeout=settings.check_timeout_s + 5) as client:
-            return client.call(op, **body)
-    except FleetError as exc:
-        _fail(exc, as_json)
-    except ValueError as exc:
-        _fail(InvalidInput(str(exc)), as_json)
-
-
-def _ask_as_person(op: str, as_json: bool, request: HumanRequest) -> dict[str, Any]:
-    """A person's request to the running node agent, signed with this terminal's person's key
-    (``cli_identity.person``; nobody named: unsigned, which only a node without identity takes)."""
-    from fleetledger.cli_identity import person_seed
-
-    try:
-        seed = person_seed()
-        settings = NodeSettings.load()
-        with NodeClient(settings.socket_path, timeout=settings.check_timeout_s + 5) as client:
-            return client.ask(op, request, seed=seed)
-    except FleetError as exc:
-        _fail(exc, as_json)
-    except ValueError as exc:
-        _fail(InvalidInput(str(exc)), as_json)
-
-
-def _request(model: type[HumanRequest], as_json: bool, **fields: Any) -> Any:
-    """A request model built here: a field it refuses is bad input (exit 2), not a traceback."""
-    try:
-        return model.model_validate(fields)
-    except ValidationError as exc:
-        _fail(InvalidInput(f"invalid input: {first_error(exc)}"), as_json)
-
-
-def _session(agent: str | None, session: str | None) -> str | None:
-    chosen = session or agent
-    return safe_id(chosen) if chosen else None
-
-
-@todo_app.command("list")
-def todo_list(
-    agent: Annotated[
-        str | None, typer.Option(help="The agent (session) whose to-do to show.")
-    ] = None,
-    session: Annotated[str | None, typer.Option(help="A hook session id.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
-) -> None:
-    """Show items: stored status (authoritative) and judged status / claims (advisory)."""
-    reply = _ask("todo.list", as_json, session_id=_session(agent, session))
-    if as_json:
-        print(json.dumps(reply))
-        return
-    table = Table(title="to-do (node-local ledger)", title_justify="left")
-    for column in ("session", "id", "item", "stored status", "by", "model claim", "check"):
-        table.add_column(column)
-    for i in Items.model_validate(reply).items:
-        cells = (i.session_id, i.short_id, i.text, i.stored_status.value, i.stored_by,
-                 i.model_claim, i.check)  # fmt: skip
-        table.add_row(*(c or "" for c in cells))
-    out.print(table)
-
-
-@todo_app.command("add")
-def todo_add(
-    text: Annotated[str, typer.Argument(help="What must be done.")],
-    agent: Annotated[str, typer.Option(help="The agent (session) it belongs to.")] = "cli",
-    session: Annotated[str | None, typer.Option(help="A hook session id instead.")] = None,
-    check_cmd: Annotated[str | None, typer.Option(help="Done when this command exits 0.")] = None,
-    check_file: Annotated[str | None, typer.Option(help="Done when this file exists...")] = None,
-    sha256: Annotated[str | None, typer.Option(help="...with this sha256.")] = None,
-    check_evidence: Annotated[
-        str | None, typer.Option(help="Done when evidence is registered.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-) -> None:
-    """Add an item, optionally with a completion check the node agent verifies itself."""
-    check = _check(as_json, command=check_cmd, file=check_file, sha256=sha256,
-                   evidence=check_evidence)  # fmt: skip
-    fields = {"session_id": _session(agent, session) or "cli", "text": text, "agent": agent}
-    if check is None:  # an agent's own note: no person's request
-        reply = _ask("todo.add", as_json, **fields)
-    else:  # what closes it is a person's: signed, like `todo check`
-        request = _request(TodoAdd, as_json, **fields, check=check)
-        reply = _ask_as_person("todo.add", as_json, request)
-    if as_json:
-        print(json.dumps(reply))
-        return
-    item = ItemReply.model_validate(reply).item
-    out.print(Text.assemble("added ", (item.short_id, "bold"), f" ({item.item_id}): {item.text}"))
-
-
-def _check(
-    as_json: bool, *, command: str | None = None, file: str | None = None,
-    sha256: str | None = None, evidence: str | None = None, written: str | None = None,
-    passed: str | None = None,
-) -> Check | None:  # fmt: skip
-    """The one check the options name (relative to the current directory), or None."""
-    named = [o for o in (command, file, evidence, written, passed) if o]
-    if len(named) > 1:
-        _fail(InvalidInput("name one check: --command, --file, --evidence, --written or --passed"),
-              as_json)  # fmt: skip
-    cwd = str(Path.cwd())
-    try:
-        if command:
-            return CommandCheck(argv=tuple(shlex.split(command)), cwd=cwd)
-        if file:
-            return FileCheck(path=str(Path(file).resolve()), sha256=sha256)
-        if evidence:
-            return EvidenceCheck(evidence_id=evidence)
-        if written:
-            return WrittenCheck(pattern=written, cwd=cwd)
-        if passed:
-            return PassedCheck.model_validate({"runner": passed, "cwd": cwd})
-    except ValidationError as exc:
-        _fail(InvalidInput(exc.errors()[0]["msg"].removeprefix("Value error, ")), as_json)
-    except ValueError as exc:
-        _fail(InvalidInput(str(exc)), as_json)
-    return None
-
-
-@todo_app.command("check")
-def todo_check(
-    item: Annotated[str, typer.Argument(help="The item (t3, or its full id).")],
-    command: Annotated[str | None, typer.Option(help="Closes when this command exits 0.")] = None,
-    file: Annotated[str | None, typer.Option(help="Closes when this file exists...")] = None,
-    sha256: Annotated[str | None, typer.Option(help="...with this sha256.")] = None,
-    evidence: Annotated[str | None, typer.Option(help="Closes when evidence is registered.")] = (
-        None
-    ),
-    written: Annotated[
-        str | None, typer.Option(help="Closes when a file matching this glob is written.")
-    ] = None,
-    passed: Annotated[
-        str | None,
-        typer.Option(
-            help="Closes when the node's own run of this runner (tests, pytest, unittest, "
-            "ruff, mypy) passes on the workspace as it is now."
-        ),
-    ] = None,
-    by: Annotated[
-        str | None, typer.Option(help="Who attaches it (default: you, who sign it).")
-    ] = None,
-    agent: AgentOpt = None,
-    session: SessionOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Attach a completion check to an item; the node agent verifies it itself."""
-    check = _check(as_json, command=command, file=file, sha256=sha256, evidence=evidence,
-                   written=written, passed=passed)  # fmt: skip
-    if check is None:
-        _fail(InvalidInput("name a check: --command, --file, --evidence, --written or --passed"),
-              as_json)  # fmt: skip
-    request = _request(TodoCheck, as_json, item=item, check=check, by=by,
-                       session_id=_session(agent, session))  # fmt: skip
-    reply = _ask_as_person("todo.check", as_json, request)
-    if as_json:
-        print(json.dumps(reply))
-        return
-    stored = ItemReply.model_validate(reply).item
-    out.print(f"{stored.short_id} closes when: {stored.check}")
-
-
-def _set(
-    item: str, status: str, by: str | None, agent: str | None, session: str | None, as_json: bool
-) -> None:
-    request = _request(
-        TodoSet, as_json, item=item, status=status, by=by, session_id=_session(agent, session)
-    )
-    if by is None:  # only the item's check decides: nobody's signature needed
-        reply = _ask("todo.set", as_json, **request.model_dump(mode="json"))
-    else:
-        reply = _ask_as_person("todo.set", as_json, request)
-    if as_json:
-        print(json.dumps(reply))
-        return
-    stored = ItemReply.model_validate(reply).item
-    out.print(f"{stored.short_id} {stored.stored_status.value} (by {stored.stored_by})")
-
-
-ByOpt = Annotated[str | None, typer.Option("--by", help="The human who decides (an identity).")]
-AgentOpt = Annotated[str | None, typer.Option(help="The agent (session) of a short id.")]
-SessionOpt = Annotated[str | None, typer.Option(help="A hook session id.")]
-JsonOpt = Annotated[bool, typer.Option("--json")]
-
-
-@todo_app.command("done")
-def todo_done(
-    item: str,
-    by: ByOpt = None,
-    agent: AgentOpt = None,
-    session: SessionOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Close an item: `--by HUMAN`, or without it only if its check passes here and now."""
-    _set(item, "done", by, agent, session, as_json)
-
-
-@todo_app.command("block")
-def todo_block(
-    item: str,
-    by: ByOpt = None,
-    agent: AgentOpt = None,
-    session: SessionOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Mark an item blocked (no reminders for it until reopened)."""
-    _set(item, "blocked", by, agent, session, as_json)
-
-
-@todo_app.command("cancel")
-def todo_cancel(
-    item: str,
-    by: ByOpt = None,
-    agent: AgentOpt = None,
-    session: SessionOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Cancel an item."""
-    _set(item, "cancelled", by, agent, session, as_json)
-
-
-@todo_app.command("evidence")
-def todo_evidence(evidence_id: str) -> None:
-    """Record locally that evidence is registered (for items with an evidence check)."""
-    _ask_as_person("evidence.register", False, _request(Evidence, False, evidence_id=evidence_id))
-    out.print(f"evidence {evidence_id} recorded on this node")
-
-
 def hook(
-    agent: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
+    agent: Annotated[str, typer.Argument(help=AGENTS)],
     event: Annotated[str, typer.Argument(help="The agent's hook event, e.g. Stop")],
 ) -> None:
     """Answer one agent hook: JSON on stdin, the agent's answer on stdout.
@@ -384,9 +129,50 @@ def _codex_home() -> Path:
     return Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
 
 
+def _still_to_do(
+    name: str, root: Path, path: Path, hooks: dict[str, Any], protect: list[Path], trust: bool
+) -> list[str]:
+    """What is left for the user once the hooks are written (Codex's trust written with
+    ``--trust``)."""
+    todo: list[str] = []
+    if name == "codex":
+        config = _codex_home() / "config.toml"
+        if trust:
+            text = config.read_text() if config.is_file() else ""
+            trusted = codex_trust(path, hooks)
+            config.parent.mkdir(parents=True, exist_ok=True)
+            config.write_text(trust_in_codex_config(text, trusted, root))
+            out.print(f"trusted {root} and {len(trusted)} hook(s) in {config}")
+        else:
+            todo.append(
+                "Codex runs these hooks only in a trusted project, each hook trusted: rerun "
+                f"with --trust (writes {config}), or run `codex` in {root}, trust the "
+                "project and approve each fleetledger hook under /hooks"
+            )
+    if name == "claude-code":
+        todo.append("Claude Code reads .claude/settings.json when a session starts: "
+                    "restart running sessions")  # fmt: skip
+        todo.append(
+            f"its file tools may not read or edit {', '.join(map(str, protect))}; turn on "
+            "its sandbox (/sandbox) to keep every command it runs out of them too"
+        )
+    else:
+        todo.append(
+            f"{name} has no per-path read protection that we configure: its shell can read "
+            f"{', '.join(map(str, protect))} (the key store among them); run the agent as "
+            "another OS user to keep a person's key from it"
+        )
+    if name == "gemini":
+        todo.append(
+            "Gemini CLI loads a project's .gemini/ only in a trusted folder: trust "
+            f"{root} when it asks (or set GEMINI_CLI_TRUST_WORKSPACE=true)"
+        )
+    return todo
+
+
 @hooks_app.command("install")
 def hooks_install(
-    agent: Annotated[str, typer.Argument(help="claude-code, codex or gemini")],
+    agent: Annotated[str, typer.Argument(help=AGENTS)],
     project: Annotated[Path | None, typer.Option(help="Project directory (default: here).")] = None,
     trust: Annotated[
         bool,
@@ -402,7 +188,7 @@ def hooks_install(
     """
     name = _agent(agent)
     root = (project or Path.cwd()).resolve()
-    path = root / SETTINGS_FILES[name]
+    path = root / ADAPTERS[name].settings_file
     try:
         settings = NodeSettings.load()
         existing = json.loads(path.read_text()) if path.is_file() else {}
@@ -419,43 +205,11 @@ def hooks_install(
         if done.changed:
             _write_json(path, done.config)
         rules = write_policy(settings)
-        todo: list[str] = []
-        if name == "codex":
-            config = _codex_home() / "config.toml"
-            if trust:
-                text = config.read_text() if config.is_file() else ""
-                trusted = codex_trust(path, done.config)
-                config.parent.mkdir(parents=True, exist_ok=True)
-                config.write_text(trust_in_codex_config(text, trusted, root))
-                out.print(f"trusted {root} and {len(trusted)} hook(s) in {config}")
-            else:
-                todo.append(
-                    "Codex runs these hooks only in a trusted project, each hook trusted: rerun "
-                    f"with --trust (writes {config}), or run `codex` in {root}, trust the "
-                    "project and approve each fleetledger hook under /hooks"
-                )
-        if name == "claude-code":
-            todo.append("Claude Code reads .claude/settings.json when a session starts: "
-                        "restart running sessions")  # fmt: skip
-            todo.append(
-                f"its file tools may not read or edit {', '.join(map(str, protect))}; turn on "
-                "its sandbox (/sandbox) to keep every command it runs out of them too"
-            )
-        else:
-            todo.append(
-                f"{name} has no per-path read protection that we configure: its shell can read "
-                f"{', '.join(map(str, protect))} (the key store among them); run the agent as "
-                "another OS user to keep a person's key from it"
-            )
-        if name == "gemini":
-            todo.append(
-                "Gemini CLI loads a project's .gemini/ only in a trusted folder: trust "
-                f"{root} when it asks (or set GEMINI_CLI_TRUST_WORKSPACE=true)"
-            )
+        todo = _still_to_do(name, root, path, done.config, protect, trust)
     except FleetError as exc:  # first: InvalidInput is a ValueError too
-        _fail(exc)
+        fail(exc)
     except ValueError as exc:
-        _fail(InvalidInput(f"{path} is not valid JSON or TOML ({exc}); not touching it"))
+        fail(InvalidInput(f"{path} is not valid JSON or TOML ({exc}); not touching it"))
     if done.changed:
         out.print(f"hooks for {name} written to {path} ({', '.join(done.changed)})")
     else:
@@ -467,7 +221,7 @@ def hooks_install(
     _check_installed(name, root, settings.socket_path)
 
 
-def _check_installed(agent: Agent, root: Path, socket: Path) -> None:
+def _check_installed(agent: str, root: Path, socket: Path) -> None:
     """`hooks install` ends with `doctor`'s checks of this agent, and says loudly when no node
     agent answers at the socket it wrote (the hooks would fail closed on every call)."""
     from fleetledger.doctor import agent_checks, show
@@ -525,6 +279,5 @@ def node_claims(
 def register(app: typer.Typer) -> None:
     """Add the node agent's commands to the `fleetledger` app."""
     app.add_typer(node_app, name="node-agent")
-    app.add_typer(todo_app, name="todo")
     app.add_typer(hooks_app, name="hooks")
     app.command("hook")(hook)

@@ -10,19 +10,33 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from fleetledger.console import console
+from fleetledger._cli import (
+    JsonOpt,
+    MissionOpt,
+    check_id,
+    directory,
+    done,
+    manage,
+    nats_url,
+    out,
+    person_seed,
+    run,
+)
+from ledger.errors import ErrorCode, InvalidInput
 from ledger.events import ID_PATTERN, ROLE_PATTERN
+from ledger.protocol import ManageOp
+
+if TYPE_CHECKING:
+    from coordinator.replay import ReplayResult
 
 role_app = typer.Typer(
     help="Roles per mission: owner, grant-issuer, risk and approver roles, acts-for:<principal>."
 )
-out = console()
-err = console(stderr=True)
 
 
 def _checked(value: str, pattern: str, what: str) -> str:
@@ -40,25 +54,14 @@ def _role(value: str) -> str:
     return _checked(value, ROLE_PATTERN, "a role (e.g. controller, acts-for:treasury)")
 
 
-def _mission(value: str) -> str:
-    return _checked(value, ID_PATTERN, "a mission id")
-
-
 PrincipalArg = Annotated[str, typer.Argument(help="Who holds the role.", callback=_principal)]
-MissionOpt = Annotated[
-    str,
-    typer.Option("--mission", "-m", envvar="FLEET_MISSION", help="Mission id.", callback=_mission),
-]
 RoleOpt = Annotated[str, typer.Option("--role", "-r", help="The role.", callback=_role)]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 
 
-def _change(op: str, principal: str, mission: str, role: str, as_json: bool) -> None:
-    from fleetledger.cli import _done, _manage, _run
-
-    reply = _run(lambda: _manage(op, mission, {"principal": principal, "role": role}), as_json)
+def _change(op: ManageOp, principal: str, mission: str, role: str, as_json: bool) -> None:
+    reply = run(lambda: manage(op, mission, {"principal": principal, "role": role}), as_json)
     verb = "bound" if op == "role.bind" else "unbound"
-    _done(reply, f"{principal} {verb} to {role} in {mission}", as_json)
+    done(reply, f"{principal} {verb} to {role} in {mission}", as_json)
 
 
 @role_app.command("bind")
@@ -80,23 +83,21 @@ def unbind(
 
 @role_app.command("list")
 def list_roles(
-    mission_id: Annotated[str, typer.Argument(help="Mission id.", callback=_mission)],
+    mission_id: Annotated[str, typer.Argument(help="Mission id.", callback=check_id)],
     as_json: JsonOpt = False,
 ) -> None:
     """Who holds which role in the mission, as the signed record holds it."""
     from coordinator.replay import replay_mission
-    from fleetledger.cli import _directory, _nats_url, _run, _seed
-    from ledger.errors import ErrorCode, InvalidInput
 
-    async def call() -> Any:
+    async def call() -> ReplayResult:
         result = await replay_mission(
-            _nats_url(), mission_id, seed=_seed(), principals=_directory()
+            nats_url(), mission_id, seed=person_seed(), principals=directory()
         )
         if result.state.mission is None:
             raise InvalidInput(f"mission {mission_id} does not exist", code=ErrorCode.NOT_FOUND)
         return result
 
-    result = _run(call, as_json)
+    result = run(call, as_json)
     roles = {p: sorted(r) for p, r in sorted(result.state.roles.items())}
     if as_json:
         print(json.dumps({"mission_id": mission_id, "roles": roles}))

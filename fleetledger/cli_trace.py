@@ -30,11 +30,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from nats.aio.msg import Msg
-from rich.console import Console
 from rich.table import Table
 
 from fleetbus.identity import seed_of
-from fleetledger.console import console
+from fleetledger._cli import JsonOpt, err, fail, out
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
 from ledger.events import parse_events
 from ledger.protocol import STREAM, SUBJECT_PREFIX
@@ -296,13 +295,12 @@ def register(app: typer.Typer) -> None:
         last: Annotated[
             int | None, typer.Option("--to", help="export: the last stream sequence.")
         ] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+        as_json: JsonOpt = False,
     ) -> None:
         """Print an event's trace id, span id and a Jaeger link (FLEET_JAEGER_URL); or export
         (follow) the spans of a range of the ledger stream to the OTLP receiver of OTEL_*."""
         from fleetledger.settings import FleetSettings
 
-        err = console(stderr=True)
         try:
             _check_range(target, first, last)
             settings = FleetSettings.load()
@@ -319,8 +317,6 @@ def register(app: typer.Typer) -> None:
                     find_trace(settings.nats_url, target, jaeger_url=settings.jaeger_url, seed=seed)
                 )
         except FleetError as exc:
-            from fleetledger.console import fail
-
             fail(exc, as_json)
         except KeyboardInterrupt:  # a follower stopped by Ctrl-C
             raise typer.Exit(0) from None
@@ -330,10 +326,10 @@ def register(app: typer.Typer) -> None:
             elif found:
                 err.print(f"exported {found['spans']} spans of seq {found['from']}..{found['to']}")
             return
-        _print_found(found, as_json, err)
+        _print_found(found, as_json)
 
 
-def _print_found(found: dict[str, Any], as_json: bool, err: Console) -> None:
+def _print_found(found: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(found))
     else:
@@ -342,7 +338,7 @@ def _print_found(found: dict[str, Any], as_json: bool, err: Console) -> None:
         table.add_column("value")
         for key in ("kind", "mission_id", "trace_id", "span_id", "jaeger_url"):
             table.add_row(key, str(found[key] or "-"))
-        console().print(table)
+        out.print(table)
     if found["trace_id"] is None:
         err.print("this event carries no trace context (tracing was off when it was recorded)")
         raise typer.Exit(1)

@@ -14,8 +14,9 @@ import asyncio
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from rich.text import Text
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from fleetbus.client import FleetClient
+from fleetbus.identity import KeyStore
 from fleetledger.cli_trace import export_stream
 from fleetledger.render import team_view, verdict
 from fleetledger.servers import (
@@ -40,6 +42,14 @@ from ledger.authority import Authority
 from ledger.errors import FleetError, RuleViolation
 from ledger.kernel import ActionRequest
 from ledger.money import format_amount, parse_amount
+from ledger.protocol import (
+    CreateMission,
+    IssueGrant,
+    OpenRisk,
+    RecordEffect,
+    RegisterEvidence,
+    TreatRisk,
+)
 from node_agent.fleet.risks import RiskWatcher
 from node_agent.scripted import DEMO_NODE
 from telemetry import current_trace_context, process_telemetry
@@ -66,22 +76,21 @@ class Steps:
 
 def _grant(
     gid: str, holder: str, purpose: str, actions: list[str], budget: str, **kw: Any
-) -> dict[str, Any]:
-    parent = kw.pop("parent", None)
-    return {
-        "grant_id": gid,
-        "parent_id": parent,
-        "holder": holder,
-        "purpose": purpose,
-        "owner": kw.pop("owner", "finance-lead"),
-        "authority": Authority.of(actions, **kw).model_dump(mode="json"),
-        "budget": parse_amount(budget),
-    }
+) -> IssueGrant:
+    return IssueGrant(
+        grant_id=gid, parent_id=kw.pop("parent", None), holder=holder, purpose=purpose,
+        owner=kw.pop("owner", "finance-lead"), authority=Authority.of(actions, **kw),
+        budget=parse_amount(budget),
+    )  # fmt: skip
 
 
-async def _try(call: Callable[[], Awaitable[Any]]) -> tuple[bool, str, str]:
+def _expires() -> str:
+    return (datetime.now(UTC) + timedelta(days=1)).isoformat()
+
+
+async def _try(call: Awaitable[Any]) -> tuple[bool, str, str]:
     try:
-        await call()
+        await call
     except RuleViolation as exc:
         return False, exc.rule.value, str(exc)
     return True, "", ""
@@ -95,213 +104,163 @@ async def scripted_mission(
 ) -> dict[str, Any]:
     """The story; ``people``: a client per person who acts in it besides the operator
     (default: the operator's own, on a fleet that takes names on trust)."""
-    people = people or dict.fromkeys(PEOPLE, fleet)
-    figures: dict[str, Any] = {}
-    expires = (datetime.now(UTC) + timedelta(days=1)).isoformat()
-    await fleet.manage(
-        "mission.create",
-        MISSION,
-        {
-            "purpose": "credit customers overbilled in October",
-            "owner": "finance-lead",
-            "ceiling": parse_amount("0.80"),
-            "expires_at": expires,
-        },
-    )
-    ok, rule, why = await _try(
-        lambda: fleet.manage(
-            "grant.issue",
-            MISSION,
-            _grant(
-                "g-ap",
-                "ap-agent",
-                "issue October credits",
-                ["invoice.read", "credit.propose", "credit.issue"],
-                "0.60",
-                evidence_required_for=["credit.issue"],
-                may_delegate=True,
-            ),
-        )
-    )
-    steps.add(
-        "finance-lead", "grant g-ap to ap-agent (0.60)", ok, rule, why or "issued", expect=True
-    )
+    story = _Story(fleet, watchers, steps, people or dict.fromkeys(PEOPLE, fleet))
+    await story.grant_and_evidence()
+    await story.delegation()
+    await story.risk()
+    return story.figures
 
-    async def ask(agent: str, action_id: str, grant: str, key: str, evidence: set[str]) -> Any:
+
+class _Story:
+    """The scripted mission's acts, each adding its steps (and figures) as it goes."""
+
+    def __init__(
+        self, fleet: FleetClient, watchers: list[RiskWatcher], steps: Steps,
+        people: dict[str, FleetClient],
+    ) -> None:  # fmt: skip
+        self.fleet, self.watchers, self.steps, self.people = fleet, watchers, steps, people
+        self.figures: dict[str, Any] = {}
+
+    async def ask(
+        self, agent: str, action_id: str, grant: str, key: str, evidence: set[str], *,
+        expect: bool,
+    ) -> None:  # fmt: skip
+        """``agent`` asks to issue a 0.05 credit; the decision is a step."""
         req = ActionRequest(
-            action_id=action_id,
-            grant_id=grant,
-            action="credit.issue",
-            cost=parse_amount("0.05"),
-            idempotency_key=key,
-            evidence_ids=frozenset(evidence),
-        )
-        reply = await fleet.authorize(MISSION, req)
+            action_id=action_id, grant_id=grant, action="credit.issue",
+            cost=parse_amount("0.05"), idempotency_key=key, evidence_ids=frozenset(evidence),
+        )  # fmt: skip
+        reply = await self.fleet.authorize(MISSION, req)
         d = reply.decision
         assert d is not None
-        steps.add(
-            agent,
-            f"credit.issue ({action_id})",
-            d.allowed,
-            d.rule.value if d.rule else "",
-            d.reason
-            if not d.allowed
-            else f"receipt stored at seq {reply.decision_seq} (cut {d.cut}), "
-            f"evidence {', '.join(d.evidence)}",
-            expect=expect_next.pop(0),
-        )
-        return d
+        why = d.reason if not d.allowed else (
+            f"receipt stored at seq {reply.decision_seq} (cut {d.cut}), "
+            f"evidence {', '.join(d.evidence)}"
+        )  # fmt: skip
+        self.steps.add(agent, f"credit.issue ({action_id})", d.allowed,
+                       d.rule.value if d.rule else "", why, expect=expect)  # fmt: skip
 
-    expect_next = [False, True]
-    await ask("ap-agent", "a-credit-0", "g-ap", "credit-acme-oct-0", set())
-    await fleet.manage(
-        "evidence.register",
-        MISSION,
-        {
-            "evidence_id": "ev-inv-1042",
-            "source": "billing-db invoice 1042",
-            "claim": "customer ACME was billed twice for October",
-        },
-    )
-    await ask("ap-agent", "a-credit-1", "g-ap", "credit-acme-oct", {"ev-inv-1042"})
-    await fleet.manage(
-        "effect.record",
-        MISSION,
-        {"action_id": "a-credit-1", "outcome": "verified_success", "actual": parse_amount("0.04")},
-    )
+    async def grant_and_evidence(self) -> None:
+        """The mission, its first grant; a credit refused without evidence, allowed with it."""
+        fleet = self.fleet
+        await fleet.manage(MISSION, CreateMission(
+            purpose="credit customers overbilled in October", owner="finance-lead",
+            ceiling=parse_amount("0.80"), expires_at=_expires(),
+        ))  # fmt: skip
+        ok, rule, why = await _try(fleet.manage(MISSION, _grant(
+            "g-ap", "ap-agent", "issue October credits",
+            ["invoice.read", "credit.propose", "credit.issue"], "0.60",
+            evidence_required_for=["credit.issue"], may_delegate=True,
+        )))  # fmt: skip
+        self.steps.add("finance-lead", "grant g-ap to ap-agent (0.60)", ok, rule,
+                       why or "issued", expect=True)  # fmt: skip
+        await self.ask("ap-agent", "a-credit-0", "g-ap", "credit-acme-oct-0", set(), expect=False)
+        await fleet.manage(MISSION, RegisterEvidence(
+            evidence_id="ev-inv-1042", source="billing-db invoice 1042",
+            claim="customer ACME was billed twice for October",
+        ))  # fmt: skip
+        await self.ask("ap-agent", "a-credit-1", "g-ap", "credit-acme-oct", {"ev-inv-1042"},
+                       expect=True)  # fmt: skip
+        await fleet.manage(MISSION, RecordEffect(
+            action_id="a-credit-1", outcome="verified_success", actual=parse_amount("0.04")
+        ))  # fmt: skip
 
-    ok, rule, why = await _try(
-        lambda: fleet.manage(
-            "grant.issue",
-            MISSION,
-            _grant(
-                "g-helper",
-                "helper-agent",
-                "draft credit memos",
-                ["credit.issue", "payment.send"],
-                "0.20",
-                parent="g-ap",
-                owner="ap-agent",
-                evidence_required_for=["credit.issue"],
-            ),
-        )
-    )
-    steps.add("ap-agent", "delegate credit.issue + payment.send", ok, rule, why, expect=False)
-    ok, rule, why = await _try(
-        lambda: fleet.manage(
-            "grant.issue",
-            MISSION,
-            _grant(
-                "g-helper2",
-                "helper-agent",
-                "draft credit memos",
-                ["credit.propose", "credit.issue"],
-                "0.20",
-                parent="g-ap",
-                owner="ap-agent",
-                evidence_required_for=["credit.issue"],
-            ),
-        )
-    )
-    steps.add(
-        "ap-agent",
-        "delegate credit.propose + credit.issue",
-        ok,
-        rule,
-        why or "issued, narrower",
-        expect=True,
-    )
+    async def delegation(self) -> None:
+        """A sub-agent's grant wider than its parent's is refused; a narrower one issued."""
+        for gid, actions, expect, note in (
+            ("g-helper", ["credit.issue", "payment.send"], False, ""),
+            ("g-helper2", ["credit.propose", "credit.issue"], True, "issued, narrower"),
+        ):
+            ok, rule, why = await _try(self.fleet.manage(MISSION, _grant(
+                gid, "helper-agent", "draft credit memos", actions, "0.20", parent="g-ap",
+                owner="ap-agent", evidence_required_for=["credit.issue"],
+            )))  # fmt: skip
+            self.steps.add("ap-agent", f"delegate {' + '.join(actions)}", ok, rule,
+                           why or note, expect=expect)  # fmt: skip
 
-    opened = time.monotonic()
-    await fleet.manage(
-        "risk.open",
-        MISSION,
-        {
-            "risk_id": "risk-covenant",
-            "blocks": ["credit.issue"],
-            "owner": "treasury",
-            "summary": "the covenant amendment may narrow the debt basket",
-        },
-        actor="research-agent",
-    )
-    learned = await asyncio.gather(
-        *(w.wait_for(MISSION, "risk-covenant", open=True) for w in watchers)
-    )
-    figures["risk_propagation_ms"] = round(
-        max(r.learned_at for r in learned) * 1000 - opened * 1000, 2
-    )
-    local = [
-        w.blocking(MISSION, "credit.issue", ["g-helper2", "g-ap"]) is not None for w in watchers
-    ]
-    steps.add(
-        "research-agent",
-        f"open risk-covenant → {len(watchers)} node agents",
-        False,
-        "risk_non_erasure",
-        f"every node blocks credit.issue locally after {figures['risk_propagation_ms']} ms",
-        expect=False,
-    )
-    expect_next = [False]
-    await ask("helper-agent", "a-credit-2", "g-helper2", "credit-globex-oct", {"ev-inv-1042"})
-    ok, rule, why = await _try(
-        lambda: people["helper-agent"].manage(  # signed by its own key: it is who it says
-            "risk.treat",
-            MISSION,
-            {"risk_id": "risk-covenant", "status": "ACCEPTED", "by": "helper-agent"},
+    async def risk(self) -> None:
+        """A risk one agent finds blocks the credit on every node until its owner treats it
+        (another agent may not treat it itself)."""
+        watchers, people = self.watchers, self.people
+        opened = time.monotonic()
+        await self.fleet.manage(MISSION, OpenRisk(
+            risk_id="risk-covenant", blocks=["credit.issue"], owner="treasury",
+            summary="the covenant amendment may narrow the debt basket",
+        ), actor="research-agent")  # fmt: skip
+        learned = await asyncio.gather(
+            *(w.wait_for(MISSION, "risk-covenant", open=True) for w in watchers)
         )
-    )
-    steps.add("helper-agent", "treat the risk itself", ok, rule, why, expect=False)
-    await people["treasury"].manage(
-        "risk.treat", MISSION, {"risk_id": "risk-covenant", "status": "MITIGATED", "by": "treasury"}
-    )
-    await asyncio.gather(*(w.wait_for(MISSION, "risk-covenant", open=False) for w in watchers))
-    expect_next = [True]
-    await ask("helper-agent", "a-credit-3", "g-helper2", "credit-globex-oct", {"ev-inv-1042"})
-    figures["nodes_blocked_locally"] = sum(local)
-    return figures
+        ms = round(max(r.learned_at for r in learned) * 1000 - opened * 1000, 2)
+        self.figures["risk_propagation_ms"] = ms
+        local = [w.blocking(MISSION, "credit.issue", ["g-helper2", "g-ap"]) is not None
+                 for w in watchers]  # fmt: skip
+        self.steps.add(
+            "research-agent", f"open risk-covenant → {len(watchers)} node agents", False,
+            "risk_non_erasure", f"every node blocks credit.issue locally after {ms} ms",
+            expect=False,
+        )  # fmt: skip
+        await self.ask("helper-agent", "a-credit-2", "g-helper2", "credit-globex-oct",
+                       {"ev-inv-1042"}, expect=False)  # fmt: skip
+        ok, rule, why = await _try(people["helper-agent"].manage(  # signed by its own key
+            MISSION, TreatRisk(risk_id="risk-covenant", status="ACCEPTED", by="helper-agent")
+        ))  # fmt: skip
+        self.steps.add("helper-agent", "treat the risk itself", ok, rule, why, expect=False)
+        await people["treasury"].manage(
+            MISSION, TreatRisk(risk_id="risk-covenant", status="MITIGATED", by="treasury")
+        )
+        await asyncio.gather(*(w.wait_for(MISSION, "risk-covenant", open=False) for w in watchers))
+        await self.ask("helper-agent", "a-credit-3", "g-helper2", "credit-globex-oct",
+                       {"ev-inv-1042"}, expect=True)  # fmt: skip
+        self.figures["nodes_blocked_locally"] = sum(local)
 
 
 async def coordinator_race(fleet: FleetClient) -> int:
     """Four agents ask the coordinator for 0.50 each at once; the mission has 0.80."""
-    expires = (datetime.now(UTC) + timedelta(days=1)).isoformat()
-    await fleet.manage(
-        "mission.create",
-        RACE,
-        {
-            "purpose": "parallel research",
-            "owner": "platform",
-            "ceiling": parse_amount("0.80"),
-            "expires_at": expires,
-        },
-    )
-    await fleet.manage(
-        "grant.issue",
-        RACE,
-        _grant(
-            "g-fanout",
-            "orchestrator",
-            "fan out research",
-            ["research.run"],
-            "0.80",
-            owner="platform",
-        ),
-    )
-    replies = await asyncio.gather(
-        *(
-            fleet.authorize(
-                RACE,
-                ActionRequest(
-                    action_id=f"agent-{i}",
-                    grant_id="g-fanout",
-                    action="research.run",
-                    cost=parse_amount("0.50"),
-                    idempotency_key=f"agent-{i}",
-                ),
-            )
-            for i in range(4)
-        )
-    )
+    await fleet.manage(RACE, CreateMission(
+        purpose="parallel research", owner="platform", ceiling=parse_amount("0.80"),
+        expires_at=_expires(),
+    ))  # fmt: skip
+    await fleet.manage(RACE, _grant(
+        "g-fanout", "orchestrator", "fan out research", ["research.run"], "0.80", owner="platform"
+    ))  # fmt: skip
+    replies = await asyncio.gather(*(
+        fleet.authorize(RACE, ActionRequest(
+            action_id=f"agent-{i}", grant_id="g-fanout", action="research.run",
+            cost=parse_amount("0.50"), idempotency_key=f"agent-{i}",
+        ))
+        for i in range(4)
+    ))  # fmt: skip
     return sum(1 for r in replies if r.decision is not None and r.decision.allowed)
+
+
+@dataclass
+class _Clients:
+    """Who the demo connects as: the operator, each node agent (watching risks), each person."""
+
+    fleet: FleetClient
+    nodes: list[FleetClient]
+    people: dict[str, FleetClient]
+    watchers: list[RiskWatcher]
+
+    @classmethod
+    async def connect(cls, servers: EmbeddedServers, keys: KeyStore) -> _Clients:
+        url = servers.nats_url
+        fleet = await FleetClient.connect(
+            url, seed=keys.seed(OPERATOR_PRINCIPAL), principals=keys.directory
+        )
+        nodes = [await FleetClient.connect(url, node_id=n, seed=keys.seed(n)) for n in NODES]
+        # the people of the story, each signing with their own key
+        people = {
+            name: await FleetClient.connect(url, seed=keys.seed(name), principals=keys.directory)
+            for name in PEOPLE
+        }
+        return cls(fleet, nodes, people, [RiskWatcher(c.nc, MISSION) for c in nodes])
+
+    async def close(self) -> None:
+        await asyncio.gather(*(w.stop() for w in self.watchers))
+        for c in [*self.nodes, *self.people.values()]:
+            await c.close()
+        await self.fleet.close()
 
 
 async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> dict[str, Any]:
@@ -320,71 +279,20 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
         coordinator = await Coordinator.from_settings(settings)
         with err.status("starting the coordinator…"):
             await coordinator.start()
-        fleet = await FleetClient.connect(
-            servers.nats_url, seed=keys.seed(OPERATOR_PRINCIPAL), principals=keys.directory
-        )
-        node_conns = [
-            await FleetClient.connect(servers.nats_url, node_id=n, seed=keys.seed(n)) for n in NODES
-        ]
-        # the people of the story, each signing with their own key
-        people = {
-            name: await FleetClient.connect(
-                servers.nats_url, seed=keys.seed(name), principals=keys.directory
-            )
-            for name in PEOPLE
-        }
-        watchers = [RiskWatcher(c.nc, MISSION) for c in node_conns]
+        clients = await _Clients.connect(servers, keys)
         try:
-            await asyncio.gather(*(w.start() for w in watchers))
+            await asyncio.gather(*(w.start() for w in clients.watchers))
             err.print(
                 f"fleet up: NATS {servers.nats_url}, Redis {servers.redis_address}, "
                 f"coordinator, {len(NODES)} node agents watching risks"
             )
-            steps = Steps(
-                f"Mission {MISSION}: ceiling 0.80, owner finance-lead (NATS → coordinator → Redis)"
-            )
-            # One root span for the scripted mission: with OTEL_* set, every request it makes,
-            # the coordinator's decisions and their reservations join one trace.
-            tel = process_telemetry("fleetledger-demo")
-            with (
-                tel.tracer.start_as_current_span("fleet.demo.mission")
-                if tel.enabled
-                else nullcontext()
-            ):
-                figures.update(await scripted_mission(fleet, watchers, steps, people))
-                root = current_trace_context() if tel.enabled else None
-            figures["trace_id"] = root.traceparent.split("-")[1] if root else None
-            out.print(steps.table)
-            figures["steps_as_scripted"] = all(steps.ok)
-            out.rule(
-                "A Claude Code session beside its node agent (hooks → Unix socket → auto-ledger)"
-            )
-            from node_agent import scripted
-
-            session = await scripted.run(
-                out, nats_url=servers.nats_url, mission=MISSION, identity_dir=keys.root
-            )
-            figures.update({f"session_{k}": v for k, v in session.items()})
-            out.rule("Execution state and claims cache (no model calls)")
-            exec_figures = await scripted.run_exec(
-                out, nats_url=servers.nats_url, mission=MISSION, identity_dir=keys.root
-            )
-            figures.update({f"exec_{k}": v for k, v in exec_figures.items()})
-            figures["coordinator_race_admitted"] = await coordinator_race(fleet)
+            figures.update(await _mission(out, clients))
+            figures.update(await _sessions(out, servers, keys))
+            figures["coordinator_race_admitted"] = await coordinator_race(clients.fleet)
             if ray_branches:
-                from fleetledger.race import ray_race
-
-                orchestrator = await FleetClient.connect(
-                    servers.nats_url,
-                    seed=keys.seed(ORCHESTRATOR_PRINCIPAL),
-                    agent_id="orchestrator",
-                )
-                try:
-                    figures.update(await ray_race(servers, orchestrator, err))
-                finally:
-                    await orchestrator.close()
+                figures.update(await _ray(servers, keys, err))
             out.print(race_table(figures))
-            for table in team_view(await fleet.view(MISSION)):
+            for table in team_view(await clients.fleet.view(MISSION)):
                 out.print(table)
             out.print(
                 "The team view as a live page in a browser: `fleetledger up`, then in another "
@@ -396,10 +304,7 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
             out.print(short_table(ab := await run_experiment(short=True)))
             figures["ab_shortfalls"] = ab.verdict()  # empty: every control earned its keep
         finally:
-            await asyncio.gather(*(w.stop() for w in watchers))
-            for c in [*node_conns, *people.values()]:
-                await c.close()
-            await fleet.close()
+            await clients.close()
             if process_telemetry().enabled:  # the mission's event spans, from its stream
                 await export_stream(servers.nats_url, keys.seed(COORDINATOR_PRINCIPAL))
             await coordinator.stop()
@@ -408,6 +313,51 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
         servers.stop()
         shutil.rmtree(directory, ignore_errors=True)
     return figures
+
+
+async def _mission(out: Console, clients: _Clients) -> dict[str, Any]:
+    """The scripted mission under one root span (with OTEL_* set, every request it makes, the
+    coordinator's decisions and their reservations join one trace), and its step table."""
+    steps = Steps(
+        f"Mission {MISSION}: ceiling 0.80, owner finance-lead (NATS → coordinator → Redis)"
+    )
+    tel = process_telemetry("fleetledger-demo")
+    span = tel.tracer.start_as_current_span("fleet.demo.mission") if tel.enabled else nullcontext()
+    with span:
+        figures = await scripted_mission(clients.fleet, clients.watchers, steps, clients.people)
+        root = current_trace_context() if tel.enabled else None
+    figures["trace_id"] = root.traceparent.split("-")[1] if root else None
+    out.print(steps.table)
+    figures["steps_as_scripted"] = all(steps.ok)
+    return figures
+
+
+async def _sessions(out: Console, servers: EmbeddedServers, keys: KeyStore) -> dict[str, Any]:
+    """A Claude Code session beside its node agent, then execution state and claims."""
+    from node_agent import scripted
+
+    out.rule("A Claude Code session beside its node agent (hooks → Unix socket → auto-ledger)")
+    url, identity = servers.nats_url, keys.root
+    session = await scripted.run(out, nats_url=url, mission=MISSION, identity_dir=identity)
+    out.rule("Execution state and claims cache (no model calls)")
+    exec_figures = await scripted.run_exec(
+        out, nats_url=url, mission=MISSION, identity_dir=identity
+    )
+    return {**{f"session_{k}": v for k, v in session.items()},
+            **{f"exec_{k}": v for k, v in exec_figures.items()}}  # fmt: skip
+
+
+async def _ray(servers: EmbeddedServers, keys: KeyStore, err: Console) -> dict[str, Any]:
+    """The budget race on Ray, its branches recorded by the orchestrator."""
+    from fleetledger.race import ray_race
+
+    orchestrator = await FleetClient.connect(
+        servers.nats_url, seed=keys.seed(ORCHESTRATOR_PRINCIPAL), agent_id="orchestrator"
+    )
+    try:
+        return await ray_race(servers, orchestrator, err)
+    finally:
+        await orchestrator.close()
 
 
 def race_table(figures: dict[str, Any]) -> Table:

@@ -21,6 +21,7 @@ from fleetbus.client import FleetClient
 from fleetledger.servers import REDIS_BRANCH, REDIS_GATEWAY, EmbeddedServers
 from ledger.authority import Authority
 from ledger.money import format_amount, parse_amount
+from ledger.protocol import CreateMission, IssueGrant, MissionView
 from reservations import BranchContext, run_branches
 from reservations.cluster import connect
 
@@ -68,25 +69,8 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
     """Run both gateways on Ray against the same ceiling; record our branches in the ledger."""
     import ray
 
-    amount, ceiling = parse_amount(EACH), parse_amount(CEILING)
-    expires = (datetime.now(UTC) + timedelta(days=1)).isoformat()
-    await fleet.manage(
-        "mission.create",
-        RAY_MISSION,
-        {"purpose": "Ray fan-out", "owner": "platform", "ceiling": ceiling, "expires_at": expires},
-    )
-    await fleet.manage(
-        "grant.issue",
-        RAY_MISSION,
-        {
-            "grant_id": "g-ray",
-            "holder": "orchestrator",
-            "purpose": "fan out agents",
-            "owner": "platform",
-            "authority": Authority.of(["research.run"]).model_dump(mode="json"),
-            "budget": ceiling,
-        },
-    )
+    amount = parse_amount(EACH)
+    await _ray_mission(fleet)
     started_ray = not ray.is_initialized()
     with err.status("starting Ray (local)…"):
         if started_ray:
@@ -96,26 +80,13 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
             connect(num_cpus=BRANCHES, log_to_driver=False, configure_logging=False)
     try:
         with err.status(f"{BRANCHES} naive branches on Ray…"):
-            naive = ray.remote(num_cpus=0)(naive_branch)
-            key = f"naive:{{{RAY_MISSION}}}:spent"
-            gateway_url = servers.redis_url_for(REDIS_GATEWAY)  # its own counter, no more
-            admitted = ray.get(
-                [
-                    naive.remote(gateway_url, key, ceiling, amount, BRANCHES)
-                    for _ in range(BRANCHES)
-                ],
-                timeout=120,
-            )
+            admitted = _naive_race(servers)
         with err.status(f"{BRANCHES} fleetledger branches on Ray…"):
             outcomes = await run_branches(
-                agent_work,
-                list(range(BRANCHES)),
+                agent_work, list(range(BRANCHES)),
                 redis_url=servers.redis_url_for(REDIS_BRANCH),  # the scripts, no more
-                mission_id=RAY_MISSION,
-                chain=["g-ray"],
-                amount_each=amount,
-                lease_s=30,
-            )
+                mission_id=RAY_MISSION, chain=["g-ray"], amount_each=amount, lease_s=30,
+            )  # fmt: skip
     finally:
         if started_ray:
             ray.shutdown()
@@ -124,20 +95,49 @@ async def ray_race(servers: EmbeddedServers, fleet: FleetClient, err: Console) -
         view = await _recorded(fleet, format_amount(ours * amount))
     return {
         "branches": BRANCHES,
-        "naive_admitted": sum(admitted),
-        "naive_spend": format_amount(sum(admitted) * amount),
+        "naive_admitted": admitted,
+        "naive_spend": format_amount(admitted * amount),
         "ray_admitted": ours,
         "ray_spend": format_amount(ours * amount),
-        "ray_ledger_settled": view["budget"]["settled"],
+        "ray_ledger_settled": view.budget.settled if view.budget else None,
     }
 
 
-async def _recorded(fleet: FleetClient, settled: str) -> dict[str, Any]:
+async def _ray_mission(fleet: FleetClient) -> None:
+    """The race's mission, its ceiling, and the orchestrator's grant of all of it."""
+    ceiling = parse_amount(CEILING)
+    expires = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    await fleet.manage(RAY_MISSION, CreateMission(
+        purpose="Ray fan-out", owner="platform", ceiling=ceiling, expires_at=expires
+    ))  # fmt: skip
+    await fleet.manage(RAY_MISSION, IssueGrant(
+        grant_id="g-ray", holder="orchestrator", purpose="fan out agents", owner="platform",
+        authority=Authority.of(["research.run"]), budget=ceiling,
+    ))  # fmt: skip
+
+
+def _naive_race(servers: EmbeddedServers) -> int:
+    """The naive gateway's branches on Ray, against its own counter: how many it admitted."""
+    import ray
+
+    naive = ray.remote(num_cpus=0)(naive_branch)
+    key = f"naive:{{{RAY_MISSION}}}:spent"
+    gateway_url = servers.redis_url_for(REDIS_GATEWAY)  # its own counter, no more
+    ceiling, amount = parse_amount(CEILING), parse_amount(EACH)
+    admitted = ray.get(
+        [naive.remote(gateway_url, key, ceiling, amount, BRANCHES) for _ in range(BRANCHES)],
+        timeout=120,
+    )
+    return sum(admitted)
+
+
+async def _recorded(fleet: FleetClient, settled: str) -> MissionView:
     """The mission's view once the coordinator has recorded ``settled`` (its sweep rounds read
     the branches' reservations from Redis); the last view if that takes too long."""
     deadline = time.monotonic() + RECORD_WAIT_S
     while True:
         view = await fleet.view(RAY_MISSION)
-        if view["budget"]["settled"] == settled or time.monotonic() > deadline:
+        recorded = view.budget.settled if view.budget else None
+        if recorded == settled or time.monotonic() > deadline:
             return view
         await asyncio.sleep(0.2)  # its next sweep round is at most a second away

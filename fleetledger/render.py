@@ -6,7 +6,6 @@ it is, and the only styles are the ``Text`` this module gives its own words."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -16,90 +15,64 @@ from ledger.invariants import RiskStatus
 from ledger.kernel import Decision
 from ledger.mission import ItemStanding
 from ledger.money import format_amount
+from ledger.protocol import ItemView, MissionView, ProgressView
 
 
 def verdict(ok: bool) -> Text:
     return Text("ALLOWED", style="green") if ok else Text("DENIED", style="red")
 
 
-def team_view(view: dict[str, Any]) -> list[Table]:
+def team_view(view: MissionView) -> list[Table]:
     """The operator's view of one mission as tables: budget per level, risks, receipts."""
-    tables: list[Table] = []
-    budget = Table(
-        title=Text(  # the purpose is the user's text: literal, never markup
-            f"Mission {view['mission_id']}: {view.get('purpose') or ''} "
-            f"(owner {view.get('owner')}, ledger version {view['version']})"
-        ),
-        title_justify="left",
-    )
-    for col in (
-        "grant",
-        "holder",
-        "actions",
-        "reserved",
-        "committed",
-        "settled",
-        "remaining",
-        "status",
-    ):
-        budget.add_column(col)
-    if view.get("budget"):
-        b = view["budget"]
-        budget.add_row(
-            "(mission)",
-            "",
-            "",
-            b["reserved"],
-            b["committed"],
-            b["settled"],
-            b["remaining"],
-            Text("blocked by overrun", style="red") if b.get("blocked_by_overrun") else "",
-        )
-    for g in view["grants"]:
-        lvl = g.get("budget") or {}
-        status = Text(g["status"])
-        if lvl.get("blocked_by_overrun"):
-            status.append(", ").append("overrun", style="red")
-        budget.add_row(
-            g["grant_id"],
-            g["holder"],
-            ", ".join(g["actions"]),
-            lvl.get("reserved", ""),
-            lvl.get("committed", ""),
-            lvl.get("settled", ""),
-            lvl.get("remaining", ""),
-            status,
-        )
-    for gid, why in view.get("rejected_grants", {}).items():
-        rejected = Text.assemble(("rejected", "red"), f" ({why.split(':', 1)[0]})")
-        budget.add_row(gid, "", "", "", "", "", "", rejected)
-    tables.append(budget)
-    if view["risks"]:
+    tables = [_budget_table(view)]
+    if view.risks:
         risks = Table(title="Risks", title_justify="left")
         for col in ("risk", "blocks", "scope", "owner", "status", "summary"):
             risks.add_column(col)
-        for r in view["risks"]:
-            risk_status = Text("open", style="red") if r["status"] == RiskStatus.OPEN else "treated"
-            risks.add_row(
-                r["risk_id"], ", ".join(r["blocks"]), r["scope"], r["owner"], risk_status,
-                r["summary"],
-            )  # fmt: skip
+        for r in view.risks:
+            risk_status = Text("open", style="red") if r.status == RiskStatus.OPEN else "treated"
+            risks.add_row(r.risk_id, ", ".join(r.blocks), r.scope, r.owner, risk_status, r.summary)
         tables.append(risks)
-    if view["decisions"]:
+    if view.decisions:
         receipts = Table(title="Decision receipts (latest)", title_justify="left")
         for col in ("action", "what", "verdict", "rule", "cut"):
             receipts.add_column(col)
-        for d in view["decisions"]:
-            receipts.add_row(
-                d["action_id"],
-                d["action"],
-                verdict(d["allowed"]),
-                d.get("rule") or "",
-                str(d["cut"]),
-            )
+        for d in view.decisions:
+            rule = d.rule.value if d.rule else ""
+            receipts.add_row(d.action_id, d.action, verdict(d.allowed), rule, str(d.cut))
         tables.append(receipts)
-    tables.extend(progress_tables(view.get("progress") or {}))
+    tables.extend(progress_tables(view.progress))
     return tables
+
+
+def _budget_table(view: MissionView) -> Table:
+    budget = Table(
+        title=Text(  # the purpose is the user's text: literal, never markup
+            f"Mission {view.mission_id}: {view.purpose or ''} "
+            f"(owner {view.owner}, ledger version {view.version})"
+        ),
+        title_justify="left",
+    )
+    for col in ("grant", "holder", "actions", "reserved", "committed", "settled", "remaining",
+                "status"):  # fmt: skip
+        budget.add_column(col)
+    if view.budget:
+        b = view.budget
+        budget.add_row(
+            "(mission)", "", "", b.reserved, b.committed, b.settled, b.remaining,
+            Text("blocked by overrun", style="red") if b.blocked_by_overrun else "",
+        )  # fmt: skip
+    for g in view.grants:
+        lvl = g.budget
+        status = Text(g.status)
+        if lvl and lvl.blocked_by_overrun:
+            status.append(", ").append("overrun", style="red")
+        amounts = [lvl.reserved, lvl.committed, lvl.settled, lvl.remaining] if lvl else [""] * 4
+        budget.add_row(g.grant_id, g.holder, ", ".join(g.actions), *amounts, status)
+    for gid, why in view.rejected_grants.items():
+        rejected = Text.assemble(("rejected", "red"), f" ({why.split(':', 1)[0]})")
+        budget.add_row(gid, "", "", "", "", "", "", rejected)
+    return budget
 
 
 # The human view stays bounded however many items a mission has; --json carries every one.
@@ -146,20 +119,20 @@ def counts_line(counts: Mapping[str, int], total: int) -> str:
     return f"{total} item{'' if total == 1 else 's'}: " + ", ".join(parts)
 
 
-def closes_text(item: Mapping[str, Any]) -> str:
+def closes_text(item: ItemView) -> str:
     """Who closed it (or set it blocked/paused), else how it will close (plain text)."""
-    if item.get("closed_by") and item["standing"] in _SET_BY_SOMEONE:
-        kind, _, who = str(item["closed_by"]).partition(":")
+    if item.closed_by and item.standing in _SET_BY_SOMEONE:
+        kind, _, who = item.closed_by.partition(":")
         return f"check passed: {who}" if kind == "check" else f"{kind} {who}"
-    if item.get("check"):
-        return f"when {item['check']}"
+    if item.check:
+        return f"when {item.check}"
     return "a human closes it"
 
 
-def latest_text(item: Mapping[str, Any]) -> str:
+def latest_text(item: ItemView) -> str:
     """The last check run's result first (what the node saw), then any claim (what was said)."""
-    detail = f"check: {item['check_detail']}" if item.get("check_detail") else None
-    return "; ".join(p for p in (detail, item.get("claim")) if p)
+    detail = f"check: {item.check_detail}" if item.check_detail else None
+    return "; ".join(p for p in (detail, item.claim) if p)
 
 
 def standing_name(standing: str) -> str:
@@ -167,28 +140,28 @@ def standing_name(standing: str) -> str:
     return _NAMES.get(standing, standing)
 
 
-def _closes(item: Mapping[str, Any]) -> str:
+def _closes(item: ItemView) -> str:
     return clip(closes_text(item), 40)
 
 
-def _latest(item: Mapping[str, Any]) -> str:
+def _latest(item: ItemView) -> str:
     return clip(latest_text(item), 48) or "-"
 
 
-def short_id(item: Mapping[str, Any]) -> str:
+def short_id(item: ItemView) -> str:
     """The id `fleetledger todo` takes (t3) when the item id is the session's, else the id."""
-    prefix = f"{item['session_id']}-"
-    item_id = str(item["item_id"])
+    prefix = f"{item.session_id}-"
+    item_id = item.item_id
     return item_id[len(prefix) :] if item_id.startswith(prefix) else item_id
 
 
-def progress_tables(progress: Mapping[str, Any]) -> list[Table]:
+def progress_tables(progress: ProgressView) -> list[Table]:
     """Each agent's counts on one line, then per agent a table of its items (bounded)."""
-    agents = progress.get("agents") or []
+    agents = progress.agents
     if not agents:  # a mission with no items: no empty tables
         return []
     summary = Table(
-        title=f"Mission progress: {counts_line(progress['counts'], progress['total'])}",
+        title=f"Mission progress: {counts_line(progress.counts, progress.total)}",
         title_justify="left",
     )
     summary.add_column("agent")
@@ -196,18 +169,18 @@ def progress_tables(progress: Mapping[str, Any]) -> list[Table]:
     for col in ("items", "open", "verified", "claimed unverified", "waiting on a human", "other"):
         summary.add_column(col, justify="right")
     for agent in agents:
-        counts = agent["counts"]
+        counts = agent.counts
         summary.add_row(
-            agent["agent_id"],
-            ", ".join(agent["nodes"]),
-            str(agent["total"]),
+            agent.agent_id,
+            ", ".join(agent.nodes),
+            str(agent.total),
             *(str(counts.get(s, 0)) for s in _ALWAYS),
             ", ".join(
                 f"{n} {_NAMES.get(s, s)}" for s, n in counts.items() if n and s not in _ALWAYS
             )
             or "-",
         )
-    detailed = [a for a in agents if "items" in a]  # the business view carries counts only
+    detailed = [a for a in agents if a.items is not None]  # business: counts only
     if len(detailed) > AGENT_TABLES:
         summary.caption = (
             f"items shown for the first {AGENT_TABLES} of {len(detailed)} agents; "
@@ -217,12 +190,13 @@ def progress_tables(progress: Mapping[str, Any]) -> list[Table]:
     shown_agents = detailed[:AGENT_TABLES]
     limit = max(3, min(AGENT_ROWS, PROGRESS_ROWS // max(len(shown_agents), 1)))
     for agent in shown_agents:
-        shown, hidden = digest(agent["items"], limit)
+        items = agent.items or []
+        shown, hidden = digest(items, limit)
         table = Table(
-            title=f"{agent['agent_id']}: {counts_line(agent['counts'], agent['total'])}",
+            title=f"{agent.agent_id}: {counts_line(agent.counts, agent.total)}",
             title_justify="left",
         )
-        sessions = len({i["session_id"] for i in agent["items"]}) > 1
+        sessions = len({i.session_id for i in items}) > 1
         table.add_column("item", no_wrap=True)
         if sessions:  # one session per agent is the common case: no column that repeats it
             table.add_column("session", no_wrap=True, max_width=12, overflow="ellipsis")
@@ -233,9 +207,9 @@ def progress_tables(progress: Mapping[str, Any]) -> list[Table]:
         for item in shown:
             table.add_row(
                 clip(short_id(item), 12),
-                *([clip(item["session_id"], 12)] if sessions else []),
-                clip(item["text"], 60),
-                STANDING_LABELS.get(item["standing"]) or item["standing"],
+                *([clip(item.session_id, 12)] if sessions else []),
+                clip(item.text, 60),
+                STANDING_LABELS.get(item.standing) or item.standing.value,
                 _closes(item),
                 _latest(item),
             )

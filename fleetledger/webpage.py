@@ -9,14 +9,23 @@ with a ``data-digest``; ``live.js`` swaps in a new fragment when its digest chan
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from html import escape
-from typing import Any, NamedTuple
+from typing import NamedTuple
 from urllib.parse import quote
 
 from fleetledger.render import closes_text, counts_line, latest_text, short_id, standing_name
 from ledger.mission import ItemStanding
+from ledger.protocol import (
+    AgentProgress,
+    DecisionView,
+    GrantView,
+    LevelView,
+    MissionView,
+    ProgressView,
+    RiskView,
+)
 
 # Bars and counts: the standings each agent's line always shows (the rest sum as "other").
 SHOWN = (
@@ -100,25 +109,25 @@ def error_page(title: str, message: str, *, status: int) -> str:
     )  # fmt: skip
 
 
-def mission_page(view: Mapping[str, Any]) -> str:
-    url = f"{mission_href(str(view['mission_id']))}/view"
+def mission_page(view: MissionView) -> str:
+    url = f"{mission_href(view.mission_id)}/view"
     return document(
-        f"Mission {view['mission_id']}", live_region(url, mission_fragment(view)), live=url
+        f"Mission {view.mission_id}", live_region(url, mission_fragment(view)), live=url
     )
 
 
-def mission_fragment(view: Mapping[str, Any]) -> Fragment:
+def mission_fragment(view: MissionView) -> Fragment:
     """Budget per level, grants and their chain, risks, receipts and each agent's progress."""
     head = (
-        f'<h1>Mission <span class="id">{esc(view["mission_id"])}</span></h1>'
-        f'<dl class="facts"><dt>Purpose</dt><dd>{esc(view.get("purpose") or "-")}</dd>'
-        f"<dt>Owner</dt><dd>{esc(view.get('owner') or '-')}</dd>"
-        f"<dt>Ledger version</dt><dd>{esc(view.get('version'))}</dd>"
-        f"<dt>Applied through stream seq</dt><dd>{esc(view.get('applied_seq'))}</dd></dl>"
+        f'<h1>Mission <span class="id">{esc(view.mission_id)}</span></h1>'
+        f'<dl class="facts"><dt>Purpose</dt><dd>{esc(view.purpose or "-")}</dd>'
+        f"<dt>Owner</dt><dd>{esc(view.owner or '-')}</dd>"
+        f"<dt>Ledger version</dt><dd>{esc(view.version)}</dd>"
+        f"<dt>Applied through stream seq</dt><dd>{esc(view.applied_seq)}</dd></dl>"
     )
     sections = (
-        _budget(view), _grants(view), _risks(view.get("risks") or []),
-        _decisions(view.get("decisions") or []), _progress(view.get("progress") or {}),
+        _budget(view), _grants(view), _risks(view.risks), _decisions(view.decisions),
+        _progress(view.progress),
     )  # fmt: skip
     return with_digest(head + "".join(sections))
 
@@ -141,21 +150,21 @@ def _table(
     )
 
 
-def bar(level: Mapping[str, Any]) -> str:
+def bar(level: LevelView) -> str:
     """Settled, committed and reserved as parts of the ceiling: an SVG of three rectangles
     (widths are attributes, not styles), named in words for a screen reader."""
-    micros = level.get("micros") or {}
-    ceiling = int(micros.get("ceiling") or 0)
-    parts = [("settled", int(micros.get("settled") or 0)),
-             ("committed", int(micros.get("committed") or 0)),
-             ("reserved", int(micros.get("reserved") or 0))]  # fmt: skip
-    used = sum(n for _, n in parts)
-    label = ", ".join(f"{name} {level.get(name, '')}" for name, _ in parts)
-    label += f" of ceiling {level.get('ceiling', '')}"
+    micros = level.micros
+    ceiling = micros.ceiling
+    parts = [("settled", micros.settled, level.settled),
+             ("committed", micros.committed, level.committed),
+             ("reserved", micros.reserved, level.reserved)]  # fmt: skip
+    used = sum(n for _, n, _ in parts)
+    label = ", ".join(f"{name} {text}" for name, _, text in parts)
+    label += f" of ceiling {level.ceiling}"
     over = ceiling <= 0 or used > ceiling
     scale = max(ceiling, used, 1)
     x, rects = 0.0, []
-    for name, n in parts:
+    for name, n, _ in parts:
         width = 100.0 * n / scale
         if width > 0:
             rects.append(
@@ -170,48 +179,45 @@ def bar(level: Mapping[str, Any]) -> str:
     )
 
 
-def _grant_order(grants: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, Mapping[str, Any]]]:
+def _grant_order(grants: Sequence[GrantView]) -> Iterator[tuple[int, GrantView]]:
     """Grants depth first along their chain (a grant whose parent is not here is a root)."""
-    ids = {g["grant_id"] for g in grants}
-    children: dict[str | None, list[Mapping[str, Any]]] = {}
+    ids = {g.grant_id for g in grants}
+    children: dict[str | None, list[GrantView]] = {}
     for g in grants:
-        parent = g.get("parent_id") if g.get("parent_id") in ids else None
+        parent = g.parent_id if g.parent_id in ids else None
         children.setdefault(parent, []).append(g)
 
-    def walk(parent: str | None, depth: int) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    def walk(parent: str | None, depth: int) -> Iterator[tuple[int, GrantView]]:
         for g in children.get(parent, []):
             yield depth, g
-            yield from walk(g["grant_id"], depth + 1)
+            yield from walk(g.grant_id, depth + 1)
 
     return walk(None, 0)
 
 
-def _amount_cells(level: Mapping[str, Any]) -> str:
+def _amount_cells(level: LevelView) -> str:
     cells = "".join(
-        f'<td class="num">{esc(level.get(k, ""))}</td>'
-        for k in ("ceiling", "reserved", "committed", "settled", "remaining")
-    )
+        f'<td class="num">{esc(amount)}</td>'
+        for amount in (level.ceiling, level.reserved, level.committed, level.settled,
+                       level.remaining)
+    )  # fmt: skip
     return f"{cells}<td>{bar(level)}</td>"
 
 
-def _budget(view: Mapping[str, Any]) -> str:
+def _budget(view: MissionView) -> str:
     rows = []
-    if view.get("budget"):
-        b = view["budget"]
-        note = (
-            ' <strong class="bad">blocked by overrun</strong>'
-            if b.get("blocked_by_overrun")
-            else ""
-        )
+    if view.budget:
+        b = view.budget
+        note = ' <strong class="bad">blocked by overrun</strong>' if b.blocked_by_overrun else ""
         rows.append(f'<tr><th scope="row">mission{note}</th>{_amount_cells(b)}</tr>')
-    for depth, g in _grant_order(view.get("grants") or []):
-        level = g.get("budget")
+    for depth, g in _grant_order(view.grants):
+        level = g.budget
         if not level:
             continue
-        note = ' <strong class="bad">overrun</strong>' if level.get("blocked_by_overrun") else ""
+        note = ' <strong class="bad">overrun</strong>' if level.blocked_by_overrun else ""
         rows.append(
             f'<tr><th scope="row" class="depth-{min(depth + 1, MAX_DEPTH_CLASS)}">'
-            f"{esc(g['grant_id'])}{note}</th>{_amount_cells(level)}</tr>"
+            f"{esc(g.grant_id)}{note}</th>{_amount_cells(level)}</tr>"
         )
     if not rows:
         return _section("budget", "Budget", '<p class="empty">No budget in this view.</p>')
@@ -226,26 +232,26 @@ def _budget(view: Mapping[str, Any]) -> str:
     )
 
 
-def _grants(view: Mapping[str, Any]) -> str:
-    grants = view.get("grants") or []
-    rejected = view.get("rejected_grants") or {}
+def _grants(view: MissionView) -> str:
+    grants, rejected = view.grants, view.rejected_grants
     if not grants and not rejected:
         return _section("grants", "Grants", '<p class="empty">No grant issued.</p>')
-    by_id = {g["grant_id"]: g for g in grants}
+    by_id = {g.grant_id: g for g in grants}
     rows = []
     for _, g in _grant_order(grants):
-        chain, parent = [], g.get("parent_id")
-        while parent in by_id and parent not in chain:
+        chain: list[str] = []
+        parent = g.parent_id
+        while parent is not None and parent in by_id and parent not in chain:
             chain.append(parent)
-            parent = by_id[parent].get("parent_id")
-        path = " → ".join(["mission", *reversed(chain), g["grant_id"]])
-        status = esc(g["status"])
+            parent = by_id[parent].parent_id
+        path = " → ".join(["mission", *reversed(chain), g.grant_id])
+        status = esc(g.status)
         rows.append(
-            f'<tr><th scope="row">{esc(g["grant_id"])}</th><td>{esc(path)}</td>'
-            f"<td>{esc(g['holder'])}</td><td>{esc(g.get('purpose') or '')}</td>"
-            f"<td>{esc(', '.join(g.get('actions') or []))}</td>"
+            f'<tr><th scope="row">{esc(g.grant_id)}</th><td>{esc(path)}</td>'
+            f"<td>{esc(g.holder)}</td><td>{esc(g.purpose or '')}</td>"
+            f"<td>{esc(', '.join(g.actions))}</td>"
             f'<td><span class="tag {status}">{status}</span></td>'
-            f"<td>{esc(_when(g.get('expires_at')))}</td></tr>"
+            f"<td>{esc(_when(g.expires_at))}</td></tr>"
         )
     for gid, why in rejected.items():
         rows.append(
@@ -266,44 +272,43 @@ def _when(text: str | None) -> str:
         return text
 
 
-def _risks(risks: Sequence[Mapping[str, Any]]) -> str:
+def _risks(risks: Sequence[RiskView]) -> str:
     if not risks:
         return _section("risks", "Risks", '<p class="empty">No risk opened.</p>')
-    ordered = sorted(risks, key=lambda r: (r["status"] != "open", r["risk_id"]))
+    ordered = sorted(risks, key=lambda r: (r.status != "open", r.risk_id))
     rows = []
     for r in ordered:
-        who = [f"its owner {r['owner']}"]
-        others = [role for role in r.get("risk_roles") or [] if role != r["owner"]]
+        who = [f"its owner {r.owner}"]
+        others = [role for role in r.risk_roles if role != r.owner]
         if others:
             who.append("a holder of " + ", ".join(others))
-        bound = ", ".join(r.get("may_treat") or []) or "nobody yet"
+        bound = ", ".join(r.may_treat) or "nobody yet"
         who = [" or ".join(who) + f" (bound now: {bound})"]
-        status = "open" if r["status"] == "open" else "treated"
+        status = "open" if r.status == "open" else "treated"
         rows.append(
-            f'<tr class="{status}"><th scope="row">{esc(r["risk_id"])}</th>'
+            f'<tr class="{status}"><th scope="row">{esc(r.risk_id)}</th>'
             f'<td><span class="tag {status}">{status}</span></td>'
-            f"<td>{esc(', '.join(r.get('blocks') or []))}</td><td>{esc(r.get('scope'))}</td>"
-            f"<td>{esc('; '.join(who))}</td><td>{esc(r.get('summary'))}</td></tr>"
+            f"<td>{esc(', '.join(r.blocks))}</td><td>{esc(r.scope)}</td>"
+            f"<td>{esc('; '.join(who))}</td><td>{esc(r.summary)}</td></tr>"
         )
-    open_n = sum(1 for r in risks if r["status"] == "open")
+    open_n = sum(1 for r in risks if r.status == "open")
     columns = ("risk", "status", "blocks", "scope", "who may treat it", "summary")
     caption = f"Risks: {open_n} open of {len(risks)}"
     return _section("risks", "Risks", _table("t-risks", caption, columns, rows))
 
 
-def _decisions(decisions: Sequence[Mapping[str, Any]]) -> str:
+def _decisions(decisions: Sequence[DecisionView]) -> str:
     if not decisions:
         return _section("decisions", "Decisions", '<p class="empty">No decision yet.</p>')
     rows = []
     for d in reversed(decisions):  # the latest first
-        verdict = "allowed" if d["allowed"] else "denied"
-        cut = f"version {d['cut']}" + (
-            f", stream seq {d['cut_seq']}" if d.get("cut_seq") is not None else ""
-        )
+        verdict = "allowed" if d.allowed else "denied"
+        cut = f"version {d.cut}" + (f", stream seq {d.cut_seq}" if d.cut_seq is not None else "")
+        rule = d.rule.value if d.rule else "-"
         rows.append(
-            f'<tr><th scope="row">{esc(d["action_id"])}</th><td>{esc(d["action"])}</td>'
+            f'<tr><th scope="row">{esc(d.action_id)}</th><td>{esc(d.action)}</td>'
             f'<td><span class="tag {verdict}">{verdict}</span></td>'
-            f"<td>{esc(d.get('rule') or '-')}</td><td>{esc(d.get('reason') or '')}</td>"
+            f"<td>{esc(rule)}</td><td>{esc(d.reason or '')}</td>"
             f"<td>{esc(cut)}</td></tr>"
         )
     columns = ("action", "what", "verdict", "rule", "reason", "cut")
@@ -311,44 +316,44 @@ def _decisions(decisions: Sequence[Mapping[str, Any]]) -> str:
     return _section("decisions", "Decisions", _table("t-decisions", caption, columns, rows))
 
 
-def _counts_row(agent: Mapping[str, Any]) -> str:
-    counts = agent.get("counts") or {}
+def _counts_row(agent: AgentProgress) -> str:
+    counts = agent.counts
     other = sum(n for s, n in counts.items() if s not in SHOWN)
     cells = "".join(f'<td class="num">{esc(counts.get(s, 0))}</td>' for s in SHOWN)
     return (
-        f'<tr><th scope="row">{esc(agent["agent_id"])}</th>'
-        f"<td>{esc(', '.join(agent.get('nodes') or []))}</td>"
-        f'<td class="num">{esc(agent.get("total", 0))}</td>{cells}'
+        f'<tr><th scope="row">{esc(agent.agent_id)}</th>'
+        f"<td>{esc(', '.join(agent.nodes))}</td>"
+        f'<td class="num">{esc(agent.total)}</td>{cells}'
         f'<td class="num">{other}</td></tr>'
     )
 
 
-def _items(agent: Mapping[str, Any]) -> str:
-    items = agent.get("items")
+def _items(agent: AgentProgress) -> str:
+    items = agent.items
     if items is None:  # a view that carries counts only
         return ""
     rows = []
     for item in items[:ITEM_ROWS]:
-        standing = str(item["standing"])
+        standing = item.standing.value
         rows.append(
-            f'<tr><th scope="row">{esc(short_id(item))}</th><td>{esc(item["text"])}</td>'
+            f'<tr><th scope="row">{esc(short_id(item))}</th><td>{esc(item.text)}</td>'
             f'<td><span class="tag {esc(standing)}">{esc(standing_name(standing))}</span></td>'
             f"<td>{esc(closes_text(item))}</td><td>{esc(latest_text(item) or '-')}</td></tr>"
         )
     more = len(items) - ITEM_ROWS
     note = f'<p class="note">{more} more items not shown.</p>' if more > 0 else ""
-    caption = f"{esc(agent['agent_id'])}: {esc(counts_line(agent['counts'], agent['total']))}"
+    caption = f"{esc(agent.agent_id)}: {esc(counts_line(agent.counts, agent.total))}"
     columns = ("item", "text", "standing", "closes / closed by", "latest check or claim")
-    return _table(f"t-items-{agent['agent_id']}", caption, columns, rows, "items") + note
+    return _table(f"t-items-{agent.agent_id}", caption, columns, rows, "items") + note
 
 
-def _progress(progress: Mapping[str, Any]) -> str:
-    agents = progress.get("agents") or []
+def _progress(progress: ProgressView) -> str:
+    agents = progress.agents
     if not agents:
         return _section(
             "progress", "To-do progress", '<p class="empty">No to-do item captured.</p>'
         )
     columns = ("agent", "nodes", "items", *(standing_name(s) for s in SHOWN), "other")
-    caption = esc(counts_line(progress.get("counts") or {}, int(progress.get("total") or 0)))
+    caption = esc(counts_line(progress.counts, progress.total))
     summary = _table("t-progress", caption, columns, [_counts_row(a) for a in agents], "counts")
     return _section("progress", "To-do progress", summary + "".join(_items(a) for a in agents))

@@ -2,8 +2,9 @@
 
 One short process per hook call (``forward``): it forwards the agent's hook JSON to the node
 agent's ``/v1/hook`` over its Unix socket and prints the answer; the node agent runs the
-adapters (one per agent, ``adapters/``, over the shared ``core``), the same code the hook
-falls back on to fail closed when the node agent cannot answer. Nothing here imports beyond
+adapters (one per agent CLI, ``adapters/``, each an ``adapter.Adapter``: everything we know
+about that CLI) over the shared ``core``, the same code the hook falls back on to fail closed
+when the node agent cannot answer. Nothing here imports beyond
 the standard library, so a call costs a Python start and one hop. `hooks install` writes
 ``python -S .../fleetledger_hook/__main__.py AGENT EVENT`` (or use ``fleetledger-hook``).
 

@@ -1,16 +1,18 @@
-"""The shared core of the agent hooks: one hook call in, the node agent asked, the agent answered.
+"""The shared core of the agent hooks: one hook call planned, the node agent's reply answered.
 
-Each agent's adapter (``claude_code``, ``codex``, ``gemini``) says how its events map to the node
+Each agent's adapter (``fleetledger_hook.adapters``) says how its events map to the node
 agent's operations and how to word an answer in that agent's terms; this module does the rest,
-the same way for all three, importing only the stdlib (a hook runs twice per tool call):
+the same way for all of them, importing only the stdlib:
 
-    hook JSON on stdin ─► adapter.request(event, payload) ─► POST /v1/<op> on the socket
-    agent's answer on stdout/exit ◄─ adapter.<answer>(...) ◄─ the node agent's reply
+    hook JSON ─► plan(adapter, event, raw) ─► Request for the node agent (/v1/<op>)
+    the agent's answer ◄─ finish(call, reply) ◄─ the node agent's reply
 
-Failing closed is decided here, in one place: when the node agent cannot be asked (socket
-missing, refused, timed out, an answer we cannot read) or the hook input is unreadable, a
-pre-tool call that the consequential rules name is *blocked* with exit 2 (the one block every
-agent honours); other calls go ahead with a message; reminders fail open (configurable).
+The node agent runs it for every call (``/v1/hook``); the hook process runs it only on its slow
+path (``fail_closed``), when the node agent cannot be asked. Failing closed is decided here, in
+one place (``unreachable``): when the node agent cannot be asked (socket missing, refused,
+timed out, an answer we cannot read) or the hook input is unreadable, a pre-tool call that the
+consequential rules name is *blocked* with exit 2 (the one block every agent honours); other
+calls go ahead with a message; reminders fail open (configurable).
 """
 
 from __future__ import annotations
@@ -20,84 +22,35 @@ import os
 import sys
 
 from fleetledger_hook import policy
-from fleetledger_hook.forward import (
-    CONTEXT_VARS,
-    agent_context,
-    deadline_s,
-    override_note,
-    socket_path,
-)
-from fleetledger_hook.transport import NodeDown, NodeError, SocketTransport
+from fleetledger_hook.adapter import HookAnswer, Request, tool_input, tool_name
+from fleetledger_hook.context import agent_context, session_context
 
-# Only the stdlib, and only what a call needs: no `typing` or `dataclasses` at run time (each
-# costs about as much as the whole hop to the node agent). mypy reads the names below.
+# Only the stdlib, and only what a call needs: no `typing` or `dataclasses` at run time.
+# mypy reads the names below.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, ClassVar, Literal, Protocol
+    from typing import Any, Protocol
 
-    Op = Literal["prompt", "context", "pre", "post", "stop"]  # what an agent event maps to
+    from fleetledger_hook.adapter import Adapter, Op
 
     class Transport(Protocol):
         def call(self, op: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
 MAX_STDIN = 1 << 20
-MAX_ID = 100  # the node's id limit (store.safe_id): a longer mission would be cut, so refused
-_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 RULES_FILE = "node-agent.hook.json"  # written by the node agent and `hooks install`
 
 
-class HookAnswer:
-    """What the hook process prints and exits with."""
-
-    __slots__ = ("exit_code", "stderr", "stdout")
-
-    def __init__(self, stdout: str = "", stderr: str = "", exit_code: int = 0) -> None:
-        self.stdout, self.stderr, self.exit_code = stdout, stderr, exit_code
-
-    @staticmethod
-    def json(data: dict[str, Any], stderr: str = "") -> HookAnswer:
-        return HookAnswer(json.dumps(data), stderr, 0)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, HookAnswer) and (self.stdout, self.stderr, self.exit_code) == (
-            other.stdout, other.stderr, other.exit_code)  # fmt: skip
-
-    def __hash__(self) -> int:
-        return hash((self.stdout, self.stderr, self.exit_code))
-
-    def __repr__(self) -> str:
-        return f"HookAnswer(stdout={self.stdout!r}, stderr={self.stderr!r}, exit={self.exit_code})"
+class NodeDown(Exception):
+    """The node agent could not be asked, or its answer could not be read."""
 
 
-def session_context(env: dict[str, str]) -> dict[str, str]:
-    """The agent's context as the node uses it (``mission``, ``grant``), from the variables the
-    hook forwards; raises ``ValueError`` naming the variable and what it must be."""
-    unknown = sorted(set(env) - set(CONTEXT_VARS))
-    if unknown:
-        raise ValueError(
-            f"unknown context variable {unknown[0]} (the hook forwards {', '.join(CONTEXT_VARS)})"
-        )
-    context = {}
-    for name, value in env.items():
-        if not (0 < len(value) <= MAX_ID and set(value) <= _ID_CHARS and value[0] not in "-_"):
-            raise ValueError(
-                f"{name} in the agent's environment must be 1 to {MAX_ID} letters, digits, "
-                f"'-' or '_', starting with a letter or digit (got {len(value)} characters: "
-                f"{value[:40]!r})"
-            )
-        context[CONTEXT_VARS[name]] = value
-    return context
+class NodeError(Exception):
+    """The node agent answered with an error body (its code and message)."""
 
-
-class Request:
-    """What one hook call asks the node agent: an operation (prompt, context, tool, stop) and
-    its body."""
-
-    __slots__ = ("body", "op")
-
-    def __init__(self, op: str, body: dict[str, Any]) -> None:
-        self.op, self.body = op, body
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"[{code}] {message}")
+        self.code, self.message = code, message
 
 
 class Policy:
@@ -110,103 +63,6 @@ class Policy:
         reminders_fail_open: bool = True,
     ) -> None:  # fmt: skip
         self.rules, self.reminders_fail_open = rules, reminders_fail_open
-
-
-class Adapter:
-    """One agent's facts. Subclasses fill in ``name`` and ``events`` and override the answers
-    their agent words differently; the defaults are Claude Code's shapes."""
-
-    name = "agent"
-    events: ClassVar[dict[str, Op]] = {}
-
-    # --- hook input → request -----------------------------------------------------------
-
-    def session(self, event: str, payload: dict[str, Any]) -> str:
-        return str(payload.get("session_id") or payload.get("sessionId") or "default")
-
-    def request(
-        self, event: str, op: Op, payload: dict[str, Any], context: dict[str, str] | None = None
-    ) -> Request:
-        """``context``: the agent's mission and grant (``session_context``), if it names them."""
-        who = {"session_id": self.session(event, payload), "agent": self.name, **(context or {})}
-        if op == "prompt":
-            said = {**who, "text": prompt_text(payload)}
-            if isinstance(payload.get("cwd"), str):
-                said["cwd"] = payload["cwd"]  # where the items' inferred checks look
-            return Request("prompt", said)
-        if op == "context":
-            return Request("context", {"session_id": who["session_id"]})
-        if op == "stop":
-            active = bool(payload.get("stop_hook_active"))
-            return Request("stop", {"session_id": who["session_id"], "stop_hook_active": active})
-        body: dict[str, Any] = {
-            **who, "phase": "pre" if op == "pre" else "post", "tool": tool_name(payload),
-            "input": tool_input(payload),
-        }  # fmt: skip
-        if isinstance(payload.get("cwd"), str):
-            body["cwd"] = payload["cwd"]
-        if isinstance(payload.get("tool_use_id"), str) and payload["tool_use_id"]:
-            body["tool_use_id"] = payload["tool_use_id"]
-        if op != "pre":
-            body.update(self.result(event, payload))
-        return Request("tool", body)
-
-    def result(self, event: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """A post-tool event's result fields: ``response`` and, where the CLI's own fields say,
-        ``outcome`` and ``exit_status`` (never read from the command's output; by default the
-        CLI says neither, as Codex's plain-string result)."""
-        response = payload.get("tool_response", payload.get("tool_result"))
-        return {} if response is None else {"response": response}
-
-    # --- answers in the agent's terms ----------------------------------------------------
-
-    def context(self, event: str, text: str) -> HookAnswer:
-        return HookAnswer.json(
-            {"hookSpecificOutput": {"hookEventName": event, "additionalContext": text}}
-        )
-
-    def deny(self, event: str, reason: str) -> HookAnswer:
-        return HookAnswer.json(
-            {
-                "hookSpecificOutput": {
-                    "hookEventName": event,
-                    "permissionDecision": "deny",
-                    "permissionDecisionReason": reason,
-                }
-            }
-        )
-
-    def answer_from_record(
-        self, event: str, payload: dict[str, Any], reason: str, record: dict[str, Any]
-    ) -> HookAnswer:
-        """A command the record answers; by default a deny whose reason carries the result."""
-        return self.deny(event, reason)
-
-    def block(self, reason: str) -> HookAnswer:
-        return HookAnswer.json({"decision": "block", "reason": reason})
-
-    def note(self, message: str) -> HookAnswer:
-        return HookAnswer.json({"systemMessage": message}, stderr=message)
-
-    def fail_closed(self, event: str, reason: str) -> HookAnswer:
-        """Refuse a tool call when we cannot ask: exit 2, the block all three agents honour."""
-        return HookAnswer(stderr=reason, exit_code=2)
-
-
-def prompt_text(payload: dict[str, Any]) -> str:
-    text = payload.get("prompt")
-    if isinstance(text, str):
-        return text
-    return str(payload.get("user_prompt") or payload.get("message") or "")
-
-
-def tool_name(payload: dict[str, Any]) -> str:
-    return str(payload.get("tool_name") or payload.get("toolName") or "unknown")
-
-
-def tool_input(payload: dict[str, Any]) -> dict[str, Any]:
-    value = payload.get("tool_input")
-    return value if isinstance(value, dict) else {}
 
 
 class Call:
@@ -388,34 +244,12 @@ def load_policy(socket_path: str | None) -> Policy:
     return Policy(tuple(rules), bool(fail_open))
 
 
-def run(adapter: Adapter, event: str, raw: str | bytes, *, default_socket: str | None = None,
-        timeout_s: float | None = None) -> HookAnswer:  # fmt: skip
-    """One hook call over the node agent's socket, each operation asked separately."""
-    path = socket_path(default_socket)
-    if timeout_s is None:
-        timeout_s = deadline_s(adapter.events.get(event) == "stop")
-    transport = SocketTransport(path, timeout_s=timeout_s) if path else None
-    answer = handle(adapter, event, raw, transport=transport, policy_=load_policy(path))
-    answer.stderr = override_note(default_socket) + answer.stderr
-    return answer
-
-
-def fail_closed(agent: str, event: str, raw: bytes, why: str, default_socket: str | None) -> int:
-    """The slow path, when the fast one could not get an answer: no second try (the node may
-    have acted on the first), the agent answered as if the node agent were down."""
-    from fleetledger_hook.adapters import ADAPTERS
-
-    adapter = ADAPTERS.get(agent)
-    if adapter is None:
-        sys.stderr.write(
-            f"fleetledger-hook: unknown agent {agent!r}; usage: "
-            f"fleetledger-hook {{{','.join(ADAPTERS)}}} EVENT [--socket PATH]\n"
-        )
-        return 2  # a misconfigured hook blocks rather than silently allowing
+def fail_closed(adapter: Adapter, event: str, raw: bytes, why: str, socket: str | None) -> int:
+    """The hook process's slow path, when the fast one could not get an answer: no second try
+    (the node may have acted on the first), the agent answered as if the node agent were down,
+    by the rules it left next to ``socket``."""
     call = plan(adapter, event, raw)
-    answer = call.answer or unreachable(
-        call, NodeDown(why), load_policy(socket_path(default_socket))
-    )
+    answer = call.answer or unreachable(call, NodeDown(why), load_policy(socket))
     if answer.stdout:
         sys.stdout.write(answer.stdout + "\n")
     if answer.stderr:

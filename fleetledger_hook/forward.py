@@ -7,10 +7,9 @@ as much as the whole hop), and prints the answer, decoded with ``_json.scanstrin
 unexpected (no socket, refused, timed out, a reply of another shape) goes to the slow path in
 ``core``, which answers as if the node agent were down: blocked for a consequential action.
 
-The node agent is another process with its own environment, so the per-agent context it needs
-(``CONTEXT_VARS``: the mission and grant the agent works under) travels with each call, taken
-from this process's environment (the agent's); the node validates it and uses it for that
-session only.
+The agent's adapter (``fleetledger_hook.adapters``, imported without ``json``) says whether an
+event ends a turn, which is given longer; the agent's context (``fleetledger_hook.context``: the
+mission and grant it works under) travels with each call.
 """
 
 import _json
@@ -19,17 +18,14 @@ import os
 import sys
 import time
 
+from fleetledger_hook.adapters import ADAPTERS
+from fleetledger_hook.context import agent_context
+
 MAX_STDIN = 1 << 20
 MAX_REPLY = 4 << 20
 TIMEOUT_S = 10.0  # a tool or prompt call; the agent's own hook timeout is set well above
 STOP_TIMEOUT_S = 60.0  # a turn end may run completion checks (a test suite)
-STOP_EVENTS = frozenset({"Stop", "SubagentStop", "AfterAgent"})
 _NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
-# What the agent's environment tells the node about its session: an allowlist (nothing else of
-# the agent's environment leaves this process), each value cut past MAX_CONTEXT_VALUE (the node
-# refuses anything over its own, smaller limit, naming it).
-CONTEXT_VARS = {"FLEET_MISSION": "mission", "FLEET_GRANT_ID": "grant"}  # -> the node's field
-MAX_CONTEXT_VALUE = 256
 
 
 # The one variable that may move a hook to another node agent: named for the hook, so no
@@ -54,24 +50,17 @@ def override_note(installed: str | None) -> str:
     )
 
 
-def deadline_s(stop: bool) -> float:
+def deadline_s(agent: str, event: str) -> float:
+    """How long the hook waits for the node agent: longer for an event that ends a turn."""
     configured = os.environ.get("FLEET_HOOK_TIMEOUT_S")
     if configured:
         try:
             return float(configured)
         except ValueError:
             pass
+    adapter = ADAPTERS.get(agent)
+    stop = adapter is not None and adapter.events.get(event) == "stop"
     return STOP_TIMEOUT_S if stop else TIMEOUT_S
-
-
-def agent_context() -> dict[str, str]:
-    """The allowlisted per-agent variables set (non-empty) in this process's environment."""
-    found = {}
-    for name in CONTEXT_VARS:
-        value = os.environ.get(name)
-        if value:
-            found[name] = value[: MAX_CONTEXT_VALUE + 1]
-    return found
 
 
 def _context_json(context: dict[str, str]) -> bytes:
@@ -163,9 +152,7 @@ def _answer(argv: list[str] | None) -> int:
     if len(args) == 2 and path and set(agent) <= _NAME and set(event) <= _NAME and agent:
         if len(raw) <= MAX_STDIN:
             try:
-                code, stdout, stderr = ask(
-                    path, agent, event, raw, deadline_s(event in STOP_EVENTS)
-                )
+                code, stdout, stderr = ask(path, agent, event, raw, deadline_s(agent, event))
                 if stdout:
                     sys.stdout.write(stdout + "\n")
                 if stderr:
@@ -181,6 +168,13 @@ def _answer(argv: list[str] | None) -> int:
                 why = f"the node agent's answer could not be read ({exc})"
         else:
             why = f"hook input over {MAX_STDIN} bytes"
-    from fleetledger_hook.core import fail_closed  # the slow path: json, the adapters, rules
+    adapter = ADAPTERS.get(agent)
+    if adapter is None:
+        sys.stderr.write(
+            f"fleetledger-hook: unknown agent {agent!r}; usage: "
+            f"fleetledger-hook {{{','.join(ADAPTERS)}}} EVENT [--socket PATH]\n"
+        )
+        return 2  # a misconfigured hook blocks rather than silently allowing
+    from fleetledger_hook.core import fail_closed  # the slow path: json, the rules
 
-    return fail_closed(agent, event, raw, why, default_socket)
+    return fail_closed(adapter, event, raw, why, path)

@@ -17,6 +17,7 @@ import json
 import re
 
 from fleetledger_hook import programs
+from fleetledger_hook.adapters import ADAPTERS
 from fleetledger_hook.humans import AGENT_MAY_NOT_PASS, COMMANDS
 from fleetledger_hook.options import FLAGS, Spec
 from fleetledger_hook.programs import Invocation
@@ -28,9 +29,10 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
-# Claude Code and Codex call their shell tool "Bash"; Gemini CLI calls it run_shell_command.
-SHELL_TOOL_NAMES = frozenset({"Bash", "shell", "exec_command", "run_shell_command"})
-SHELL_TOOLS = r"^(Bash|shell|exec_command|run_shell_command)$"  # the same, as a tool regex
+# What the agents call their shell tool (each adapter's ``shell_tools``), and as a tool regex.
+_SHELLS = tuple(dict.fromkeys(name for a in ADAPTERS.values() for name in a.shell_tools))
+SHELL_TOOL_NAMES = frozenset(_SHELLS)
+SHELL_TOOLS = f"^({'|'.join(map(re.escape, _SHELLS))})$"
 UNDECIDABLE = "shell.undecidable"  # the action named when a command cannot be decided
 
 _GROUPS = frozenset(path[:n] for path in COMMANDS for n in range(1, len(path)))

@@ -7,11 +7,13 @@ Versioned subjects (`fleet.v1.*`) let a coordinator serve two protocol versions 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ledger.authority import Authority
 from ledger.errors import (
     AuthRefused,
     BinaryMissing,
@@ -24,7 +26,10 @@ from ledger.errors import (
     Unreachable,
 )
 from ledger.events import ID_PATTERN, DecisionRecorded, Event, TraceContext
+from ledger.invariants import ActionStatus, RiskStatus
+from ledger.items import ItemStatus
 from ledger.kernel import ActionRequest, Decision
+from ledger.mission import ItemStanding
 
 STREAM = "FLEET_LEDGER"
 SUBJECT_PREFIX = "fleet.ledger"
@@ -285,6 +290,147 @@ class ManageRequest(BaseModel):
     args: dict[str, Any] = Field(default_factory=dict)
 
 
+# --- management requests: what each op takes (``FleetClient.manage`` sends one) -------------
+# The coordinator validates the payload an op's arguments become (``coordinator.manage``), so
+# these stay loose: a value it refuses is refused there, with its rule. A field left out (None)
+# is the coordinator's to fill: who acts (the signer), a grant's expiry, an approval's version.
+# ``datetime`` fields may be given as ISO 8601 text.
+
+
+class Change(BaseModel):
+    """The arguments of one management op."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    op: ClassVar[ManageOp]
+
+    def args(self) -> dict[str, Any]:
+        """The ``ManageRequest.args`` it sends: its fields as JSON, without those left out."""
+        return {k: v for k, v in self.model_dump(mode="json").items() if v is not None}
+
+
+class CreateMission(Change):
+    op: ClassVar[ManageOp] = "mission.create"
+    purpose: str
+    owner: str
+    ceiling: int  # micros
+    expires_at: datetime | str | None = None
+    policy: Authority | None = None
+    risk_roles: list[str] | None = None
+    approver_roles: list[str] | None = None
+
+
+class IssueGrant(Change):
+    """A grant (``ledger.events.GrantSpec``); its expiry defaults to its parent's."""
+
+    op: ClassVar[ManageOp] = "grant.issue"
+    grant_id: str
+    parent_id: str | None = None
+    holder: str
+    purpose: str
+    owner: str
+    authority: Authority | dict[str, Any]  # a dict: sent as it is, for the coordinator to judge
+    budget: int  # micros
+    effective_from: datetime | str | None = None
+    expires_at: datetime | str | None = None
+
+
+class RevokeGrant(Change):
+    op: ClassVar[ManageOp] = "grant.revoke"
+    grant_id: str
+    reason: str
+    by: str | None = None
+
+
+class RegisterEvidence(Change):
+    op: ClassVar[ManageOp] = "evidence.register"
+    evidence_id: str
+    source: str
+    claim: str
+    valid_from: datetime | str | None = None
+    valid_until: datetime | str | None = None
+    registered_by: str | None = None
+
+
+class SupersedeEvidence(Change):
+    op: ClassVar[ManageOp] = "evidence.supersede"
+    evidence_id: str
+    by: str  # the evidence that replaces it
+    actor: str | None = None
+
+
+class OpenRisk(Change):
+    op: ClassVar[ManageOp] = "risk.open"
+    risk_id: str
+    blocks: list[str]
+    owner: str
+    summary: str
+    grant_id: str | None = None  # None: the whole mission
+
+
+class TreatRisk(Change):
+    op: ClassVar[ManageOp] = "risk.treat"
+    risk_id: str
+    status: str  # ACCEPTED, MITIGATED or TRANSFERRED
+    by: str | None = None
+    role: str | None = None
+
+
+class Approve(Change):
+    op: ClassVar[ManageOp] = "approve"
+    approval_id: str
+    role: str
+    action: str
+    expires_at: datetime | str
+    approver: str | None = None
+    grant_id: str | None = None
+    evaluated_version: int | None = None  # None: the mission's version now
+    conditions: dict[str, Any] | None = None  # ``ledger.events.ApprovalConditions``
+    uses: int | None = None
+
+
+class RecordEffect(Change):
+    op: ClassVar[ManageOp] = "effect.record"
+    action_id: str
+    outcome: str  # ``ledger.events.Outcome``
+    actual: int | None = None  # micros
+    detail: str | None = None
+
+
+class TreatOverrun(Change):
+    op: ClassVar[ManageOp] = "overrun.treat"
+    scope: str
+    by: str | None = None
+
+
+class BindRole(Change):
+    op: ClassVar[ManageOp] = "role.bind"
+    principal: str
+    role: str
+    by: str | None = None
+
+
+class UnbindRole(Change):
+    op: ClassVar[ManageOp] = "role.unbind"
+    principal: str
+    role: str
+    by: str | None = None
+
+
+CHANGES: dict[ManageOp, type[Change]] = {
+    c.op: c
+    for c in (
+        CreateMission, IssueGrant, RevokeGrant, RegisterEvidence, SupersedeEvidence, OpenRisk,
+        TreatRisk, Approve, RecordEffect, TreatOverrun, BindRole, UnbindRole,
+    )
+}  # fmt: skip
+
+
+def change_of(op: ManageOp, args: Mapping[str, Any]) -> Change:
+    """``op``'s request model holding ``args`` (arguments a command or a script gathered)."""
+    return CHANGES[op].model_validate(args)
+
+
 class ManageReply(BaseModel):
     ok: bool
     event_id: str | None = None
@@ -298,3 +444,129 @@ class ViewRequest(BaseModel):
 
     mission_id: str = Field(pattern=ID_PATTERN)
     role: Literal["operator", "policy", "business", "incident", "auditor"] = "operator"
+
+
+# --- views: what a view request answers (``coordinator.views`` builds them) ------------------
+# A field a reader's role does not see is left unset, and a view travels without its unset
+# fields (``wire``): the policy engineer's grants carry no ``budget`` key at all.
+
+
+class _View(BaseModel):
+    def wire(self) -> dict[str, Any]:
+        """The view as JSON data: without the fields its role leaves out."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class LevelMicros(_View):
+    """A level's amounts as integers (micro-units), for a page's bars."""
+
+    ceiling: int
+    reserved: int
+    committed: int
+    settled: int
+
+
+class LevelView(_View):
+    """One budget level (the mission, or a grant): its amounts as text, and as micros."""
+
+    scope: str
+    ceiling: str
+    reserved: str
+    committed: str
+    settled: str
+    remaining: str
+    blocked_by_overrun: str | None  # the overrun reservation that blocks it
+    micros: LevelMicros
+
+
+class GrantView(_View):
+    grant_id: str
+    parent_id: str | None
+    holder: str
+    purpose: str
+    actions: list[str]
+    status: Literal["active", "revoked"]
+    expires_at: str | None  # ISO 8601
+    budget: LevelView | None = None  # unset: a view without amounts (policy)
+
+
+class RiskView(_View):
+    risk_id: str
+    blocks: list[str]
+    owner: str
+    summary: str
+    scope: str  # its grant, or the mission
+    status: RiskStatus
+    risk_roles: list[str]  # besides its owner, holders of these may treat it
+    may_treat: list[str]  # who is bound now to treat it
+
+
+class ActionView(_View):
+    action_id: str
+    action: str
+    status: ActionStatus
+    needs_review: bool
+
+
+class DecisionView(_View):
+    """A decision receipt; what a role does not see is unset (business: the reason; only the
+    incident and audit views carry the evidence, risks and policy version)."""
+
+    action_id: str
+    action: str
+    allowed: bool
+    rule: Rule | None
+    reason: str | None = None
+    cut: int
+    cut_seq: int | None
+    evidence: list[str] | None = None
+    risks: list[str] | None = None
+    policy_version: str | None = None
+
+
+class ItemView(_View):
+    item_id: str
+    session_id: str
+    node_id: str
+    order: int
+    text: str
+    status: ItemStatus  # the stored status (authoritative)
+    standing: ItemStanding
+    check: str | None  # how the node verifies it; None: only a human can close it
+    closed_by: str | None
+    check_detail: str | None
+    claim: str | None  # advisory, never a stored status
+
+
+class AgentProgress(_View):
+    agent_id: str
+    nodes: list[str]
+    total: int
+    counts: dict[str, int]  # every standing, zeros included
+    items: list[ItemView] | None = None  # unset: counts only (business: texts quote prompts)
+
+
+class ProgressView(_View):
+    total: int
+    counts: dict[str, int]
+    agents: list[AgentProgress]
+
+
+class MissionView(_View):
+    """One mission's view for one reader (``ViewRequest.role``)."""
+
+    mission_id: str
+    exists: bool
+    purpose: str | None
+    owner: str | None
+    version: int
+    applied_seq: int
+    budget: LevelView | None = None  # unset: a view without amounts (policy)
+    grants: list[GrantView]
+    rejected_grants: dict[str, str]
+    risks: list[RiskView]
+    open_blockers: list[RiskView]
+    actions: list[ActionView]
+    decisions: list[DecisionView]
+    progress: ProgressView
+    role: str | None = None  # unset: the operator's view as built, not asked for by role

@@ -1,7 +1,9 @@
 """A small synchronous client of the node agent's local API (hooks, `todo`, in-house agents).
 
 Hooks run as one short process per call, so the client is synchronous: one request over the
-Unix socket (or loopback HTTP), JSON in and out. A node agent that does not answer raises
+Unix socket (or loopback HTTP). Each operation is a method taking its request model and
+returning its reply model (``node_agent.wire``); ``call`` is the JSON underneath, for what
+relays an agent's JSON as it is (the hook core). A node agent that does not answer raises
 ``Unreachable``; an error it returns is raised as the matching ``FleetError``.
 """
 
@@ -10,9 +12,10 @@ from __future__ import annotations
 import secrets
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, TypeAdapter
 
 from ledger.errors import ComponentTimeout, FleetError, Unreachable
 from ledger.identity import (
@@ -23,8 +26,48 @@ from ledger.identity import (
     sign_request,
 )
 from ledger.protocol import ErrorBody
-from node_agent.wire import NODE_SUBJECT, HumanRequest, PersonProof
+from node_agent.wire import (
+    NODE_SUBJECT,
+    ClaimFound,
+    ClaimLookup,
+    ClaimReceipt,
+    ClaimRecord,
+    ClaimRecorded,
+    ClaimStats,
+    ClaimStatsQuery,
+    ContextText,
+    Decision,
+    Done,
+    Evidence,
+    ExecState,
+    Health,
+    HookCall,
+    HookReply,
+    HumanRequest,
+    ItemClaim,
+    ItemReply,
+    Items,
+    PersonProof,
+    Prompt,
+    Prompted,
+    ReceiptRecorded,
+    Request,
+    ResourceChange,
+    ResourceRef,
+    ResourceVersion,
+    SessionRef,
+    Stop,
+    TodoAdd,
+    TodoCheck,
+    TodoList,
+    TodoSet,
+    ToolCall,
+    ToolRecorded,
+    TurnEnd,
+)
 
+R = TypeVar("R", bound=BaseModel)
+_TOOL_REPLY: TypeAdapter[Decision | ToolRecorded] = TypeAdapter(Decision | ToolRecorded)
 TOKEN_FILE = "node-agent.http-token"  # beside the socket, 0600: the loopback API's bearer token
 
 
@@ -77,7 +120,77 @@ class NodeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # --- the operations, typed -------------------------------------------------------------
+
+    def prompt(self, req: Prompt) -> Prompted:
+        return Prompted.model_validate(self._send("prompt", req))
+
+    def context(self, req: SessionRef) -> ContextText:
+        return ContextText.model_validate(self._send("context", req))
+
+    def stop(self, req: Stop) -> TurnEnd:
+        return TurnEnd.model_validate(self._send("stop", req))
+
+    def tool(self, req: ToolCall) -> Decision | ToolRecorded:
+        """PreToolUse: the decision; PostToolUse: what was recorded."""
+        return _TOOL_REPLY.validate_python(self._send("tool", req))
+
+    def todo_list(self, req: TodoList) -> Items:
+        return Items.model_validate(self._send("todo.list", req))
+
+    def todo_add(self, req: TodoAdd, *, seed: str | None = None) -> ItemReply:
+        return ItemReply.model_validate(self.ask("todo.add", req, seed=seed))
+
+    def todo_set(self, req: TodoSet, *, seed: str | None = None) -> ItemReply:
+        return ItemReply.model_validate(self.ask("todo.set", req, seed=seed))
+
+    def todo_check(self, req: TodoCheck, *, seed: str | None = None) -> ItemReply:
+        return ItemReply.model_validate(self.ask("todo.check", req, seed=seed))
+
+    def claim(self, req: ItemClaim) -> ItemReply:
+        return ItemReply.model_validate(self._send("claim", req))
+
+    def evidence(self, req: Evidence, *, seed: str | None = None) -> Done:
+        return Done.model_validate(self.ask("evidence.register", req, seed=seed))
+
+    def observe(self, req: ResourceChange) -> ResourceVersion:
+        return ResourceVersion.model_validate(self._send("resource.observe", req))
+
+    def modify(self, req: ResourceChange) -> ResourceVersion:
+        return ResourceVersion.model_validate(self._send("resource.modify", req))
+
+    def check_resource(self, req: ResourceRef) -> Decision:
+        return Decision.model_validate(self._send("resource.check", req))
+
+    def exec_state(self, req: SessionRef) -> ExecState:
+        return ExecState.model_validate(self._send("exec.state", req))
+
+    def claims_lookup(self, req: ClaimLookup) -> ClaimFound:
+        return ClaimFound.model_validate(self._send("claims.lookup", req))
+
+    def claims_record(self, req: ClaimRecord) -> ClaimRecorded:
+        return ClaimRecorded.model_validate(self._send("claims.record", req))
+
+    def claims_receipt(self, req: ClaimReceipt) -> ReceiptRecorded:
+        return ReceiptRecorded.model_validate(self._send("claims.receipt", req))
+
+    def claims_stats(self, req: ClaimStatsQuery) -> ClaimStats:
+        return ClaimStats.model_validate(self._send("claims.stats", req))
+
+    def hook(self, req: HookCall) -> HookReply:
+        return HookReply.model_validate(self._send("hook", req))
+
+    def health(self) -> Health:
+        """Whether it is alive, and its node's id (``/healthz``)."""
+        return Health.model_validate(self.get("/healthz"))
+
+    # --- the JSON underneath ---------------------------------------------------------------
+
+    def _send(self, op: str, req: Request) -> dict[str, Any]:
+        return self.call(op, **req.model_dump(mode="json"))
+
     def call(self, op: str, **body: Any) -> dict[str, Any]:
+        """``op`` with a JSON body, its JSON reply (the hook core relays an agent's JSON)."""
         if self.socket_path is not None and not self.socket_path.exists():
             raise Unreachable(
                 f"the node agent socket {self.where} does not exist; "
@@ -99,7 +212,7 @@ class NodeClient:
         node run without identity accepts); see ``node_agent.people``. The signature covers
         the node's id (its ``/healthz``), so it is valid on that node only."""
         if seed is not None:
-            node_id = str(self.get("/healthz").get("node_id", ""))
+            node_id = self.health().node_id or ""
             headers = sign_request(
                 seed,
                 NODE_SUBJECT.format(node_id=node_id, op=op),

@@ -26,7 +26,6 @@ import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ledger.errors import InvalidInput
 from ledger.events import (
@@ -50,11 +49,6 @@ MAX_OUTPUT = 3000  # characters of a command's output kept with its record
 SKIP_DIRS = WORKSPACE_SKIP | {"dist", "build"}  # what no workspace holds, and build output
 # a command with any of these is not cached: pipes, redirections, substitutions, globs, chains
 SHELL_META = re.compile(r"[;&|<>`$(){}*?\[\]~!\n\\]")
-
-# tool names of Claude Code, Codex and Gemini CLI, by what they do to a file
-READ_TOOLS = frozenset({"Read", "NotebookRead", "read_file", "read_many_files", "view"})
-WRITE_TOOLS = frozenset({"Edit", "MultiEdit", "Write", "NotebookEdit", "write_file", "replace"})
-FETCH_TOOLS = frozenset({"WebFetch", "web_fetch"})
 
 
 # --- the pure core --------------------------------------------------------------------------
@@ -164,55 +158,6 @@ class CacheHit:
             f"has changed since, so running it again would give the same result. "
             f"Recorded output:\n{shown}"
         )
-
-
-PATCH_FILE = re.compile(r"^\*\*\* (?:Add|Update|Delete) File: (?P<path>.+?)\s*$", re.M)
-PATCH_MOVE = re.compile(r"^\*\*\* Move to: (?P<path>.+?)\s*$", re.M)
-PATCH_TOOLS = frozenset({"apply_patch"})  # Codex: the paths are inside the patch text
-
-
-def patch_paths(patch: str) -> list[str]:
-    """The files a Codex ``apply_patch`` patch adds, updates, deletes or moves to."""
-    if "*** Begin Patch" not in patch:
-        return []
-    found = [m.group("path") for m in PATCH_FILE.finditer(patch)]
-    found += [m.group("path") for m in PATCH_MOVE.finditer(patch)]
-    return list(dict.fromkeys(found))
-
-
-def tool_paths(tool_input: Mapping[str, Any], tool: str | None = None) -> list[str]:
-    """The files a tool call names: a path argument, a list of paths, or a patch's files."""
-    for key in ("file_path", "notebook_path", "absolute_path", "path"):
-        value = tool_input.get(key)
-        if isinstance(value, str) and value.strip():
-            return [value]
-    paths = tool_input.get("paths")
-    if isinstance(paths, list):
-        return [p for p in paths if isinstance(p, str)]
-    for key in ("command", "patch", "input"):
-        value = tool_input.get(key)
-        if isinstance(value, str) and (tool in PATCH_TOOLS or value.startswith("*** Begin Patch")):
-            return patch_paths(value)
-    return []
-
-
-def is_write(tool: str, tool_input: Mapping[str, Any]) -> bool:
-    """A tool call that writes files: an edit tool, or a patch (Codex ``apply_patch``)."""
-    if tool in WRITE_TOOLS or tool in PATCH_TOOLS:
-        return True
-    command = tool_input.get("command")
-    return isinstance(command, str) and command.startswith("*** Begin Patch")
-
-
-def response_text(response: Any) -> str:
-    if isinstance(response, str):
-        return response
-    if isinstance(response, dict):
-        keys = ("stdout", "stderr", "output", "result", "content", "llmContent", "error")
-        parts = [response.get(k) for k in keys]
-        text = "\n".join(p for p in parts if isinstance(p, str) and p)
-        return text or json.dumps(response, sort_keys=True, default=str)
-    return json.dumps(response, sort_keys=True, default=str)
 
 
 # --- the shell: SQLite and the outbox -------------------------------------------------------

@@ -2,7 +2,8 @@
 
 The hook process itself is ``fleetledger_hook`` (stdlib only: one adapter per agent over one
 core). This module writes each agent's configuration so that it works on the first run and
-fails closed in that agent's own terms:
+fails closed in that agent's own terms, everything agent-specific asked of its adapter (its
+settings file, the handler and matcher group it takes, its timeout unit, its protections):
 
 - the command is absolute (this interpreter, ``-S`` so no site-packages are scanned, and the
   ``fleetledger_hook`` directory), with the node agent's socket baked in as a default;
@@ -13,58 +14,45 @@ fails closed in that agent's own terms:
 - entries merged without clobbering the user's own hooks; ours are recognised and updated in
   place, so installing twice changes nothing;
 - Codex runs a project's hooks only when each one is trusted (``trusted_hash`` in the user's
-  config.toml): ``codex_trust`` computes the hashes the way Codex does (sha256 of the canonical
-  JSON of the normalised hook identity) for ``hooks install codex --trust``;
-- where the agent has its own protection of files, the key store, fleet.env and the node
-  agent's state (its socket, its SQLite file) are put under it (``protected_paths``): Claude
-  Code's ``permissions.deny`` ``Read(...)``/``Edit(...)`` rules, which its sandbox merges into
-  its own read and write denials. Codex and Gemini CLI get no such entry (see the README).
+  config.toml): ``codex_trust`` has its adapter compute the hashes the way Codex does for
+  ``hooks install codex --trust``;
+- where the agent has its own protection of files (``Adapter.protect``: Claude Code's
+  ``permissions.deny`` rules), the key store, fleet.env and the node agent's state (its socket,
+  its SQLite file) are put under it (``protected_paths``). Codex and Gemini CLI have none.
 
 ``handle`` runs one hook call through the same core against a ``NodeClient`` (demo, tests).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 import fleetledger_hook
 from fleetledger_hook import core
-from fleetledger_hook.adapters import ADAPTERS
-from fleetledger_hook.core import HookAnswer, Policy
-from fleetledger_hook.transport import NodeDown, NodeError
+from fleetledger_hook.adapter import HookAnswer
+from fleetledger_hook.adapters import ADAPTERS, codex
+from fleetledger_hook.core import NodeDown, NodeError, Policy
 from ledger.errors import ComponentTimeout, FleetError, InvalidInput, Unreachable
 from node_agent.client import NodeClient
 from node_agent.settings import NodeSettings
 
-Agent = Literal["claude-code", "codex", "gemini"]
 HOOK_PACKAGE = Path(fleetledger_hook.__file__).resolve().parent
 
-SETTINGS_FILES: dict[Agent, str] = {
-    "claude-code": ".claude/settings.json",
-    "codex": ".codex/hooks.json",
-    "gemini": ".gemini/settings.json",
-}
 # seconds the agent waits for one hook before killing it: above the hook's own deadline
 TIMEOUT_S = {"stop": 90, "other": 30}
 
 __all__ = [
-    "SETTINGS_FILES",
-    "Agent",
     "AgentLayers",
     "HookAnswer",
     "HookGroup",
     "Installed",
-    "claude_deny_rules",
-    "claude_layers",
     "codex_trust",
     "handle",
     "install",
@@ -98,7 +86,7 @@ def policy_of(settings: NodeSettings) -> Policy:
 
 
 def handle(
-    agent: Agent, event: str, raw: str, *, settings: NodeSettings, client: NodeClient | None
+    agent: str, event: str, raw: str, *, settings: NodeSettings, client: NodeClient | None
 ) -> HookAnswer:
     """One hook call through the hook core, over ``client`` (None: the node agent is down)."""
     transport = _ClientTransport(client) if client is not None else None
@@ -164,16 +152,10 @@ class AgentLayers:
     disabled_by: Path | None = None
 
 
-def claude_layers(project: Path, home: Path) -> list[Path]:
-    """Claude Code's settings files, lowest precedence first: user, project, local project
-    (a later one overrides an earlier one key by key; managed settings are the admin's)."""
-    return [home / ".claude/settings.json", home / ".claude/settings.local.json",
-            project / ".claude/settings.json", project / ".claude/settings.local.json"]  # fmt: skip
-
-
 def read_layers(paths: list[Path]) -> AgentLayers:
-    """The effective ``env`` and ``disableAllHooks`` of settings ``paths`` (lowest first), or
-    ``InvalidInput`` naming a file that is not a JSON object or holds them in another shape."""
+    """The effective ``env`` and ``disableAllHooks`` of settings ``paths`` (lowest first, an
+    adapter's ``settings_layers``), or ``InvalidInput`` naming a file that is not a JSON object
+    or holds them in another shape."""
     found = AgentLayers()
     for path in (p for p in paths if p.is_file()):
         try:
@@ -201,7 +183,7 @@ _LAYER = TypeAdapter(_Layer)
 
 
 def hook_command(
-    agent: Agent, event: str, *, socket: Path | None, python: str | None = None,
+    agent: str, event: str, *, socket: Path | None, python: str | None = None,
     package: Path | None = None,
 ) -> str:  # fmt: skip
     """The absolute, wrapped command line of one hook."""
@@ -250,49 +232,27 @@ def protected_paths(settings: NodeSettings, fleet_dir: Path) -> list[Path]:
     return kept
 
 
-def claude_deny_rules(paths: list[Path]) -> list[str]:
-    """Claude Code permission rules that keep its file tools (and the shell commands naming
-    these paths) out of them: ``//`` starts an absolute path in a rule."""
-    return [f"{tool}(/{path}/**)" for path in paths for tool in ("Read", "Edit")]
-
-
-def _protect(agent: Agent, merged: dict[str, Any], protect: list[Path], done: Installed) -> None:
-    if agent != "claude-code" or not protect:
-        return
-    permissions = merged.setdefault("permissions", {})
-    deny = permissions.setdefault("deny", []) if isinstance(permissions, dict) else None
-    if not isinstance(deny, list):
-        raise InvalidInput("the settings file's permissions.deny is not a list; not touching it")
-    missing = [rule for rule in claude_deny_rules(protect) if rule not in deny]
-    if missing:
-        deny.extend(missing)
-        done.changed.append("permissions.deny")
-
-
 def install(
-    agent: Agent, existing: dict[str, Any], *, socket: Path | None, python: str | None = None,
+    agent: str, existing: dict[str, Any], *, socket: Path | None, python: str | None = None,
     package: Path | None = None, protect: list[Path] | None = None,
 ) -> Installed:  # fmt: skip
     """Merge our hooks into an agent's settings object without clobbering anything there.
 
-    Claude Code, Codex (hooks.json) and Gemini CLI share the shape
-    ``{"hooks": {EVENT: [{"matcher": ..., "hooks": [{"type": "command", "command": ...}]}]}}``.
-    An entry of ours is updated in place (a new path, timeout or wrapper); the rest is kept.
-    A table of another shape is refused (``parse_hooks``) before anything is merged.
+    The agents share the shape
+    ``{"hooks": {EVENT: [{"matcher": ..., "hooks": [{"type": "command", "command": ...}]}]}}``;
+    the handler and its group are the adapter's. An entry of ours is updated in place (a new
+    path, timeout or wrapper); the rest is kept. A table of another shape is refused
+    (``parse_hooks``) before anything is merged.
     """
+    adapter = ADAPTERS[agent]
     parse_hooks(existing)
     merged = json.loads(json.dumps(existing))  # deep copy
     hooks = merged.setdefault("hooks", {})
     done = Installed(merged)
-    for event, op in ADAPTERS[agent].events.items():
+    for event, op in adapter.events.items():
         seconds = TIMEOUT_S["stop" if op == "stop" else "other"]
-        handler: dict[str, Any] = {
-            "type": "command",
-            "command": hook_command(agent, event, socket=socket, python=python, package=package),
-            "timeout": seconds * 1000 if agent == "gemini" else seconds,  # Gemini: milliseconds
-        }
-        if agent == "gemini":
-            handler = {"name": f"fleetledger-{event}", **handler}
+        command = hook_command(agent, event, socket=socket, python=python, package=package)
+        handler = adapter.handler(event, command, seconds)
         groups = hooks.setdefault(event, [])
         found = False
         for group in groups:  # of the shape parse_hooks checked
@@ -305,70 +265,31 @@ def install(
                     found = True
         if found:
             continue
-        entry: dict[str, Any] = {"hooks": [handler]}
-        if op in ("pre", "post") and agent != "codex":
-            entry = {"matcher": "*" if agent == "claude-code" else ".*", **entry}
-        groups.append(entry)
+        groups.append(adapter.group(event, handler))
         done.changed.append(event)
-    _protect(agent, merged, protect or [], done)
+    try:
+        done.changed += adapter.protect(merged, [str(p) for p in protect or []])
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
     return done
 
 
-_CODEX_EVENT_LABEL = re.compile(r"(?<!^)(?=[A-Z])")
-
-
 def codex_trust(hooks_file: Path, config: dict[str, Any]) -> dict[str, str]:
-    """Codex's trust key -> ``trusted_hash`` for each of our hooks in ``hooks_file``.
+    """Codex's trust key -> ``trusted_hash`` for each of our hooks in ``hooks_file`` (its
+    settings object ``config``, of the shape ``parse_hooks`` reads), as Codex computes them
+    (``codex.trust_hashes``)."""
+    parse_hooks(config, str(hooks_file))
 
-    As Codex computes them (codex-rs/hooks discovery and config fingerprint): the key is
-    ``<hooks.json path>:<event_snake>:<group index>:<handler index>``; the hash is
-    ``sha256:`` + hex of the compact, key-sorted JSON of the hook's normalised identity, the
-    event's snake-case label with its matcher group holding only this one handler (timeout
-    defaulted to 600, absent fields left out as TOML drops them).
-    """
-    trusted = {}
-    for event, groups in parse_hooks(config, str(hooks_file)).items():
-        label = _CODEX_EVENT_LABEL.sub("_", event).lower()
-        for g, group in enumerate(groups):
-            matcher = (group.model_extra or {}).get("matcher")
-            for h, handler in enumerate(group.hooks):
-                if not _ours(handler, "codex", event):
-                    continue
-                normal = {"type": "command", "command": handler["command"],
-                          "timeout": max(1, int(handler.get("timeout") or 600)),
-                          "async": bool(handler.get("async", False))}  # fmt: skip
-                if handler.get("statusMessage") is not None:
-                    normal["statusMessage"] = handler["statusMessage"]
-                identity: dict[str, Any] = {"event_name": label, "hooks": [normal]}
-                if matcher is not None and label not in _NO_MATCHER:
-                    identity["matcher"] = matcher
-                canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"),
-                                       ensure_ascii=False)  # fmt: skip
-                digest = hashlib.sha256(canonical.encode()).hexdigest()
-                trusted[f"{hooks_file}:{label}:{g}:{h}"] = f"sha256:{digest}"
-    return trusted
+    def ours(handler: dict[str, Any], event: str) -> bool:
+        return _ours(handler, "codex", event)
 
-
-_NO_MATCHER = frozenset({"user_prompt_submit", "stop"})  # Codex ignores a matcher there
+    return codex.trust_hashes(str(hooks_file), config.get("hooks") or {}, ours)
 
 
 def trust_in_codex_config(text: str, trusted: dict[str, str], project: Path) -> str:
-    """``config.toml`` text with the project trusted and each hook's ``trusted_hash`` set; the
-    rest of the file kept as it is (tables of ours are replaced, nothing else is touched)."""
-    parsed = tomllib.loads(text) if text.strip() else {}
-    out = text if text.endswith("\n") or not text else text + "\n"
-    projects = parsed.get("projects", {})
-    if projects.get(str(project), {}).get("trust_level") != "trusted":
-        header = f"[projects.{json.dumps(str(project))}]"
-        if header in out:
-            raise FleetError(
-                f'{header} in the Codex config is not trusted; set trust_level = "trusted" '
-                "there yourself (not overwriting your choice)"
-            )
-        out += f'\n{header}\ntrust_level = "trusted"\n'
-    for key, digest in trusted.items():
-        header = f"[hooks.state.{json.dumps(key)}]"
-        out = re.sub(rf"\n?{re.escape(header)}\n(?:(?!\[)[^\n]*\n?)*", "\n", out)
-        out = out.rstrip("\n") + f'\n\n{header}\ntrusted_hash = "{digest}"\n'
-    tomllib.loads(out)  # never write a file Codex cannot read
-    return out
+    """``config.toml`` text with the project and ``trusted`` hooks trusted
+    (``codex.trusted_config``); a project the user keeps untrusted is a ``FleetError``."""
+    try:
+        return codex.trusted_config(text, trusted, str(project))
+    except codex.KeptUntrusted as exc:
+        raise FleetError(str(exc)) from None

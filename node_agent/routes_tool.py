@@ -5,6 +5,9 @@ Pre: a write premised on a superseded observation is denied (re-observe first), 
 command whose inputs are unchanged is answered from the record, and a consequential call goes
 to the gate. Post: reads, writes and command results are recorded, and an authorised call's
 effect is reported to the coordinator.
+
+What a call read or wrote is read by its agent's adapter (``Reading``: its tool names, the files
+a call names, the content and text of its result).
 """
 
 from __future__ import annotations
@@ -19,16 +22,10 @@ from opentelemetry import context as otel_context
 from pydantic import ValidationError
 
 from fleetbus.http import Route, typed
+from fleetledger_hook.adapter import Adapter, result_text
+from fleetledger_hook.adapters import ADAPTERS
 from ledger.events import TraceContext
-from node_agent.execution import (
-    FETCH_TOOLS,
-    READ_TOOLS,
-    ExecutionState,
-    digest,
-    is_write,
-    response_text,
-    tool_paths,
-)
+from node_agent.execution import ExecutionState, digest
 from node_agent.fleet.gate import ActionGate
 from node_agent.session import Session
 from node_agent.settings import NodeSettings
@@ -99,10 +96,11 @@ class ToolRoutes:
 
     def _before(self, session: Session, req: ToolCall) -> Decision | None:
         """Block a stale premise; answer a still-valid command from the record; else None."""
-        tool, tool_input, cwd = req.tool, req.input, self._cwd(req)
+        tool, tool_input, cwd, reading = req.tool, req.input, self._cwd(req), Reading(req.agent)
         writes = list(req.writes)
-        if is_write(tool, tool_input):
-            writes += [self.execution.resource_for(p, cwd) for p in tool_paths(tool_input, tool)]
+        if reading.writes(tool, tool_input):
+            paths = reading.paths(tool, tool_input)
+            writes += [self.execution.resource_for(p, cwd) for p in paths]
         for rid in writes:
             stale = self.execution.check_write(session, rid)
             if stale is not None:
@@ -113,7 +111,7 @@ class ToolRoutes:
                                        current=stale.current),
                 )  # fmt: skip
         command = tool_input.get("command")
-        if isinstance(command, str) and command.strip() and not is_write(tool, tool_input):
+        if isinstance(command, str) and command.strip() and not reading.writes(tool, tool_input):
             if self.gate.is_consequential(tool, tool_input):
                 return None  # never answered from a record: the coordinator decides
             hit = self.execution.before_command(session, tool, command, cwd)
@@ -135,49 +133,67 @@ class ToolRoutes:
         )  # fmt: skip
         session = self.ledger.session(req.session_id, **who)
         tool, tool_input, cwd, response = req.tool, req.input, self._cwd(req), req.response
+        reading = Reading(req.agent)
         for rid in req.reads:
             self.execution.observe(session, rid)
         for rid in req.writes:
             self.execution.modify(session, rid)
-        paths = [self.execution.resource_for(p, cwd) for p in tool_paths(tool_input, tool)]
+        paths = [self.execution.resource_for(p, cwd) for p in reading.paths(tool, tool_input)]
         if req.outcome == "failed":
             paths = []  # a failed read observed nothing; a failed edit may have changed nothing
-        if tool in READ_TOOLS:
-            given = read_content(response)  # what the model was given, if the agent says
+        if reading.reads(tool):
+            given = reading.content_read(response)  # what the model was given, if it says
             for rid in paths:
                 if given is not None and len(paths) == 1:
                     self.execution.observe(session, rid, digest(given.encode()))
                 elif self.execution.live_version(rid) is not None:
                     self.execution.observe(session, rid)
-        elif is_write(tool, tool_input):
+        elif reading.writes(tool, tool_input):
             for rid in paths:
                 if self.execution.live_version(rid) is not None:
                     self.execution.modify(session, rid)
-        elif tool in FETCH_TOOLS and isinstance(tool_input.get("url"), str):
-            text = response_text(response)
+        elif reading.fetches(tool) and isinstance(tool_input.get("url"), str):
+            text = reading.output(response)
             self.execution.observe(session, f"url:{tool_input['url']}", digest(text.encode()))
         command = tool_input.get("command")
-        shell = isinstance(command, str) and command.strip() and not is_write(tool, tool_input)
+        shell = (
+            isinstance(command, str) and command.strip() and not reading.writes(tool, tool_input)
+        )
         # a status the CLI did not report (Codex) is unknown: nothing recorded
         if shell and isinstance(command, str) and req.exit_status is not None:
             self.execution.after_command(
-                session, tool, command, cwd, req.exit_status, response_text(response)
+                session, tool, command, cwd, req.exit_status, reading.output(response)
             )
         return claimed
 
 
-def read_content(response: Any) -> str | None:
-    """The whole content a read gave the model, where the agent reports it (Claude Code's
-    ``tool_response.file``: content, startLine, numLines, totalLines); None for a part of a
-    file or a response that does not say (then the disk's version is recorded)."""
-    if not isinstance(response, dict) or not isinstance(response.get("file"), dict):
-        return None
-    f = response["file"]
-    content, start, lines, total = (f.get(k) for k in ("content", "startLine", "numLines",
-                                                       "totalLines"))  # fmt: skip
-    if not isinstance(content, str) or not all(isinstance(n, int) for n in (start, lines, total)):
-        return None
-    return content if start == 1 and lines >= total else None
+class Reading:
+    """A tool call read as its agent's adapter reads it; a call that names no agent of ours
+    (an in-house agent over the API) as any of them would: the first that recognises it."""
+
+    def __init__(self, agent: str | None) -> None:
+        known = ADAPTERS.get(agent or "")
+        self.adapters: list[Adapter] = [known] if known else list(ADAPTERS.values())
+
+    def reads(self, tool: str) -> bool:
+        return any(tool in a.read_tools for a in self.adapters)
+
+    def fetches(self, tool: str) -> bool:
+        return any(tool in a.fetch_tools for a in self.adapters)
+
+    def writes(self, tool: str, tool_input: dict[str, Any]) -> bool:
+        return any(a.writes(tool, tool_input) for a in self.adapters)
+
+    def paths(self, tool: str, tool_input: dict[str, Any]) -> list[str]:
+        return next((p for a in self.adapters if (p := a.paths(tool, tool_input))), [])
+
+    def content_read(self, response: Any) -> str | None:
+        found = (a.content_read(response) for a in self.adapters)
+        return next((c for c in found if c is not None), None)
+
+    def output(self, response: Any) -> str:
+        keys = dict.fromkeys(k for a in self.adapters for k in a.output_keys)
+        return result_text(response, tuple(keys))
 
 
 def _effect_outcome(req: ToolCall) -> str:

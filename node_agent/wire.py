@@ -33,8 +33,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 
+from fleetledger_hook.adapters import ADAPTERS
 from ledger.items import ItemStatus
 from node_agent.todo.checks import Check
 
@@ -42,6 +43,15 @@ if TYPE_CHECKING:  # hooks import this module: keep it light (no SQLite store)
     from node_agent.todo.item import StoredItem
 
 NonEmpty = Annotated[str, Field(min_length=1, pattern=r"\S")]
+
+
+def _known_agent(name: str) -> str:
+    if name not in ADAPTERS:
+        raise ValueError(f"{name!r} is none of the agents hooked: {', '.join(ADAPTERS)}")
+    return name
+
+
+AgentName = Annotated[str, AfterValidator(_known_agent)]  # an agent CLI we have an adapter for
 
 
 class Request(BaseModel):
@@ -211,10 +221,10 @@ class ClaimReceipt(ClaimIdentity):
 class HookCall(Request):
     """One agent hook call as the agent sent it (the hook process forwards it unparsed)."""
 
-    agent: Literal["claude-code", "codex", "gemini"]
+    agent: AgentName
     event: NonEmpty
-    # the agent's own FLEET_MISSION / FLEET_GRANT_ID (fleetledger_hook.forward.CONTEXT_VARS),
-    # checked by the hook route (core.session_context) and used for this session only
+    # the agent's own FLEET_MISSION / FLEET_GRANT_ID (fleetledger_hook.context.CONTEXT_VARS),
+    # checked by the hook route (context.session_context) and used for this session only
     context: dict[str, Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=dict, max_length=8
     )
@@ -377,6 +387,15 @@ class HookReply(Reply):
     exit_code: int
     stdout: str
     stderr: str
+
+
+class Health(Reply):
+    """A node agent's ``/healthz``: alive, and which node it is."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    status: str
+    node_id: str | None = None
 
 
 class ClaimStats(Reply):

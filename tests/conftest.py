@@ -1,4 +1,7 @@
-"""Shared fixtures: real nats-server and redis-server from the embedded launcher."""
+"""Shared fixtures: real nats-server and redis-server from the embedded launcher.
+
+Each suite directory carries its marker (``DIRECTORY_MARKERS``), so a test file never sets it.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,19 @@ from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from fleetbus.client import FleetClient
 from fleetledger.servers import REDIS_ADMIN, REDIS_BRANCH, EmbeddedServers
+
+TESTS = Path(__file__).resolve().parent
+# the pyproject markers a whole directory stands for: every test under it carries it
+DIRECTORY_MARKERS = {"integration": "integration", "realcli": "realcli", "judge": "realmodel"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects and the judge's deselection reads markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = item.path.resolve().relative_to(TESTS).parts
+        marker = DIRECTORY_MARKERS.get(parts[0]) if len(parts) > 1 else None
+        if marker is not None:
+            item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")

@@ -15,18 +15,22 @@
 
 A command hook that exits with anything but 2 is a non-blocking error to Claude Code, so every
 refusal the hook cannot word in JSON is exit 2 (``Adapter.fail_closed``).
+
+Settings: ``.claude/settings.json`` (timeouts in seconds, tool hooks under matcher ``*``), merged
+over the user's and the local ones; its ``permissions.deny`` ``Read(...)``/``Edit(...)`` rules
+keep its file tools (and, with its sandbox on, every command) out of the paths we protect. A
+whole read's content is in ``tool_response.file``.
 """
 
 from __future__ import annotations
 
-import shlex
-
-from fleetledger_hook.core import TYPE_CHECKING, Adapter, HookAnswer
+from fleetledger_hook.adapter import TYPE_CHECKING, Adapter, HookAnswer
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any, ClassVar
 
-    from fleetledger_hook.core import Op
+    from fleetledger_hook.adapter import Op
 
 
 # A Bash call that did not finish in the foreground (run_in_background, moved to the background
@@ -51,6 +55,42 @@ class ClaudeCode(Adapter):
         "PostToolUse": "post", "PostToolUseFailure": "post", "Stop": "stop",
         "SubagentStop": "stop",
     }  # fmt: skip
+    settings_file = ".claude/settings.json"
+    tool_matcher = "*"
+    shell_tools = ("Bash",)
+    read_tools = frozenset({"Read", "NotebookRead"})
+    write_tools = frozenset({"Edit", "MultiEdit", "Write", "NotebookEdit"})
+    fetch_tools = frozenset({"WebFetch"})
+
+    def settings_layers(self, project: Path, home: Path) -> list[Path]:
+        """User, local user, project, local project (a later one overrides an earlier one key by
+        key; managed settings are the admin's)."""
+        files = (".claude/settings.json", ".claude/settings.local.json")
+        return [*(home / f for f in files), *(project / f for f in files)]
+
+    def protect(self, settings: dict[str, Any], paths: list[str]) -> list[str]:
+        if not paths:
+            return []
+        permissions = settings.setdefault("permissions", {})
+        deny = permissions.setdefault("deny", []) if isinstance(permissions, dict) else None
+        if not isinstance(deny, list):
+            raise ValueError("the settings file's permissions.deny is not a list; not touching it")
+        missing = [rule for rule in deny_rules(paths) if rule not in deny]
+        deny.extend(missing)
+        return ["permissions.deny"] if missing else []
+
+    def content_read(self, response: Any) -> str | None:
+        """``tool_response.file``: content, startLine, numLines, totalLines."""
+        if not isinstance(response, dict) or not isinstance(response.get("file"), dict):
+            return None
+        f = response["file"]
+        content, start, lines, total = (
+            f.get(k) for k in ("content", "startLine", "numLines", "totalLines")
+        )
+        numbers = (start, lines, total)
+        if not isinstance(content, str) or not all(isinstance(n, int) for n in numbers):
+            return None
+        return content if start == 1 and lines >= total else None
 
     def session(self, event: str, payload: dict[str, Any]) -> str:
         parent = super().session(event, payload)
@@ -83,6 +123,8 @@ class ClaudeCode(Adapter):
         self, event: str, payload: dict[str, Any], reason: str, record: dict[str, Any]
     ) -> HookAnswer:
         """Run a stand-in that prints the recorded result instead of the command itself."""
+        import shlex
+
         tool_input = payload.get("tool_input")
         if not isinstance(tool_input, dict) or not isinstance(record.get("output"), str):
             return self.deny(event, reason)
@@ -101,3 +143,9 @@ class ClaudeCode(Adapter):
                 }
             }
         )
+
+
+def deny_rules(paths: list[str]) -> list[str]:
+    """Permission rules that keep Claude Code's file tools (and the shell commands naming these
+    paths) out of absolute ``paths``: ``//`` starts an absolute path in a rule."""
+    return [f"{tool}(/{path}/**)" for path in paths for tool in ("Read", "Edit")]

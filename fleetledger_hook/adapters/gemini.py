@@ -11,16 +11,19 @@
 
 Hook timeouts are in milliseconds and a hook that times out is *allowed*, so the installer sets
 a timeout well above the hook's own deadline, and the hook itself refuses in time.
+
+Settings: ``.gemini/settings.json``, each handler named, tool hooks under matcher ``.*``. A
+tool's text is in ``llmContent``.
 """
 
 from __future__ import annotations
 
-from fleetledger_hook.core import TYPE_CHECKING, Adapter, HookAnswer
+from fleetledger_hook.adapter import TYPE_CHECKING, Adapter, HookAnswer
 
 if TYPE_CHECKING:
     from typing import Any, ClassVar
 
-    from fleetledger_hook.core import Op
+    from fleetledger_hook.adapter import Op
 
 
 _WRAP = ("<untrusted_context>\n", "\n</untrusted_context>")
@@ -68,6 +71,17 @@ class Gemini(Adapter):
         "BeforeAgent": "prompt", "SessionStart": "context", "BeforeTool": "pre",
         "AfterTool": "post", "AfterAgent": "stop",
     }  # fmt: skip
+    settings_file = ".gemini/settings.json"
+    timeout_unit = "ms"
+    tool_matcher = ".*"
+    shell_tools = ("run_shell_command",)
+    read_tools = frozenset({"read_file", "read_many_files"})
+    write_tools = frozenset({"write_file", "replace"})
+    fetch_tools = frozenset({"web_fetch"})
+    output_keys = ("llmContent", "error")
+
+    def handler(self, event: str, command: str, seconds: int) -> dict[str, Any]:
+        return {"name": f"fleetledger-{event}", **super().handler(event, command, seconds)}
 
     def result(self, event: str, payload: dict[str, Any]) -> dict[str, Any]:
         done = super().result(event, payload)

@@ -22,8 +22,10 @@ from pydantic import ValidationError
 
 from fleetbus.http import Route, first_error, typed
 from fleetledger_hook import core
+from fleetledger_hook.adapter import HookAnswer
 from fleetledger_hook.adapters import ADAPTERS
-from fleetledger_hook.transport import NodeError
+from fleetledger_hook.context import session_context
+from fleetledger_hook.core import NodeError
 from ledger.errors import FleetError
 from node_agent.session import safe_id
 from node_agent.settings import NodeSettings
@@ -46,12 +48,12 @@ class HookRoutes:
         payload = req.payload if isinstance(req.payload, dict) else json.dumps(req.payload)
         refused: str | None = None
         try:
-            context = core.session_context(req.context)
+            context = session_context(req.context)
         except ValueError as exc:
             context, refused = {}, str(exc)
         call = core.plan(adapter, req.event, payload, context)
         if call.answer is not None or call.request is None:
-            answer = call.answer or core.HookAnswer()
+            answer = call.answer or HookAnswer()
         else:
             refused = refused or await self.store.run(self._other_mission, call.request.body)
             if refused is not None:
@@ -60,7 +62,7 @@ class HookRoutes:
                 answer = await self._ask(call)
         return HookReply(exit_code=answer.exit_code, stdout=answer.stdout, stderr=answer.stderr)
 
-    async def _ask(self, call: core.Call) -> core.HookAnswer:
+    async def _ask(self, call: core.Call) -> HookAnswer:
         assert call.request is not None
         try:
             reply = await self.ops[call.request.op](call.request.body)

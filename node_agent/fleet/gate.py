@@ -23,6 +23,7 @@ from ledger.ids import new_id
 from ledger.invariants import check_risks
 from ledger.kernel import ActionRequest
 from ledger.money import parse_amount
+from ledger.protocol import RecordEffect
 from node_agent.fleet.risk_store import RiskStore
 from node_agent.settings import ConsequentialRule, compiled
 from node_agent.wire import Decision, DecisionKind, allow
@@ -133,8 +134,8 @@ class ActionGate:
             return
         mission_id, action_id = pending
         try:
-            effect = {"action_id": action_id, "outcome": outcome}
-            await client.manage("effect.record", mission_id, effect, actor=self.node_id)
+            effect = RecordEffect(action_id=action_id, outcome=outcome)
+            await client.manage(mission_id, effect, actor=self.node_id)
         except FleetError as exc:  # the coordinator keeps it committed until reconciled
             log.warning("effect of %s not recorded: %s", action_id, exc.message)
 

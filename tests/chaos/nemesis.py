@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from fleetledger.servers import REDIS_BRANCH, EmbeddedServers, ManagedServer
+from fleetledger.processes import ManagedServer
+from fleetledger.servers import REDIS_BRANCH, EmbeddedServers
 from tests.chaos.history import History
 
 FAULTS = ("kill", "pause")

@@ -18,6 +18,7 @@ from fleetledger.servers import EmbeddedServers
 from ledger.authority import Authority
 from ledger.errors import FleetError
 from ledger.kernel import ActionRequest
+from ledger.protocol import CreateMission, IssueGrant
 from reservations import ReservationClient
 
 pytestmark = pytest.mark.slow
@@ -46,14 +47,13 @@ async def wait_until_serving(client: FleetClient, mission: str, timeout: float =
     while True:
         try:
             await client.manage(
-                "mission.create",
                 mission,
-                {
-                    "purpose": "chaos",
-                    "owner": "o",
-                    "ceiling": 10_000_000,
-                    "expires_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat(),
-                },
+                CreateMission(
+                    purpose="chaos",
+                    owner="o",
+                    ceiling=10_000_000,
+                    expires_at=(datetime.now(UTC) + timedelta(hours=1)).isoformat(),
+                ),
             )
             return
         except FleetError:
@@ -70,16 +70,15 @@ async def test_kill_and_restart_loses_nothing_and_doubles_nothing(tmp_path: Path
             async with await FleetClient.connect(servers.nats_url, timeout=2) as client:
                 await wait_until_serving(client, "chaos")
                 await client.manage(
-                    "grant.issue",
                     "chaos",
-                    {
-                        "grant_id": "g",
-                        "holder": "a",
-                        "purpose": "p",
-                        "owner": "o",
-                        "authority": Authority.of(["pay"]).model_dump(mode="json"),
-                        "budget": 10_000_000,
-                    },
+                    IssueGrant(
+                        grant_id="g",
+                        holder="a",
+                        purpose="p",
+                        owner="o",
+                        authority=Authority.of(["pay"]).model_dump(mode="json"),
+                        budget=10_000_000,
+                    ),
                 )
                 requests = [
                     ActionRequest(
@@ -121,7 +120,7 @@ async def test_kill_and_restart_loses_nothing_and_doubles_nothing(tmp_path: Path
         assert sorted(d.action_id for d in state.decisions) == sorted(f"a{i}" for i in range(60))
         assert sorted(state.reservations) == sorted(f"r-a{i}" for i in range(60))
         assert state.level("mission").committed == 60 * 10_000
-        assert view["budget"]["committed"] == "0.60"
+        assert view.budget.committed == "0.60"
         async with ReservationClient.from_url(servers.redis_url) as store:
             redis_level = await store.level("chaos", "mission")
         # Redis never holds less than the record; an unrecorded hold is returned by its lease.

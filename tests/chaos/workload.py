@@ -32,7 +32,15 @@ from ledger.authority import Authority
 from ledger.errors import ComponentTimeout, ErrorCode, FleetError, RuleViolation, Unreachable
 from ledger.events import BudgetCommitted, BudgetReleased, BudgetReserved, make_event, parse_events
 from ledger.kernel import ActionRequest
-from ledger.protocol import DEADLETTER_STREAM, STREAM, deadletter_subject, mission_filter
+from ledger.protocol import (
+    DEADLETTER_STREAM,
+    STREAM,
+    CreateMission,
+    IssueGrant,
+    change_of,
+    deadletter_subject,
+    mission_filter,
+)
 from reservations import ReservationClient
 from reservations import keys as rk
 from tests.chaos.history import (
@@ -150,7 +158,7 @@ class Client:
     async def _manage(self, op: Op, name: str, mission: str, args: dict[str, Any]) -> bool:
         assert self.fleet is not None
         try:
-            reply = await self.fleet.manage(name, mission, args, actor=OWNER)  # type: ignore[arg-type]
+            reply = await self.fleet.manage(mission, change_of(name, args), actor=OWNER)  # type: ignore[arg-type]
         except (ComponentTimeout, Unreachable) as exc:
             self.history.unknown(op, exc.message, code=_code(exc))
             return False
@@ -354,7 +362,7 @@ class Client:
         assert self.fleet is not None
         op = self.history.invoke(self.name, mission, "view", {})
         try:
-            v = await self.fleet.view(mission)
+            v = (await self.fleet.view(mission)).wire()
         except FleetError as exc:
             self.history.error(op, _code(exc), exc.message)
             return
@@ -474,9 +482,10 @@ async def set_up(fleet: FleetClient, missions: list[str], world: World) -> None:
         async def create(m: str = m) -> None:
             try:
                 await fleet.manage(
-                    "mission.create",
                     m,
-                    {"purpose": "chaos", "owner": OWNER, "ceiling": CEILING, "expires_at": expires},
+                    CreateMission(
+                        purpose="chaos", owner=OWNER, ceiling=CEILING, expires_at=expires
+                    ),
                 )
             except FleetError as exc:
                 if exc.code is not ErrorCode.DUPLICATE:
@@ -499,7 +508,7 @@ async def set_up(fleet: FleetClient, missions: list[str], world: World) -> None:
 
             async def issue(args: dict[str, Any] = args, m: str = m) -> None:
                 try:
-                    await fleet.manage("grant.issue", m, args)
+                    await fleet.manage(m, IssueGrant(**args))
                 except FleetError as exc:
                     if exc.code is not ErrorCode.DUPLICATE:
                         raise
@@ -738,7 +747,7 @@ async def run_chaos(
 async def _view(fleet: FleetClient, mission: str) -> dict[str, Any] | None:
     """The live view, or None for a mission the coordinator does not know."""
     try:
-        return await fleet.view(mission)
+        return (await fleet.view(mission)).wire()
     except FleetError as exc:
         if exc.code is ErrorCode.NOT_FOUND:
             return None

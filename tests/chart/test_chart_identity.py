@@ -23,13 +23,8 @@ from nats.aio.client import Client
 from fleetbus.bus import ensure_risk_bucket, ensure_streams
 from fleetbus.identity import KeyStore, seed_of
 from fleetbus.permissions import authorization, inbox_prefix
-from fleetledger.servers import (
-    REDIS_COORDINATOR,
-    REDIS_USERS,
-    ManagedServer,
-    find_nats_server,
-    find_redis_server,
-)
+from fleetledger.processes import ManagedServer, find_nats_server, find_redis_server
+from fleetledger.servers import REDIS_COORDINATOR, REDIS_USERS
 from ledger.errors import InvalidInput
 from ledger.identity import Role, public_key
 from ledger.protocol import AUTHORIZE_SUBJECT

@@ -12,6 +12,7 @@ from coordinator.service import Coordinator
 from fleetbus.client import FleetClient
 from ledger.ids import new_id
 from ledger.mission import ReservationState
+from ledger.protocol import CreateMission
 from reservations import MISSION_SCOPE, ReservationClient
 
 
@@ -24,9 +25,8 @@ async def new_mission(fleet: FleetClient, ceiling: int) -> str:
     mid = mission_id()
     expires = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     reply = await fleet.manage(
-        "mission.create",
         mid,
-        {"purpose": "branches", "owner": "platform", "ceiling": ceiling, "expires_at": expires},
+        CreateMission(purpose="branches", owner="platform", ceiling=ceiling, expires_at=expires),
     )
     assert reply.ok, reply
     return mid

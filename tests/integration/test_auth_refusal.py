@@ -19,13 +19,12 @@ import pytest
 
 from fleetbus.bus import connect
 from fleetbus.identity import KeyStore
+from fleetledger.processes import free_port
 from fleetledger.reload import await_applied
-from fleetledger.servers import EmbeddedServers, fleet_keys, free_port
+from fleetledger.servers import EmbeddedServers, fleet_keys
 from ledger.errors import AuthRefused, ErrorCode, Unreachable
 from ledger.identity import Role
 from ledger.protocol import ErrorBody
-
-pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 

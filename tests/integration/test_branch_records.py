@@ -10,7 +10,6 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,8 +17,6 @@ from ledger import MissionState, make_event
 from ledger.errors import FleetError
 from ledger.events import MissionCreated
 from reservations import MISSION_SCOPE, ReservationClient
-
-pytestmark = pytest.mark.integration
 
 CEILING = 1_000
 OPS = st.lists(

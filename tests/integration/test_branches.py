@@ -22,8 +22,6 @@ from reservations import MISSION_SCOPE, ReservationClient
 from reservations.branch import Branch, BranchContext, run_branches
 from tests.integration.branch_checks import new_mission, wait_settled
 
-pytestmark = pytest.mark.integration
-
 _ids = itertools.count()
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

@@ -34,6 +34,14 @@ from ledger.protocol import (
     STREAM,
     AuthorizeReply,
     AuthorizeRequest,
+    CreateMission,
+    IssueGrant,
+    OpenRisk,
+    RecordEffect,
+    RegisterEvidence,
+    SupersedeEvidence,
+    TreatOverrun,
+    TreatRisk,
     deadletter_subject,
     receipt_subject,
 )
@@ -55,14 +63,13 @@ def soon(hours: float = 8) -> str:
 
 async def make_mission(fleet: FleetClient, mid: str, ceiling: int = 800_000) -> None:
     await fleet.manage(
-        "mission.create",
         mid,
-        {
-            "purpose": "credit October overbilling",
-            "owner": "finance-lead",
-            "ceiling": ceiling,
-            "expires_at": soon(24),
-        },
+        CreateMission(
+            purpose="credit October overbilling",
+            owner="finance-lead",
+            ceiling=ceiling,
+            expires_at=soon(24),
+        ),
     )
 
 
@@ -81,17 +88,16 @@ async def make_grant(
         actions, evidence_required_for=evidence_for or [], may_delegate=may_delegate
     )
     await fleet.manage(
-        "grant.issue",
         mid,
-        {
-            "grant_id": gid,
-            "parent_id": parent,
-            "holder": f"agent-{gid}",
-            "purpose": "credits",
-            "owner": "finance-lead",
-            "authority": authority.model_dump(mode="json"),
-            "budget": budget,
-        },
+        IssueGrant(
+            grant_id=gid,
+            parent_id=parent,
+            holder=f"agent-{gid}",
+            purpose="credits",
+            owner="finance-lead",
+            authority=authority.model_dump(mode="json"),
+            budget=budget,
+        ),
     )
 
 
@@ -119,9 +125,8 @@ async def test_invoice_credit_needs_evidence_and_is_accepted_with_it(fleet: Flee
     assert denied.decision is not None and not denied.decision.allowed
     assert denied.decision.rule is Rule.EVIDENCE_GATING
     await fleet.manage(
-        "evidence.register",
         mid,
-        {"evidence_id": "ev-1", "source": "billing", "claim": "billed twice"},
+        RegisterEvidence(evidence_id="ev-1", source="billing", claim="billed twice"),
     )
     ok = await fleet.authorize(
         mid, request("a1", "g-ap", "credit.issue", 50_000, evidence_ids=frozenset({"ev-1"}))
@@ -131,8 +136,8 @@ async def test_invoice_credit_needs_evidence_and_is_accepted_with_it(fleet: Flee
     assert ok.reservation_id == "r-a1"
     view = await fleet.view(mid)
     # An authorised action's reservation is committed at once: no lease can return it.
-    assert view["budget"]["committed"] == "0.05" and view["budget"]["reserved"] == "0.00"
-    assert [d["allowed"] for d in view["decisions"]] == [False, True]
+    assert view.budget.committed == "0.05" and view.budget.reserved == "0.00"
+    assert [d.allowed for d in view.decisions] == [False, True]
 
 
 async def test_widening_delegation_is_rejected_and_recorded(fleet: FleetClient) -> None:
@@ -146,8 +151,8 @@ async def test_widening_delegation_is_rejected_and_recorded(fleet: FleetClient) 
     assert exc.value.rule is Rule.ATTENUATION
     assert "payment.send" in str(exc.value)
     view = await fleet.view(mid)
-    assert "g-wide" in view["rejected_grants"]
-    assert [g["grant_id"] for g in view["grants"]] == ["g-ap"]
+    assert "g-wide" in view.rejected_grants
+    assert [g.grant_id for g in view.grants] == ["g-ap"]
 
 
 async def test_child_budget_must_fit_parent_remaining(fleet: FleetClient) -> None:
@@ -165,25 +170,20 @@ async def test_open_risk_blocks_child_grant_until_its_owner_treats_it(fleet: Fle
     await make_grant(fleet, mid, "g-ap", ["credit.issue"], 600_000)
     await make_grant(fleet, mid, "g-kid", ["credit.issue"], 100_000, parent="g-ap")
     await fleet.manage(
-        "risk.open",
         mid,
-        {
-            "risk_id": "risk-cov",
-            "blocks": ["credit.issue"],
-            "owner": "treasury",
-            "summary": "covenant amendment may narrow the debt basket",
-        },
+        OpenRisk(
+            risk_id="risk-cov",
+            blocks=["credit.issue"],
+            owner="treasury",
+            summary="covenant amendment may narrow the debt basket",
+        ),
     )
     blocked = await fleet.authorize(mid, request("a1", "g-kid", "credit.issue", 10_000))
     assert blocked.decision is not None and blocked.decision.rule is Rule.RISK_NON_ERASURE
     with pytest.raises(RuleViolation) as exc:
-        await fleet.manage(
-            "risk.treat", mid, {"risk_id": "risk-cov", "status": "ACCEPTED", "by": "agent-g-kid"}
-        )
+        await fleet.manage(mid, TreatRisk(risk_id="risk-cov", status="ACCEPTED", by="agent-g-kid"))
     assert exc.value.rule is Rule.RISK_NON_ERASURE
-    await fleet.manage(
-        "risk.treat", mid, {"risk_id": "risk-cov", "status": "MITIGATED", "by": "treasury"}
-    )
+    await fleet.manage(mid, TreatRisk(risk_id="risk-cov", status="MITIGATED", by="treasury"))
     after = await fleet.authorize(mid, request("a2", "g-kid", "credit.issue", 10_000, key="a1"))
     assert after.decision is not None and after.decision.allowed
 
@@ -209,7 +209,7 @@ async def test_concurrent_requests_never_overspend(fleet: FleetClient, redis_url
         level = await store.level(mid, "mission")
     assert level.used == 800_000
     view = await fleet.view(mid)
-    assert view["budget"]["remaining"] == "0.00"
+    assert view.budget.remaining == "0.00"
 
 
 async def test_four_branches_of_050_against_080_admit_exactly_one(fleet: FleetClient) -> None:
@@ -234,7 +234,7 @@ async def test_retried_authorize_returns_the_recorded_receipt(fleet: FleetClient
     assert first.decision is not None and again.decision is not None
     assert again.decision.allowed and again.decision.cut == first.decision.cut
     view = await fleet.view(mid)
-    assert view["budget"]["committed"] == "0.10"  # reserved (and committed) once
+    assert view.budget.committed == "0.10"  # reserved (and committed) once
 
 
 async def test_unknown_outcome_blocks_the_idempotency_key_until_reconciled(
@@ -244,14 +244,12 @@ async def test_unknown_outcome_blocks_the_idempotency_key_until_reconciled(
     await make_mission(fleet, mid)
     await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
     await fleet.authorize(mid, request("a1", "g-ap", "pay", 100_000, key="invoice-7"))
-    await fleet.manage("effect.record", mid, {"action_id": "a1", "outcome": "unknown"})
+    await fleet.manage(mid, RecordEffect(action_id="a1", outcome="unknown"))
     retry = await fleet.authorize(mid, request("a2", "g-ap", "pay", 100_000, key="invoice-7"))
     assert retry.decision is not None and retry.decision.rule is Rule.OUTCOME_HONESTY
-    await fleet.manage(
-        "effect.record", mid, {"action_id": "a1", "outcome": "verified_failure", "actual": 0}
-    )
+    await fleet.manage(mid, RecordEffect(action_id="a1", outcome="verified_failure", actual=0))
     view = await fleet.view(mid)
-    assert view["budget"]["committed"] == "0.00" and view["budget"]["settled"] == "0.00"
+    assert view.budget.committed == "0.00" and view.budget.settled == "0.00"
     again = await fleet.authorize(mid, request("a3", "g-ap", "pay", 100_000, key="invoice-7"))
     assert again.decision is not None and again.decision.allowed
 
@@ -264,14 +262,14 @@ async def test_settle_above_reservation_records_overrun_and_blocks_grant(
     await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
     await fleet.authorize(mid, request("a1", "g-ap", "pay", 100_000))
     await fleet.manage(
-        "effect.record", mid, {"action_id": "a1", "outcome": "verified_success", "actual": 150_000}
+        mid, RecordEffect(action_id="a1", outcome="verified_success", actual=150_000)
     )
     view = await fleet.view(mid)
-    assert view["budget"]["settled"] == "0.15"
+    assert view.budget.settled == "0.15"
     blocked = await fleet.authorize(mid, request("a2", "g-ap", "pay", 10_000))
     assert blocked.decision is not None and blocked.decision.rule is Rule.BUDGET_CONSERVATION
     assert "overrun" in blocked.decision.reason
-    await fleet.manage("overrun.treat", mid, {"scope": "g-ap", "by": "finance-lead"})
+    await fleet.manage(mid, TreatOverrun(scope="g-ap", by="finance-lead"))
     ok = await fleet.authorize(mid, request("a3", "g-ap", "pay", 10_000))
     assert ok.decision is not None and ok.decision.allowed
 
@@ -339,9 +337,7 @@ async def test_rule_violating_event_from_a_node_is_dead_lettered(
 ) -> None:
     mid = mission_id()
     await make_mission(fleet, mid)
-    await fleet.manage(
-        "risk.open", mid, {"risk_id": "r1", "blocks": ["pay"], "owner": "treasury", "summary": "s"}
-    )
+    await fleet.manage(mid, OpenRisk(risk_id="r1", blocks=["pay"], owner="treasury", summary="s"))
     from ledger.events import RiskTreated, TreatmentStatus
 
     forged = make_event(
@@ -359,12 +355,10 @@ async def test_rule_violating_event_from_a_node_is_dead_lettered(
 async def test_bad_management_input_is_refused_with_a_clear_error(fleet: FleetClient) -> None:
     mid = mission_id()
     with pytest.raises(InvalidInput) as exc:
-        await fleet.manage("mission.create", mid, {"purpose": "p", "owner": "o", "ceiling": -5})
+        await fleet.manage(mid, CreateMission(purpose="p", owner="o", ceiling=-5))
     assert "ceiling" in str(exc.value)
     with pytest.raises(RuleViolation) as exc2:
-        await fleet.manage(
-            "mission.create", mid, {"purpose": "", "owner": "o", "ceiling": 5, "expires_at": soon()}
-        )
+        await fleet.manage(mid, CreateMission(purpose="", owner="o", ceiling=5, expires_at=soon()))
     assert exc2.value.rule is Rule.PURPOSE_BINDING
 
 
@@ -379,14 +373,13 @@ async def test_a_hundred_watching_nodes_all_learn_a_new_risk(
         await asyncio.gather(*(w.start() for w in watchers))
         opened = time.monotonic()
         await fleet.manage(
-            "risk.open",
             mid,
-            {
-                "risk_id": "r-cov",
-                "blocks": ["credit.issue"],
-                "owner": "treasury",
-                "summary": "covenant",
-            },
+            OpenRisk(
+                risk_id="r-cov",
+                blocks=["credit.issue"],
+                owner="treasury",
+                summary="covenant",
+            ),
         )
         learned = await asyncio.gather(*(w.wait_for(mid, "r-cov", open=True) for w in watchers))
         assert all(w.blocking(mid, "credit.issue") is not None for w in watchers)
@@ -395,9 +388,7 @@ async def test_a_hundred_watching_nodes_all_learn_a_new_risk(
         await late.start()
         assert late.blocking(mid, "credit.issue") is not None
         await late.stop()
-        await fleet.manage(
-            "risk.treat", mid, {"risk_id": "r-cov", "status": "ACCEPTED", "by": "treasury"}
-        )
+        await fleet.manage(mid, TreatRisk(risk_id="r-cov", status="ACCEPTED", by="treasury"))
         await asyncio.gather(*(w.wait_for(mid, "r-cov", open=False) for w in watchers))
         assert all(w.blocking(mid, "credit.issue") is None for w in watchers)
     finally:
@@ -514,24 +505,20 @@ async def test_replay_to_a_cut_and_audit_each_decision(fleet: FleetClient, nats_
     mid = mission_id()
     await make_mission(fleet, mid)
     await make_grant(fleet, mid, "g-ap", ["credit.issue"], 600_000, evidence_for=["credit.issue"])
-    await fleet.manage(
-        "evidence.register", mid, {"evidence_id": "ev-1", "source": "b", "claim": "c"}
-    )
+    await fleet.manage(mid, RegisterEvidence(evidence_id="ev-1", source="b", claim="c"))
     ok = await fleet.authorize(
         mid, request("a1", "g-ap", "credit.issue", 50_000, evidence_ids=frozenset({"ev-1"}))
     )
     assert ok.decision is not None and ok.decision_seq is not None
-    await fleet.manage(
-        "evidence.register", mid, {"evidence_id": "ev-2", "source": "b", "claim": "corrected"}
-    )
-    await fleet.manage("evidence.supersede", mid, {"evidence_id": "ev-1", "by": "ev-2"})
+    await fleet.manage(mid, RegisterEvidence(evidence_id="ev-2", source="b", claim="corrected"))
+    await fleet.manage(mid, SupersedeEvidence(evidence_id="ev-1", by="ev-2"))
     whole = await replay_mission(nats_url, mid)
     at_decision = await replay_mission(nats_url, mid, cut=ok.decision_seq)
     assert at_decision.state.evidence["ev-1"].superseded_by is None
     assert whole.state.evidence["ev-1"].superseded_by == "ev-2"
     view = await fleet.view(mid)
-    assert view["version"] == whole.state.version  # the coordinator and a replay agree
-    assert view["budget"]["committed"] == "0.05"
+    assert view.version == whole.state.version  # the coordinator and a replay agree
+    assert view.budget.committed == "0.05"
     (review,) = review_all(whole.record)
     assert review.verdict is Hindsight.CHANGED_SINCE
 
@@ -550,11 +537,9 @@ async def test_an_authorised_reservation_is_committed_so_no_lease_returns_spent_
         swept = await store.sweep(mid)  # nothing is held on a lease any more
         level = await store.level(mid, "mission")
     assert swept.expired == () and level.committed == 100_000
-    await fleet.manage(
-        "effect.record", mid, {"action_id": "a1", "outcome": "verified_success", "actual": 80_000}
-    )
+    await fleet.manage(mid, RecordEffect(action_id="a1", outcome="verified_success", actual=80_000))
     view = await fleet.view(mid)
-    assert (view["budget"]["committed"], view["budget"]["settled"]) == ("0.00", "0.08")
+    assert (view.budget.committed, view.budget.settled) == ("0.00", "0.08")
 
 
 async def test_an_actual_against_a_settled_reservation_is_refused_not_dropped(
@@ -564,16 +549,12 @@ async def test_an_actual_against_a_settled_reservation_is_refused_not_dropped(
     await make_mission(fleet, mid)
     await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
     await fleet.authorize(mid, request("a1", "g-ap", "pay", 100_000, key="k1"))
-    await fleet.manage(
-        "effect.record", mid, {"action_id": "a1", "outcome": "verified_success", "actual": 90_000}
-    )
+    await fleet.manage(mid, RecordEffect(action_id="a1", outcome="verified_success", actual=90_000))
     with pytest.raises(RuleViolation) as exc:  # a compensation's cost is a new action, not this one
-        await fleet.manage(
-            "effect.record", mid, {"action_id": "a1", "outcome": "compensated", "actual": 5}
-        )
+        await fleet.manage(mid, RecordEffect(action_id="a1", outcome="compensated", actual=5))
     assert "already settled" in str(exc.value)
     view = await fleet.view(mid)
-    assert view["budget"]["settled"] == "0.09"
+    assert view.budget.settled == "0.09"
 
 
 async def test_a_gap_in_delivery_is_filled_from_the_stream_in_order() -> None:
@@ -665,7 +646,7 @@ async def test_the_answer_is_the_stored_receipt_republished_by_the_stream(
     assert third.decision is not None and third.decision.allowed
     assert third.reservation_id == "r-a3" and third.decision_seq == seq + 2
     view = await fleet.view(mid)
-    assert view["budget"]["committed"] == "0.25"
+    assert view.budget.committed == "0.25"
 
 
 async def test_a_bad_event_inside_a_bundle_is_dead_lettered_alone(
@@ -780,9 +761,7 @@ async def test_decision_state_smuggled_in_a_node_observation_is_dead_lettered_wh
     mid = mission_id()
     await make_mission(fleet, mid)
     await make_grant(fleet, mid, "g-ap", ["pay"], 600_000)
-    await fleet.manage(
-        "risk.open", mid, {"risk_id": "r1", "blocks": ["pay"], "owner": "treasury", "summary": "s"}
-    )
+    await fleet.manage(mid, OpenRisk(risk_id="r1", blocks=["pay"], owner="treasury", summary="s"))
     treated = make_event(
         RiskTreated(risk_id="r1", status=TreatmentStatus.MITIGATED, by="treasury"),
         mission_id=mid,

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from coordinator.service import Coordinator
 from fleetbus.client import FleetClient
 from ledger.events import MAX_BUNDLE_EVENTS, EvidenceRegistered, bundle_json, make_event
-from ledger.protocol import event_subject
+from ledger.protocol import RecordEffect, RegisterEvidence, event_subject
 from tests.integration.test_coordinator import make_grant, make_mission, mission_id, request
 
 GROWN = 20_000  # events of the big mission: enough for a deep copy to take a few hundred ms
@@ -79,14 +79,14 @@ async def test_an_unrelated_missions_authorize_p99_holds_while_a_big_mission_is_
             while not stop.is_set():
                 k = done[0]
                 await busy.manage(
-                    "evidence.register", big, {"evidence_id": f"load-{k}", "source": "s",
-                                               "claim": "c"},
+                    big, RegisterEvidence(evidence_id=f"load-{k}", source="s",
+                                               claim="c"),
                 )  # fmt: skip
                 await authorizes(busy, big, f"load-{k}-", 1)
                 await busy.manage(
-                    "effect.record", big,
-                    {"action_id": f"load-{k}-0", "outcome": "verified_success", "actual": 1},
-                )  # fmt: skip
+                    big,
+                    RecordEffect(action_id=f"load-{k}-0", outcome="verified_success", actual=1),
+                )
                 done[0] += 1
 
         load = asyncio.create_task(manage_the_big_one())

@@ -21,8 +21,7 @@ from coordinator.settings import CoordinatorSettings
 from fleetbus.client import FleetClient
 from fleetledger.servers import EmbeddedServers, fleet_keys
 from ledger.errors import Rule, RuleViolation
-
-pytestmark = pytest.mark.integration
+from ledger.protocol import Approve, BindRole, CreateMission, IssueGrant, OpenRisk, TreatRisk
 
 PEOPLE = ("finance-lead", "treasury", "mallory")
 
@@ -59,13 +58,13 @@ async def open_risk(secured: tuple[Path, str, Coordinator], mission: str) -> Non
     try:
         soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
         await lead.manage(
-            "mission.create", mission,
-            {"purpose": "p", "owner": "finance-lead", "ceiling": 1_000_000, "expires_at": soon},
-        )  # fmt: skip
+            mission,
+            CreateMission(purpose="p", owner="finance-lead", ceiling=1_000_000, expires_at=soon),
+        )
         await lead.manage(
-            "risk.open", mission,
-            {"risk_id": "k1", "blocks": ["credit.issue"], "owner": "treasury", "summary": "cov"},
-        )  # fmt: skip
+            mission,
+            OpenRisk(risk_id="k1", blocks=["credit.issue"], owner="treasury", summary="cov"),
+        )
     finally:
         await lead.close()
 
@@ -78,28 +77,23 @@ async def test_an_impostor_cannot_treat_a_risk_as_its_owner(
     try:
         with pytest.raises(RuleViolation) as exc:
             await mallory.manage(
-                "risk.treat",
                 "m-impostor",
-                {"risk_id": "k1", "status": "ACCEPTED", "by": "treasury"},
+                TreatRisk(risk_id="k1", status="ACCEPTED", by="treasury"),
             )
         assert exc.value.rule is Rule.PRODUCER_PERMISSION
         assert "mallory may not act as 'treasury'" in exc.value.reason
         # without a name, mallory acts as mallory: the ledger's own rule refuses a non-owner
         with pytest.raises(RuleViolation) as exc:
-            await mallory.manage(
-                "risk.treat", "m-impostor", {"risk_id": "k1", "status": "ACCEPTED"}
-            )
+            await mallory.manage("m-impostor", TreatRisk(risk_id="k1", status="ACCEPTED"))
         assert exc.value.rule is Rule.RISK_NON_ERASURE
     finally:
         await mallory.close()
     owner = await as_person(secured, "treasury")
     try:  # the owner, signing with its own key, treats it; `by` is filled in from the key
-        reply = await owner.manage(
-            "risk.treat", "m-impostor", {"risk_id": "k1", "status": "MITIGATED"}
-        )
+        reply = await owner.manage("m-impostor", TreatRisk(risk_id="k1", status="MITIGATED"))
         assert reply.ok
         view = await owner.view("m-impostor")
-        assert [r["status"] for r in view["risks"]] == ["treated"]
+        assert [r.status for r in view.risks] == ["treated"]
     finally:
         await owner.close()
 
@@ -111,8 +105,7 @@ async def test_an_unsigned_request_is_refused_naming_the_rule(
     lead.seed = None  # connected as finance-lead, but the request carries no signature
     try:
         with pytest.raises(RuleViolation) as exc:
-            await lead.manage("risk.open", "m-x", {"risk_id": "k", "blocks": ["a"], "owner": "o",
-                                                   "summary": "s"})  # fmt: skip
+            await lead.manage("m-x", OpenRisk(risk_id="k", blocks=["a"], owner="o", summary="s"))
         assert exc.value.rule is Rule.PRODUCER_IDENTITY and "not signed" in exc.value.reason
     finally:
         await lead.close()
@@ -245,17 +238,13 @@ async def test_a_treatment_by_a_principal_without_the_role_is_refused(
     try:
         treat = {"risk_id": "k1", "status": "ACCEPTED", "role": "risk-officer"}
         with pytest.raises(RuleViolation) as exc:
-            await mallory.manage("risk.treat", "m-role-treat", treat)
+            await mallory.manage("m-role-treat", TreatRisk(**treat))
         assert exc.value.rule is Rule.RISK_NON_ERASURE and "not bound" in exc.value.reason
         with pytest.raises(RuleViolation) as exc:  # nor can she bind it to herself
-            await mallory.manage(
-                "role.bind", "m-role-treat", {"principal": "mallory", "role": "risk-officer"}
-            )
+            await mallory.manage("m-role-treat", BindRole(principal="mallory", role="risk-officer"))
         assert exc.value.rule is Rule.ROLE_BINDING
-        await lead.manage(
-            "role.bind", "m-role-treat", {"principal": "mallory", "role": "risk-officer"}
-        )
-        assert (await mallory.manage("risk.treat", "m-role-treat", treat)).ok
+        await lead.manage("m-role-treat", BindRole(principal="mallory", role="risk-officer"))
+        assert (await mallory.manage("m-role-treat", TreatRisk(**treat))).ok
     finally:
         await mallory.close()
         await lead.close()
@@ -273,13 +262,11 @@ async def test_an_approval_by_a_principal_not_bound_to_the_approver_role_is_refu
             "expires_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat(),
         }  # fmt: skip
         with pytest.raises(RuleViolation) as exc:
-            await treasury.manage("approve", "m-role-approve", approval)
+            await treasury.manage("m-role-approve", Approve(**approval))
         assert exc.value.rule is Rule.APPROVAL_REQUIRED
         assert "treasury may not approve as 'approver'" in exc.value.reason
-        await lead.manage(
-            "role.bind", "m-role-approve", {"principal": "treasury", "role": "approver"}
-        )
-        assert (await treasury.manage("approve", "m-role-approve", approval)).ok
+        await lead.manage("m-role-approve", BindRole(principal="treasury", role="approver"))
+        assert (await treasury.manage("m-role-approve", Approve(**approval))).ok
     finally:
         await treasury.close()
         await lead.close()
@@ -292,14 +279,20 @@ async def grant_mission(secured: tuple[Path, str, Coordinator], mission: str) ->
     try:
         soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
         await lead.manage(
-            "mission.create", mission,
-            {"purpose": "p", "owner": "finance-lead", "ceiling": 1_000_000, "expires_at": soon},
-        )  # fmt: skip
+            mission,
+            CreateMission(purpose="p", owner="finance-lead", ceiling=1_000_000, expires_at=soon),
+        )
         await lead.manage(
-            "grant.issue", mission,
-            {"grant_id": "g", "holder": "claude", "purpose": "release", "owner": "finance-lead",
-             "authority": Authority.of(["git.push"]).model_dump(mode="json"), "budget": 100_000},
-        )  # fmt: skip
+            mission,
+            IssueGrant(
+                grant_id="g",
+                holder="claude",
+                purpose="release",
+                owner="finance-lead",
+                authority=Authority.of(["git.push"]).model_dump(mode="json"),
+                budget=100_000,
+            ),
+        )
     finally:
         await lead.close()
 

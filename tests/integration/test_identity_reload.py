@@ -28,8 +28,7 @@ from fleetbus.client import FleetClient
 from fleetbus.connection import refused_now
 from fleetbus.identity import KeyStore
 from ledger.errors import AuthRefused
-
-pytestmark = pytest.mark.integration
+from ledger.protocol import CreateMission
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,9 +102,9 @@ async def test_a_person_created_on_a_running_fleet_acts_within_2s_and_revoked_is
     try:
         soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
         reply = await client.manage(  # signed by alice: the coordinator knows her key too
-            "mission.create", "m-alice",
-            {"purpose": "p", "owner": "alice", "ceiling": 1_000_000, "expires_at": soon},
-        )  # fmt: skip
+            "m-alice",
+            CreateMission(purpose="p", owner="alice", ceiling=1_000_000, expires_at=soon),
+        )
         assert reply.seq > 0
         assert time.monotonic() - created < 2.0
         assert connections_of(fleet, alice.public_key) == 1

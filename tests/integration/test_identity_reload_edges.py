@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from fleetledger.processes import config_load_time, loaded_after
 from fleetledger.reload import await_applied
-from fleetledger.servers import EmbeddedServers, _config_load_time, _loaded_after, fleet_keys
+from fleetledger.servers import EmbeddedServers, fleet_keys
 from ledger.identity import Principal, Role
-
-pytestmark = pytest.mark.integration
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -40,13 +39,13 @@ def test_the_load_at_start_does_not_confirm_a_reload_signalled_later(
     fleet: EmbeddedServers,
 ) -> None:
     port = fleet.nats_monitor_port
-    started = _config_load_time(port)
+    started = config_load_time(port)
     assert started is not None and started.tzinfo is not None  # nats-server's RFC 3339 time
     signalled = datetime.now(UTC)
     # what the old loop took as reloaded when its first /varz read had failed (before=None)
-    assert not _loaded_after(port, signalled)
+    assert not loaded_after(port, signalled)
     assert fleet.reload_identity()
-    loaded = _config_load_time(port)
+    loaded = config_load_time(port)
     assert loaded is not None and loaded > signalled
 
 

@@ -20,17 +20,18 @@ from typer.testing import CliRunner, Result
 
 from coordinator.service import Coordinator
 from fleetbus.client import FleetClient
-from fleetledger.cli_node import register
+from fleetledger import cli_node, cli_todo
 from fleetledger.servers import write_env_file
 from ledger.authority import Authority
 from ledger.errors import InvalidInput
 from ledger.ids import new_id
-from ledger.protocol import STREAM, mission_filter
+from ledger.protocol import STREAM, CreateMission, IssueGrant, OpenRisk, mission_filter
 from node_agent.client import NodeClient, token_path
 from node_agent.daemon import NodeAgent
 from node_agent.hooks import HookAnswer, handle
 from node_agent.settings import NodeSettings
 from node_agent.todo.checks import FileCheck, sha256_file
+from node_agent.wire import Health, Prompt, Prompted
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "claude_code_session.jsonl"
 
@@ -134,12 +135,13 @@ async def test_the_socket_is_private_to_its_owner(node: NodeAgent) -> None:
 
 
 async def test_health_and_readiness_answer_over_the_socket(node: NodeAgent) -> None:
-    def probe() -> tuple[dict[str, Any], dict[str, Any]]:
+    def probe() -> tuple[Health, dict[str, Any]]:
         with NodeClient(node.settings.socket_path) as client:
-            return client.get("/healthz"), client.get("/readyz")
+            return client.health(), client.get("/readyz")
 
     live, ready = await asyncio.to_thread(probe)
-    assert live["status"] == "alive" and ready["status"] == "ready" and ready["nats"] == "off"
+    assert live.status == "alive" and live.node_id == node.settings.node_id
+    assert ready["status"] == "ready" and ready["nats"] == "off"
 
 
 async def test_loopback_http_serves_the_same_api(state_dir: Path) -> None:
@@ -147,12 +149,12 @@ async def test_loopback_http_serves_the_same_api(state_dir: Path) -> None:
     try:
         assert agent.api.http_port
 
-        def call() -> dict[str, Any]:
+        def call() -> Prompted:
             token = token_path(agent.settings.socket_path)
             with NodeClient(http_port=agent.api.http_port, token_file=token) as client:
-                return client.call("prompt", session_id="s-http", text="- fix the bug")
+                return client.prompt(Prompt(session_id="s-http", text="- fix the bug"))
 
-        assert "fix the bug" in (await asyncio.to_thread(call))["context"]
+        assert "fix the bug" in str((await asyncio.to_thread(call)).context)
     finally:
         await agent.stop()
 
@@ -203,7 +205,8 @@ def _cli() -> typer.Typer:
     def root() -> None:
         """test root"""
 
-    register(app)
+    cli_node.register(app)
+    cli_todo.register(app)
     return app
 
 
@@ -320,23 +323,19 @@ async def release_mission(fleet: FleetClient, *, may_delegate: bool = False) -> 
     mission = f"m-{new_id().hex[-12:]}"
     expires = "2099-01-01T00:00:00+00:00"
     await fleet.manage(
-        "mission.create",
         mission,
-        {"purpose": "release", "owner": "ann", "ceiling": 1_000_000, "expires_at": expires},
+        CreateMission(purpose="release", owner="ann", ceiling=1_000_000, expires_at=expires),
     )
     await fleet.manage(
-        "grant.issue",
         mission,
-        {
-            "grant_id": "g-rel",
-            "holder": "claude",
-            "purpose": "release",
-            "owner": "ann",
-            "authority": Authority.of(["git.push"], may_delegate=may_delegate).model_dump(
-                mode="json"
-            ),
-            "budget": 100_000,
-        },
+        IssueGrant(
+            grant_id="g-rel",
+            holder="claude",
+            purpose="release",
+            owner="ann",
+            authority=Authority.of(["git.push"], may_delegate=may_delegate).model_dump(mode="json"),
+            budget=100_000,
+        ),
     )
     return mission
 
@@ -359,14 +358,13 @@ async def test_consequential_action_is_authorised_by_the_coordinator_and_blocked
         allowed = await hook(agent, "PreToolUse", push)
         assert allowed.stdout == "", allowed
         await fleet.manage(
-            "risk.open",
             mission,
-            {
-                "risk_id": "r-tag",
-                "blocks": ["git.push"],
-                "owner": "sec",
-                "summary": "tag signing key leaked",
-            },
+            OpenRisk(
+                risk_id="r-tag",
+                blocks=["git.push"],
+                owner="sec",
+                summary="tag signing key leaked",
+            ),
         )
         await wait_until(lambda: agent.gate.local_risk(mission, "git.push", "g-rel") is not None)
         denied = json.loads((await hook(agent, "PreToolUse", push)).stdout)["hookSpecificOutput"]
@@ -419,13 +417,11 @@ async def test_a_risk_on_a_parent_grant_blocks_the_childs_action_on_the_node_eve
 ) -> None:
     mission = await release_mission(fleet, may_delegate=True)
     await fleet.manage(
-        "grant.issue",
-        mission,
-        {
-            "grant_id": "g-child", "parent_id": "g-rel", "holder": "helper", "purpose": "release",
-            "owner": "ann", "authority": Authority.of(["git.push"]).model_dump(mode="json"),
-            "budget": 50_000,
-        },
+        mission, IssueGrant(
+            grant_id="g-child", parent_id="g-rel", holder="helper", purpose="release",
+            owner="ann", authority=Authority.of(["git.push"]).model_dump(mode="json"),
+            budget=50_000,
+        ),
     )  # fmt: skip
     online = NodeSettings(
         state_dir=state_dir, nats_url=nats_url, mission=mission, grant_id="g-child"
@@ -437,10 +433,8 @@ async def test_a_risk_on_a_parent_grant_blocks_the_childs_action_on_the_node_eve
             lambda: agent.store.grant_chain(mission, "g-child") == ("g-child", "g-rel")
         )
         await fleet.manage(
-            "risk.open",
-            mission,
-            {"risk_id": "r-parent", "blocks": ["git.push"], "owner": "sec",
-             "summary": "release branch frozen", "grant_id": "g-rel"},
+            mission, OpenRisk(risk_id="r-parent", blocks=["git.push"], owner="sec",
+             summary="release branch frozen", grant_id="g-rel"),
         )  # fmt: skip
         await wait_until(lambda: bool(agent.store.open_risks(mission)))
     finally:
@@ -486,3 +480,57 @@ async def test_an_agents_claim_makes_the_node_verify_at_once(
     claimed = await node.call("claim", {"item": "t1", "session_id": "s-claim", "by": "bot"})
     assert claimed["item"]["stored_status"] == "done"  # verified here, by the check
     assert claimed["item"]["stored_by"].startswith("check:")
+
+
+async def test_the_typed_client_reads_each_operation_s_reply_model(node: NodeAgent) -> None:
+    """Each NodeClient method names a route the node serves and reads its reply model."""
+    from node_agent.wire import (
+        ClaimStatsQuery,
+        ContextText,
+        Decision,
+        ExecState,
+        ItemClaim,
+        ItemReply,
+        Items,
+        ResourceChange,
+        ResourceRef,
+        SessionRef,
+        TodoAdd,
+        TodoList,
+        ToolCall,
+    )
+
+    def calls() -> list[object]:
+        with NodeClient(node.settings.socket_path) as client:
+            added = client.todo_add(TodoAdd(session_id="s-typed", text="ship it", agent="ann"))
+            return [
+                added,
+                client.todo_list(TodoList(session_id="s-typed")),
+                client.claim(ItemClaim(item=added.item.item_id, session_id="s-typed")),
+                client.context(SessionRef(session_id="s-typed")),
+                client.observe(ResourceChange(session_id="s-typed", resource_id="file:/x")),
+                client.check_resource(ResourceRef(session_id="s-typed", resource_id="file:/x")),
+                client.exec_state(SessionRef(session_id="s-typed")),
+                client.tool(ToolCall(session_id="s-typed", phase="pre", tool="Read")),
+                client.claims_stats(ClaimStatsQuery()),
+            ]
+
+    (
+        added,
+        listed,
+        claimed,
+        context,
+        observed,
+        checked,
+        state,
+        tool,
+        stats,
+    ) = await asyncio.to_thread(calls)
+    assert isinstance(added, ItemReply) and added.item.text == "ship it"
+    assert isinstance(listed, Items) and [i.text for i in listed.items] == ["ship it"]
+    assert isinstance(claimed, ItemReply) and claimed.item.item_id == added.item.item_id
+    assert isinstance(context, ContextText) and "ship it" in str(context.context)
+    assert observed.resource_id == "file:/x"  # type: ignore[attr-defined]
+    assert isinstance(checked, Decision) and isinstance(tool, Decision)
+    assert isinstance(state, ExecState)
+    assert stats.turns == 0  # type: ignore[attr-defined]

@@ -22,9 +22,11 @@ from fleetledger.cli import app
 from ledger.events import ItemStatusChanged, make_event
 from ledger.ids import new_id
 from ledger.items import Actor, ItemStatus
+from ledger.protocol import CreateMission, MissionView
 from node_agent.client import NodeClient
 from node_agent.daemon import NodeAgent
 from node_agent.settings import NodeSettings
+from node_agent.wire import Prompt, Prompted
 
 
 async def wait_for(
@@ -52,10 +54,8 @@ def state_dir() -> Any:
 async def mission(fleet: FleetClient) -> str:
     mid = f"m-{new_id().hex[-12:]}"
     await fleet.manage(
-        "mission.create",
-        mid,
-        {"purpose": "docs", "owner": "lead", "ceiling": 1_000_000,
-         "expires_at": "2099-01-01T00:00:00+00:00"},
+        mid, CreateMission(purpose="docs", owner="lead", ceiling=1_000_000,
+         expires_at="2099-01-01T00:00:00+00:00"),
     )  # fmt: skip
     return mid
 
@@ -88,10 +88,10 @@ async def cli(*args: str) -> Result:
     return await asyncio.to_thread(CliRunner().invoke, app, list(args))
 
 
-def standings(view: dict[str, Any]) -> dict[str, list[tuple[str, str]]]:
+def standings(view: MissionView) -> dict[str, list[tuple[str, str]]]:
     return {
-        a["agent_id"]: [(i["text"], i["standing"]) for i in a.get("items", [])]
-        for a in view["progress"]["agents"]
+        a.agent_id: [(i.text, i.standing.value) for i in a.items or []]
+        for a in view.progress.agents
     }
 
 
@@ -108,13 +108,13 @@ async def test_view_shows_each_agents_items_once_the_coordinator_applied_them(
     assert verified.exit_code == 0, verified.output
 
     # bob's prompt is captured over the node's local API (what the hooks send)
-    def prompt() -> dict[str, Any]:
+    def prompt() -> Prompted:
         with NodeClient(node.settings.socket_path) as client:
-            return client.call(
-                "prompt", session_id="bob-s1", agent="bob", text="- ask legal\n- ship the notes"
+            return client.prompt(
+                Prompt(session_id="bob-s1", agent="bob", text="- ask legal\n- ship the notes")
             )
 
-    assert len((await asyncio.to_thread(prompt))["added"]) == 2
+    assert len((await asyncio.to_thread(prompt)).added) == 2
     # a status change for an item whose capture the stream never carried invents no item
     ghost = ItemStatusChanged(item_id="gone-t1", status="done", actor_kind="human", actor="lead")
     ghost_seq = await fleet.publish(
@@ -126,19 +126,20 @@ async def test_view_shows_each_agents_items_once_the_coordinator_applied_them(
         "bob": [("ask legal", "waiting_on_human"), ("ship the notes", "waiting_on_human")],
     }
     seen = await wait_for(lambda: fleet.view(mission), lambda v: standings(v) == want)
-    assert seen["applied_seq"] >= ghost_seq  # the ghost was read, and shows nowhere
+    assert seen.applied_seq >= ghost_seq  # the ghost was read, and shows nowhere
 
     shown = await cli("view", mission, "--json")
     assert shown.exit_code == 0, shown.output
-    view = json.loads(shown.stdout)
+    view = MissionView.model_validate(json.loads(shown.stdout))
     assert standings(view) == want
-    ann, bob = view["progress"]["agents"]
-    assert ann["nodes"] == bob["nodes"] == ["node-p"]
-    assert ann["counts"]["verified"] == 1 and ann["counts"]["done"] == 1
-    assert bob["counts"]["waiting_on_human"] == 2
-    first, second = ann["items"]
-    assert first["closed_by"] == "human:lead"
-    assert second["closed_by"].startswith("check:")
+    ann, bob = view.progress.agents
+    assert ann.nodes == bob.nodes == ["node-p"]
+    assert ann.counts["verified"] == 1 and ann.counts["done"] == 1
+    assert bob.counts["waiting_on_human"] == 2
+    assert ann.items is not None
+    first, second = ann.items
+    assert first.closed_by == "human:lead"
+    assert second.closed_by is not None and second.closed_by.startswith("check:")
 
     human = await cli("view", mission)
     assert human.exit_code == 0, human.output
@@ -158,7 +159,7 @@ async def test_a_mission_without_items_has_an_empty_progress(
     coordinator: Coordinator, fleet: FleetClient, mission: str
 ) -> None:
     view = await fleet.view(mission)
-    assert view["progress"]["agents"] == [] and view["progress"]["total"] == 0
+    assert view.progress.agents == [] and view.progress.total == 0
 
 
 async def test_an_item_closed_just_before_a_graceful_stop_still_reaches_the_view(
@@ -170,7 +171,7 @@ async def test_an_item_closed_just_before_a_graceful_stop_still_reaches_the_view
     await agent.start()
     try:
         item = agent.ledger.add("ann", "ship the notes", agent="ann", mission=mission)
-        await wait_for(lambda: fleet.view(mission), lambda v: v["progress"]["total"] == 1)
+        await wait_for(lambda: fleet.view(mission), lambda v: v.progress.total == 1)
         agent.store.set_status(item.item_id, ItemStatus.DONE, Actor("human", "lead"))
     finally:
         await agent.stop()

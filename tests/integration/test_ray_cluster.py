@@ -20,7 +20,7 @@ from reservations import BranchContext, ReservationClient, run_branches
 from tests.integration.branch_checks import new_mission, wait_settled
 from tests.integration.raycluster import START_TIMEOUT_S, RayCluster, node_with, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 HALF = 500_000
 CEILING = 800_000

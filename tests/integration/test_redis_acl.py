@@ -25,8 +25,6 @@ from ledger.errors import FleetError, Unreachable
 from reservations import Branch, ReservationClient
 from reservations.resp import RespConnection, RespError
 
-pytestmark = pytest.mark.integration
-
 
 def mission() -> str:
     return f"acl-{uuid.uuid4().hex[:8]}"

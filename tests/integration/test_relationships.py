@@ -25,9 +25,17 @@ from ledger.authority import Authority
 from ledger.errors import InvalidInput, Rule, RuleViolation
 from ledger.kernel import ActionRequest
 from ledger.money import parse_amount
+from ledger.protocol import (
+    Approve,
+    BindRole,
+    CreateMission,
+    IssueGrant,
+    OpenRisk,
+    RecordEffect,
+    RegisterEvidence,
+    SupersedeEvidence,
+)
 from reservations import ReservationClient
-
-pytestmark = pytest.mark.integration
 
 PEOPLE = ("finance-lead", "ap-agent", "treasury", "mallory", "issuer")
 
@@ -68,22 +76,22 @@ async def mission(fleet: Fleet, mid: str, *, gated: list[str] | None = None, **k
     lead = await fleet.client("finance-lead")
     try:
         soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
-        await lead.manage("mission.create", mid, {
+        await lead.manage(mid, CreateMission(**{
             "purpose": "credits", "owner": "finance-lead", "ceiling": parse_amount("0.60"),
             "expires_at": soon, **kw,
-        })  # fmt: skip
+        }))  # fmt: skip
         authority = Authority.of(
             ["credit.issue", "payment.send"], evidence_required_for=["credit.issue"],
             approval_required_for=gated or [],
         )  # fmt: skip
-        await lead.manage("grant.issue", mid, {
-            "grant_id": "g-ap", "holder": "ap-agent", "purpose": "credits",
-            "owner": "finance-lead", "authority": authority.model_dump(mode="json"),
-            "budget": parse_amount("0.60"),
-        })  # fmt: skip
-        await lead.manage("evidence.register", mid, {
-            "evidence_id": "ev-1", "source": "billing", "claim": "billed twice",
-        })  # fmt: skip
+        await lead.manage(mid, IssueGrant(
+            grant_id="g-ap", holder="ap-agent", purpose="credits",
+            owner="finance-lead", authority=authority.model_dump(mode="json"),
+            budget=parse_amount("0.60"),
+        ))  # fmt: skip
+        await lead.manage(mid, RegisterEvidence(
+            evidence_id="ev-1", source="billing", claim="billed twice",
+        ))  # fmt: skip
     finally:
         await lead.close()
 
@@ -138,12 +146,11 @@ async def test_a_person_with_no_role_cannot_supersede_the_owners_evidence(fleet:
     mallory = await fleet.client("mallory")
     holder = await fleet.client("ap-agent")
     try:
-        await mallory.manage("evidence.register", "m-evidence", {
-            "evidence_id": "ev-2", "source": "mallory", "claim": "nothing was billed",
-        })  # fmt: skip
+        await mallory.manage("m-evidence", RegisterEvidence(
+            evidence_id="ev-2", source="mallory", claim="nothing was billed",
+        ))  # fmt: skip
         with pytest.raises(RuleViolation) as exc:
-            await mallory.manage("evidence.supersede", "m-evidence",
-                                 {"evidence_id": "ev-1", "by": "ev-2"})  # fmt: skip
+            await mallory.manage("m-evidence", SupersedeEvidence(evidence_id="ev-1", by="ev-2"))
         assert exc.value.rule is Rule.EVIDENCE_SUPERSESSION
         reply = await holder.authorize("m-evidence", credit("a-credit"))
         assert reply.decision is not None and reply.decision.allowed, reply.decision
@@ -165,29 +172,30 @@ async def test_an_agent_cannot_approve_its_own_payment_and_one_approval_pays_onc
     soon = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     approval = {"action": "payment.send", "expires_at": soon}
     try:
-        await lead.manage("role.bind", "m-sod", {"principal": "ap-agent", "role": "grant-issuer"})
+        await lead.manage("m-sod", BindRole(principal="ap-agent", role="grant-issuer"))
         with pytest.raises(RuleViolation) as exc:  # a bound role is not an approving one
             await holder.manage(
-                "approve", "m-sod", {**approval, "approval_id": "ap-1", "role": "grant-issuer"}
+                "m-sod", Approve(**{**approval, "approval_id": "ap-1", "role": "grant-issuer"})
             )
         assert exc.value.rule is Rule.APPROVAL_REQUIRED and "--approvers" in exc.value.reason
-        await lead.manage("role.bind", "m-sod", {"principal": "ap-agent", "role": "controller"})
+        await lead.manage("m-sod", BindRole(principal="ap-agent", role="controller"))
         with pytest.raises(RuleViolation) as exc:  # nor does it approve its own grant
             await holder.manage(
-                "approve",
                 "m-sod",
-                {**approval, "approval_id": "ap-2", "role": "controller", "grant_id": "g-ap"},
+                Approve(
+                    **{**approval, "approval_id": "ap-2", "role": "controller", "grant_id": "g-ap"}
+                ),
             )
         assert exc.value.rule is Rule.SEPARATION_OF_DUTIES
         await holder.manage(
-            "approve", "m-sod", {**approval, "approval_id": "ap-3", "role": "controller"}
+            "m-sod", Approve(**{**approval, "approval_id": "ap-3", "role": "controller"})
         )
         denied = await holder.authorize("m-sod", credit("pay-0", "payment.send"))
         assert denied.decision is not None and not denied.decision.allowed
         assert "party" in denied.decision.reason  # its own approval does not count
-        await lead.manage("role.bind", "m-sod", {"principal": "treasury", "role": "controller"})
+        await lead.manage("m-sod", BindRole(principal="treasury", role="controller"))
         await treasury.manage(
-            "approve", "m-sod", {**approval, "approval_id": "ap-4", "role": "controller"}
+            "m-sod", Approve(**{**approval, "approval_id": "ap-4", "role": "controller"})
         )
         allowed = [
             (await holder.authorize("m-sod", credit(f"pay-{i}", "payment.send"))).decision
@@ -211,8 +219,7 @@ async def test_a_node_cannot_free_money_for_an_action_it_did_not_ask_for(fleet: 
         decided = await lead.authorize("m-node", credit("a1", cost="0.30"))  # the owner asks
         assert decided.decision is not None and decided.decision.allowed
         with pytest.raises(RuleViolation) as exc:
-            await node.manage("effect.record", "m-node",
-                              {"action_id": "a1", "outcome": "verified_failure"})  # fmt: skip
+            await node.manage("m-node", RecordEffect(action_id="a1", outcome="verified_failure"))
         assert exc.value.rule is Rule.NODE_BINDING and "did not ask for" in exc.value.reason
         state = fleet.co.states["m-node"]
         assert state.level("g-ap").committed == parse_amount("0.30")
@@ -223,9 +230,7 @@ async def test_a_node_cannot_free_money_for_an_action_it_did_not_ask_for(fleet: 
         mine = await node.authorize("m-node", credit("a2", cost="0.10"))
         assert mine.decision is not None and mine.decision.allowed
         assert (
-            await node.manage(
-                "effect.record", "m-node", {"action_id": "a2", "outcome": "verified_success"}
-            )
+            await node.manage("m-node", RecordEffect(action_id="a2", outcome="verified_success"))
         ).ok
     finally:
         await lead.close()
@@ -237,11 +242,11 @@ async def test_a_node_asks_only_for_the_agents_bound_to_it(fleet: Fleet) -> None
     lead = await fleet.client("finance-lead")
     node = await fleet.client("node-1", node_id="node-1")
     try:
-        await lead.manage("grant.issue", "m-node-agents", {
-            "grant_id": "g-other", "holder": "someone-else", "purpose": "credits",
-            "owner": "finance-lead",
-            "authority": Authority.of(["payment.send"]).model_dump(mode="json"), "budget": 1,
-        })  # fmt: skip
+        await lead.manage("m-node-agents", IssueGrant(
+            grant_id="g-other", holder="someone-else", purpose="credits",
+            owner="finance-lead",
+            authority=Authority.of(["payment.send"]).model_dump(mode="json"), budget=1,
+        ))  # fmt: skip
         req = ActionRequest(action_id="x1", grant_id="g-other", action="payment.send",
                             idempotency_key="x1")  # fmt: skip
         with pytest.raises(RuleViolation) as exc:
@@ -366,9 +371,9 @@ async def test_risk_open_refuses_an_owner_that_is_no_principal_and_no_role(
     lead = await fleet.client("finance-lead")
     try:
         with pytest.raises(InvalidInput, match="'nobody' is no principal"):
-            await lead.manage("risk.open", "m-owner", {
-                "risk_id": "k1", "blocks": ["credit.issue"], "owner": "nobody", "summary": "s",
-            })  # fmt: skip
+            await lead.manage("m-owner", OpenRisk(
+                risk_id="k1", blocks=["credit.issue"], owner="nobody", summary="s",
+            ))  # fmt: skip
         assert "k1" not in fleet.co.states["m-owner"].risks
     finally:
         await lead.close()

@@ -13,8 +13,6 @@ from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation, Unreacha
 from ledger.events import BudgetOverrun, BudgetReserved, BudgetSettled
 from reservations import MISSION_SCOPE, ReservationClient
 
-pytestmark = pytest.mark.integration
-
 _ids = itertools.count()
 
 
@@ -380,7 +378,7 @@ async def test_reserve_many_admits_in_order_until_the_ceiling(client: Reservatio
 
 
 async def test_reserve_against_a_closed_port_is_unreachable():
-    from fleetledger.servers import free_port
+    from fleetledger.processes import free_port
 
     async with ReservationClient.from_url(f"redis://127.0.0.1:{free_port()}/0") as client:
         with pytest.raises(Unreachable, match="nothing was admitted"):

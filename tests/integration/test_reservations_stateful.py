@@ -41,8 +41,6 @@ from ledger.mission import MissionState
 from reservations import MISSION_SCOPE, ReservationClient, ReserveResult
 from reservations.results import from_ms
 
-pytestmark = pytest.mark.integration
-
 CEILINGS = {MISSION_SCOPE: 1_000, "g1": 600, "g2": 300, "g3": 500}
 PARENTS = {"g1": None, "g2": "g1", "g3": None}
 CHAINS = [(), ("g1",), ("g2", "g1"), ("g3",)]

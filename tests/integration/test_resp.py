@@ -15,8 +15,6 @@ from ledger.errors import Unreachable
 from reservations import ReservationClient
 from reservations.resp import RedisAddress, RespConnection, RespConnectionError, RespError
 
-pytestmark = pytest.mark.integration
-
 
 async def test_replies_come_back_to_their_callers_under_concurrency(redis_url: str) -> None:
     conn = RespConnection.from_url(redis_url)

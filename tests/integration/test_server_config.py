@@ -20,23 +20,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
 import redis
 
 from fleetbus.client import FleetClient
 from fleetbus.identity import KeyStore
-from fleetledger.servers import (
-    REDIS_ADMIN,
-    ManagedServer,
-    find_nats_server,
-    find_redis_server,
-    free_port,
-)
+from fleetledger.processes import ManagedServer, find_nats_server, find_redis_server, free_port
+from fleetledger.servers import REDIS_ADMIN
 from ledger.authority import Authority
 from ledger.identity import Role
 from ledger.kernel import ActionRequest
-
-pytestmark = pytest.mark.integration
+from ledger.protocol import CreateMission, IssueGrant
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,13 +129,11 @@ async def run_a_mission(url: str, keys: KeyStore) -> None:
     try:
         soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
         await ann.manage(
-            "mission.create", "m-own",
-            {"purpose": "p", "owner": "ann", "ceiling": 1_000_000, "expires_at": soon},
+            "m-own", CreateMission(purpose="p", owner="ann", ceiling=1_000_000, expires_at=soon),
         )  # fmt: skip
         await ann.manage(
-            "grant.issue", "m-own",
-            {"grant_id": "g", "holder": "claude", "purpose": "release", "owner": "ann",
-             "authority": Authority.of(["git.push"]).model_dump(mode="json"), "budget": 100_000},
+            "m-own", IssueGrant(grant_id="g", holder="claude", purpose="release", owner="ann",
+             authority=Authority.of(["git.push"]).model_dump(mode="json"), budget=100_000),
         )  # fmt: skip
         reply = await ann.authorize("m-own", ActionRequest(
             action_id="a-1", grant_id="g", action="git.push", cost=40_000, idempotency_key="a-1",

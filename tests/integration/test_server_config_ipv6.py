@@ -11,22 +11,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
 import redis
 
 from fleetbus.bus import connect
 from fleetbus.identity import KeyStore
-from fleetledger.servers import (
-    REDIS_ADMIN,
-    ManagedServer,
-    find_nats_server,
-    find_redis_server,
-    free_port,
-)
+from fleetledger.processes import ManagedServer, find_nats_server, find_redis_server, free_port
+from fleetledger.servers import REDIS_ADMIN
 from fleetledger.settings import FleetSettings
 from ledger.identity import Role
-
-pytestmark = pytest.mark.integration
 
 
 def answers(url: str) -> bool:

@@ -14,14 +14,8 @@ import pytest
 import redis
 
 from fleetbus.identity import KeyStore
-from fleetledger.servers import (
-    REDIS_BRANCH,
-    REDIS_USERS,
-    EmbeddedServers,
-    find_nats_server,
-    find_redis_server,
-    write_env_file,
-)
+from fleetledger.processes import find_nats_server, find_redis_server
+from fleetledger.servers import REDIS_BRANCH, REDIS_USERS, EmbeddedServers, write_env_file
 from ledger.errors import BinaryMissing, ErrorCode, InvalidInput
 
 

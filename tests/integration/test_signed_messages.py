@@ -25,9 +25,7 @@ from ledger.authority import Authority
 from ledger.events import ItemCaptured, make_event, read_message
 from ledger.identity import Role, verify_message
 from ledger.kernel import ActionRequest
-from ledger.protocol import DEADLETTER_STREAM, STREAM, deadletter_subject
-
-pytestmark = pytest.mark.integration
+from ledger.protocol import DEADLETTER_STREAM, STREAM, CreateMission, IssueGrant, deadletter_subject
 
 Secured = tuple[KeyStore, str, Coordinator]
 
@@ -57,14 +55,13 @@ async def decided(secured: Secured, mission: str) -> tuple[int, bytes]:
     try:
         soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
         await lead.manage(
-            "mission.create",
             mission,
-            {"purpose": "p", "owner": "lead", "ceiling": 1_000_000, "expires_at": soon},
+            CreateMission(purpose="p", owner="lead", ceiling=1_000_000, expires_at=soon),
         )
-        await lead.manage("grant.issue", mission, {
-            "grant_id": "g", "holder": "lead", "purpose": "p", "owner": "lead",
-            "authority": Authority.of(["pay"]).model_dump(mode="json"), "budget": 500_000,
-        })  # fmt: skip
+        await lead.manage(mission, IssueGrant(
+            grant_id="g", holder="lead", purpose="p", owner="lead",
+            authority=Authority.of(["pay"]).model_dump(mode="json"), budget=500_000,
+        ))  # fmt: skip
         req = ActionRequest(action_id="a1", grant_id="g", action="pay", cost=5_000,
                             idempotency_key="k1")  # fmt: skip
         reply = await lead.authorize(mission, req)  # the requester verifies the receipt

@@ -24,10 +24,10 @@ from fleetbus.client import FleetClient
 from fleetbus.identity import KeyStore
 from fleetledger.servers import EmbeddedServers, fleet_keys
 from ledger.authority import Authority
+from ledger.identity import Role
 from ledger.kernel import ActionRequest
 from ledger.mission import dump_state, load_state
-
-pytestmark = pytest.mark.integration
+from ledger.protocol import CreateMission, IssueGrant, RegisterEvidence
 
 Fleet = tuple[EmbeddedServers, KeyStore]
 MISSION_EVENTS = 300  # a moderate mission: evidence registrations, one message each
@@ -63,20 +63,19 @@ async def build(fleet: Fleet, mission: str, evidence: range) -> int:
         if evidence.start == 0:
             soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
             await lead.manage(
-                "mission.create",
                 mission,
-                {"purpose": "p", "owner": "lead", "ceiling": 1_000_000, "expires_at": soon},
+                CreateMission(purpose="p", owner="lead", ceiling=1_000_000, expires_at=soon),
             )
-            await lead.manage("grant.issue", mission, {
-                "grant_id": "g", "holder": "lead", "purpose": "p", "owner": "lead",
-                "authority": Authority.of(["pay"]).model_dump(mode="json"), "budget": 500_000,
-            })  # fmt: skip
+            await lead.manage(mission, IssueGrant(
+                grant_id="g", holder="lead", purpose="p", owner="lead",
+                authority=Authority.of(["pay"]).model_dump(mode="json"), budget=500_000,
+            ))  # fmt: skip
             request = ActionRequest(action_id="a1", grant_id="g", action="pay", cost=5_000,
                                     idempotency_key="k1")  # fmt: skip
             assert (await lead.authorize(mission, request)).decision.allowed  # type: ignore[union-attr]
         for n in evidence:
             body = {"evidence_id": f"ev-{n}", "source": "b", "claim": f"c{n}"}
-            await lead.manage("evidence.register", mission, body)
+            await lead.manage(mission, RegisterEvidence(**body))
     finally:
         await lead.close()
     reader = await FleetClient.connect(servers.nats_url, seed=keys.seed("coordinator"))
@@ -201,3 +200,107 @@ async def test_a_snapshot_larger_than_a_nats_message_is_stored_in_parts_and_read
         assert "m.small" not in await store.load()  # its parts no longer add up: left out
     finally:
         await writer.close()
+
+
+# --- replay from a snapshot ------------------------------------------------------------------
+
+
+async def replayed(fleet: Fleet, mission: str, **kw: Any) -> Any:
+    from coordinator.replay import replay_mission
+
+    servers, keys = fleet
+    return await replay_mission(
+        servers.nats_url, mission, seed=keys.seed("lead"), principals=keys.directory(), **kw
+    )
+
+
+async def test_a_replay_starts_from_the_snapshot_and_equals_one_from_scratch(fleet: Fleet) -> None:
+    """A person's replay reads the mission's signed snapshot and only the messages after it,
+    and ends in the state a replay of every message reaches."""
+    mark, last = await snapshotted(fleet)
+    fast = await replayed(fleet, "m-a", from_snapshot=True)
+    whole = await replayed(fleet, "m-a")
+    assert fast.snapshot_refused is None and fast.from_snapshot is not None
+    assert fast.from_snapshot <= mark  # the mission's own snapshot, at or before the mark
+    assert load_state(dump_state(fast.state)) == load_state(dump_state(whole.state))
+    assert fast.last_seq == whole.last_seq == last
+    # structural: the snapshot's events were not read again, only the tail (the 5 events
+    # after the mark, fewer if a round in flight took some of them)
+    assert fast.events <= 5 and whole.events == whole.state.version > MISSION_EVENTS
+    assert fast.rejected == whole.rejected == 0
+
+
+async def test_a_replay_to_a_cut_before_the_snapshot_reads_from_scratch_and_says_why(
+    fleet: Fleet,
+) -> None:
+    mark, _ = await snapshotted(fleet)
+    early = await replayed(fleet, "m-a", cut=mark - 40, from_snapshot=True)
+    assert early.from_snapshot is None
+    assert early.snapshot_refused is not None and "after the cut" in early.snapshot_refused
+    whole = await replayed(fleet, "m-a", cut=mark - 40)
+    assert early.state == whole.state and early.events == whole.events
+
+
+async def test_a_replay_refuses_a_tampered_or_foreign_snapshot_and_reads_from_scratch(
+    fleet: Fleet,
+) -> None:
+    """A snapshot whose bytes changed, or one not signed by a coordinator of the directory,
+    is not used: the replay reads every message and names why."""
+    from coordinator.snapshots import MARK_KEY, restore_one, seal
+
+    await snapshotted(fleet)
+    servers, keys = fleet
+    writer = await FleetClient.connect(servers.nats_url, seed=keys.seed("coordinator"))
+    try:
+        store = JetStreamSnapshots(writer.nc, writer.js)
+        stored = await store.load("m-a")
+        assert set(stored) == {MARK_KEY, "m.m-a"}  # the mark and this mission's, no other
+        # a person's key signs a mark of its own: well formed, but not a coordinator's
+        foreign = seal("mark", MARK_KEY, 1, b'{"missions": {}, "digest": ""}', keys.seed("lead"))
+        with pytest.raises(Exception, match="not a coordinator's key"):
+            coordinators = [p.public_key for p in keys.directory().values()
+                            if p.role is Role.COORDINATOR]  # fmt: skip
+            restore_one({**stored, MARK_KEY: foreign}, "m-a", signers=coordinators, last=10**9)
+        value = bytearray(stored["m.m-a"])
+        value[-10] ^= 0xFF  # one byte of the compressed state
+        await store.put("m.m-a", bytes(value))
+    finally:
+        await writer.close()
+    fast = await replayed(fleet, "m-a", from_snapshot=True)
+    assert fast.from_snapshot is None
+    assert "the signature does not match" in (fast.snapshot_refused or "")
+    whole = await replayed(fleet, "m-a")
+    assert fast.state == whole.state and fast.events == whole.events
+
+
+async def test_fleetledger_replay_starts_from_the_snapshot_unless_from_scratch(
+    fleet: Fleet,
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from fleetledger.cli import app
+
+    _, last = await snapshotted(fleet)
+    servers, keys = fleet
+    env = {"FLEET_NATS_URL": servers.nats_url, "FLEET_PRINCIPAL": "lead",
+           "FLEET_IDENTITY_DIR": str(keys.root)}  # fmt: skip
+
+    def run(*args: str) -> Any:
+        ran = CliRunner().invoke(app, ["replay", "m-a", *args], env=env)
+        assert ran.exit_code == 0, ran.output
+        return ran
+
+    fast, whole = (
+        await asyncio.to_thread(run, "--json"),
+        await asyncio.to_thread(run, "--json", "--from-scratch"),
+    )
+    a, b = json.loads(fast.stdout), json.loads(whole.stdout)
+    assert a["from_snapshot"] is not None and b["from_snapshot"] is None
+    assert a["events"] <= 5 < b["events"] and a["last_seq"] == b["last_seq"] == last
+    assert a["view"] == b["view"]  # the same mission either way
+    said = await asyncio.to_thread(run)
+    assert f"snapshot at seq {a['from_snapshot']} (verified)" in said.stderr, said.stderr
+    audited = json.loads((await asyncio.to_thread(run, "--json", "--audit")).stdout)
+    assert audited["from_snapshot"] is None and audited["audit"]  # every decision reviewed

@@ -37,6 +37,7 @@ from ledger.authority import Authority
 from ledger.events import Event, EvidenceRegistered, make_event
 from ledger.ids import new_id
 from ledger.kernel import ActionRequest
+from ledger.protocol import CreateMission, IssueGrant, RecordEffect
 from telemetry import Telemetry
 from telemetry.projection import span_id_of
 from tests.fixtures.otlp_receiver import OTLPReceiver, Received, ReceivedSpan
@@ -119,22 +120,20 @@ async def mission_with_grant(client: FleetClient, *, evidence_for: list[str]) ->
     mid = f"m-{new_id().hex[-12:]}"
     expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
     await client.manage(
-        "mission.create",
         mid,
-        {"purpose": "p", "owner": "o", "ceiling": 10_000_000, "expires_at": expires},
+        CreateMission(purpose="p", owner="o", ceiling=10_000_000, expires_at=expires),
     )
     authority = Authority.of(["pay", "refund"], evidence_required_for=evidence_for)
     await client.manage(
-        "grant.issue",
         mid,
-        {
-            "grant_id": "g1",
-            "holder": "agent-1",
-            "purpose": "p",
-            "owner": "o",
-            "authority": authority.model_dump(mode="json"),
-            "budget": 5_000_000,
-        },
+        IssueGrant(
+            grant_id="g1",
+            holder="agent-1",
+            purpose="p",
+            owner="o",
+            authority=authority.model_dump(mode="json"),
+            budget=5_000_000,
+        ),
     )
     return mid
 
@@ -315,9 +314,7 @@ async def test_settle_links_to_its_reserve_and_metrics_count_outcomes(
                 action_id="s2", grant_id="g1", action="wire", cost=10, idempotency_key="ks2"
             ),
         )
-        await client.manage(
-            "effect.record", mid, {"action_id": "s1", "outcome": "verified_success", "actual": 7}
-        )
+        await client.manage(mid, RecordEffect(action_id="s1", outcome="verified_success", actual=7))
     assert ok.decision is not None and ok.decision.allowed
     assert denied.decision is not None and not denied.decision.allowed
     assert tel.force_flush() and traced.telemetry.force_flush()
@@ -570,21 +567,19 @@ async def test_a_hook_call_through_the_node_agent_to_the_decision_is_one_trace(
     mid = f"m-{new_id().hex[-12:]}"
     expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
     await plain_client.manage(
-        "mission.create",
         mid,
-        {"purpose": "p", "owner": "o", "ceiling": 1_000_000, "expires_at": expires},
+        CreateMission(purpose="p", owner="o", ceiling=1_000_000, expires_at=expires),
     )
     await plain_client.manage(
-        "grant.issue",
         mid,
-        {
-            "grant_id": "g1",
-            "holder": "claude",
-            "purpose": "release",
-            "owner": "o",
-            "authority": Authority.of(["git.push"]).model_dump(mode="json"),
-            "budget": 100_000,
-        },
+        IssueGrant(
+            grant_id="g1",
+            holder="claude",
+            purpose="release",
+            owner="o",
+            authority=Authority.of(["git.push"]).model_dump(mode="json"),
+            budget=100_000,
+        ),
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | {
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,

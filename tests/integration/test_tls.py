@@ -33,10 +33,9 @@ from fleetledger.servers import (
 from ledger.authority import Authority
 from ledger.errors import InvalidInput, Unreachable
 from ledger.kernel import ActionRequest
+from ledger.protocol import CreateMission, IssueGrant
 from reservations import Branch, ReservationClient
 from tests.fixtures.tls_proxy import Certificates, TlsProxy, make_certificates
-
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +77,11 @@ async def test_coordinator_and_client_work_end_to_end_over_nats_tls(
             mid = f"tls-{uuid.uuid4().hex[:8]}"
             expires = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
             await fleet.manage(  # request/reply over TLS
-                "mission.create", mid,
-                {"purpose": "tls", "owner": "o", "ceiling": 100_000, "expires_at": expires},
+                mid, CreateMission(purpose="tls", owner="o", ceiling=100_000, expires_at=expires),
             )  # fmt: skip
             await fleet.manage(
-                "grant.issue", mid,
-                {"grant_id": "g", "holder": "agent", "purpose": "tls", "owner": "o",
-                 "authority": Authority.of(["pay"]).model_dump(mode="json"), "budget": 100_000},
+                mid, IssueGrant(grant_id="g", holder="agent", purpose="tls", owner="o",
+                 authority=Authority.of(["pay"]).model_dump(mode="json"), budget=100_000),
             )  # fmt: skip
             # a decision: JetStream publish, the stream's republished receipt, over TLS
             reply = await fleet.authorize(
@@ -94,7 +91,7 @@ async def test_coordinator_and_client_work_end_to_end_over_nats_tls(
             )  # fmt: skip
             assert reply.decision is not None and reply.decision.allowed
             view = await fleet.view(mid)
-            assert view["budget"]["committed"] == "0.01"
+            assert view.budget.committed == "0.01"
     finally:
         await co.stop()
 

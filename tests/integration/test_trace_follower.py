@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from fleetbus.client import FleetClient
-from fleetledger.servers import EmbeddedServers, free_port
+from fleetledger.processes import free_port
+from fleetledger.servers import EmbeddedServers
 from ledger.errors import Unreachable
+from ledger.protocol import CreateMission
 from telemetry import Telemetry
 from tests.fixtures.otlp_receiver import OTLPReceiver, Received
 
@@ -40,7 +42,7 @@ async def _create_mission(url: str, mission: str, timeout: float = 30.0) -> None
     async with await FleetClient.connect(url, telemetry=Telemetry.disabled()) as client:
         while True:
             try:
-                await client.manage("mission.create", mission, args)
+                await client.manage(mission, CreateMission(**args))
                 return
             except Unreachable:  # no coordinator serving yet
                 if time.monotonic() > deadline:

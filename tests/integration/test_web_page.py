@@ -27,9 +27,8 @@ from ledger.errors import ComponentTimeout, ErrorCode, InvalidInput
 from ledger.events import ItemCaptured, ItemClaimed, ItemStatusChanged, make_event
 from ledger.ids import new_id
 from ledger.kernel import ActionRequest
+from ledger.protocol import BindRole, CreateMission, IssueGrant, OpenRisk
 from tests.integration.browser import Browser
-
-pytestmark = pytest.mark.integration
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"  # gitignored
 LEAD, AGENT, NODE = "lead", "claude", "node-1"
@@ -93,19 +92,19 @@ async def mission_with_work(fleet: tuple[KeyStore, str]) -> str:
     mid = f"m-{new_id().hex[-10:]}"
     soon = (datetime.now(UTC) + timedelta(hours=8)).isoformat()
     async with await as_(fleet, LEAD) as lead:
-        await lead.manage("mission.create", mid, {
-            "purpose": "ship the release notes <draft>", "owner": LEAD, "ceiling": 5_000_000,
-            "expires_at": soon, "risk_roles": ["risk-officer"],
-        })  # fmt: skip
-        await lead.manage("role.bind", mid, {"principal": LEAD, "role": "risk-officer"})
+        await lead.manage(mid, CreateMission(
+            purpose="ship the release notes <draft>", owner=LEAD, ceiling=5_000_000,
+            expires_at=soon, risk_roles=["risk-officer"],
+        ))  # fmt: skip
+        await lead.manage(mid, BindRole(principal=LEAD, role="risk-officer"))
         for gid, parent, budget, holder in (("g1", None, 2_000_000, LEAD),
                                             ("g2", "g1", 800_000, AGENT)):  # fmt: skip
-            await lead.manage("grant.issue", mid, {
-                "grant_id": gid, "parent_id": parent, "holder": holder, "owner": LEAD,
-                "purpose": "write and publish the notes",
-                "authority": {"actions": ["docs.write", "docs.publish"], "may_delegate": True},
-                "budget": budget, "expires_at": soon,
-            })  # fmt: skip
+            await lead.manage(mid, IssueGrant(
+                grant_id=gid, parent_id=parent, holder=holder, owner=LEAD,
+                purpose="write and publish the notes",
+                authority={"actions": ["docs.write", "docs.publish"], "may_delegate": True},
+                budget=budget, expires_at=soon,
+            ))  # fmt: skip
         req = ActionRequest(action_id="a1", grant_id="g2", action="docs.write", cost=250_000,
                             idempotency_key="a1")  # fmt: skip
         reply = await lead.authorize(mid, req)
@@ -189,10 +188,10 @@ async def test_the_page_shows_the_mission_and_changes_within_2s_of_an_action(
     await browser.evaluate("window.notReloaded = true")
 
     async with await as_(fleet, LEAD) as lead:  # the action: a blocking risk, opened
-        await lead.manage("risk.open", mid, {
-            "risk_id": "k-legal", "blocks": ["docs.publish"], "owner": "risk-officer",
-            "summary": "legal has not cleared the licence text",
-        })  # fmt: skip
+        await lead.manage(mid, OpenRisk(
+            risk_id="k-legal", blocks=["docs.publish"], owner="risk-officer",
+            summary="legal has not cleared the licence text",
+        ))  # fmt: skip
     took = await wait_for(browser, f"{TEXT}.includes('legal has not cleared')", 2.0)
     assert await browser.evaluate("window.notReloaded === true"), "the page reloaded"
     assert "Risks: 1 open of 1" in await browser.evaluate(TEXT)
@@ -227,7 +226,7 @@ async def test_the_viewer_principal_cannot_change_a_mission(fleet: tuple[KeyStor
     args = {"purpose": "p", "owner": "web", "ceiling": 1, "expires_at": "2099-01-01T00:00:00Z"}
     async with await as_(fleet, WEB_PRINCIPAL) as viewer:
         with pytest.raises(ComponentTimeout):
-            await viewer.manage("mission.create", "m-viewer", args)
+            await viewer.manage("m-viewer", CreateMission(**args))
         with pytest.raises(InvalidInput) as info:
             await viewer.view("m-viewer")
         assert info.value.code is ErrorCode.NOT_FOUND

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fixtures.llama_judge import INSTALL_HINT, LlamaJudgeServer, model_available
+from fleetledger.judge_server import INSTALL_HINT, model_available
+from tests.fixtures.llama_judge import LlamaJudgeServer
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,7 +1,7 @@
 """The loopback judge against a real small model (issue 14, item 4; SPEC S5.2).
 
 SmolLM2-135M-Instruct on llama.cpp, one thread, behind the real protocols
-(tests/fixtures/llama_judge.py), driven through ``AutoLedger`` / ``JudgeGate`` and our
+(fleetledger/judge_server.py), driven through ``AutoLedger`` / ``JudgeGate`` and our
 transports. These tests assert transport, caps, breaker and validation, never advice quality.
 """
 
@@ -14,13 +14,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from fleetledger.judge_server import MODEL_NAME
 from ledger.items import ItemStatus
 from node_agent.node_store import NodeStore
 from node_agent.todo.autoledger import AutoLedger, TurnResult
 from node_agent.todo.judge import JudgeApi, JudgeGate, http_judge, parse_verdict, verdict_schema
-from tests.fixtures.llama_judge import MODEL_NAME, LlamaJudgeServer
+from tests.fixtures.llama_judge import LlamaJudgeServer
 
-pytestmark = [pytest.mark.realmodel, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 THREE = "- write hello.txt\n- run the tests\n- update the changelog"
 

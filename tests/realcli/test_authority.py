@@ -24,13 +24,12 @@ from coordinator.service import Coordinator
 from fleetbus.client import FleetClient
 from ledger.authority import Authority
 from ledger.ids import new_id
+from ledger.protocol import CreateMission, IssueGrant, OpenRisk
 from node_agent.daemon import NodeAgent
 from node_agent.settings import DEFAULT_RULES, NodeSettings
 from tests.fixtures.model_servers import ScriptedServer, Text
 from tests.realcli.agents import Agent
 from tests.realcli.test_hooks import install_ours, sent
-
-pytestmark = pytest.mark.realcli
 
 PUSH = "git push origin main"
 COST = "0.04"  # what a push reserves: the money a failed push must give back
@@ -72,14 +71,12 @@ async def release_mission(fleet: FleetClient) -> str:
     """A mission whose grant g-rel permits git.push, budget 0.10."""
     mission = f"m-{new_id().hex[-12:]}"
     await fleet.manage(
-        "mission.create", mission,
-        {"purpose": "release", "owner": "ann", "ceiling": 1_000_000,
-         "expires_at": "2099-01-01T00:00:00+00:00"},
+        mission, CreateMission(purpose="release", owner="ann", ceiling=1_000_000,
+         expires_at="2099-01-01T00:00:00+00:00"),
     )  # fmt: skip
     await fleet.manage(
-        "grant.issue", mission,
-        {"grant_id": "g-rel", "holder": "agent", "purpose": "release", "owner": "ann",
-         "authority": Authority.of(["git.push"]).model_dump(mode="json"), "budget": 100_000},
+        mission, IssueGrant(grant_id="g-rel", holder="agent", purpose="release", owner="ann",
+         authority=Authority.of(["git.push"]).model_dump(mode="json"), budget=100_000),
     )  # fmt: skip
     return mission
 
@@ -148,7 +145,8 @@ async def test_an_authorised_push_runs_is_allowed_and_its_effect_recorded(
     expected = "unknown" if agent.name == "codex" else "verified_success"
     await wait_until(lambda: outcomes(coordinator, mission) == [expected])
     view = await fleet.view(mission)
-    assert view["budget"]["settled" if expected == "verified_success" else "committed"] == COST
+    spent = "settled" if expected == "verified_success" else "committed"
+    assert getattr(view.budget, spent) == COST
 
 
 async def test_a_failed_authorised_push_is_a_verified_failure_and_its_money_returned(
@@ -167,7 +165,7 @@ async def test_a_failed_authorised_push_is_a_verified_failure_and_its_money_retu
         return
     await wait_until(lambda: outcomes(coordinator, mission) == ["verified_failure"])
     view = await fleet.view(mission)
-    assert (view["budget"]["committed"], view["budget"]["settled"]) == ("0.00", "0.00"), view
+    assert (view.budget.committed, view.budget.settled) == ("0.00", "0.00"), view
 
 
 async def test_a_push_under_an_open_risk_is_denied_naming_the_risk(
@@ -177,9 +175,8 @@ async def test_a_push_under_an_open_risk_is_denied_naming_the_risk(
     remote = with_remote(agent)
     in_the_agents_env(agent, mission)
     await fleet.manage(
-        "risk.open", mission,
-        {"risk_id": "r-frozen", "blocks": ["git.push"], "owner": "sec",
-         "summary": "release branch frozen"},
+        mission, OpenRisk(risk_id="r-frozen", blocks=["git.push"], owner="sec",
+         summary="release branch frozen"),
     )  # fmt: skip
     await wait_until(lambda: bool(fleet_node.store.open_risks(mission)))
 

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from fleetledger.doctor import check_codex_trust
+from fleetledger.doctor_agent import check_codex_trust
 from node_agent.settings import NodeSettings
 from tests.fixtures.model_servers import Text
 from tests.realcli.agents import Codex
 from tests.realcli.test_hooks import PUSH, node, sent
 
-pytestmark = pytest.mark.realcli
 __all__ = ["node"]  # the module's node agent fixture, shared
 
 

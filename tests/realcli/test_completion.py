@@ -13,14 +13,11 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-
 from node_agent.settings import NodeSettings
 from tests.fixtures.model_servers import ScriptStep, Text, ToolCall
 from tests.realcli.agents import ClaudeCode
 from tests.realcli.test_hooks import db, install_ours, node, session_of
 
-pytestmark = pytest.mark.realcli
 __all__ = ["node"]  # the module-scoped real node agent, shared with test_hooks.py
 
 TESTS = """import pathlib

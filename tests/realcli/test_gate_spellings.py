@@ -11,7 +11,6 @@ from tests.fixtures.model_servers import ScriptedServer, Text
 from tests.realcli.agents import Agent
 from tests.realcli.test_hooks import install_ours, node, sent
 
-pytestmark = pytest.mark.realcli
 __all__ = ["node"]  # the real node agent fixture, shared with test_hooks
 
 

@@ -15,13 +15,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.fixtures.model_servers import ResponsesServer, ScriptedServer, Text, apply_patch
 from tests.realcli.agents import Agent, Codex
 from tests.realcli.conftest import HookLog
-
-pytestmark = pytest.mark.realcli
 
 PAYLOADS = Path(__file__).parents[1] / "fixtures" / "hook_payloads"
 # The events a prompt -> a succeeding command -> a failing command -> a final answer must fire.

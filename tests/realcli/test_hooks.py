@@ -28,8 +28,6 @@ from node_agent.settings import NodeSettings
 from tests.fixtures.model_servers import ScriptedServer, Text, ToolCall, apply_patch
 from tests.realcli.agents import Agent, Codex
 
-pytestmark = pytest.mark.realcli
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -61,9 +59,9 @@ def node() -> Iterator[NodeSettings]:
 
 def install_ours(agent: Agent, *, socket_path: Path, python: str | None = None) -> None:
     """What `fleetledger hooks install <agent>` writes (and --trust for Codex)."""
-    from node_agent.hooks import SETTINGS_FILES
+    from fleetledger_hook.adapters import ADAPTERS
 
-    path = agent.project / SETTINGS_FILES[agent.name]  # type: ignore[index]
+    path = agent.project / ADAPTERS[agent.name].settings_file
     done = install(agent.name, {}, socket=socket_path, python=python)  # type: ignore[arg-type]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(done.config, indent=2))

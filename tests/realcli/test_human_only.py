@@ -23,14 +23,13 @@ from pathlib import Path
 import pytest
 
 from fleetbus.identity import KeyStore
+from fleetledger_hook.adapters import ADAPTERS
 from ledger.identity import Role
 from node_agent.client import NodeClient
-from node_agent.hooks import SETTINGS_FILES, install, protected_paths
+from node_agent.hooks import install, protected_paths
 from node_agent.settings import NodeSettings
 from tests.fixtures.model_servers import ScriptedServer, Text, ToolCall
 from tests.realcli.agents import Agent, ClaudeCode
-
-pytestmark = pytest.mark.realcli
 
 ROOT = Path(__file__).resolve().parents[2]
 REFUSED = "run it from your own terminal, not the agent's shell"
@@ -97,7 +96,7 @@ def test_claude_code_after_hooks_install_cannot_read_the_key_store(
     seed_file = identity / "operator.seed"
     seed = seed_file.read_text().strip()
     settings = NodeSettings(state_dir=node.state_dir, identity_dir=identity)
-    path = claude.project / SETTINGS_FILES["claude-code"]
+    path = claude.project / ADAPTERS["claude-code"].settings_file
     done = install("claude-code", {}, socket=node.socket_path,
                    protect=protected_paths(settings, node.state_dir))  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,15 +11,11 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import pytest
-
 from node_agent.hooks import write_policy
 from node_agent.settings import NodeSettings
 from tests.fixtures.model_servers import ScriptedServer, Text
 from tests.realcli.agents import Agent
 from tests.realcli.test_hooks import PUSH, install_ours, sent
-
-pytestmark = pytest.mark.realcli
 
 
 def test_the_model_is_told_capture_is_off_and_a_push_is_refused(

@@ -1,11 +1,11 @@
 """The README's path from `make demo` to a governed Claude Code session, run as written (issue 24).
 
-The two code blocks of "Point an agent at fleetledger" are read from README.md and run by bash
-in a fresh HOME, line for line: terminal 1 starts `fleetledger up`; terminal 2 exports the
-fleet's settings, installs the hooks into a project of its own, runs `fleetledger doctor`
-(which must pass every check), starts `claude` (the real Claude Code CLI from the cache; on
-PATH a wrapper runs it in `-p` mode against a local server speaking the Anthropic API, the only
-stand-in) and lists the to-do the node captured from the session's prompt.
+The two code blocks of "Point Claude Code, Codex or Gemini at it" are read from README.md and
+run by bash in a fresh HOME, line for line: terminal 1 starts `fleetledger up`; terminal 2
+exports the fleet's settings, installs the hooks into a project of its own, runs `fleetledger
+doctor` (which must pass every check), starts `claude` (the real Claude Code CLI from the cache;
+on PATH a wrapper runs it in `-p` mode against a local server speaking the Anthropic API, the
+only stand-in) and lists the to-do the node captured from the session's prompt.
 """
 
 from __future__ import annotations
@@ -20,12 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.fixtures.model_servers import AnthropicServer, Text
 from tests.realcli.agents import base_env
-
-pytestmark = pytest.mark.realcli
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Please do: 1. write hello.txt 2. update the changelog"

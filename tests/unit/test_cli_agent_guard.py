@@ -134,7 +134,7 @@ def test_allowed_commands_with_harmless_options_do_not_act_for_a_person(
 def test_person_env_names_who_acts_outside_an_agent_session_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fleetledger.cli_identity import person
+    from fleetledger._cli import person
 
     monkeypatch.delenv("FLEET_PRINCIPAL", raising=False)
     keys = tmp_path / "identity"

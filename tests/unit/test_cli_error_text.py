@@ -49,7 +49,7 @@ def test_a_path_in_a_hooks_install_error_survives_literally(tmp_path: Path, name
 
 def rendered(*renderables: object) -> str:
     """What the CLI's own console prints of these."""
-    from fleetledger.console import console
+    from fleetledger._cli import console
 
     out = console()
     out.begin_capture()
@@ -63,7 +63,8 @@ HOSTILE = "fix the [/] parser, see [bold red]x :x: \\[y]"
 
 @pytest.mark.parametrize(
     "module", ["fleetledger.cli", "fleetledger.cli_node", "fleetledger.cli_identity",
-               "fleetledger.cli_roles", "fleetledger.web", "fleetledger.console"],
+               "fleetledger.cli_roles", "fleetledger.cli_todo", "fleetledger.web",
+               "fleetledger._cli"],
 )  # fmt: skip
 def test_every_cli_console_prints_what_it_is_given_literally(module: str) -> None:
     """`todo add 'fix the [/] parser'` added the item, then died in a MarkupError traceback;
@@ -83,7 +84,7 @@ def test_every_cli_console_prints_what_it_is_given_literally(module: str) -> Non
 def test_a_todo_item_text_and_a_project_path_print_literally() -> None:
     from rich.text import Text
 
-    from fleetledger.console import literal
+    from fleetledger._cli import literal
 
     line = Text.assemble("added ", ("t1", "bold"), f" (s-t1): {HOSTILE}")
     assert rendered(line, literal(HOSTILE, "red")) == f"added t1 (s-t1): {HOSTILE}\n{HOSTILE}\n"
@@ -101,12 +102,16 @@ def test_a_denial_reason_in_the_receipt_survives_literally() -> None:
 
 def test_a_purpose_and_a_risk_summary_in_the_team_view_survive_literally() -> None:
     from fleetledger.render import team_view
+    from ledger.protocol import MissionView
 
-    view = {
-        "mission_id": "m1", "purpose": "credit [red]October[/]", "owner": "lead", "version": 1,
-        "grants": [], "decisions": [],
-        "risks": [{"risk_id": "r1", "blocks": ["credit.issue"], "scope": "m1", "owner": "t",
-                   "status": "open", "summary": "covenant [b]breach[/b] :warning:"}],
-    }  # fmt: skip
+    risk = {"risk_id": "r1", "blocks": ["credit.issue"], "scope": "m1", "owner": "t",
+            "status": "open", "summary": "covenant [b]breach[/b] :warning:", "risk_roles": [],
+            "may_treat": []}  # fmt: skip
+    view = MissionView.model_validate({
+        "mission_id": "m1", "exists": True, "purpose": "credit [red]October[/]", "owner": "lead",
+        "version": 1, "applied_seq": 0, "grants": [], "rejected_grants": {}, "risks": [risk],
+        "open_blockers": [risk], "actions": [], "decisions": [],
+        "progress": {"total": 0, "counts": {}, "agents": []},
+    })  # fmt: skip
     text = rendered(*team_view(view))
     assert "credit [red]October[/]" in text and "covenant [b]breach[/b] :warning:" in text

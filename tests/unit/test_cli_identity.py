@@ -169,7 +169,7 @@ def test_person_env_reads_back_a_key_store_path_with_spaces_and_a_hash(
     written as fleet.env is (``env_file_text``, shell-quoted)."""
     import subprocess
 
-    from fleetledger.cli_identity import person, write_person_file
+    from fleetledger._cli import person, write_person_file
     from fleetledger_hook.humans import AGENT_MARKERS
 
     for key, _ in AGENT_MARKERS:

@@ -12,33 +12,34 @@ from typing import Any
 
 import pytest
 
-from fleetledger.doctor import (
+from fleetledger.doctor_agent import (
     check_codex_trust,
     check_environment,
     check_hooks,
     check_timeouts,
     read_hooks,
 )
-from node_agent.hooks import SETTINGS_FILES, Agent, codex_trust, install, trust_in_codex_config
+from fleetledger_hook.adapters import ADAPTERS
+from node_agent.hooks import codex_trust, install, trust_in_codex_config
 
 SOCKET = Path("/run/fleetledger/node-agent.sock")
 
 
-def write(project: Path, agent: Agent, config: dict[str, Any]) -> Path:
-    path = project / SETTINGS_FILES[agent]
+def write(project: Path, agent: str, config: dict[str, Any]) -> Path:
+    path = project / ADAPTERS[agent].settings_file
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config))
     return path
 
 
-def installed(project: Path, agent: Agent, **kw: Any) -> dict[str, Any]:
+def installed(project: Path, agent: str, **kw: Any) -> dict[str, Any]:
     config = install(agent, {}, socket=SOCKET, **kw).config
     write(project, agent, config)
     return config
 
 
 @pytest.mark.parametrize("agent", ["claude-code", "codex", "gemini"])
-def test_hooks_as_installed_pass(agent: Agent, tmp_path: Path) -> None:
+def test_hooks_as_installed_pass(agent: str, tmp_path: Path) -> None:
     installed(tmp_path, agent)
     assert check_hooks(agent, tmp_path).ok, check_hooks(agent, tmp_path)
     assert check_timeouts(agent, tmp_path).ok
@@ -79,7 +80,7 @@ def trust(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("CODEX_HOME", str(home))
     project = tmp_path / "project"
     config = installed(project, "codex")
-    hooks_file = project / SETTINGS_FILES["codex"]
+    hooks_file = project / ADAPTERS["codex"].settings_file
     text = trust_in_codex_config("", codex_trust(hooks_file, config), project)
     (home / "config.toml").write_text(text)
     return project

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from fleetledger.doctor import agent_checks
-from node_agent.hooks import SETTINGS_FILES, install
+from fleetledger_hook.adapters import ADAPTERS
+from node_agent.hooks import install
 
 SOCKET = Path("/run/fleetledger/node-agent.sock")
 
@@ -24,7 +25,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name in ("FLEET_HOOK_SOCKET", "FLEET_PRINCIPAL"):
         monkeypatch.delenv(name, raising=False)
     root = tmp_path / "p"
-    path = root / SETTINGS_FILES["claude-code"]
+    path = root / ADAPTERS["claude-code"].settings_file
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(install("claude-code", {}, socket=SOCKET).config))
     return root

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from fleetledger_hook.adapters import ADAPTERS
+from fleetledger_hook.adapters.codex import patch_paths
+from ledger.protocol import Change
 from node_agent.daemon import NodeAgent
-from node_agent.execution import patch_paths, tool_paths
 from node_agent.hooks import codex_trust, hook_command, install, trust_in_codex_config
 from node_agent.settings import NodeSettings
 from node_agent.todo.auditor import is_reminder
@@ -156,8 +157,8 @@ class Fleet:
         self.keys.append(request.idempotency_key)
         return SimpleNamespace(decision=SimpleNamespace(allowed=True, rule=None, reason="ok"))
 
-    async def manage(self, op: str, mission: str, body: dict[str, Any], actor: str) -> None:
-        self.effects.append(body)
+    async def manage(self, mission: str, change: Change, *, actor: str) -> None:
+        self.effects.append(change.args())
 
 
 @pytest.fixture
@@ -269,7 +270,8 @@ def test_a_gemini_tool_error_is_a_failure_with_no_status() -> None:
 
 def test_apply_patch_paths_are_read_from_the_patch() -> None:
     patch = sample("codex", "PreToolUse.apply_patch")["tool_input"]
-    assert tool_paths(patch, "apply_patch") == ["notes.txt"]
+    assert ADAPTERS["codex"].paths("apply_patch", patch) == ["notes.txt"]
+    assert ADAPTERS["codex"].writes("apply_patch", patch)
     moved = "*** Begin Patch\n*** Update File: a.py\n*** Move to: b.py\n@@\n-x\n+y\n*** End Patch"
     assert patch_paths(moved) == ["a.py", "b.py"]
 

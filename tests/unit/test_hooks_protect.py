@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.hooks import claude_deny_rules, install, protected_paths
+from fleetledger_hook.adapters.claude_code import deny_rules
+from node_agent.hooks import install, protected_paths
 from node_agent.settings import NodeSettings
 
 
@@ -41,7 +42,7 @@ def test_codex_and_gemini_settings_get_no_rules_they_would_not_read(tmp_path: Pa
     for agent in ("codex", "gemini"):
         done = install(agent, {}, socket=None, protect=[tmp_path])
         assert "permissions" not in done.config
-    assert claude_deny_rules([]) == []
+    assert deny_rules([]) == []
 
 
 def test_install_refuses_a_project_inside_the_fleets_state(

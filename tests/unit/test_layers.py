@@ -34,7 +34,7 @@ def _copy(tmp_path: Path) -> Path:
 def test_the_repository_keeps_the_inward_rule(tmp_path: Path) -> None:
     result = _lint(_copy(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 kept, 0 broken" in result.stdout
+    assert "2 kept, 0 broken" in result.stdout
 
 
 def test_a_service_importing_the_cli_breaks_the_contract(tmp_path: Path) -> None:
@@ -52,3 +52,17 @@ def test_the_pure_core_importing_an_edge_breaks_the_contract(tmp_path: Path) -> 
     result = _lint(tree)
     assert result.returncode != 0
     assert "ledger.upward -> reservations" in result.stdout
+
+
+def test_two_modules_of_a_package_importing_each_other_break_the_cycle_contract(
+    tmp_path: Path,
+) -> None:
+    """No import cycle inside a package (import-linter's acyclic_siblings): kept now, broken
+    by a module that imports one which imports it back."""
+    tree = _copy(tmp_path)
+    (tree / "coordinator" / "ping.py").write_text("from coordinator import pong\n")
+    (tree / "coordinator" / "pong.py").write_text("from coordinator import ping\n")
+    result = _lint(tree)
+    assert result.returncode != 0
+    assert "No import cycle among the modules of a package BROKEN" in result.stdout
+    assert "No cycles are allowed in coordinator" in result.stdout

@@ -25,3 +25,17 @@ def test_every_package_directory_of_the_tree_is_in_the_wheel() -> None:
         p.parent.name for p in ROOT.glob("*/__init__.py") if p.parent.name not in {"tests", "bench"}
     }
     assert on_disk - _packages() == set()
+
+
+def test_every_subpackage_of_the_tree_is_in_the_wheel() -> None:
+    """setuptools' explicit ``packages`` list takes no subpackage by itself: one left out is
+    missing from the wheel (the editable install still finds it, so only this notices)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    top = _packages()
+    on_disk = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in ROOT.glob("*/**/__init__.py")
+        if p.parent.relative_to(ROOT).parts[0] in top
+    }
+    assert on_disk - listed == set()

@@ -198,3 +198,35 @@ def test_an_unknown_code_decodes_to_the_root_error() -> None:
 
     got = ErrorBody(code="FL-FROM-THE-FUTURE", message="new").error()
     assert type(got) is FleetError and got.code is ErrorCode.INTERNAL
+
+
+def test_every_management_op_has_its_request_model_and_the_coordinator_a_handler() -> None:
+    from typing import get_args
+
+    from coordinator.manage import HANDLERS
+    from ledger.protocol import CHANGES, ManageOp
+
+    assert set(CHANGES) == set(get_args(ManageOp)) == set(HANDLERS)
+    assert all(model.op == op for op, model in CHANGES.items())
+
+
+def test_a_change_sends_its_fields_as_json_leaving_out_what_the_coordinator_fills() -> None:
+    from datetime import UTC, datetime
+
+    from ledger.authority import Authority
+    from ledger.protocol import BindRole, IssueGrant, change_of
+
+    grant = IssueGrant(grant_id="g1", holder="h", purpose="p", owner="o",
+                       authority=Authority.of(["pay"]), budget=5,
+                       expires_at=datetime(2026, 1, 1, tzinfo=UTC))  # fmt: skip
+    args = grant.args()
+    assert "parent_id" not in args and "effective_from" not in args  # the coordinator's
+    assert args["authority"] == Authority.of(["pay"]).model_dump(mode="json")
+    assert datetime.fromisoformat(args["expires_at"]) == datetime(2026, 1, 1, tzinfo=UTC)
+    assert BindRole(principal="p", role="r").args() == {"principal": "p", "role": "r"}  # no by
+    # a command's gathered arguments: the same request; a dict it cannot read goes as it is,
+    # for the coordinator to refuse with its rule
+    gathered = {"principal": "p", "role": "r"}
+    assert change_of("role.bind", gathered) == BindRole(principal="p", role="r")
+    odd = {"actions": ["pay"], "unknown": None}
+    assert change_of("grant.issue", {**args, "authority": odd}).args()["authority"] == odd

@@ -149,8 +149,8 @@ class MemorySnapshots:
     async def put(self, key: str, value: bytes) -> None:
         self.values[key] = value
 
-    async def load(self) -> dict[str, bytes]:
-        return dict(self.values)
+    async def load(self, mission: str | None = None) -> dict[str, bytes]:
+        return dict(self.values)  # every key: restore_one picks its mission's
 
 
 async def keyed(bus: FakeBus, identity: Path, store: MemorySnapshots | None) -> Coordinator:

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from coordinator.views import ATTENTION_ORDER, digest, item_progress, operator_view, project
+from fleetledger._cli import console
 from fleetledger.cli import app
-from fleetledger.console import console
 from fleetledger.render import AGENT_ROWS, PROGRESS_ROWS, clip, progress_tables, team_view
 from ledger.events import (
     ItemCaptured,
@@ -23,7 +23,9 @@ from ledger.events import (
     ItemStatusChanged,
     make_event,
 )
+from ledger.items import ItemStatus
 from ledger.mission import ItemStanding, MissionState
+from ledger.protocol import ItemView
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 MID = "m-progress"
@@ -58,7 +60,7 @@ def two_agents() -> MissionState:
 
 
 def render(tables: list[Any], width: int = 120) -> str:
-    """As the CLI prints them: through its literal console (``fleetledger.console``)."""
+    """As the CLI prints them: through its literal console (``fleetledger._cli``)."""
     out = console()
     out.width = width
     out.begin_capture()
@@ -69,37 +71,38 @@ def render(tables: list[Any], width: int = 120) -> str:
 
 def test_progress_lists_each_agents_items_in_session_order_with_enum_standings() -> None:
     progress = item_progress(two_agents())
-    coder, reviewer = progress["agents"]
-    assert (coder["agent_id"], coder["nodes"]) == ("coder", ["node-1"])
-    assert [i["item_id"] for i in coder["items"]] == ["s-t1", "s-t2", "s-t3"]
-    assert [i["standing"] for i in coder["items"]] == [
+    coder, reviewer = progress.agents
+    assert coder.items is not None and reviewer.items is not None
+    assert (coder.agent_id, coder.nodes) == ("coder", ["node-1"])
+    assert [i.item_id for i in coder.items] == ["s-t1", "s-t2", "s-t3"]
+    assert [i.standing for i in coder.items] == [
         "verified", "waiting_on_human", "claimed_unverified"
     ]  # fmt: skip
-    assert [i["item_id"] for i in reviewer["items"]] == ["r-t1", "r-t2"]
-    assert [i["standing"] for i in reviewer["items"]] == ["done", "open"]
-    t1, t2, t3 = coder["items"]
-    assert t1["closed_by"] == "check:hello.txt written in this session"
-    assert t2["check"] is None and t2["status"] == "open"  # only a human can close it
-    assert t3["check_detail"] == "pytest exited 1: 2 failed" and "not independently" in t3["claim"]
-    assert coder["counts"] == {
+    assert [i.item_id for i in reviewer.items] == ["r-t1", "r-t2"]
+    assert [i.standing for i in reviewer.items] == ["done", "open"]
+    t1, t2, t3 = coder.items
+    assert t1.closed_by == "check:hello.txt written in this session"
+    assert t2.check is None and t2.status == "open"  # only a human can close it
+    assert t3.check_detail == "pytest exited 1: 2 failed" and "not independently" in str(t3.claim)
+    assert coder.counts == {
         "verified": 1, "done": 0, "cancelled": 0, "blocked": 0, "paused": 0,
         "claimed_unverified": 1, "waiting_on_human": 1, "open": 0,
     }  # fmt: skip
-    assert progress["total"] == 5 and progress["counts"]["open"] == 1
-    assert set(progress["counts"]) == {s.value for s in ItemStanding}
+    assert progress.total == 5 and progress.counts["open"] == 1
+    assert set(progress.counts) == {s.value for s in ItemStanding}
 
 
 def test_the_json_view_carries_progress_for_every_role_that_sees_items() -> None:
     state = two_agents()
     for role in ("operator", "policy", "incident", "auditor"):
-        view = json.loads(json.dumps(project(state, role)))  # what --json prints
+        view = json.loads(json.dumps(project(state, role).wire()))  # what --json prints
         agents = view["progress"]["agents"]
         assert [len(a["items"]) for a in agents] == [3, 2], role
 
 
 def test_the_business_view_counts_items_without_their_texts() -> None:
     view = project(two_agents(), "business")
-    coder, reviewer = view["progress"]["agents"]
+    coder, reviewer = view.wire()["progress"]["agents"]  # what --json prints
     assert "items" not in coder and "items" not in reviewer
     assert coder["counts"]["waiting_on_human"] == 1 and reviewer["counts"]["done"] == 1
     text = render(team_view(view))
@@ -112,17 +115,17 @@ def test_an_item_whose_capture_the_stream_never_saw_is_not_shown() -> None:
     apply(s, ItemClaimed(item_id="x-t1", status="done", by="ghost"), agent="ghost")
     apply(s, ItemChecked(item_id="x-t2", passed=True, detail="ok"), agent="ghost")
     progress = item_progress(s)
-    assert [a["agent_id"] for a in progress["agents"]] == ["coder", "reviewer"]
-    assert progress["total"] == 5
-    assert "s-t9" not in {i["item_id"] for a in progress["agents"] for i in a["items"]}
+    assert [a.agent_id for a in progress.agents] == ["coder", "reviewer"]
+    assert progress.total == 5
+    assert "s-t9" not in {i.item_id for a in progress.agents for i in a.items or []}
 
 
 def test_a_mission_with_no_items_shows_no_progress_table() -> None:
     view = operator_view(MissionState(MID))
-    assert view["progress"] == {
+    assert view.progress.wire() == {
         "total": 0, "counts": {s.value: 0 for s in ItemStanding}, "agents": []
     }  # fmt: skip
-    assert progress_tables(view["progress"]) == []
+    assert progress_tables(view.progress) == []
     assert len(team_view(view)) == 1  # the budget table alone
     assert "Mission progress" not in render(team_view(view))
 
@@ -153,8 +156,8 @@ def many_items(n: int) -> MissionState:
 
 def test_hundreds_of_items_give_a_bounded_human_view_and_a_complete_json() -> None:
     view = operator_view(many_items(600))
-    (agent,) = view["progress"]["agents"]
-    assert len(agent["items"]) == 600  # --json has every item
+    (agent,) = view.progress.agents
+    assert len(agent.items or []) == 600  # --json has every item
     text = render(team_view(view))
     rows = [line for line in text.splitlines() if "bulk item" in line]
     assert 0 < len(rows) <= AGENT_ROWS
@@ -176,8 +179,18 @@ def test_many_agents_keep_the_item_rows_bounded_and_every_agent_counted() -> Non
     assert "items shown for the first 12 of 30 agents" in text
 
 
+def item(n: int, standing: str) -> ItemView:
+    """An item whose ``order`` is its place in the given list."""
+    return ItemView(
+        item_id=f"s-t{n}", session_id="s", node_id="node-1", order=n, text=f"item {n}",
+        status=ItemStatus.OPEN, standing=ItemStanding(standing), check=None, closed_by=None,
+        check_detail=None, claim=None,
+    )  # fmt: skip
+
+
 def test_digest_keeps_the_given_order_and_counts_what_it_leaves_out() -> None:
-    items = [{"standing": s} for s in ("verified", "open", "done", "waiting_on_human", "open")]
+    items = [item(n, s) for n, s in enumerate(("verified", "open", "done", "waiting_on_human",
+                                                "open"))]  # fmt: skip
     shown, hidden = digest(items, 2)
     assert shown == [items[1], items[3]]  # waiting first, then the first open; in given order
     assert hidden == {"open": 1, "verified": 1, "done": 1}  # in attention order
@@ -189,14 +202,14 @@ def test_digest_keeps_the_given_order_and_counts_what_it_leaves_out() -> None:
     st.integers(min_value=0, max_value=70),
 )
 def test_digest_never_exceeds_its_limit_and_loses_no_item(standings: list[str], limit: int) -> None:
-    items = [{"standing": s, "n": n} for n, s in enumerate(standings)]
+    items = [item(n, s) for n, s in enumerate(standings)]
     shown, hidden = digest(items, limit)
     assert len(shown) == min(limit, len(items))
     assert len(shown) + sum(hidden.values()) == len(items)
-    assert [i["n"] for i in shown] == sorted(i["n"] for i in shown)
+    assert [i.order for i in shown] == sorted(i.order for i in shown)
     rank = {s.value: n for n, s in enumerate(ATTENTION_ORDER)}
     if shown and hidden:  # nothing left out needs someone more than what is shown
-        assert min(rank[s] for s in hidden) >= max(rank[i["standing"]] for i in shown)
+        assert min(rank[s] for s in hidden) >= max(rank[i.standing] for i in shown)
 
 
 def test_long_texts_are_one_clipped_line_and_never_rich_markup() -> None:

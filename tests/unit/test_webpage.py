@@ -4,7 +4,6 @@ fragment protocol live.js polls, and the viewer principal it reads as."""
 from __future__ import annotations
 
 from html.parser import HTMLParser
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -27,7 +26,7 @@ from ledger.identity import (
     seed_from_bytes,
 )
 from ledger.invariants import RiskFact, check_risk_treatment, risk_treaters
-from ledger.protocol import STREAM, VIEW_SUBJECT
+from ledger.protocol import STREAM, VIEW_SUBJECT, LevelMicros, LevelView, MissionView
 from tests.unit.builders import MID, Ledger, base, spec, wide
 
 HOSTILE = "<script>alert('x')</script>\"&<img src=x onerror=alert(1)>"
@@ -62,7 +61,7 @@ def chained() -> Ledger:
     return led
 
 
-def hostile_view() -> dict[str, Any]:
+def hostile_view() -> MissionView:
     led = chained()
     led.grant("g2", parent="g1", purpose=HOSTILE, holder="agent-2")
     led.apply(RiskOpened(risk_id="k1", blocks=frozenset({"pay"}), owner="rita", summary=HOSTILE))
@@ -108,9 +107,11 @@ def rects(svg: str) -> dict[str, tuple[float, float]]:
 
 
 def test_a_bar_shows_settled_committed_and_reserved_as_parts_of_the_ceiling() -> None:
-    level = {"ceiling": "1.00", "settled": "0.10", "committed": "0.25", "reserved": "0.05",
-             "micros": {"ceiling": 1_000_000, "settled": 100_000, "committed": 250_000,
-                        "reserved": 50_000}}  # fmt: skip
+    level = LevelView(
+        scope="m", ceiling="1.00", settled="0.10", committed="0.25", reserved="0.05",
+        remaining="0.60", blocked_by_overrun=None,
+        micros=LevelMicros(ceiling=1_000_000, settled=100_000, committed=250_000, reserved=50_000),
+    )  # fmt: skip
     svg = webpage.bar(level)
     assert rects(svg) == {
         "track": (0.0, 100.0), "settled": (0.0, 10.0), "committed": (10.0, 25.0),
@@ -122,7 +123,11 @@ def test_a_bar_shows_settled_committed_and_reserved_as_parts_of_the_ceiling() ->
 
 
 def test_a_bar_past_its_ceiling_scales_to_what_was_used_and_is_marked() -> None:
-    level = {"micros": {"ceiling": 100, "settled": 150, "committed": 50, "reserved": 0}}
+    level = LevelView(
+        scope="m", ceiling="", settled="", committed="", reserved="", remaining="",
+        blocked_by_overrun=None,
+        micros=LevelMicros(ceiling=100, settled=150, committed=50, reserved=0),
+    )  # fmt: skip
     svg = webpage.bar(level)
     assert rects(svg)["settled"] == (0.0, 75.0) and rects(svg)["committed"] == (75.0, 25.0)
     assert 'class="bar over"' in svg
@@ -154,7 +159,7 @@ class Folded:
     def __init__(self, led: Ledger) -> None:
         self.led, self.down = led, False
 
-    async def view(self, mission_id: str) -> dict[str, Any]:
+    async def view(self, mission_id: str) -> MissionView:
         if self.down:
             raise Unreachable("NATS connection lost (fail closed)")
         if mission_id != MID:

@@ -24,22 +24,20 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-# Run as a script, bench/ comes first on sys.path and bench/reservations.py would shadow the
-# `reservations` package; drop it before importing ours.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from rich.console import Console
+from rich.table import Table
 
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
-from opentelemetry.sdk.resources import Resource  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from fleetbus.client import FleetClient  # noqa: E402
-from fleetledger.servers import EmbeddedServers, free_port  # noqa: E402
-from ledger.authority import Authority  # noqa: E402
-from ledger.kernel import ActionRequest  # noqa: E402
-from telemetry import Telemetry  # noqa: E402
+from fleetbus.client import FleetClient
+from fleetledger.processes import free_port
+from fleetledger.servers import EmbeddedServers
+from ledger.authority import Authority
+from ledger.kernel import ActionRequest
+from ledger.protocol import CreateMission, IssueGrant
+from telemetry import Telemetry
 
 err = Console(stderr=True)
 WORKERS = 8
@@ -102,21 +100,19 @@ async def setup(client: FleetClient, missions: list[str]) -> None:
     expires = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
     for m in missions:
         await client.manage(
-            "mission.create",
             m,
-            {"purpose": "bench", "owner": "o", "ceiling": 10**12, "expires_at": expires},
+            CreateMission(purpose="bench", owner="o", ceiling=10**12, expires_at=expires),
         )
         await client.manage(
-            "grant.issue",
             m,
-            {
-                "grant_id": "g",
-                "holder": "a",
-                "purpose": "bench",
-                "owner": "o",
-                "authority": Authority.of(["pay"]).model_dump(mode="json"),
-                "budget": 10**12,
-            },
+            IssueGrant(
+                grant_id="g",
+                holder="a",
+                purpose="bench",
+                owner="o",
+                authority=Authority.of(["pay"]).model_dump(mode="json"),
+                budget=10**12,
+            ),
         )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import shutil
@@ -24,22 +25,31 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
-# Run as a script, this file's directory comes first on sys.path and its name would shadow
-# the `reservations` package; drop it before importing.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' Ray cluster harness
+from redis.asyncio import BlockingConnectionPool, Redis
+from rich.console import Console
+from rich.table import Table
 
-from redis.asyncio import BlockingConnectionPool, Redis  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from fleetledger.servers import REDIS_ADMIN, REDIS_BRANCH, EmbeddedServers
+from ledger.errors import RuleViolation
+from reservations import BranchContext, ReservationClient, run_branches
+from reservations.cluster import connect
 
-from fleetledger.servers import REDIS_ADMIN, REDIS_BRANCH, EmbeddedServers  # noqa: E402
-from ledger.errors import RuleViolation  # noqa: E402
-from reservations import BranchContext, ReservationClient, run_branches  # noqa: E402
-from reservations.cluster import connect  # noqa: E402
-from tests.integration.raycluster import RayCluster, node_with, wait_for  # noqa: E402
 
+def _ray_harness() -> Any:
+    """The tests' Ray cluster harness (stdlib only), read from its file: a script in bench/
+    has bench/ on its path, not the repository's root."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "integration" / "raycluster.py"
+    spec = importlib.util.spec_from_file_location("raycluster", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_harness = _ray_harness()
+RayCluster, node_with, wait_for = _harness.RayCluster, _harness.node_with, _harness.wait_for
 TRIVIAL = "return redis.call('INCR', KEYS[1])"
 ROUNDS = 5
 
