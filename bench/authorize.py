@@ -54,7 +54,7 @@ from ledger.events import EvidenceRegistered, make_event
 from ledger.identity import public_key, seed_from_bytes
 from ledger.kernel import ActionRequest
 from ledger.protocol import CreateMission, IssueGrant, OpenRisk
-from node_agent.risks import RiskWatcher
+from node_agent.fleet.risks import RiskWatcher
 
 err = Console(stderr=True)
 

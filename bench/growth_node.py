@@ -29,10 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from node_agent.autoledger import AutoLedger
-from node_agent.checks import WrittenCheck
 from node_agent.claims import ClaimKey, ClaimsCache
+from node_agent.node_store import NodeStore
 from node_agent.store import Store
+from node_agent.todo.autoledger import AutoLedger
+from node_agent.todo.checks import WrittenCheck
 
 WORDS = ("login", "session", "cache", "parser", "deploy", "schema", "router", "billing")
 MISS_TASK = "why does the login test fail in the session module of the api service"
@@ -63,7 +64,7 @@ async def _stop_at(size: int, samples: int) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="fl-bench-stop-") as tmp:
         ws = Path(tmp) / "ws"
         _workspace(ws)
-        store = Store(Path(tmp) / "node.sqlite3", node_id="bench")
+        store = NodeStore(Path(tmp) / "node.sqlite3", node_id="bench")
         ledger = AutoLedger(store)
         session = ledger.session("bench-stop", agent="worker")
         checks = {

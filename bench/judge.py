@@ -43,11 +43,12 @@ from pathlib import Path
 from typing import Any
 
 from ledger.items import Actor, ItemStatus
-from node_agent.autoledger import AutoLedger
 from node_agent.daemon import NodeAgent
-from node_agent.judge import JudgeGate
+from node_agent.node_store import NodeStore
 from node_agent.settings import NodeSettings
-from node_agent.store import Store
+from node_agent.todo.autoledger import AutoLedger
+from node_agent.todo.judge import JudgeGate
+from node_agent.todo.verifier import suite_run_ms
 
 _NOTED = re.compile(r"^- \[(t\d+)\] ", re.M)
 
@@ -70,7 +71,7 @@ class CountingJudge:
 
 
 async def mission(turns: int, directory: Path) -> dict[str, float]:
-    store = Store(directory / "bench.sqlite3")
+    store = NodeStore(directory / "bench.sqlite3")
     judge = CountingJudge()
     gate = JudgeGate(judge, store, calls_per_run=2)
     ledger = AutoLedger(store, gate=gate)
@@ -210,11 +211,11 @@ class ScriptedAgent:
         active = False
         for _ in range(10):  # bounded: the node's own block cap ends it well before
             self.stops += 1
-            runs = len(self.node.store.suite_run_ms())
+            runs = len(suite_run_ms(self.node.store))
             end = await self.node.call(
                 "stop", {"session_id": self.session, "stop_hook_active": active}
             )
-            ran = len(self.node.store.suite_run_ms()) > runs
+            ran = len(suite_run_ms(self.node.store)) > runs
             self.latency_ms.append((float(end["latency_ms"]), ran))
             if end.get("message"):
                 self.human_messages.append(str(end["message"]))
@@ -291,7 +292,7 @@ async def verified_mission(directory: Path) -> dict[str, float]:
             await agent.stop()
             turns += 5
         listed = await node.call("todo.list", {"session_id": agent.session})
-        runs = sorted(node.store.suite_run_ms())
+        runs = sorted(suite_run_ms(node.store))
         fingerprints = []
         for _ in range(50):  # the workspace fingerprint a turn end takes: stat cache warm
             started = time.perf_counter()

@@ -32,8 +32,9 @@ from node_agent.hooks import (
     trusted_text,
     write_policy,
 )
+from node_agent.session import safe_id
 from node_agent.settings import NodeSettings
-from node_agent.store import Store, safe_id
+from node_agent.store import Store
 
 node_app = typer.Typer(help="The per-machine node agent daemon.", no_args_is_help=True)
 hooks_app = typer.Typer(help="Install agent hooks that call the node agent.", no_args_is_help=True)

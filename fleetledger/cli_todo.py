@@ -21,7 +21,10 @@ from rich.text import Text
 from fleetbus.http import first_error
 from fleetledger._cli import JsonOpt, fail, out, person_seed
 from ledger.errors import FleetError, InvalidInput
-from node_agent.checks import (
+from node_agent.client import NodeClient
+from node_agent.session import safe_id
+from node_agent.settings import NodeSettings
+from node_agent.todo.checks import (
     Check,
     CommandCheck,
     EvidenceCheck,
@@ -29,9 +32,6 @@ from node_agent.checks import (
     PassedCheck,
     WrittenCheck,
 )
-from node_agent.client import NodeClient
-from node_agent.settings import NodeSettings
-from node_agent.store import safe_id
 from node_agent.wire import Evidence, HumanRequest, ItemReply, Items, TodoAdd, TodoCheck, TodoSet
 
 todo_app = typer.Typer(

@@ -50,7 +50,7 @@ from ledger.protocol import (
     RegisterEvidence,
     TreatRisk,
 )
-from node_agent.risks import RiskWatcher
+from node_agent.fleet.risks import RiskWatcher
 from node_agent.scripted import DEMO_NODE
 from telemetry import current_trace_context, process_telemetry
 

@@ -141,7 +141,7 @@ def check_judge() -> Check:
     """The loopback judge answers at its URL, or is off (the deterministic auditor only)."""
     import httpx
 
-    from node_agent.judge import validate_endpoint
+    from node_agent.todo.judge import validate_endpoint
 
     name = "judge"
     try:

@@ -6,11 +6,8 @@ it is fresh, its status is a live success and its artifact is substantive; anyth
 miss. Query first: a hit returns the stored result with a zero-call receipt; a miss goes to the
 provider with a bounded working set (system instruction, related claims found with SQLite FTS5,
 the selected story, the last 8 messages). Every turn writes a receipt, and unknown usage stays
-unknown (None, never 0). A missing API key is not an attempt; a failed provider call is.
-
-    FleetError
-    ├── MissingApiKey    no key configured: nothing was sent (inference_attempted=false)
-    └── ProviderFailed   the provider was called and failed (inference_attempted=true)
+unknown (None, never 0). A missing API key is not an attempt; a failed provider call is
+(``provider.py`` draws the two errors).
 """
 
 from __future__ import annotations
@@ -18,18 +15,34 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-import httpx
-
-from ledger.errors import ErrorCode, FleetError
 from ledger.events import ClaimRecorded, TurnReceipt
-from node_agent.store import Session, Store
+from node_agent.provider import MissingApiKey, Provider, WorkingSet
+from node_agent.session import Session
+from node_agent.store import Store, declare
+
+TABLES = declare("""
+-- the claims cache (claims.py): owner-scoped claims, FTS5 over them, a receipt per turn
+CREATE TABLE IF NOT EXISTS claims (
+    claim_id TEXT PRIMARY KEY, owner TEXT NOT NULL, task TEXT NOT NULL, repo TEXT NOT NULL,
+    profile TEXT NOT NULL, inputs TEXT NOT NULL, status TEXT NOT NULL, result TEXT NOT NULL,
+    artifact TEXT NOT NULL, created_at REAL NOT NULL, fresh_until REAL
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS claims_fts USING fts5(
+    claim_id UNINDEXED, owner UNINDEXED, task, result
+);
+CREATE TABLE IF NOT EXISTS receipts (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, claim_id TEXT NOT NULL,
+    outcome TEXT NOT NULL, model TEXT, status TEXT NOT NULL, prompt_tokens INTEGER,
+    completion_tokens INTEGER, cost INTEGER, attempted INTEGER NOT NULL,
+    avoided INTEGER NOT NULL, at REAL NOT NULL
+);
+""")
 
 TAIL = 8  # messages of recent history in a working set
 RELATED = 5  # related claims in a working set
@@ -42,20 +55,6 @@ DEFAULT_SYSTEM = (
 PLACEHOLDERS = frozenset({"", "n/a", "na", "none", "null", "todo", "tbd", "...", "-", "?"})
 _WORD = re.compile(r"[A-Za-z0-9_]+")
 _TOKEN = re.compile(r"[^\W_]+")  # FTS5 unicode61: letters and digits, the rest separates
-
-
-class MissingApiKey(FleetError):
-    """No API key is configured: no request was made."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, code=ErrorCode.INVALID_INPUT)
-
-
-class ProviderFailed(FleetError):
-    """The provider was called and the call failed (status, timeout, malformed answer)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, code=ErrorCode.UNREACHABLE)
 
 
 # --- related claims (pure) ----------------------------------------------------------------------
@@ -140,44 +139,6 @@ class Claim:
     status: str
     result: str
     artifact: str
-
-
-@dataclass(frozen=True)
-class WorkingSet:
-    """What a miss sends to the model: bounded, whatever the history's length."""
-
-    system: str
-    claims: tuple[str, ...]
-    story: str | None
-    messages: tuple[str, ...]
-    task: str
-
-    def prompt(self) -> list[dict[str, str]]:
-        context = ["Related verified claims:\n- " + "\n- ".join(self.claims)] if self.claims else []
-        if self.story:
-            context.append(f"Story: {self.story}")
-        system = "\n\n".join([self.system, *context])
-        history = [{"role": "user", "content": m} for m in self.messages]
-        return [
-            {"role": "system", "content": system},
-            *history,
-            {"role": "user", "content": self.task},
-        ]
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    model: str
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cost: int | None = None  # micros; None when the provider does not say
-
-
-class Provider(Protocol):
-    model: str
-
-    async def complete(self, working_set: WorkingSet) -> Completion: ...
 
 
 @dataclass(frozen=True)
@@ -391,50 +352,3 @@ class ClaimsCache:
             "cost_known_micros": row["cost"], "unknown_usage": int(row["unknown_usage"]),
             "unknown_cost": int(row["unknown_cost"]),
         }  # fmt: skip
-
-
-class OpenAIChatProvider:
-    """An OpenAI-compatible ``/v1/chat/completions`` provider (no env proxies, no redirects)."""
-
-    def __init__(
-        self, base_url: str, model: str, *, api_key: str | None = None,
-        api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 30.0, max_tokens: int = 512,
-    ) -> None:  # fmt: skip
-        self.base_url, self.model = base_url.rstrip("/"), model
-        self.api_key = api_key if api_key is not None else os.environ.get(api_key_env)
-        self.api_key_env, self.timeout_s, self.max_tokens = api_key_env, timeout_s, max_tokens
-
-    async def complete(self, working_set: WorkingSet) -> Completion:
-        if not self.api_key:
-            raise MissingApiKey(f"no API key: set {self.api_key_env}; no request was made")
-        body = {
-            "model": self.model,
-            "messages": working_set.prompt(),
-            "max_tokens": self.max_tokens,
-        }
-        try:
-            async with httpx.AsyncClient(
-                timeout=self.timeout_s, trust_env=False, follow_redirects=False
-            ) as http:
-                reply = await http.post(
-                    f"{self.base_url}/v1/chat/completions", json=body,
-                    headers={"Authorization": f"Bearer {self.api_key}"},
-                )  # fmt: skip
-        except httpx.HTTPError as exc:
-            raise ProviderFailed(f"provider call failed: {type(exc).__name__}") from None
-        if reply.status_code != 200:
-            raise ProviderFailed(f"provider answered HTTP {reply.status_code}")
-        try:
-            data = reply.json()
-            text = str(data["choices"][0]["message"]["content"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise ProviderFailed("provider answer is not a chat completion") from None
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        return Completion(
-            text, str(data.get("model") or self.model), _count(usage.get("prompt_tokens")),
-            _count(usage.get("completion_tokens")), None,
-        )  # fmt: skip
-
-
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

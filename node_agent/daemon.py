@@ -22,24 +22,24 @@ from fleetbus.http import HttpServer, Route
 from fleetbus.identity import KeyStore, seed_of
 from ledger.errors import InvalidInput
 from ledger.identity import Principal
-from node_agent import completion
-from node_agent.autoledger import AutoLedger
+from node_agent.api.routes_claims import ClaimRoutes
+from node_agent.api.routes_hook import HookRoutes
+from node_agent.api.routes_resource import ResourceRoutes
+from node_agent.api.routes_todo import TodoRoutes
+from node_agent.api.routes_turn import TurnRoutes
 from node_agent.claims import ClaimsCache
 from node_agent.client import token_path
 from node_agent.execution import ExecutionState
-from node_agent.follower import FleetFollower
-from node_agent.gate import ActionGate
+from node_agent.fleet.follower import FleetFollower
+from node_agent.fleet.gate import ActionGate
+from node_agent.fleet.outbox import OutboxPublisher
 from node_agent.hooks import write_policy
-from node_agent.judge import HttpJudge, Judge, JudgeGate, http_judge
-from node_agent.outbox import OutboxPublisher
-from node_agent.routes_claims import ClaimRoutes
-from node_agent.routes_hook import HookRoutes
-from node_agent.routes_resource import ResourceRoutes
-from node_agent.routes_todo import TodoRoutes
+from node_agent.node_store import NodeStore
 from node_agent.routes_tool import ToolRoutes
-from node_agent.routes_turn import TurnRoutes
 from node_agent.settings import NodeSettings
-from node_agent.store import Store
+from node_agent.todo import completion
+from node_agent.todo.autoledger import AutoLedger
+from node_agent.todo.judge import HttpJudge, Judge, JudgeGate, http_judge
 
 log = logging.getLogger("fleetledger.node")
 
@@ -55,7 +55,7 @@ class NodeAgent:
         self.settings = settings
         rules = completion.load(settings.completion_rules)  # bad rules: refused before any write
         self.seed = seed_of(settings.principal, settings.key_store)
-        self.store = Store(
+        self.store = NodeStore(
             settings.db_path, node_id=settings.node_id, default_mission=settings.mission,
             seed=self.seed,
         )  # fmt: skip

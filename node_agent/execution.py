@@ -36,8 +36,9 @@ from ledger.events import (
     ResourceModified,
     ResourceObserved,
 )
+from node_agent.session import Session
 from node_agent.settings import CacheRule, cache_rule
-from node_agent.store import Session, Store
+from node_agent.store import Store
 from node_agent.workspace import SKIP_DIRS as WORKSPACE_SKIP
 from node_agent.workspace import Workspace
 

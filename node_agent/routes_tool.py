@@ -25,11 +25,11 @@ from fleetbus.http import Route, typed
 from fleetledger_hook.adapter import Adapter, result_text
 from fleetledger_hook.adapters import ADAPTERS
 from ledger.events import TraceContext
-from node_agent.autoledger import AutoLedger
 from node_agent.execution import ExecutionState, digest
-from node_agent.gate import ActionGate
+from node_agent.fleet.gate import ActionGate
+from node_agent.session import Session
 from node_agent.settings import NodeSettings
-from node_agent.store import Session
+from node_agent.todo.autoledger import AutoLedger
 from node_agent.wire import (
     Decision,
     DecisionKind,

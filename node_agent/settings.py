@@ -132,7 +132,7 @@ class NodeSettings(FleetBaseSettings):
     # signed by a person's key; True runs this node explicitly without identity: an unsigned
     # --by is believed, so anyone on this account (an agent too) can act as anyone
     trust_unsigned_humans: bool = False
-    # a TOML file of completion rules tried before the shipped ones (node_agent/completion.py)
+    # a TOML file of completion rules tried before the shipped ones (node_agent/todo/completion.py)
     completion_rules: Path | None = None
 
     # the execution state (S5.3): cacheable commands, shared roots, the fleet's modifications

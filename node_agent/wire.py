@@ -37,10 +37,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
 
 from fleetledger_hook.adapters import ADAPTERS
 from ledger.items import ItemStatus
-from node_agent.checks import Check
+from node_agent.todo.checks import Check
 
 if TYPE_CHECKING:  # hooks import this module: keep it light (no SQLite store)
-    from node_agent.store import StoredItem
+    from node_agent.todo.item import StoredItem
 
 NonEmpty = Annotated[str, Field(min_length=1, pattern=r"\S")]
 

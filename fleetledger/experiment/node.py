@@ -21,9 +21,9 @@ from fleetledger.experiment.tally import Tally
 from fleetledger.servers import OPERATOR_PRINCIPAL
 from fleetledger_hook.adapters import ClaudeCode
 from ledger.controls import Control
-from node_agent.checks import FileCheck
 from node_agent.client import NodeClient
 from node_agent.hooks import hook_command  # the installed command line, as agents run it
+from node_agent.todo.checks import FileCheck
 from node_agent.wire import TodoAdd
 
 NODE = "node-ab"  # the node agent's principal

@@ -45,7 +45,7 @@ from ledger.protocol import (
     deadletter_subject,
     receipt_subject,
 )
-from node_agent.risks import RiskWatcher
+from node_agent.fleet.risks import RiskWatcher
 from reservations import ReservationClient
 
 

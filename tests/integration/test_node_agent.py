@@ -26,11 +26,11 @@ from ledger.authority import Authority
 from ledger.errors import InvalidInput
 from ledger.ids import new_id
 from ledger.protocol import STREAM, CreateMission, IssueGrant, OpenRisk, mission_filter
-from node_agent.checks import FileCheck, sha256_file
 from node_agent.client import NodeClient, token_path
 from node_agent.daemon import NodeAgent
 from node_agent.hooks import HookAnswer, handle
 from node_agent.settings import NodeSettings
+from node_agent.todo.checks import FileCheck, sha256_file
 from node_agent.wire import Health, Prompt, Prompted
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "claude_code_session.jsonl"

@@ -16,9 +16,9 @@ import pytest
 
 from fleetledger.judge_server import MODEL_NAME
 from ledger.items import ItemStatus
-from node_agent.autoledger import AutoLedger, TurnResult
-from node_agent.judge import JudgeApi, JudgeGate, http_judge, parse_verdict, verdict_schema
-from node_agent.store import Store
+from node_agent.node_store import NodeStore
+from node_agent.todo.autoledger import AutoLedger, TurnResult
+from node_agent.todo.judge import JudgeApi, JudgeGate, http_judge, parse_verdict, verdict_schema
 from tests.fixtures.llama_judge import LlamaJudgeServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -28,8 +28,8 @@ THREE = "- write hello.txt\n- run the tests\n- update the changelog"
 
 def _ledger(
     path: Path, url: str, api: JudgeApi = "ollama", **caps: float
-) -> tuple[AutoLedger, JudgeGate, Store]:
-    store = Store(path / "node.sqlite3")
+) -> tuple[AutoLedger, JudgeGate, NodeStore]:
+    store = NodeStore(path / "node.sqlite3")
     caps.setdefault("timeout_s", 60.0)  # a slow box must not fail the tests that are not about it
     gate = JudgeGate(http_judge(api, url, MODEL_NAME), store, **caps)  # type: ignore[arg-type]
     return AutoLedger(store, gate=gate), gate, store
@@ -93,7 +93,7 @@ async def test_the_per_run_call_cap_holds_against_a_real_model(
 async def test_validation_discards_a_real_verdict_that_names_no_open_item(
     tmp_path: Path, llama: LlamaJudgeServer
 ) -> None:
-    store = Store(tmp_path / "node.sqlite3")
+    store = NodeStore(tmp_path / "node.sqlite3")
     open_items = store.add_items(store.ensure_session("s1"), ["write hello.txt"])
     elsewhere = store.add_items(store.ensure_session("s2"), ["a", "b", "tag the release"])[2:]
     judge = http_judge("ollama", llama.url, MODEL_NAME)

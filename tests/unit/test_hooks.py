@@ -19,11 +19,11 @@ import pytest
 from fleetledger_hook.adapters import ADAPTERS
 from fleetledger_hook.adapters.codex import patch_paths
 from ledger.protocol import Change
-from node_agent.auditor import is_reminder
-from node_agent.capture import parse_prompt
 from node_agent.daemon import NodeAgent
 from node_agent.hooks import hook_command, hook_trust, install, trusted_text
 from node_agent.settings import NodeSettings
+from node_agent.todo.auditor import is_reminder
+from node_agent.todo.capture import parse_prompt
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "hook_payloads"

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from ledger.items import Actor, ItemStatus
-from node_agent.auditor import audit, reminder
-from node_agent.capture import match_item, parse_prompt
-from node_agent.store import Store
+from node_agent.node_store import NodeStore
+from node_agent.todo.auditor import audit, reminder
+from node_agent.todo.capture import match_item, parse_prompt
 
 
 def test_numbered_steps_and_bullets_become_items_in_order() -> None:
@@ -50,7 +50,7 @@ def test_match_item_finds_the_item_a_phrase_names() -> None:
 
 
 def test_auditor_resolves_terminal_blocked_and_paused_items_as_clear(tmp_path: Path) -> None:
-    store = Store(tmp_path / "db.sqlite3")
+    store = NodeStore(tmp_path / "db.sqlite3")
     session = store.ensure_session("s1")
     items = store.add_items(session, ["a one", "b two", "c three", "d four"])
     human = Actor("human", "ann")
@@ -66,7 +66,7 @@ def test_auditor_resolves_terminal_blocked_and_paused_items_as_clear(tmp_path: P
 
 
 def test_reminder_lists_open_items_in_order_with_their_claims(tmp_path: Path) -> None:
-    store = Store(tmp_path / "db.sqlite3")
+    store = NodeStore(tmp_path / "db.sqlite3")
     session = store.ensure_session("s1")
     _first, second = store.add_items(session, ["write the docs", "fix the bug"])
     store.record_claim(second.item_id, "done", "agent")
@@ -97,7 +97,7 @@ def test_the_fixture_holds_at_least_30_phrasings_of_both_kinds() -> None:
 
 
 def test_each_part_of_a_split_sentence_gets_its_own_check() -> None:
-    from node_agent.completion import infer, load
+    from node_agent.todo.completion import infer, load
 
     parts = parse_prompt("Write hello.txt, run the tests and update the changelog.").items
     checks = [infer(p, "/w", load()) for p in parts]
@@ -124,13 +124,13 @@ def test_each_part_of_a_split_sentence_gets_its_own_check() -> None:
     ],
 )
 def test_a_file_check_names_a_file_never_a_word(text: str, named: str | None) -> None:
-    from node_agent.completion import file_name
+    from node_agent.todo.completion import file_name
 
     assert file_name(text) == named
 
 
 def test_a_file_of_the_workspace_counts_as_named() -> None:
-    from node_agent.completion import file_name
+    from node_agent.todo.completion import file_name
 
     assert file_name("update Procfile.web") is None
     assert file_name("update Procfile.web", exists=lambda n: n == "Procfile.web") == "Procfile.web"
@@ -152,7 +152,7 @@ def test_a_file_of_the_workspace_counts_as_named() -> None:
     ],
 )
 def test_an_item_of_several_tasks_never_closes_on_one_parts_check(text: str) -> None:
-    from node_agent.completion import infer, load
+    from node_agent.todo.completion import infer, load
 
     # capture leaves each of these whole: an item of two tasks, which no one check closes
     (item,) = parse_prompt(text).items
@@ -175,7 +175,7 @@ def test_an_item_of_several_tasks_never_closes_on_one_parts_check(text: str) -> 
 def test_a_file_check_takes_its_file_from_the_verbs_object(
     text: str, existing: tuple[str, ...], closes: str | None
 ) -> None:
-    from node_agent.completion import infer, load
+    from node_agent.todo.completion import infer, load
 
     found = infer(text, "/w", load(), exists=lambda name: name in existing)
     assert getattr(found, "pattern", None) == closes

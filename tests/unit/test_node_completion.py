@@ -18,9 +18,9 @@ import pytest
 
 from ledger.errors import InvalidInput
 from ledger.events import parse_events
-from node_agent.completion import infer, load, parse
 from node_agent.daemon import NodeAgent
 from node_agent.settings import NodeSettings
+from node_agent.todo.completion import infer, load, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"session_id": "s-1", "permission_mode": "bypassPermissions"}
@@ -410,7 +410,7 @@ async def test_a_passed_check_with_an_unknown_runner_is_refused(
     from pydantic import ValidationError
 
     from ledger.errors import FleetError
-    from node_agent.checks import PassedCheck
+    from node_agent.todo.checks import PassedCheck
 
     with pytest.raises(ValidationError, match="runner"):
         PassedCheck.model_validate({"runner": "make", "cwd": str(project)})
@@ -435,7 +435,7 @@ async def test_a_check_that_raises_is_a_failed_check_not_an_exception(
     node: NodeAgent, project: Path
 ) -> None:
     from ledger.errors import InvalidInput as Refused
-    from node_agent.checks import CHECK
+    from node_agent.todo.checks import CHECK
 
     check = {"type": "written", "pattern": "x.txt", "cwd": "/no\x00where"}
     with pytest.raises(Refused, match="working directory cannot be read"):  # bad input, refused

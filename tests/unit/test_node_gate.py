@@ -9,16 +9,16 @@ import pytest
 from pydantic import ValidationError
 
 from ledger.invariants import RiskFact
-from node_agent.gate import ActionGate
+from node_agent.fleet.gate import ActionGate
+from node_agent.node_store import NodeStore
 from node_agent.settings import DEFAULT_RULES
-from node_agent.store import Store
 from node_agent.wire import Decision, DecisionKind, TodoAdd
 
 PUSH = {"command": "git push origin main"}
 
 
 def gate(tmp_path: Path) -> ActionGate:
-    store = Store(tmp_path / "node.sqlite3")
+    store = NodeStore(tmp_path / "node.sqlite3")
     store.save_grant("m", "g-root", None)
     store.save_grant("m", "g-mid", "g-root")
     store.save_grant("m", "g-leaf", "g-mid")

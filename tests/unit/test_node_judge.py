@@ -20,9 +20,12 @@ from hypothesis import strategies as st
 
 from ledger.errors import InvalidInput, RuleViolation
 from ledger.items import Actor, ItemStatus
-from node_agent.autoledger import AutoLedger
 from node_agent.daemon import NodeAgent
-from node_agent.judge import (
+from node_agent.node_store import NodeStore
+from node_agent.settings import NodeSettings
+from node_agent.todo.autoledger import AutoLedger
+from node_agent.todo.item import StoredItem
+from node_agent.todo.judge import (
     MAX_SUGGESTION,
     JudgeApi,
     JudgeGate,
@@ -33,8 +36,6 @@ from node_agent.judge import (
     validate_endpoint,
     verdict_schema,
 )
-from node_agent.settings import NodeSettings
-from node_agent.store import Store, StoredItem
 from tests.fixtures.ollama import FakeOllama
 
 
@@ -46,8 +47,8 @@ def ollama() -> Iterator[FakeOllama]:
 
 def _ledger(
     path: Path, url: str, api: JudgeApi = "ollama", **caps: float
-) -> tuple[AutoLedger, JudgeGate, Store]:
-    store = Store(path / "node.sqlite3")
+) -> tuple[AutoLedger, JudgeGate, NodeStore]:
+    store = NodeStore(path / "node.sqlite3")
     gate = JudgeGate(http_judge(api, url, "fake"), store, timeout_s=0.5, **caps)  # type: ignore[arg-type]
     return AutoLedger(store, gate=gate), gate, store
 
@@ -139,7 +140,7 @@ def test_an_unknown_judge_api_is_refused_naming_the_setting(
 
 
 def _items(tmp_path: Path, n: int) -> list[StoredItem]:
-    store = Store(tmp_path / "schema.sqlite3")
+    store = NodeStore(tmp_path / "schema.sqlite3")
     items = store.add_items(store.ensure_session("s1"), [f"step {i}" for i in range(n)])
     store.close()
     return items
@@ -189,7 +190,7 @@ async def test_pending_item_with_a_model_done_and_no_evidence_stays_open(
 
 
 def test_a_model_actor_cannot_move_an_item_to_done(tmp_path: Path) -> None:
-    store = Store(tmp_path / "n.sqlite3")
+    store = NodeStore(tmp_path / "n.sqlite3")
     (item,) = store.add_items(store.ensure_session("s1"), ["ship it"])
     with pytest.raises(RuleViolation):
         store.set_status(item.item_id, ItemStatus.DONE, Actor("model", "gemma"))
@@ -375,7 +376,7 @@ def test_literal_loopback_judge_endpoints_are_accepted(url: str) -> None:
 async def test_a_missing_database_is_created_and_an_unknown_session_is_silent(
     tmp_path: Path,
 ) -> None:
-    store = Store(tmp_path / "absent" / "dir" / "node.sqlite3")
+    store = NodeStore(tmp_path / "absent" / "dir" / "node.sqlite3")
     result = await AutoLedger(store).turn_end("never-seen")
     assert (result.block, result.reason, result.model_calls) == (False, None, 0)
     assert (tmp_path / "absent" / "dir" / "node.sqlite3").is_file()

@@ -1,4 +1,4 @@
-"""``node_agent.people.person_of``: who decides a person's transition on the node (pure)."""
+"""``node_agent.fleet.people.person_of``: who decides a person's transition on the node (pure)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ledger.identity import (
     sign_request,
 )
 from ledger.items import ItemStatus
-from node_agent.people import person_of
+from node_agent.fleet.people import person_of
 from node_agent.wire import NODE_SUBJECT, HumanRequest, PersonProof, TodoSet
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

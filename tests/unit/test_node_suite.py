@@ -11,13 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node_agent.checks import PassedCheck
-from node_agent.completion import EXTENSIONS, file_name
 from node_agent.store import Store
-from node_agent.suite import (
+from node_agent.todo.checks import PassedCheck
+from node_agent.todo.completion import EXTENSIONS, file_name
+from node_agent.todo.suite import (
     Defined,
     Report,
-    Verifier,
     defined_tests,
     read_counts,
     read_mypy,
@@ -26,6 +25,7 @@ from node_agent.suite import (
     verdict,
     workspace_tests,
 )
+from node_agent.todo.verifier import Verifier
 from node_agent.workspace import Workspace
 
 NAMES = st.lists(st.from_regex(r"[a-z_]{1,8}\.py::test_[a-z]{1,5}", fullmatch=True), max_size=3)

@@ -20,6 +20,7 @@ import pytest
 
 from node_agent.daemon import NodeAgent
 from node_agent.settings import NodeSettings
+from node_agent.todo.verifier import suite_run_ms
 from tests.unit.test_node_completion import hook, items, prompt, stop, write
 
 CALC = "def add(a, b):\n    return a - b\n"  # the bug the failing test finds
@@ -158,10 +159,10 @@ async def test_a_claim_costs_at_most_one_run_per_workspace_state(
     for _ in range(3):
         await node.call("claim", {"item": "t1", "session_id": "s-1", "by": "bot"})
         await stop(node, active=True)
-    assert len(node.store.suite_run_ms()) == 1  # two items, three claims, four stops
+    assert len(suite_run_ms(node.store)) == 1  # two items, three claims, four stops
     await write(node, repo, "calc.py", "def add(a, b):\n    return a + b\n")
     await stop(node)
-    assert len(node.store.suite_run_ms()) == 2
+    assert len(suite_run_ms(node.store)) == 2
     assert [i["stored_status"] for i in await items(node)] == ["done", "done"]
 
 
@@ -224,7 +225,7 @@ async def test_an_edit_that_keeps_the_suite_green_keeps_the_item_done(
     await write(node, repo, "CHANGELOG.md", "# Changelog\n\n- add adds\n")
     assert (await stop(node)).stdout == ""  # rerun on the new workspace: still passing
     assert (await items(node))[0]["stored_status"] == "done"
-    assert len(node.store.suite_run_ms()) == 2
+    assert len(suite_run_ms(node.store)) == 2
 
 
 # --- finding 3: one sentence, several tasks ------------------------------------------------

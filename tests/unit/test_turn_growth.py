@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from ledger.clock import ManualClock
 from ledger.events import MAX_EVENT_BYTES, read_message
 from ledger.items import Actor, ItemStatus
-from node_agent.auditor import SHOWN, context
-from node_agent.autoledger import AutoLedger
-from node_agent.checks import EvidenceCheck, WrittenCheck
 from node_agent.execution import ExecutionState
-from node_agent.recheck import RACY_NS, Listing, written_inputs
-from node_agent.store import Store
+from node_agent.node_store import NodeStore
+from node_agent.todo.auditor import SHOWN, context
+from node_agent.todo.autoledger import AutoLedger
+from node_agent.todo.checks import EvidenceCheck, WrittenCheck
+from node_agent.todo.recheck import RACY_NS, Listing, written_inputs
 
 LATER = timedelta(microseconds=RACY_NS // 1000) + timedelta(seconds=1)
 
@@ -39,7 +39,7 @@ def ledger_with(
     (ws / "notes").mkdir(parents=True)
     (ws / "README.md").write_text("# project\n")
     clock = ManualClock(datetime.now(UTC))
-    ledger = AutoLedger(Store(tmp_path / "node.sqlite3", node_id="n", clock=clock))
+    ledger = AutoLedger(NodeStore(tmp_path / "node.sqlite3", node_id="n", clock=clock))
     session = ledger.session("s-1", agent="worker")
     checked = count if checked is None else checked
     checks = {
@@ -136,7 +136,7 @@ async def test_an_item_another_process_closes_is_not_open_at_the_next_stop(
     ledger, _ = ledger_with(tmp_path, 3)
     await ledger.turn_end("s-1")
     assert len((await ledger.turn_end("s-1")).open_items) == 3
-    other = Store(tmp_path / "node.sqlite3", node_id="n")  # the CLI's own connection
+    other = NodeStore(tmp_path / "node.sqlite3", node_id="n")  # the CLI's own connection
     other.set_status("s-1-t2", ItemStatus.DONE, Actor("human", "ann"))
     other.record_check_detail("s-1-t1", "looked at by hand")
     other.close()
@@ -233,7 +233,7 @@ def test_a_key_taken_too_soon_after_a_change_leaves_the_fingerprint_unknown(
 
 def test_a_listing_that_matches_the_executions_walk(tmp_path: Path) -> None:
     """The walk that lists a directory finds every file ``matching`` can find."""
-    from node_agent.recheck import list_files
+    from node_agent.todo.recheck import list_files
 
     (tmp_path / "notes").mkdir()
     (tmp_path / "build").mkdir()
@@ -241,5 +241,7 @@ def test_a_listing_that_matches_the_executions_walk(tmp_path: Path) -> None:
     (tmp_path / "build" / "b.md").write_text("x")
     (tmp_path / "c.md").write_text("x")
     listed = list_files(str(tmp_path), now_ns=lambda: NOW).files
-    found = ExecutionState(Store(tmp_path / "db" / "s.sqlite3")).matching(str(tmp_path), "**/*.md")
+    found = ExecutionState(NodeStore(tmp_path / "db" / "s.sqlite3")).matching(
+        str(tmp_path), "**/*.md"
+    )
     assert set(found) <= set(listed) and "build/b.md" not in listed

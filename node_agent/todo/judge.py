@@ -30,7 +30,23 @@ import httpx
 from ledger.errors import ComponentTimeout, InvalidInput, Unreachable
 from ledger.events import JudgeVerdict
 from ledger.items import JudgedStatus
-from node_agent.store import CachedVerdict, Session, Store, StoredItem
+from node_agent.session import Session
+from node_agent.store import declare
+from node_agent.todo.item import StoredItem
+from node_agent.todo.item_store import ItemStore
+
+# the verdict cache (by session and ledger version) and each run's judge calls and tokens
+TABLES = declare("""
+CREATE TABLE IF NOT EXISTS verdicts (
+    session_id TEXT NOT NULL, version INTEGER NOT NULL, item_id TEXT NOT NULL,
+    judged_status TEXT NOT NULL, suggestion TEXT NOT NULL, model TEXT NOT NULL,
+    created_at REAL NOT NULL, PRIMARY KEY (session_id, version)
+);
+CREATE TABLE IF NOT EXISTS judge_runs (
+    run_id TEXT PRIMARY KEY, calls INTEGER NOT NULL DEFAULT 0,
+    tokens INTEGER NOT NULL DEFAULT 0
+);
+""")
 
 BREAKER_KEY = "judge.cooldown_until"
 MAX_SUGGESTION = 120  # characters of ``next``: with the JSON around it, fits 64 tokens
@@ -207,6 +223,15 @@ class JudgeOutcome:
     source: str  # "model", "cache", or "skipped: <why>"
 
 
+@dataclass(frozen=True)
+class CachedVerdict:
+    item_id: str
+    judged_status: str
+    suggestion: str
+    model: str
+    created_at: float
+
+
 def build_prompt(items: Sequence[StoredItem], recent: Sequence[str]) -> str:
     lines = [CONTRACT, "Open items:"]
     lines += [f"{s.short_id}: {s.item.text}" for s in items]
@@ -259,7 +284,7 @@ class JudgeGate:
     def __init__(
         self,
         judge: Judge,
-        store: Store,
+        store: ItemStore,
         *,
         calls_per_run: int = 2,
         max_tokens: int = 64,
@@ -292,7 +317,7 @@ class JudgeGate:
         session = self.store.session(session_id)
         if session is None:
             return JudgeOutcome(None, 0, "skipped: unknown session")
-        cached = self.store.cached_verdict(session_id, session.version)
+        cached = self._cached_verdict(session_id, session.version)
         if cached is not None and time.time() - cached.created_at < self.verdict_ttl_s:
             short = next((s.short_id for s in items if s.item_id == cached.item_id), None)
             if short is not None:
@@ -302,7 +327,7 @@ class JudgeGate:
                 return JudgeOutcome(hit, 0, "cache")
         if self.cooldown_remaining() > 0:
             return JudgeOutcome(None, 0, "skipped: judge cooling down after a failure")
-        admitted = self.store.admit_call(
+        admitted = self._admit_call(
             session_id,
             max_calls=self.calls_per_run,
             tokens=self.max_tokens,
@@ -349,7 +374,7 @@ class JudgeGate:
 
     def _keep(self, session: Session, verdict: Verdict) -> None:
         """Cache the verdict for this ledger version, record it as a claim, publish it."""
-        self.store.cache_verdict(
+        self._cache_verdict(
             session.session_id,
             session.version,
             CachedVerdict(
@@ -370,3 +395,39 @@ class JudgeGate:
                     ledger_version=session.version,
                 ),
             )
+
+    # --- its tables: the verdict cache, each run's usage (the breaker is a meta key) ----------
+
+    def _cached_verdict(self, session_id: str, version: int) -> CachedVerdict | None:
+        row = self.store.db.execute(
+            "SELECT * FROM verdicts WHERE session_id = ? AND version = ?", (session_id, version)
+        ).fetchone()
+        if row is None:
+            return None
+        return CachedVerdict(
+            row["item_id"], row["judged_status"], row["suggestion"], row["model"], row["created_at"]
+        )
+
+    def _cache_verdict(self, session_id: str, version: int, verdict: CachedVerdict) -> None:
+        self.store.db.execute(
+            "INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                session_id, version, verdict.item_id, verdict.judged_status, verdict.suggestion,
+                verdict.model, verdict.created_at,
+            ),
+        )  # fmt: skip
+
+    def _admit_call(self, run_id: str, *, max_calls: int, tokens: int, budget: int) -> bool:
+        """Count one judge call against the run's caps before it is made; False if over."""
+        with self.store.tx() as db:
+            db.execute("INSERT OR IGNORE INTO judge_runs (run_id) VALUES (?)", (run_id,))
+            calls, used = db.execute(
+                "SELECT calls, tokens FROM judge_runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if calls >= max_calls or used + tokens > budget:
+                return False
+            db.execute(
+                "UPDATE judge_runs SET calls = calls + 1, tokens = tokens + ? WHERE run_id = ?",
+                (tokens, run_id),
+            )
+        return True

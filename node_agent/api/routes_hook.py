@@ -27,8 +27,9 @@ from fleetledger_hook.adapters import ADAPTERS
 from fleetledger_hook.context import session_context
 from fleetledger_hook.core import NodeError
 from ledger.errors import FleetError
+from node_agent.session import safe_id
 from node_agent.settings import NodeSettings
-from node_agent.store import Store, safe_id
+from node_agent.store import Store
 from node_agent.wire import HookCall, HookReply
 
 

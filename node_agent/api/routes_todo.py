@@ -1,6 +1,6 @@
 """The to-do ledger over the local API: `todo.list|add|set|check`, an agent's `claim`, and
 `evidence.register` (the status firewall applies: a person's signed request, or a check that
-passed here; ``node_agent.people`` decides who signed)."""
+passed here; ``node_agent.fleet.people`` decides who signed)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from fleetbus.http import Route, typed
 from ledger.errors import InvalidInput, Rule, RuleViolation
 from ledger.identity import NonceWindow, Principal
 from ledger.items import Actor, ItemStatus
-from node_agent.autoledger import AutoLedger
-from node_agent.people import person_of
+from node_agent.fleet.people import person_of
+from node_agent.session import safe_id
 from node_agent.settings import NodeSettings
-from node_agent.store import StoredItem, safe_id
+from node_agent.todo.autoledger import AutoLedger
+from node_agent.todo.item import StoredItem
 from node_agent.wire import (
     Done,
     Evidence,

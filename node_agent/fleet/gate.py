@@ -24,8 +24,8 @@ from ledger.invariants import check_risks
 from ledger.kernel import ActionRequest
 from ledger.money import parse_amount
 from ledger.protocol import RecordEffect
+from node_agent.fleet.risk_store import RiskStore
 from node_agent.settings import ConsequentialRule, compiled
-from node_agent.store import Store
 from node_agent.wire import Decision, DecisionKind, allow
 
 log = logging.getLogger("fleetledger.node.gate")
@@ -34,7 +34,7 @@ log = logging.getLogger("fleetledger.node.gate")
 class ActionGate:
     def __init__(
         self,
-        store: Store,
+        store: RiskStore,
         rules: list[ConsequentialRule],
         fleet: Callable[[], FleetClient | None],
         *,

@@ -76,7 +76,7 @@ RUNNER_WORDS = {
 
 class PassedCheck(BaseModel):
     """The node's own run of ``runner`` in ``cwd`` passes on the runner's own report, on the
-    workspace as it is now (``node_agent.suite``: what "passed" means; ``tests`` is pytest
+    workspace as it is now (``node_agent.todo.suite``: what "passed" means; ``tests`` is pytest
     when the node has it, else unittest)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -132,7 +132,7 @@ async def run_check(
     """Verify one check here, on this node; any error is a failed check, never a pass.
 
     ``versions``: the files matching a ``WrittenCheck`` now, with their versions; ``suite``:
-    the node's own run for a ``PassedCheck`` (``node_agent.suite.Verifier``)."""
+    the node's own run for a ``PassedCheck`` (``node_agent.todo.suite.Verifier``)."""
     if isinstance(check, WrittenCheck):
         if versions is None:
             return CheckResult(passed=False, detail="no workspace to look at")

@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ledger.errors import InvalidInput
-from node_agent.checks import PassedCheck, Runner, WrittenCheck
+from node_agent.todo.checks import PassedCheck, Runner, WrittenCheck
 
 SHIPPED = Path(__file__).with_name("completion_rules.toml")
 # a word of an item's text that may name a file; a name in backticks or quotes is one token
@@ -45,7 +45,7 @@ class CompletionRule(BaseModel):
     when: str  # a regex searched in the item's text, case-insensitive
     check: Literal["written", "passed"]
     files: str | None = None  # written: a glob relative to the cwd; "{file}": the named file
-    runner: Runner | None = None  # passed: what the node runs itself (``node_agent.suite``)
+    runner: Runner | None = None  # passed: what the node runs itself (``node_agent.todo.suite``)
 
     @field_validator("when")
     @classmethod

@@ -1,6 +1,6 @@
 """The node's own test run, inside the child process: counts what ran and writes them as JSON.
 
-Run by ``node_agent.suite`` as ``python -I -B suite_child.py RESULT RUNNER`` in the workspace,
+Run by ``node_agent.todo.suite`` as ``python -I -B suite_child.py RESULT RUNNER`` in the workspace,
 with a clean environment and a nonce on stdin, read before any workspace code runs and written
 back into the result (a result file the tests forged lacks it); the child exits with the
 runner's own exit code, which the node requires to agree with the counts. ``-I`` keeps the

@@ -12,7 +12,6 @@ thread themselves and never block the event loop on SQLite.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -23,23 +22,21 @@ from typing import Any
 from ledger.errors import InvalidInput
 from ledger.events import ReminderEmitted, TurnEnded
 from ledger.items import Actor, ItemStatus
-from node_agent import completion, recheck
-from node_agent.auditor import Audit, Ruling, audit, context, rule_turn, told
-from node_agent.capture import match_item, parse_prompt
-from node_agent.checks import (
-    Check,
-    CheckResult,
-    EvidenceCheck,
-    PassedCheck,
-    WrittenCheck,
-    run_check,
-)
-from node_agent.completion import CompletionRule
 from node_agent.execution import ExecutionState
-from node_agent.judge import JudgeGate, JudgeOutcome
-from node_agent.recheck import Verified
-from node_agent.store import Session, Store, StoredItem, safe_id
-from node_agent.suite import Verifier
+from node_agent.session import Session, safe_id
+from node_agent.todo import completion
+from node_agent.todo.auditor import Audit, Ruling, audit, context, rule_turn, told
+from node_agent.todo.capture import match_item, parse_prompt
+from node_agent.todo.checker import Checker, closed_by_check
+from node_agent.todo.checks import (
+    Check,
+    WrittenCheck,
+)
+from node_agent.todo.completion import CompletionRule
+from node_agent.todo.item import StoredItem
+from node_agent.todo.item_store import ItemStore
+from node_agent.todo.judge import JudgeGate, JudgeOutcome
+from node_agent.todo.verifier import Verifier
 from node_agent.workspace import Fingerprint
 
 
@@ -71,7 +68,7 @@ Settled = tuple[str | None, bool, str | None]  # reminder text, block, message f
 class AutoLedger:
     def __init__(
         self,
-        store: Store,
+        store: ItemStore,
         *,
         gate: JudgeGate | None = None,
         execution: ExecutionState | None = None,
@@ -88,12 +85,10 @@ class AutoLedger:
         self.verifier = verifier or Verifier(
             store, workspace=self.execution.workspace, timeout=check_timeout_s
         )
+        self.checker = Checker(store, self.execution, self.verifier, timeout_s=check_timeout_s)
         self.rules = tuple(completion.load() if rules is None else rules)
         self.stop_block_cap, self.check_timeout_s = stop_block_cap, check_timeout_s
-        # the checks that ran here and did not pass, by item: what their inputs were then
-        self._verified: dict[str, Verified] = {}
-        # by session: what its checked items read when none was due; its last ruling's inputs
-        self._quiet: dict[str, tuple[object, ...]] = {}
+        # by session: its last ruling's inputs
         self._rulings: dict[str, tuple[tuple[object, ...], Ruling]] = {}
         self._audits: dict[str, tuple[int, Audit]] = {}  # by session: its items' version
 
@@ -226,105 +221,7 @@ class AutoLedger:
     async def verify(self, stored: StoredItem, seen: dict[str, Fingerprint] | None = None) -> bool:
         """Run the item's check here; a pass moves it to done as the check's own actor.
         ``seen``: the workspace fingerprints this turn end took already."""
-        return (await self._check(stored, seen))[0].passed
-
-    async def _check(
-        self, stored: StoredItem, seen: dict[str, Fingerprint] | None = None
-    ) -> tuple[CheckResult, bool]:
-        """``verify``, with the check's result (its detail is what the item now records) and
-        whether the check ran to a verdict (an error while running it is no verdict)."""
-        check, run = stored.check, self.store.run
-        if check is None:
-            return CheckResult(passed=False, detail="no check"), False
-        judged = True
-        known, versions, suite = False, None, None
-        try:  # any error is a failed check with its detail, never an exception
-            if isinstance(check, EvidenceCheck):
-                known = await run(self.store.evidence_known, check.evidence_id)
-            elif isinstance(check, WrittenCheck):  # the workspace, off the event loop
-                versions = await asyncio.to_thread(
-                    self.execution.matching, check.cwd, check.pattern
-                )
-            elif isinstance(check, PassedCheck):  # the node's own run, cached by workspace state
-                suite = await self.verifier.check(check, seen)
-            result = await run_check(
-                check, evidence_known=lambda _: known, versions=versions, suite=suite,
-                timeout=self.check_timeout_s,
-            )  # fmt: skip
-        except Exception as exc:
-            result = CheckResult(passed=False, detail=f"the check failed to run ({exc})")
-            judged = False
-        if result.passed:
-            await run(
-                self.store.set_status,
-                stored.item_id,
-                ItemStatus.DONE,
-                Actor("check", check.describe(), check_passed=True),
-                detail=result.detail,
-            )
-        else:
-            await run(self.store.record_check_detail, stored.item_id, result.detail)
-        return result, judged
-
-    async def _verify_due(
-        self, session_id: str, items: Sequence[StoredItem], seen: dict[str, Fingerprint]
-    ) -> tuple[int, list[str]]:
-        """Run the checks of ``items`` whose inputs changed since they last ran here without
-        passing (``recheck``); return how many ran and the items they closed."""
-        checked = [s for s in items if s.check is not None]
-        if not checked:
-            return 0, []
-        wanted = recheck.evidence_ids(checked)
-        known = await self.store.run(self.store.evidence_known_among, wanted) if wanted else None
-        looked = await asyncio.to_thread(
-            recheck.look, [s.check for s in checked if s.check], known or frozenset(),
-            recheck.clock_ns(self.store.clock),
-        )  # fmt: skip
-        looked.workspaces = seen  # the passed checks' fingerprints, as the verifier takes them
-        quiet = recheck.quiet(checked, looked)
-        if quiet is not None and self._quiet.get(session_id) == quiet:
-            return 0, []  # the same items read the same inputs as when none was due
-        ran, verified = 0, []
-        for stored in checked:
-            assert stored.check is not None
-            now = recheck.inputs(stored.check, looked)
-            if not recheck.due(stored, self._verified.get(stored.item_id), now):
-                continue
-            ran += 1
-            result, judged = await self._check(stored, seen)
-            self._verified.pop(stored.item_id, None)
-            if result.passed:
-                verified.append(stored.item_id)
-            elif judged:  # a passed check's fingerprint is known once the verifier took it
-                now = now if now is not None else recheck.inputs(stored.check, looked)
-                self._verified[stored.item_id] = Verified(stored.check, result.detail, now)
-        if ran == 0 and quiet is not None:
-            self._quiet[session_id] = quiet
-        else:
-            self._quiet.pop(session_id, None)
-        return ran, verified
-
-    async def revalidate(
-        self, items: Sequence[StoredItem], seen: dict[str, Fingerprint] | None = None
-    ) -> list[str]:
-        """Reopen each item a passed check closed whose run no longer holds: the workspace it
-        saw changed and the node's own run on the workspace as it is now does not pass."""
-        reopened = []
-        for stored in items:
-            check = stored.check
-            if not isinstance(check, PassedCheck) or not _closed_by_check(stored):
-                continue
-            try:
-                result = await self.verifier.check(check, seen)
-            except Exception as exc:  # a run that cannot be made is not a pass
-                result = CheckResult(passed=False, detail=f"the check failed to run ({exc})")
-            if not result.passed:
-                await self.store.run(
-                    self.store.set_status, stored.item_id, ItemStatus.OPEN,
-                    Actor("check", check.describe(), check_passed=False), detail=result.detail,
-                )  # fmt: skip
-                reopened.append(stored.item_id)
-        return reopened
+        return await self.checker.verify(stored, seen)
 
     # --- judge and remind -------------------------------------------------------------------
 
@@ -351,11 +248,13 @@ class AutoLedger:
             source = early.source
         if settled is None:
             seen: dict[str, Fingerprint] = {}  # one fingerprint per workspace per turn end
-            if await self.revalidate(result.terminal, seen):
+            if await self.checker.revalidate(result.terminal, seen):
                 result = await run(self._audit, session.session_id)
             for stored in result.terminal:  # closed: nothing left to remember of its check
-                self._verified.pop(stored.item_id, None)
-            checks, verified = await self._verify_due(session.session_id, result.actionable, seen)
+                self.checker.forget(stored.item_id)
+            checks, verified = await self.checker.verify_due(
+                session.session_id, result.actionable, seen
+            )
             if checks:
                 result = await run(self._audit, session.session_id)
             source = "skipped: nothing open" if result.clear else source
@@ -397,7 +296,7 @@ class AutoLedger:
             return None
         result = self._audit(session_id)
         to_check = any(s.check is not None for s in result.actionable)
-        if to_check or any(_closed_by_check(s) for s in result.terminal):
+        if to_check or any(closed_by_check(s) for s in result.terminal):
             return session, result, None, None, None
         suggestion, early = None, None
         if not result.clear and self.gate is not None:
@@ -440,11 +339,7 @@ class AutoLedger:
             )  # fmt: skip
             self._rulings[session_id] = (asked, ruling)
         with self.store.tx() as db:
-            turn = session.turn + 1
-            db.execute(
-                "UPDATE sessions SET turn = ?, consecutive_blocks = ? WHERE session_id = ?",
-                (turn, session.consecutive_blocks + 1 if ruling.block else 0, session_id),
-            )
+            turn = self.store.count_turn(db, session, block=ruling.block)
             if (ruling.told, ruling.noted) != (told_before, noted_before):
                 self.store.set_reminded(session_id, ruling.told, ruling.noted)
             self.store.emit(db, session, TurnEnded(session_id=session_id, turn=turn))
@@ -458,15 +353,6 @@ class AutoLedger:
                     ),
                 )
         return ruling.reason, ruling.block, ruling.note
-
-
-def _closed_by_check(stored: StoredItem) -> bool:
-    """Done on its passed check: valid only while the node's own run on the workspace holds."""
-    return (
-        isinstance(stored.check, PassedCheck)
-        and stored.item.stored_status is ItemStatus.DONE
-        and (stored.item.stored_by or "").startswith("check:")
-    )
 
 
 def _is_file(cwd: str, name: str) -> bool:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ledger.items import TERMINAL, ItemStatus
-from node_agent.store import StoredItem
+from node_agent.todo.item import StoredItem
 
 ACTIONABLE = frozenset({ItemStatus.OPEN, ItemStatus.IN_PROGRESS})
 SHOWN = 20  # open items a reminder, a prompt's context or a note shows; the rest are counted

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fleetbus.http import Route, typed
-from node_agent.auditor import context, is_reminder
-from node_agent.autoledger import AutoLedger
 from node_agent.execution import ExecutionState
+from node_agent.session import safe_id
 from node_agent.settings import NodeSettings
-from node_agent.store import safe_id
+from node_agent.todo.auditor import context, is_reminder
+from node_agent.todo.autoledger import AutoLedger
 from node_agent.wire import ContextText, Prompt, Prompted, SessionRef, Stop, TurnEnd
 
 

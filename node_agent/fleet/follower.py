@@ -22,8 +22,8 @@ from fleetbus.reader import Reader
 from ledger.events import Event, GrantIssued, parse_events
 from ledger.protocol import FOLLOW_STREAM, SUBJECT_PREFIX
 from node_agent.execution import ExecutionState
-from node_agent.risks import KnownRisk, RiskWatcher
-from node_agent.store import Store
+from node_agent.fleet.risk_store import RiskStore
+from node_agent.fleet.risks import KnownRisk, RiskWatcher
 
 log = logging.getLogger("fleetledger.node.follower")
 
@@ -32,7 +32,7 @@ SUBSCRIBE_TIMEOUT_S = 5.0
 
 class FleetFollower:
     def __init__(
-        self, store: Store, execution: ExecutionState, *, follow_resources: bool = True
+        self, store: RiskStore, execution: ExecutionState, *, follow_resources: bool = True
     ) -> None:
         self.store, self.execution = store, execution
         self.follow_resources = follow_resources

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from ledger.clock import Clock
-from node_agent.checks import (
+from node_agent.execution import SKIP_DIRS, matches
+from node_agent.todo.checks import (
     AnyCheck,
     CommandCheck,
     EvidenceCheck,
@@ -38,8 +39,7 @@ from node_agent.checks import (
     PassedCheck,
     WrittenCheck,
 )
-from node_agent.execution import SKIP_DIRS, matches
-from node_agent.store import StoredItem
+from node_agent.todo.item import StoredItem
 from node_agent.workspace import Fingerprint
 
 RACY_NS = 2 * 10**9  # coarser than any file system's timestamp tick (FAT's is 2 s)

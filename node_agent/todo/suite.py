@@ -12,10 +12,7 @@ workspace collected, the configuration read from inside the workspace. For ruff:
 report, at least one file checked, no violation; for mypy, its summary line, at least one
 source file checked, no error. Whatever cannot be read is "not verified".
 
-Results are cached by the workspace fingerprint (``workspace.py``), so a claim costs at most one
-run per workspace state, and a verified run stays valid exactly while that fingerprint holds. A
-run is kept only when the workspace is the same after it as before, by content and by each
-file's stat key (a write that puts the same bytes back still changes a file's ctime).
+The ``Verifier`` (``verifier.py``) caches the results by workspace fingerprint.
 """
 
 from __future__ import annotations
@@ -29,17 +26,13 @@ import os
 import re
 import secrets
 import signal
-import sys
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
-from node_agent.checks import CheckResult, PassedCheck, Runner
-from node_agent.store import Store
-from node_agent.workspace import Fingerprint, Workspace, skipped
+from node_agent.todo.checks import CheckResult, Runner
 
 CHILD = Path(__file__).with_name("suite_child.py")
 # pytest's default python_files and norecursedirs: where a workspace's test files are
@@ -161,7 +154,7 @@ def read_counts(raw: dict[str, Any], cwd: str, files: Sequence[str], defined: De
     modules = {os.path.normpath(m) for m in raw.get("modules", [])}
     inipath = raw.get("inipath")
     outside = None
-    if inipath and not _inside(str(inipath), cwd):
+    if inipath and not inside(str(inipath), cwd):
         outside = str(inipath)
     return Report(
         runner=str(raw["runner"]), ran=ran, failed=failed, errors=errors, skipped=skipped,
@@ -255,7 +248,7 @@ def verdict(report: Report) -> CheckResult:
     return CheckResult(passed=True, detail=f"{name}: {counts}")
 
 
-def _inside(path: str, cwd: str) -> bool:
+def inside(path: str, cwd: str) -> bool:
     root = os.path.realpath(cwd)
     real = os.path.realpath(path)
     return real == root or real.startswith(root + os.sep)
@@ -378,73 +371,3 @@ async def _test_runner(python: str, cwd: str, env: dict[str, str]) -> str:
             return "unittest"  # not remembered: the next run asks again
         _HAS_PYTEST[python] = code == 0 and out.strip() != "None"
     return "pytest" if _HAS_PYTEST[python] else "unittest"
-
-
-class Verifier:
-    """Verifies passed checks by the node's own runs, cached by workspace fingerprint."""
-
-    def __init__(
-        self, store: Store, *, workspace: Workspace | None = None, python: str | None = None,
-        timeout: float = 30.0,
-    ) -> None:  # fmt: skip
-        self.store, self.workspace = store, workspace or Workspace()
-        self.python, self.timeout = python or sys.executable, timeout
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        # by directory: files its runs read beyond the workspace listing (hashed with it)
-        self._extra: dict[str, frozenset[str]] = {}
-
-    async def check(
-        self, check: PassedCheck, seen: dict[str, Fingerprint] | None = None
-    ) -> CheckResult:
-        """The check's result on the workspace as it is now: cached, else one run.
-
-        ``seen``: fingerprints taken already in this turn end, by directory (one per turn)."""
-        extra = self._extra.get(check.cwd, frozenset())
-        fp = seen.get(check.cwd) if seen is not None else None
-        if fp is None:
-            fp = await asyncio.to_thread(self.workspace.fingerprint, check.cwd, extra)
-            if seen is not None:
-                seen[check.cwd] = fp
-        if fp.digest is None:
-            return CheckResult(passed=False, detail=f"not verified: {fp.problem}")
-        key = (check.cwd, check.runner)
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:  # one run per workspace state, however many items ask
-            cached = await self.store.run(self.store.suite_result, *key, fp.digest)
-            if cached is not None:
-                return cached
-            started = time.perf_counter()
-            report = await run_suite(check.runner, check.cwd, fp.files, python=self.python,
-                                     timeout=self.timeout)  # fmt: skip
-            result = verdict(report)
-            ms = (time.perf_counter() - started) * 1000
-            after = await asyncio.to_thread(self.workspace.fingerprint, check.cwd, extra)
-            if (after.digest, after.stamp) != (fp.digest, fp.stamp):
-                # written to while it ran: what the run saw may not be what the workspace is
-                return CheckResult(passed=False, detail=f"not verified: {check.cwd} changed "
-                                   "while the node's run was in progress")  # fmt: skip
-            learned = extra | beyond(fp, report.reads)
-            if learned != extra:  # the run read files the listing does not hold: hash them too
-                self._extra[check.cwd] = learned
-                fp = await asyncio.to_thread(self.workspace.fingerprint, check.cwd, learned)
-                if seen is not None:
-                    seen[check.cwd] = fp
-            if fp.digest is None:
-                return CheckResult(passed=False, detail=f"not verified: {fp.problem}")
-            await self.store.run(self.store.save_suite_result, *key, fp.digest, result, ms)
-        return result
-
-
-def beyond(fp: Fingerprint, reads: Sequence[str]) -> frozenset[str]:
-    """Pure: the files a run read (real paths) that the fingerprint's listing does not hold,
-    but for those in directories never part of a workspace (caches a run writes)."""
-    root = os.path.realpath(fp.cwd)
-    listed = {os.path.join(root, rel) for rel in fp.files}
-    found = set()
-    for real in reads:
-        if real in listed:
-            continue
-        if _inside(real, root) and skipped(os.path.relpath(real, root)):
-            continue
-        found.add(real)
-    return frozenset(found)

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fleetbus.http import Route, typed
-from node_agent.autoledger import AutoLedger
 from node_agent.claims import ClaimKey, ClaimsCache, Receipt
+from node_agent.session import Session
 from node_agent.settings import NodeSettings
-from node_agent.store import Session
+from node_agent.todo.autoledger import AutoLedger
 from node_agent.wire import (
     ClaimFound,
     ClaimIdentity,

@@ -1,0 +1,1 @@
+"""The to-do wing: capture, completion checks, the auditor, the judge and the auto-ledger."""

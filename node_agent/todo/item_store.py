@@ -1,0 +1,370 @@
+"""The to-do items of each session, as the node stores them, and what an item's turn reads.
+
+Items (``StoredItem``: the ledger's item plus its check), what the agent was last told of them,
+its to-do tool ids, its recent tool events and the evidence registered here: their tables and
+every write to them. A status change goes through ``ledger.items.transition`` (the firewall)
+and is written with the event describing it in one transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from ledger.clock import Clock
+from ledger.errors import ErrorCode, InvalidInput
+from ledger.events import (
+    ItemCaptured,
+    ItemCheckAttached,
+    ItemChecked,
+    ItemClaimed,
+    ItemStatusChanged,
+)
+from ledger.items import Actor, Item, ItemStatus, JudgedStatus, record_judgement, transition
+from node_agent.session import Session
+from node_agent.store import Store, declare
+from node_agent.todo.checks import CHECK, Check
+from node_agent.todo.item import StoredItem
+
+TABLES = declare("""
+CREATE TABLE IF NOT EXISTS items (
+    item_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, short_id TEXT NOT NULL,
+    ord INTEGER NOT NULL, text TEXT NOT NULL, stored_status TEXT NOT NULL,
+    stored_by TEXT, judged_status TEXT, model_claim TEXT, check_json TEXT, check_detail TEXT
+);
+CREATE INDEX IF NOT EXISTS items_by_session ON items(session_id, ord);
+-- how often each session's items were written, by any process: a turn end reads them again
+-- only when this moved (kept by the database itself, so no writer can forget it)
+CREATE TABLE IF NOT EXISTS item_versions (
+    session_id TEXT PRIMARY KEY, version INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS items_inserted AFTER INSERT ON items BEGIN
+    INSERT INTO item_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS items_updated AFTER UPDATE ON items BEGIN
+    INSERT INTO item_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+    INSERT INTO item_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS items_deleted AFTER DELETE ON items BEGIN
+    INSERT INTO item_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+-- what the agent was last told of its open items, and the note for a human (autoledger.py)
+CREATE TABLE IF NOT EXISTS reminders (
+    session_id TEXT PRIMARY KEY, told TEXT, noted TEXT
+);
+-- an agent's to-do tool ids (Claude Code TaskCreate) -> the task's subject
+CREATE TABLE IF NOT EXISTS tasks (
+    session_id TEXT NOT NULL, task_id TEXT NOT NULL, subject TEXT NOT NULL,
+    PRIMARY KEY (session_id, task_id)
+);
+CREATE TABLE IF NOT EXISTS tool_events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, phase TEXT NOT NULL,
+    tool TEXT NOT NULL, summary TEXT NOT NULL, at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS evidence (
+    evidence_id TEXT PRIMARY KEY, mission_id TEXT NOT NULL, at TEXT NOT NULL
+);
+""")
+
+MAX_PARSED = 20_000  # stored checks kept parsed
+_STATUS = {s.value: s for s in ItemStatus}  # a stored status by its value (a turn end reads all)
+
+
+class ItemStore(Store):
+    """The store with the to-do items' tables: what the auto-ledger, the judge and the to-do
+    routes read and write."""
+
+    def __init__(
+        self, path: Path, *, node_id: str = "node-local", default_mission: str = "local",
+        clock: Clock | None = None, seed: str | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(
+            path, node_id=node_id, default_mission=default_mission, clock=clock, seed=seed
+        )
+        # rows and checks parsed once (both are frozen): a turn end reads every item of a session
+        self._checks: dict[str, Check] = {}
+        self._rows: dict[tuple[Any, ...], StoredItem] = {}
+
+    def _row_item(self, row: sqlite3.Row) -> StoredItem:
+        check, detail = None, row["check_detail"]
+        if row["check_json"]:
+            try:
+                check = self._parsed_check(row["check_json"])
+            except ValidationError:  # written by an older node agent: a human closes it now
+                detail = "its stored check is of an older kind this node cannot verify"
+        item = Item(
+            item_id=row["item_id"],
+            text=row["text"],
+            stored_status=_STATUS[row["stored_status"]],
+            judged_status=row["judged_status"],
+            model_claim=row["model_claim"],
+            stored_by=row["stored_by"],
+        )
+        return StoredItem(item, row["session_id"], row["short_id"], row["ord"], check, detail)
+
+    def _parsed_check(self, text: str) -> Check:
+        """A stored check, parsed once (checks are frozen): a turn end reads every item's."""
+        check = self._checks.get(text)
+        if check is None:
+            if len(self._checks) >= MAX_PARSED:
+                self._checks.clear()
+            check = self._checks[text] = CHECK.validate_json(text)
+        return check
+
+    def items_version(self, session_id: str) -> int:
+        """How often this session's items were written (``item_versions``): equal, unchanged."""
+        row = self.db.execute(
+            "SELECT version FROM item_versions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def items(self, session_id: str) -> list[StoredItem]:
+        rows = self.db.execute(
+            "SELECT * FROM items WHERE session_id = ? ORDER BY ord", (session_id,)
+        ).fetchall()
+        return [self._known_item(r) for r in rows]
+
+    def _known_item(self, row: sqlite3.Row) -> StoredItem:
+        """``_row_item``, built once per row content (items are frozen): a turn end reads
+        every item of its session."""
+        key = tuple(row)
+        stored = self._rows.get(key)
+        if stored is None:
+            if len(self._rows) >= MAX_PARSED:
+                self._rows.clear()
+            stored = self._rows[key] = self._row_item(row)
+        return stored
+
+    def find_item(self, ref: str, session_id: str | None = None) -> StoredItem:
+        """An item by full id, or by short id (``t3``) within a session; without a session, a
+        short id that only one session has."""
+        row = self.db.execute("SELECT * FROM items WHERE item_id = ?", (ref,)).fetchone()
+        if row is None and session_id is not None:
+            row = self.db.execute(
+                "SELECT * FROM items WHERE session_id = ? AND short_id = ?", (session_id, ref)
+            ).fetchone()
+        elif row is None:
+            rows = self.db.execute(
+                "SELECT * FROM items WHERE short_id = ? ORDER BY session_id LIMIT 6", (ref,)
+            ).fetchall()
+            if len(rows) > 1:
+                sessions = ", ".join(r["session_id"] for r in rows[:5])
+                raise InvalidInput(
+                    f"to-do item {ref!r} exists in several sessions ({sessions}); "
+                    "name one with --session (or --agent)"
+                )
+            row = rows[0] if rows else None
+        if row is None:
+            raise InvalidInput(f"no to-do item {ref!r}", code=ErrorCode.NOT_FOUND)
+        return self._row_item(row)
+
+    def add_items(
+        self, session: Session, texts: list[str], *, check: Check | None = None,
+        infer: Callable[[str], Check | None] | None = None,
+    ) -> list[StoredItem]:  # fmt: skip
+        """Capture items (skipping ones already present by text), emitting item.captured with
+        how each closes: ``check``, else what ``infer`` finds in its text, else None (a human)."""
+        added: list[str] = []
+        with self.tx() as db:
+            row = db.execute(
+                "SELECT next_item FROM sessions WHERE session_id = ?", (session.session_id,)
+            ).fetchone()
+            n = int(row[0])
+            existing = {
+                r[0].lower()
+                for r in db.execute(
+                    "SELECT text FROM items WHERE session_id = ? AND stored_status != 'cancelled'",
+                    (session.session_id,),
+                )
+            }
+            for text in texts:
+                if text.lower() in existing:
+                    continue
+                existing.add(text.lower())
+                short = f"t{n}"
+                item_id = f"{session.session_id[:100]}-{short}"
+                closes = check if check is not None else (infer(text) if infer else None)
+                db.execute(
+                    "INSERT INTO items (item_id, session_id, short_id, ord, text, stored_status,"
+                    " check_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        item_id, session.session_id, short, n, text, ItemStatus.OPEN.value,
+                        CHECK.dump_json(closes).decode() if closes is not None else None,
+                    ),
+                )  # fmt: skip
+                self.emit(
+                    db,
+                    session,
+                    ItemCaptured(
+                        item_id=item_id, session_id=session.session_id, text=text, order=n,
+                        check=closes.describe() if closes is not None else None,
+                    ),
+                )  # fmt: skip
+                added.append(item_id)
+                n += 1
+            db.execute(
+                "UPDATE sessions SET next_item = ? WHERE session_id = ?", (n, session.session_id)
+            )
+            if added:
+                self._bump(db, session.session_id)
+        return [self.find_item(i) for i in added]
+
+    def _session_of(self, stored: StoredItem) -> Session:
+        session = self.session(stored.session_id)
+        assert session is not None  # items are written with their session
+        return session
+
+    def set_status(
+        self, item_ref: str, to: ItemStatus, actor: Actor, *, session_id: str | None = None,
+        detail: str | None = None,
+    ) -> StoredItem:  # fmt: skip
+        """Move the stored status through the firewall (``ledger.items.transition``). A check's
+        move carries its ``detail``, recorded as the item.checked that preceded it."""
+        with self.tx() as db:
+            stored = self.find_item(item_ref, session_id)
+            moved = transition(stored.item, to, actor)  # raises RuleViolation for models
+            db.execute(
+                "UPDATE items SET stored_status = ?, stored_by = ?, check_detail = COALESCE(?, "
+                "check_detail) WHERE item_id = ?",
+                (moved.stored_status.value, moved.stored_by, detail, stored.item_id),
+            )
+            session = self._session_of(stored)
+            actor_kind = actor.kind
+            assert actor_kind != "model"  # transition() refused it above
+            if actor_kind == "check" and detail is not None:
+                self.emit(
+                    db, session,
+                    ItemChecked(item_id=stored.item_id, passed=True, detail=detail[:2000]),
+                )  # fmt: skip
+            self.emit(
+                db,
+                session,
+                ItemStatusChanged(
+                    item_id=stored.item_id, status=to.value, actor_kind=actor_kind, actor=actor.name
+                ),
+            )
+            self._bump(db, stored.session_id)
+        return self.find_item(stored.item_id)
+
+    def attach_check(self, item_id: str, check: Check, *, by: str = "cli") -> StoredItem:
+        """Give an item a completion check after capture (by the agent or a human)."""
+        with self.tx() as db:
+            stored = self.find_item(item_id)
+            db.execute(
+                "UPDATE items SET check_json = ?, check_detail = NULL WHERE item_id = ?",
+                (CHECK.dump_json(check).decode(), stored.item_id),
+            )
+            self.emit(
+                db, self._session_of(stored),
+                ItemCheckAttached(item_id=stored.item_id, check=check.describe(), by=by or "cli"),
+            )  # fmt: skip
+            self._bump(db, stored.session_id)
+        return self.find_item(stored.item_id)
+
+    def record_check_detail(self, item_id: str, detail: str) -> None:
+        """A check that did not pass: its detail kept, item.checked emitted when it changed."""
+        with self.tx() as db:
+            stored = self.find_item(item_id)
+            if stored.check_detail == detail:
+                return
+            db.execute("UPDATE items SET check_detail = ? WHERE item_id = ?", (detail, item_id))
+            self.emit(
+                db, self._session_of(stored),
+                ItemChecked(item_id=item_id, passed=False, detail=detail[:2000]),
+            )  # fmt: skip
+
+    def record_claim(self, item_id: str, judged_status: str, model: str) -> StoredItem:
+        """Keep a model's view as a claim (item.claimed); the stored status is untouched."""
+        try:
+            status = JudgedStatus(judged_status)
+        except ValueError:
+            allowed = ", ".join(s.value for s in JudgedStatus)
+            raise InvalidInput(
+                f"a claim's status is one of {allowed}, not {judged_status!r}"
+            ) from None
+        with self.tx() as db:
+            stored = self.find_item(item_id)
+            judged = record_judgement(stored.item, status.value, model)
+            db.execute(
+                "UPDATE items SET judged_status = ?, model_claim = ? WHERE item_id = ?",
+                (judged.judged_status, judged.model_claim, item_id),
+            )
+            self.emit(
+                db, self._session_of(stored),
+                ItemClaimed(item_id=item_id, status=status, by=model or "agent"),
+            )  # fmt: skip
+        return self.find_item(item_id)
+
+    # --- what the agent was told, its to-do tool ids (kept across a restart) ------------------
+
+    def reminded(self, session_id: str) -> tuple[str | None, str | None]:
+        """(what the agent was last told of its open items, the last note for a human)."""
+        row = self.db.execute(
+            "SELECT told, noted FROM reminders WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return (None, None) if row is None else (row["told"], row["noted"])
+
+    def set_reminded(self, session_id: str, told: str | None, noted: str | None) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO reminders (session_id, told, noted) VALUES (?, ?, ?)",
+            (session_id, told, noted),
+        )
+
+    def save_task(self, session_id: str, task_id: str, subject: str) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO tasks VALUES (?, ?, ?)", (session_id, task_id, subject[:500])
+        )
+
+    def task(self, session_id: str, task_id: str) -> str | None:
+        row = self.db.execute(
+            "SELECT subject FROM tasks WHERE session_id = ? AND task_id = ?", (session_id, task_id)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    # --- watch: tool events -----------------------------------------------------------------
+
+    def record_tool(self, session_id: str, phase: str, tool: str, summary: str) -> None:
+        self.db.execute(
+            "INSERT INTO tool_events (session_id, phase, tool, summary, at) VALUES (?, ?, ?, ?, ?)",
+            (session_id, phase, tool[:100], summary[:500], self.clock.now().isoformat()),
+        )
+
+    def recent_tools(self, session_id: str, limit: int = 8) -> list[str]:
+        rows = self.db.execute(
+            "SELECT phase, tool, summary FROM tool_events WHERE session_id = ? "
+            "ORDER BY id DESC LIMIT ?",
+            (session_id, limit),
+        ).fetchall()
+        return [f"{r['phase']} {r['tool']}: {r['summary']}" for r in reversed(rows)]
+
+    # --- evidence registered here (what an evidence check asks) ------------------------------
+
+    def register_evidence(self, evidence_id: str, mission_id: str) -> None:
+        self.db.execute(
+            "INSERT OR IGNORE INTO evidence VALUES (?, ?, ?)",
+            (evidence_id, mission_id, self.clock.now().isoformat()),
+        )
+
+    def evidence_known(self, evidence_id: str) -> bool:
+        row = self.db.execute("SELECT 1 FROM evidence WHERE evidence_id = ?", (evidence_id,))
+        return row.fetchone() is not None
+
+    def evidence_known_among(self, evidence_ids: list[str]) -> frozenset[str]:
+        """The ids of ``evidence_ids`` that are registered (one query per 500)."""
+        known: set[str] = set()
+        for at in range(0, len(evidence_ids), 500):
+            chunk = evidence_ids[at : at + 500]
+            marks = ", ".join("?" * len(chunk))
+            rows = self.db.execute(
+                f"SELECT evidence_id FROM evidence WHERE evidence_id IN ({marks})", chunk
+            )
+            known.update(str(r[0]) for r in rows)
+        return frozenset(known)
