@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -320,9 +320,8 @@ class ItemStore(Store):
         """Give an item a completion check after capture (by the agent or a human)."""
         with self.tx() as db:
             stored = self.find_item(item_id)
-            self._update_item(
-                db, stored, "check_json = ?, check_detail = NULL", (CHECK.dump_json(check).decode(),)
-            )
+            text = CHECK.dump_json(check).decode()
+            self._update_item(db, stored, "check_json = ?, check_detail = NULL", (text,))
             self.emit(
                 db, self._session_of(stored),
                 ItemCheckAttached(item_id=stored.item_id, check=check.describe(), by=by or "cli"),
