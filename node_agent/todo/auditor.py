@@ -13,6 +13,7 @@ its check's last detail) is one the human was not yet told of.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -87,7 +88,7 @@ def attention(result: Audit, told_before: str | None) -> list[StoredItem]:
     """Pure: the open items to show first: those with news for the agent (``news``), then
     those it claimed that are still open, each in the to-do's order; at most ``SHOWN``."""
     known = _told(told_before)
-    fresh = [s for s in result.actionable if tuple(_entry(s)) not in known][:SHOWN]
+    fresh = [s for s in result.actionable if _keys(s)[0] not in known][:SHOWN]
     ids = {s.item_id for s in fresh}
     claimed = (s for s in result.actionable if s.item.model_claim and s.item_id not in ids)
     return fresh + list(itertools.islice(claimed, SHOWN - len(fresh)))
@@ -152,20 +153,21 @@ def told(result: Audit) -> str:
     return json.dumps(sorted(_entry(s) for s in result.actionable), separators=(",", ":"))
 
 
-def _told(before: str | None) -> set[tuple[str | None, ...]]:
+@functools.lru_cache(maxsize=64)  # a session's told string is read at every turn end
+def _told(before: str | None) -> frozenset[tuple[str | None, ...]]:
     try:
         entries = json.loads(before) if before else []
     except ValueError:
-        return set()
+        return frozenset()
     if not isinstance(entries, list):
-        return set()
-    return {tuple(e) for e in entries if isinstance(e, list)}
+        return frozenset()
+    return frozenset(tuple(e) for e in entries if isinstance(e, list))
 
 
 def news(result: Audit, before: str | None) -> bool:
     """Something the agent was not told: an item opened, a check failed, a claim unverified."""
     known = _told(before)
-    return any(tuple(_entry(s)) not in known for s in result.actionable)
+    return any(_keys(s)[0] not in known for s in result.actionable)
 
 
 def standing(stored: StoredItem) -> list[str | None]:
@@ -177,22 +179,39 @@ def standing(stored: StoredItem) -> list[str | None]:
     return [stored.item_id, "check", stored.check_detail]
 
 
-def _noted(noted: str | None) -> set[tuple[str | None, ...]]:
+_KEYS: dict[int, tuple[StoredItem, tuple[str | None, ...], tuple[str | None, ...]]] = {}
+MAX_KEYS = 100_000  # items whose keys are kept (a stored item is one object per row content)
+
+
+def _keys(s: StoredItem) -> tuple[tuple[str | None, ...], tuple[str | None, ...]]:
+    """``_entry`` and ``standing`` of ``s`` as tuples, worked out once per stored item (the
+    store hands out one object per row content, so a turn end costs what changed, not the
+    size of the to-do)."""
+    got = _KEYS.get(id(s))
+    if got is None or got[0] is not s:  # an id is reused only once its object is gone
+        if len(_KEYS) >= MAX_KEYS:
+            _KEYS.clear()
+        got = _KEYS[id(s)] = (s, tuple(_entry(s)), tuple(standing(s)))
+    return got[1], got[2]
+
+
+@functools.lru_cache(maxsize=64)
+def _noted(noted: str | None) -> frozenset[tuple[str | None, ...]]:
     """The standings a human was already told of (``Ruling.noted``); anything else: none."""
     try:
         entries = json.loads(noted)["standing"] if noted else []
     except (ValueError, TypeError, KeyError):
-        return set()
+        return frozenset()
     if not isinstance(entries, list):
-        return set()
-    return {tuple(e) for e in entries if isinstance(e, list)}
+        return frozenset()
+    return frozenset(tuple(e) for e in entries if isinstance(e, list))
 
 
 def human_note(result: Audit, *, capped: int | None = None, noted: str | None = None) -> str | None:
     """The note for a human when the agent stops with items open: the items whose standing
     they were not yet told of, what is unverified and why; None when there is none."""
     known = _noted(noted)
-    fresh = [s for s in result.actionable if tuple(standing(s)) not in known]
+    fresh = [s for s in result.actionable if _keys(s)[1] not in known]
     if not fresh:
         return None
     human = [s for s in fresh if s.check is None][:SHOWN]

@@ -34,6 +34,8 @@ class Checker:
         self._verified: dict[str, Verified] = {}
         # by session: what its checked items read when none was due
         self._quiet: dict[str, tuple[object, ...]] = {}
+        # by session: each directory's listing at its last turn end (what changed since)
+        self._listings: dict[str, dict[str, recheck.Listing]] = {}
 
     async def verify(self, stored: StoredItem, seen: dict[str, Fingerprint] | None = None) -> bool:
         """Run the item's check here; a pass moves it to done as the check's own actor.
@@ -97,14 +99,21 @@ class Checker:
             recheck.clock_ns(self.store.clock),
         )  # fmt: skip
         looked.workspaces = seen  # the passed checks' fingerprints, as the verifier takes them
+        before = self._listings.get(session_id, {})
+        self._listings[session_id] = looked.listings
         quiet = recheck.quiet(checked, looked)
         if quiet is not None and self._quiet.get(session_id) == quiet:
             return 0, []  # the same items read the same inputs as when none was due
+        moved = {cwd: recheck.changed(before.get(cwd), now) for cwd, now in looked.listings.items()}
         ran, verified = 0, []
         for stored in checked:
             assert stored.check is not None
+            last = self._verified.get(stored.item_id)
+            cwd = getattr(stored.check, "cwd", "")
+            if recheck.still(stored, last, moved.get(cwd)):
+                continue  # a turn end costs what changed, not the size of the to-do
             now = recheck.inputs(stored.check, looked)
-            if not recheck.due(stored, self._verified.get(stored.item_id), now):
+            if not recheck.due(stored, last, now):
                 continue
             ran += 1
             result, judged = await self.check(stored, seen)

@@ -8,8 +8,10 @@ and is written with the event describing it in one transaction.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +77,18 @@ CREATE TABLE IF NOT EXISTS evidence (
 """)
 
 MAX_PARSED = 20_000  # stored checks kept parsed
+MAX_LISTED = 1_000  # sessions whose item list is kept between turn ends
 _STATUS = {s.value: s for s in ItemStatus}  # a stored status by its value (a turn end reads all)
+
+
+@dataclass
+class _Listed:
+    """A session's items as last read, at the version they were read at; ``dirty``: the items
+    this process changed since (re-read alone), while nobody else wrote the session's items."""
+
+    version: int
+    items: list[StoredItem]
+    dirty: set[str] = field(default_factory=set)
 
 
 class ItemStore(Store):
@@ -92,6 +105,7 @@ class ItemStore(Store):
         # rows and checks parsed once (both are frozen): a turn end reads every item of a session
         self._checks: dict[str, Check] = {}
         self._rows: dict[tuple[Any, ...], StoredItem] = {}
+        self._listed: dict[str, _Listed] = {}
 
     def _row_item(self, row: sqlite3.Row) -> StoredItem:
         check, detail = None, row["check_detail"]
@@ -126,11 +140,60 @@ class ItemStore(Store):
         ).fetchone()
         return 0 if row is None else int(row[0])
 
+    @contextlib.contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """``Store.tx``; a write rolled back drops the kept item lists (what they learnt of it
+        was never stored)."""
+        try:
+            with super().tx() as db:
+                yield db
+        except BaseException:
+            self._listed.clear()
+            raise
+
     def items(self, session_id: str) -> list[StoredItem]:
+        """The session's items in order. Read whole when another process wrote them (the
+        version moved past what this process saw); after only this process's own updates,
+        the items it changed are read again and the rest kept: a turn end that closes one item
+        of a thousand reads one row."""
+        version = self.items_version(session_id)
+        listed = self._listed.get(session_id)
+        if listed is not None and listed.version == version:
+            if listed.dirty:
+                marks = ",".join("?" * len(listed.dirty))
+                rows = self.db.execute(
+                    f"SELECT * FROM items WHERE item_id IN ({marks})", tuple(listed.dirty)
+                ).fetchall()
+                fresh = {r["item_id"]: self._known_item(r) for r in rows}
+                listed.items = [fresh.get(s.item_id, s) for s in listed.items]
+                listed.dirty.clear()
+            return list(listed.items)
         rows = self.db.execute(
             "SELECT * FROM items WHERE session_id = ? ORDER BY ord", (session_id,)
         ).fetchall()
-        return [self._known_item(r) for r in rows]
+        items = [self._known_item(r) for r in rows]
+        if len(self._listed) >= MAX_LISTED:
+            self._listed.clear()
+        self._listed[session_id] = _Listed(version, items)
+        return list(items)
+
+    def _update_item(
+        self, db: sqlite3.Connection, stored: StoredItem, assignments: str, values: tuple[Any, ...]
+    ) -> None:
+        """The one way an item's row is updated (``assignments``: its ``SET`` clause): the
+        session's kept list learns which item changed, or is dropped when someone else wrote
+        the session's items since it was read."""
+        session_id = stored.session_id
+        before = self.items_version(session_id)
+        db.execute(f"UPDATE items SET {assignments} WHERE item_id = ?", (*values, stored.item_id))
+        listed = self._listed.get(session_id)
+        if listed is None:
+            return
+        if listed.version != before:  # written elsewhere meanwhile: read whole next time
+            del self._listed[session_id]
+            return
+        listed.version = self.items_version(session_id)
+        listed.dirty.add(stored.item_id)
 
     def _known_item(self, row: sqlite3.Row) -> StoredItem:
         """``_row_item``, built once per row content (items are frozen): a turn end reads
@@ -231,11 +294,10 @@ class ItemStore(Store):
         with self.tx() as db:
             stored = self.find_item(item_ref, session_id)
             moved = transition(stored.item, to, actor)  # raises RuleViolation for models
-            db.execute(
-                "UPDATE items SET stored_status = ?, stored_by = ?, check_detail = COALESCE(?, "
-                "check_detail) WHERE item_id = ?",
-                (moved.stored_status.value, moved.stored_by, detail, stored.item_id),
-            )
+            self._update_item(
+                db, stored, "stored_status = ?, stored_by = ?, check_detail = COALESCE(?, "
+                "check_detail)", (moved.stored_status.value, moved.stored_by, detail),
+            )  # fmt: skip
             session = self._session_of(stored)
             actor_kind = actor.kind
             assert actor_kind != "model"  # transition() refused it above
@@ -258,10 +320,8 @@ class ItemStore(Store):
         """Give an item a completion check after capture (by the agent or a human)."""
         with self.tx() as db:
             stored = self.find_item(item_id)
-            db.execute(
-                "UPDATE items SET check_json = ?, check_detail = NULL WHERE item_id = ?",
-                (CHECK.dump_json(check).decode(), stored.item_id),
-            )
+            text = CHECK.dump_json(check).decode()
+            self._update_item(db, stored, "check_json = ?, check_detail = NULL", (text,))
             self.emit(
                 db, self._session_of(stored),
                 ItemCheckAttached(item_id=stored.item_id, check=check.describe(), by=by or "cli"),
@@ -275,7 +335,7 @@ class ItemStore(Store):
             stored = self.find_item(item_id)
             if stored.check_detail == detail:
                 return
-            db.execute("UPDATE items SET check_detail = ? WHERE item_id = ?", (detail, item_id))
+            self._update_item(db, stored, "check_detail = ?", (detail,))
             self.emit(
                 db, self._session_of(stored),
                 ItemChecked(item_id=item_id, passed=False, detail=detail[:2000]),
@@ -293,10 +353,10 @@ class ItemStore(Store):
         with self.tx() as db:
             stored = self.find_item(item_id)
             judged = record_judgement(stored.item, status.value, model)
-            db.execute(
-                "UPDATE items SET judged_status = ?, model_claim = ? WHERE item_id = ?",
-                (judged.judged_status, judged.model_claim, item_id),
-            )
+            self._update_item(
+                db, stored, "judged_status = ?, model_claim = ?",
+                (judged.judged_status, judged.model_claim),
+            )  # fmt: skip
             self.emit(
                 db, self._session_of(stored),
                 ItemClaimed(item_id=item_id, status=status, by=model or "agent"),

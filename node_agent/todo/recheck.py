@@ -228,6 +228,48 @@ def quiet(checked: Sequence[StoredItem], seen: Seen) -> tuple[object, ...] | Non
     return (tuple(checked), listings, dict(seen.files), seen.evidence)
 
 
+def changed(before: Listing | None, now: Listing) -> frozenset[str] | None:
+    """Pure: the lower-cased paths under ``now.cwd`` whose stat key differs between two turn
+    ends' listings (written, removed or changed) or is racy now; None when it cannot be told
+    (no listing before, or either has a problem): then every check there is looked at."""
+    if before is None or before.problem is not None or now.problem is not None:
+        return None
+    old, new = before.files, now.files
+    moved = {rel for rel, key in new.items() if old.get(rel, 0) != key or racy(key, now.taken_ns)}
+    moved.update(rel for rel in old if rel not in new)
+    return frozenset(rel.lower() for rel in moved)
+
+
+def untouched(check: WrittenCheck, moved: frozenset[str]) -> bool:
+    """Pure: none of ``moved`` (``changed``'s paths) is one ``check``'s pattern can match, so
+    the fingerprint of what it reads is the one it had at the last turn end."""
+    if not moved:
+        return True
+    for glob in _globs(check.pattern):
+        if GLOB.search(glob) is None:
+            if glob in moved:
+                return False
+        elif any(matches(rel, glob) for rel in moved):
+            return False
+    return True
+
+
+def still(stored: StoredItem, last: Verified | None, moved: frozenset[str] | None) -> bool:
+    """Pure: ``stored``'s written check need not run, known without fingerprinting its inputs:
+    it ran here on a known fingerprint (``last``), nothing about the item changed since, and
+    no path it can match changed since the last turn end (``moved``). Any doubt: False (the
+    full ``due`` decides)."""
+    if moved is None or last is None or last.inputs is None:
+        return False
+    check = stored.check
+    return (
+        type(check) is WrittenCheck
+        and (last.check is check or last.check == check)
+        and last.detail == stored.check_detail
+        and untouched(check, moved)
+    )
+
+
 def evidence_ids(items: Sequence[StoredItem]) -> list[str]:
     """Pure: the evidence ids the items' checks wait for."""
     return [s.check.evidence_id for s in items if isinstance(s.check, EvidenceCheck)]

@@ -12,6 +12,7 @@ import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -245,3 +246,54 @@ def test_a_listing_that_matches_the_executions_walk(tmp_path: Path) -> None:
         str(tmp_path), "**/*.md"
     )
     assert set(found) <= set(listed) and "build/b.md" not in listed
+
+
+async def test_a_stop_after_one_write_fingerprints_and_reads_only_what_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cost of a turn end follows what changed, not the to-do's length: after one file of
+    a 1,000-item to-do is written, the Stop fingerprints no other item's inputs, and once it
+    closed that item the next Stop reads that one row again, not the session's 1,000."""
+    from node_agent.todo import recheck
+
+    ledger, ws = ledger_with(tmp_path, 1000)
+    await ledger.turn_end("s-1")
+    await ledger.turn_end("s-1")
+    fingerprinted: list[str] = []
+    real = recheck.written_inputs
+
+    def counted(check: WrittenCheck, listing: Listing) -> object:
+        fingerprinted.append(check.pattern)
+        return real(check, listing)
+
+    monkeypatch.setattr(recheck, "written_inputs", counted)  # a spy: the real one answers
+    statements: list[str] = []
+    ledger.store.db.set_trace_callback(statements.append)
+    (ws / "notes" / "item7.md").write_text("done\n")
+    later(ledger)
+    after = await ledger.turn_end("s-1")
+    assert after.verified == ["s-1-t8"] and len(after.open_items) == 999
+    assert fingerprinted == ["notes/item7.md"]  # the one item a changed path can match
+    whole = [s for s in statements if "FROM items WHERE session_id" in s]
+    one = [s for s in statements if "FROM items WHERE item_id IN" in s]
+    assert whole == [] and len(one) == 1, statements  # the closed item's row, read alone
+
+
+async def test_an_item_written_elsewhere_between_two_own_writes_is_read_again(
+    tmp_path: Path,
+) -> None:
+    """What this process kept of a session's items is patched only while it alone wrote them:
+    another process's write in between has the next read take every row again."""
+    ledger, ws = ledger_with(tmp_path, 4)
+    await ledger.turn_end("s-1")
+    (ws / "notes" / "item0.md").write_text("done\n")
+    later(ledger)
+    assert (await ledger.turn_end("s-1")).verified == ["s-1-t1"]  # an own write
+    other = NodeStore(tmp_path / "node.sqlite3", node_id="n")
+    other.record_check_detail("s-1-t3", "looked at by hand")  # another process's write
+    other.close()
+    ledger.store.record_check_detail("s-1-t2", "ours again")  # and an own write after it
+    items = {s.item_id: s for s in ledger.store.items("s-1")}
+    assert items["s-1-t3"].check_detail == "looked at by hand"
+    assert items["s-1-t2"].check_detail == "ours again"
+    assert items["s-1-t1"].item.stored_status is ItemStatus.DONE
