@@ -1,7 +1,7 @@
 """Authorize: the hot path. Decide an action at the sender's cut, reserve, record, answer.
 
-Wait until the sender's cut is applied, ``decide`` (pure, S4.2), reserve and commit the cost in
-Redis in one script, append the action, its reservation and the decision receipt as one
+Wait until the sender's cut is applied, ``decide`` (pure, docs/decisions.md), reserve and commit
+the cost in Redis in one script, append the action, its reservation and the decision receipt as one
 message, answer. The mission's lock is held until our receipt is folded, so every decision
 sees the one before it. A retried request is answered from the receipt already recorded.
 """

@@ -1,6 +1,6 @@
 """Rich tables for the CLI: the team view and decision receipts.
 
-Printed through the CLI's literal consoles (``fleetledger.console``): every string is shown as
+Printed through the CLI's literal consoles (``fleetledger._cli``): every string is shown as
 it is, and the only styles are the ``Text`` this module gives its own words."""
 
 from __future__ import annotations

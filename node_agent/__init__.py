@@ -1,1 +1,1 @@
-"""node_agent (see SPEC S3)."""
+"""node_agent (see docs/development.md)."""

@@ -1,4 +1,4 @@
-"""The claims cache (SPEC S5.4): context is a cache, not the database.
+"""The claims cache (docs/execution-state.md): context is a cache, not the database.
 
 Owner-scoped durable claims (verified findings, job results) keyed by their identity: owner
 agent, normalised task, repository and profile, input fingerprints. A claim is reused only while

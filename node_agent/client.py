@@ -209,7 +209,7 @@ class NodeClient:
 
     def ask(self, op: str, request: HumanRequest, *, seed: str | None) -> dict[str, Any]:
         """A person's request, signed with their ``seed`` (None: sent unsigned, which only a
-        node run without identity accepts); see ``node_agent.people``. The signature covers
+        node run without identity accepts); see ``node_agent.fleet.people``. The signature covers
         the node's id (its ``/healthz``), so it is valid on that node only."""
         if seed is not None:
             node_id = self.health().node_id or ""

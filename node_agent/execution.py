@@ -1,5 +1,6 @@
-"""The execution-state ledger (SPEC S5.3): which resources were observed at which version, which
-changed since, and which commands ran with what result; consulted before every action.
+"""The execution-state ledger (docs/execution-state.md): which resources were observed at which
+version, which changed since, and which commands ran with what result; consulted before every
+action.
 
 Kept deterministically from the action stream, with no model calls. Pure decisions first
 (``premise_check``, ``normalise_command``, ``fingerprint``), then ``ExecutionState``, the shell

@@ -113,7 +113,7 @@ class NodeSettings(FleetBaseSettings):
     http_port: int | None = None  # loopback HTTP API when set (bearer token); 0: a free port
     http_host: Annotated[str, AfterValidator(loopback_host)] = "127.0.0.1"  # loopback only
 
-    # the loopback judge (S5.2); None: no model, the deterministic auditor only
+    # the loopback judge (docs/judge.md); None: no model, the deterministic auditor only
     judge_url: str | None = None
     judge_api: Literal["ollama", "openai"] = "ollama"  # /api/generate or /v1/chat/completions
     judge_model: str = "gemma3:1b"
@@ -135,7 +135,8 @@ class NodeSettings(FleetBaseSettings):
     # a TOML file of completion rules tried before the shipped ones (node_agent/todo/completion.py)
     completion_rules: Path | None = None
 
-    # the execution state (S5.3): cacheable commands, shared roots, the fleet's modifications
+    # the execution state (docs/execution-state.md): cacheable commands, shared roots, the
+    # fleet's modifications
     cacheable: list[CacheRule] = Field(default_factory=lambda: list(DEFAULT_CACHEABLE))
     cache_failures: bool = False  # answer a failed run from the record too (off: rerun it)
     cache_scan_limit: int = Field(default=5000, ge=1)  # more input files: uncertain, runs

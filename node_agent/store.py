@@ -1,8 +1,9 @@
 """The node agent's durable state: one SQLite database in WAL mode, its outbox and sessions.
 
 Every state change and the ledger events describing it are written in one transaction, so an
-event is never lost nor invented by a crash between the two (SPEC S5, S6.1). The publisher in
-``fleet/outbox.py`` reads the outbox table; nothing here touches the network.
+event is never lost nor invented by a crash between the two (docs/node-agent.md,
+docs/decisions.md). The publisher in ``fleet/outbox.py`` reads the outbox table; nothing here
+touches the network.
 
 Each feature declares its own tables where it writes them (``declare``, at its module's import:
 ``todo/item_store.py``, ``fleet/risk_store.py``, ``claims.py``...); a store creates every table

@@ -141,7 +141,7 @@ class PersonProof(Request):
 
 class HumanRequest(Request):
     """A request only a person may make: the node verifies ``proof`` against the fleet's
-    directory (``node_agent.people``); the agent's own claims never take this shape."""
+    directory (``node_agent.fleet.people``); the agent's own claims never take this shape."""
 
     proof: PersonProof | None = None
 

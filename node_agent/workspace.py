@@ -1,4 +1,4 @@
-"""The workspace fingerprint: what a verified test or lint run saw (SPEC S5.1).
+"""The workspace fingerprint: what a verified test or lint run saw (docs/node-agent.md).
 
 A run is valid while the workspace it saw is unchanged. Inside a git work tree the workspace is
 every file git tracks or would track under the working directory (``git ls-files -co

@@ -1,4 +1,5 @@
-"""The node's local copy of its missions' risks, fed by a watch of the NATS KV bucket (S6.3).
+"""The node's local copy of its missions' risks, fed by a watch of the NATS KV bucket
+(docs/decisions.md).
 
 The coordinator writes every risk it applies to the `fleet-risks` bucket. The watch, a read-only
 reader of the bucket's stream (``fleetbus.pull.Reader``, the only access a node has to it),

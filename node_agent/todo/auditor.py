@@ -1,5 +1,5 @@
 """The deterministic turn-end auditor: what is still open, the reminder text, and whether a
-turn end blocks at all (the reminder policy, SPEC S5.1). Pure.
+turn end blocks at all (the reminder policy, docs/node-agent.md). Pure.
 
 Terminal (done, cancelled), blocked and paused items are resolved here with no model call.
 Only stored status counts; a model's "done" stays a claim and the item stays open.
@@ -173,7 +173,7 @@ def news(result: Audit, before: str | None) -> bool:
 def standing(stored: StoredItem) -> list[str | None]:
     """What a human is told of one open item: an item only a human can close, by its claim;
     a checked one, by its check's last detail. A note names an item again only when this
-    changes (SPEC S5.1: one note per state of what waits on a human)."""
+    changes (docs/node-agent.md: one note per state of what waits on a human)."""
     if stored.check is None:
         return [stored.item_id, "human", stored.item.model_claim]
     return [stored.item_id, "check", stored.check_detail]

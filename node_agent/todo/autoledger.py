@@ -1,4 +1,4 @@
-"""The auto-ledger of one node: capture → watch → judge → remind → silent (SPEC S5.1).
+"""The auto-ledger of one node: capture → watch → judge → remind → silent (docs/node-agent.md).
 
 The imperative shell around the pure parts (``capture``, ``completion``, ``auditor``) and the
 store. Every status change goes through ``ledger.items.transition`` (the status firewall): a

@@ -1,4 +1,4 @@
-"""The loopback judge (SPEC S5.2): a small local model asked for advice, under hard caps.
+"""The loopback judge (docs/judge.md): a small local model asked for advice, under hard caps.
 
     Judge (Protocol)        the transport: ``generate(prompt, *, schema, max_tokens, timeout)``
     └── HttpJudge           one attempt on a literal loopback address (httpx), one error mapping

@@ -1,5 +1,5 @@
 """Which completion checks a turn end runs again: only those whose inputs changed since the
-check last ran here and did not pass (issue 29, SPEC S5.1).
+check last ran here and did not pass (issue 29, docs/node-agent.md).
 
 A check's inputs, as one turn end sees them, and a fingerprint of them (``inputs``):
 

@@ -1,4 +1,4 @@
-"""The node's own test and lint runs: a passed check reads the runner's result (SPEC S5.1).
+"""The node's own test and lint runs: a passed check reads the runner's result (docs/node-agent.md).
 
 A ``PassedCheck`` never trusts the agent's command or its exit code. When a claim or a turn end
 asks, the node runs the suite itself, in the session's working directory, with a clean

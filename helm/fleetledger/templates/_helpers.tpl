@@ -134,7 +134,7 @@ HOME: "/tmp"
 {{- end }}
 
 {{/*
-Exec probe for the node agent: its HTTP listener binds loopback only (node_agent/api.py), which a
+Exec probe for the node agent: its HTTP listener binds loopback only (node_agent/daemon.py), which a
 kubelet httpGet cannot reach, so the probe asks /healthz or /readyz over the Unix socket.
 */}}
 {{- define "fleetledger.nodeAgentProbe" -}}
