@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from typing import Any, ClassVar, Literal
 
     Op = Literal["prompt", "context", "pre", "post", "stop"]  # what an agent event maps to
+    TodoMove = tuple[Literal["done", "task", "done-task"], str, str]  # kind, key, text
 
 
 class HookAnswer:
@@ -236,6 +237,14 @@ class Adapter:
     def writes(self, tool: str, tool_input: dict[str, Any]) -> bool:
         """The call writes the files it names."""
         return tool in self.write_tools
+
+    def todo_moves(self, tool: str, tool_input: dict[str, Any], response: Any) -> list[TodoMove]:
+        """What a finished call of the CLI's own to-do tool says of its list, each as (kind,
+        key, text): ``("done", "", TEXT)`` an item it marked completed, ``("task", ID,
+        SUBJECT)`` a task it created, ``("done-task", ID, SUBJECT or "")`` a task it marked
+        completed by its id. The node keeps each "completed" as a claim, never a status. None
+        by default: the CLI has no to-do tool of its own."""
+        return []
 
     def content_read(self, response: Any) -> str | None:
         """The whole content a read gave the model, where the CLI's result says it; None for a

@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from pydantic import ValidationError
@@ -39,6 +39,9 @@ from node_agent.wire import (
     ToolRecorded,
 )
 from telemetry import context_from, process_telemetry, tool_span
+
+if TYPE_CHECKING:
+    from fleetledger_hook.adapter import TodoMove
 
 
 class ToolRoutes:
@@ -127,13 +130,15 @@ class ToolRoutes:
     def _after(self, req: ToolCall) -> list[str]:
         """Record what the call read, wrote and (for a command) returned."""
         who = req.who(mission=self.settings.mission, grant=self.settings.grant_id)
+        reading = Reading(req.agent)
+        failed = req.outcome == "failed"  # a to-do tool's call that failed moved nothing
+        moves = [] if failed else reading.todo_moves(req.tool, req.input, req.response)
         claimed = self.ledger.on_tool(
             req.session_id, req.phase, req.tool, req.input, agent=who["agent"],
-            mission=who["mission"], response=req.response, failed=req.outcome == "failed",
+            mission=who["mission"], moves=moves,
         )  # fmt: skip
         session = self.ledger.session(req.session_id, **who)
         tool, tool_input, cwd, response = req.tool, req.input, self._cwd(req), req.response
-        reading = Reading(req.agent)
         for rid in req.reads:
             self.execution.observe(session, rid)
         for rid in req.writes:
@@ -186,6 +191,10 @@ class Reading:
 
     def paths(self, tool: str, tool_input: dict[str, Any]) -> list[str]:
         return next((p for a in self.adapters if (p := a.paths(tool, tool_input))), [])
+
+    def todo_moves(self, tool: str, tool_input: dict[str, Any], response: Any) -> list[TodoMove]:
+        found = (a.todo_moves(tool, tool_input, response) for a in self.adapters)
+        return next((m for m in found if m), [])
 
     def content_read(self, response: Any) -> str | None:
         found = (a.content_read(response) for a in self.adapters)

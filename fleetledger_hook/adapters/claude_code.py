@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any, ClassVar
 
-    from fleetledger_hook.adapter import Op
+    from fleetledger_hook.adapter import Op, TodoMove
 
 
 # A Bash call that did not finish in the foreground (run_in_background, moved to the background
@@ -86,6 +86,26 @@ class ClaudeCode(Adapter):
             f"its file tools may not read or edit {', '.join(protected)}; turn on its sandbox "
             "(/sandbox) to keep every command it runs out of them too",
         ]
+
+    def todo_moves(self, tool: str, tool_input: dict[str, Any], response: Any) -> list[TodoMove]:
+        """TodoWrite (the whole list, each with a status) and, by default since 2.1.x,
+        TaskCreate (its result names the new task's id) / TaskUpdate (a task id and its new
+        status)."""
+        moves: list[TodoMove] = []
+        if tool == "TodoWrite":
+            todos = tool_input.get("todos")
+            for todo in todos if isinstance(todos, list) else []:
+                if isinstance(todo, dict) and todo.get("status") == "completed":
+                    moves.append(("done", "", str(todo.get("content", ""))))
+        elif tool == "TaskCreate":
+            task = response.get("task") if isinstance(response, dict) else None
+            if isinstance(task, dict) and task.get("id") is not None:
+                subject = str(task.get("subject") or tool_input.get("subject") or "")
+                moves.append(("task", str(task["id"]), subject))
+        elif tool == "TaskUpdate" and tool_input.get("status") == "completed":
+            named = str(tool_input.get("subject") or "")
+            moves.append(("done-task", str(tool_input.get("taskId", "")), named))
+        return moves
 
     def content_read(self, response: Any) -> str | None:
         """``tool_response.file``: content, startLine, numLines, totalLines."""

@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ledger.errors import InvalidInput
 from ledger.events import ReminderEmitted, TurnEnded
@@ -38,6 +38,9 @@ from node_agent.todo.item_store import ItemStore
 from node_agent.todo.judge import JudgeGate, JudgeOutcome
 from node_agent.todo.verifier import Verifier
 from node_agent.workspace import Fingerprint
+
+if TYPE_CHECKING:
+    from fleetledger_hook.adapter import TodoMove
 
 
 @dataclass(frozen=True)
@@ -161,38 +164,25 @@ class AutoLedger:
 
     def on_tool(
         self, session_id: str, phase: str, tool: str, tool_input: dict[str, Any],
-        *, agent: str = "agent", mission: str | None = None, response: Any = None,
-        failed: bool = False,
+        *, agent: str = "agent", mission: str | None = None, moves: Sequence[TodoMove] = (),
     ) -> list[str]:  # fmt: skip
-        """Record a tool event; a to-do tool's "completed" becomes a claim, never a status.
-
-        Claude Code's to-do tools: TodoWrite (the whole list, each with a status) and, by
-        default in 2.1.x, TaskCreate (its result names the new task's id) / TaskUpdate (a task
-        id and its new status).
-        """
+        """Record a tool event; what the agent's own to-do tool marked completed (``moves``, as
+        its adapter reads the call: ``Adapter.todo_moves``) becomes a claim, never a status."""
         session = self.session(session_id, agent=agent, mission=mission)
         summary = str(tool_input.get("command") or tool_input.get("file_path") or "")
         if not summary:
             summary = json.dumps(tool_input, sort_keys=True, default=str)[:200]
         self.store.record_tool(session.session_id, phase, tool, summary)
-        if phase != "post" or failed:
+        if phase != "post":
             return []
         done: list[str] = []
-        if tool == "TodoWrite":
-            todos = tool_input.get("todos")
-            for todo in todos if isinstance(todos, list) else []:
-                if isinstance(todo, dict) and todo.get("status") == "completed":
-                    done.append(str(todo.get("content", "")))
-        elif tool == "TaskCreate":
-            task = response.get("task") if isinstance(response, dict) else None
-            if isinstance(task, dict) and task.get("id") is not None:
-                subject = str(task.get("subject") or tool_input.get("subject") or "")
-                self.store.save_task(session.session_id, str(task["id"]), subject)
-        elif tool == "TaskUpdate" and tool_input.get("status") == "completed":
-            task_id = str(tool_input.get("taskId", ""))
-            named = tool_input.get("subject") or self.store.task(session.session_id, task_id)
-            if named:
-                done.append(str(named))
+        for kind, key, text in moves:
+            if kind == "done":
+                done.append(text)
+            elif kind == "task":
+                self.store.save_task(session.session_id, key, text)
+            elif named := text or self.store.task(session.session_id, key):  # done-task
+                done.append(named)
         claimed: list[str] = []
         for text in done:
             live = audit(self.store.items(session.session_id)).actionable

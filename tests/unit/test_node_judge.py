@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fleetledger_hook.adapters import ADAPTERS
 from ledger.errors import InvalidInput, RuleViolation
 from ledger.items import Actor, ItemStatus
 from node_agent.daemon import NodeAgent
@@ -176,9 +177,9 @@ async def test_pending_item_with_a_model_done_and_no_evidence_stays_open(
 ) -> None:
     ledger, _, store = _ledger(tmp_path, ollama.url)
     ledger.on_prompt("s1", "- deploy the fix")
-    ledger.on_tool(
-        "s1", "post", "TodoWrite", {"todos": [{"content": "deploy the fix", "status": "completed"}]}
-    )
+    todos = {"todos": [{"content": "deploy the fix", "status": "completed"}]}
+    moves = ADAPTERS["claude-code"].todo_moves("TodoWrite", todos, None)  # as the route reads it
+    ledger.on_tool("s1", "post", "TodoWrite", todos, moves=moves)
     result = await ledger.turn_end("s1")
     (item,) = store.items("s1")
     assert item.item.stored_status is ItemStatus.OPEN
