@@ -68,6 +68,41 @@ class ReplayResult:
     snapshot_refused: str | None = None  # why a snapshot asked for was not used
 
 
+class _Fold:
+    """One mission's fold as replay reads the stream: each message admitted as ingest does,
+    what it kept out recorded with its rule."""
+
+    def __init__(self, state: MissionState, principals: Mapping[str, Principal] | None) -> None:
+        self.states = {state.mission_id: state}
+        self.principals = principals
+        self.events = self.last = 0
+        self.record: list[Event] = []
+        self.rejections: list[Rejection] = []
+
+    async def visit(self, msg: Msg) -> None:
+        seq = int(msg.metadata.sequence.stream)
+        # the directory as it stood when the message was stored: a key revoked since still
+        # signed it validly then
+        then = as_of(self.principals, msg.metadata.timestamp) if self.principals else None
+        for event, problem in fold_message(self.states, msg.subject, msg.data, then):
+            if problem is None and event is not None:
+                self.record.append(event)
+                self.events += 1
+                continue
+            assert problem is not None
+            self.rejections.append(
+                Rejection(
+                    seq=seq,
+                    event_id=str(event.event_id) if event is not None else None,
+                    kind=event.kind if event is not None else None,
+                    code=str(problem.code),
+                    rule=problem.rule.value if isinstance(problem, RuleViolation) else None,
+                    reason=problem.message,
+                )
+            )
+        self.last = seq
+
+
 async def replay_mission(
     nats_url: str,
     mission_id: str,
@@ -86,61 +121,22 @@ async def replay_mission(
         raise InvalidInput(f"--cut {cut} must be a stream sequence ≥ 0")
     nc = await connect(nats_url, name="fleetledger-replay", seed=seed)
     started = time.perf_counter()
-    states = {mission_id: MissionState(mission_id)}
-    events = last = 0
-    record: list[Event] = []
-    rejections: list[Rejection] = []
-    start, refused = 0, None
+    fold, start, refused = _Fold(MissionState(mission_id), principals), 0, None
     try:
-        js = nc.jetstream()
-        try:
-            info = await js.stream_info(STREAM)
-        except NotFoundError:
-            raise InvalidInput("the ledger stream does not exist yet: nothing to replay") from None
-        except (NatsError, OSError) as exc:
-            raise Unreachable(
-                f"JetStream did not answer ({type(exc).__name__}): fail closed"
-            ) from None
-        end = int(info.state.last_seq) if cut is None else min(cut, int(info.state.last_seq))
+        end = await _end(nc, cut)
         if from_snapshot:
             try:
                 snapshot = await _snapshot(nc, mission_id, principals, end)
-                states[mission_id] = snapshot.states[mission_id]
-                start = snapshot.seqs[mission_id]
+                fold.states[mission_id] = snapshot.states[mission_id]
+                start = fold.last = snapshot.seqs[mission_id]
             except InvalidInput as exc:
                 refused = exc.message
-
-        async def visit(msg: Msg) -> None:
-            nonlocal events, last
-            seq = int(msg.metadata.sequence.stream)
-            # the directory as it stood when the message was stored: a key revoked since
-            # still signed it validly then
-            then = as_of(principals, msg.metadata.timestamp) if principals else None
-            for event, problem in fold_message(states, msg.subject, msg.data, then):
-                if problem is None and event is not None:
-                    record.append(event)
-                    events += 1
-                    continue
-                assert problem is not None
-                rule = problem.rule.value if isinstance(problem, RuleViolation) else None
-                rejections.append(
-                    Rejection(
-                        seq=seq,
-                        event_id=str(event.event_id) if event is not None else None,
-                        kind=event.kind if event is not None else None,
-                        code=str(problem.code),
-                        rule=rule,
-                        reason=problem.message,
-                    )
-                )
-            last = seq
-
-        last = start
         if end > start:  # a read-only reader of the mission's subjects (fleetbus.pull)
             with bulk_fold():
                 await read_until_end(
-                    nc, STREAM, mission_filter(mission_id), visit, upto=end, start_seq=start + 1
-                )
+                    nc, STREAM, mission_filter(mission_id), fold.visit, upto=end,
+                    start_seq=start + 1,
+                )  # fmt: skip
     except (LookupError, TimeoutError) as exc:
         raise Unreachable(f"JetStream did not serve the read ({exc}): fail closed") from None
     except (NatsError, OSError) as exc:  # a read refused or unanswered: fail closed, say so
@@ -148,9 +144,21 @@ async def replay_mission(
     finally:
         await nc.close()
     return ReplayResult(
-        states[mission_id], events, record, len(rejections), last,
-        time.perf_counter() - started, rejections, start or None, refused,
+        fold.states[mission_id], fold.events, fold.record, len(fold.rejections), fold.last,
+        time.perf_counter() - started, fold.rejections, start or None, refused,
     )  # fmt: skip
+
+
+async def _end(nc: Client, cut: int | None) -> int:
+    """The last sequence to read: ``cut``, or the stream's end if sooner."""
+    try:
+        info = await nc.jetstream().stream_info(STREAM)
+    except NotFoundError:
+        raise InvalidInput("the ledger stream does not exist yet: nothing to replay") from None
+    except (NatsError, OSError) as exc:
+        raise Unreachable(f"JetStream did not answer ({type(exc).__name__}): fail closed") from None
+    last = int(info.state.last_seq)
+    return last if cut is None else min(cut, last)
 
 
 async def _snapshot(

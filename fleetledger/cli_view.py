@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -25,6 +25,9 @@ from fleetledger._cli import (
     run,
 )
 from ledger.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from coordinator.replay import ReplayResult
 
 
 def view(
@@ -116,21 +119,29 @@ def replay(
     for table in team_view(data):
         out.print(table)
     if audit:
-        hindsight = Table(title="Hindsight on each decision", title_justify="left")
-        for col in ("action", "verdict", "why"):
-            hindsight.add_column(col, overflow="fold")
-        for r in reviews:
-            hindsight.add_row(
-                str(r["action_id"]), str(r["verdict"]), "; ".join(r["reasons"]) or "-"
-            )
-        out.print(hindsight)
+        out.print(_hindsight(reviews))
+    _said(result, snapshot_asked=not (from_scratch or audit))
+
+
+def _hindsight(reviews: list[dict[str, Any]]) -> Table:
+    """``--audit``: each decision's verdict in hindsight and why."""
+    table = Table(title="Hindsight on each decision", title_justify="left")
+    for col in ("action", "verdict", "why"):
+        table.add_column(col, overflow="fold")
+    for r in reviews:
+        table.add_row(str(r["action_id"]), str(r["verdict"]), "; ".join(r["reasons"]) or "-")
+    return table
+
+
+def _said(result: ReplayResult, *, snapshot_asked: bool) -> None:
+    """On stderr: what replay kept out and why, where it started, what it took."""
     for bad in result.rejections:  # reported, not folded: as ingest dead-lettered them
         said = f" seq {bad.seq} {bad.kind or 'message'} {bad.event_id or ''}: {bad.reason}"
         err.print(Text.assemble(("rejected", "red"), said), soft_wrap=True)
     if result.from_snapshot is not None:
         err.print(f"from the coordinator's signed snapshot at seq {result.from_snapshot} "
                   "(verified); --from-scratch reads every message")  # fmt: skip
-    elif result.snapshot_refused is not None and not (from_scratch or audit):
+    elif result.snapshot_refused is not None and snapshot_asked:
         err.print(f"from the first message: no snapshot used ({result.snapshot_refused})")
     err.print(
         f"replayed {result.events} events up to seq {result.last_seq} "
