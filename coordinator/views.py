@@ -14,7 +14,7 @@ from ledger.events import DecisionRecorded
 from ledger.invariants import RiskStatus, risk_treaters
 from ledger.mission import MISSION_SCOPE, Grant, ItemProgress, ItemStanding, MissionState
 from ledger.money import format_amount
-from ledger.protocol import (
+from ledger.views import (
     ActionView,
     AgentProgress,
     DecisionView,

@@ -43,12 +43,12 @@ from ledger.protocol import (
     ErrorBody,
     ManageReply,
     ManageRequest,
-    MissionView,
     ViewRequest,
     receipt_subject,
     reply_from_receipt,
     subject_of,
 )
+from ledger.views import MissionView
 from telemetry import (
     Telemetry,
     event_attributes,

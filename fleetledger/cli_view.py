@@ -40,7 +40,8 @@ def view(
     """The team view of a mission: budget per level, grants, open risks, receipts, and what
     each agent has open, verified, claimed-unverified and waiting on a human."""
     from fleetledger.render import team_view
-    from ledger.protocol import MissionView, ViewRequest
+    from ledger.protocol import ViewRequest
+    from ledger.views import MissionView
 
     try:  # a role no view has is bad input (exit 2), even with no fleet to ask
         request = ViewRequest.model_validate({"mission_id": mission_id, "role": as_})

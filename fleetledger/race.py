@@ -21,7 +21,8 @@ from fleetbus.client import FleetClient
 from fleetledger.servers import REDIS_BRANCH, REDIS_GATEWAY, EmbeddedServers
 from ledger.authority import Authority
 from ledger.money import format_amount, parse_amount
-from ledger.protocol import CreateMission, IssueGrant, MissionView
+from ledger.protocol import CreateMission, IssueGrant
+from ledger.views import MissionView
 from reservations import BranchContext, run_branches
 from reservations.cluster import connect
 

@@ -15,7 +15,7 @@ from ledger.invariants import RiskStatus
 from ledger.kernel import Decision
 from ledger.mission import ItemStanding
 from ledger.money import format_amount
-from ledger.protocol import ItemView, MissionView, ProgressView
+from ledger.views import ItemView, MissionView, ProgressView
 
 
 def verdict(ok: bool) -> Text:

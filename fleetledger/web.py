@@ -29,7 +29,8 @@ from fleetledger.settings import FleetSettings
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
 from ledger.events import ID_PATTERN
 from ledger.identity import Role
-from ledger.protocol import STREAM, SUBJECT_PREFIX, MissionView
+from ledger.protocol import STREAM, SUBJECT_PREFIX
+from ledger.views import MissionView
 
 if TYPE_CHECKING:
     from fleetbus.client import FleetClient

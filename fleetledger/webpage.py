@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from fleetledger.render import closes_text, counts_line, latest_text, short_id, standing_name
 from ledger.mission import ItemStanding
-from ledger.protocol import (
+from ledger.views import (
     AgentProgress,
     DecisionView,
     GrantView,

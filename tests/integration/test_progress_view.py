@@ -22,7 +22,8 @@ from fleetledger.cli import app
 from ledger.events import ItemStatusChanged, make_event
 from ledger.ids import new_id
 from ledger.items import Actor, ItemStatus
-from ledger.protocol import CreateMission, MissionView
+from ledger.protocol import CreateMission
+from ledger.views import MissionView
 from node_agent.client import NodeClient
 from node_agent.daemon import NodeAgent
 from node_agent.settings import NodeSettings

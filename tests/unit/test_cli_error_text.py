@@ -102,7 +102,7 @@ def test_a_denial_reason_in_the_receipt_survives_literally() -> None:
 
 def test_a_purpose_and_a_risk_summary_in_the_team_view_survive_literally() -> None:
     from fleetledger.render import team_view
-    from ledger.protocol import MissionView
+    from ledger.views import MissionView
 
     risk = {"risk_id": "r1", "blocks": ["credit.issue"], "scope": "m1", "owner": "t",
             "status": "open", "summary": "covenant [b]breach[/b] :warning:", "risk_roles": [],

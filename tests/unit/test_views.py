@@ -25,7 +25,7 @@ from ledger.events import (
 )
 from ledger.items import ItemStatus
 from ledger.mission import ItemStanding, MissionState
-from ledger.protocol import ItemView
+from ledger.views import ItemView
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 MID = "m-progress"

@@ -26,7 +26,8 @@ from ledger.identity import (
     seed_from_bytes,
 )
 from ledger.invariants import RiskFact, check_risk_treatment, risk_treaters
-from ledger.protocol import STREAM, VIEW_SUBJECT, LevelMicros, LevelView, MissionView
+from ledger.protocol import STREAM, VIEW_SUBJECT
+from ledger.views import LevelMicros, LevelView, MissionView
 from tests.unit.builders import MID, Ledger, base, spec, wide
 
 HOSTILE = "<script>alert('x')</script>\"&<img src=x onerror=alert(1)>"
