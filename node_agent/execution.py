@@ -16,7 +16,6 @@ Ordering is by a local sequence, never by wall clocks of different machines.
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import os
@@ -37,17 +36,16 @@ from ledger.events import (
     ResourceModified,
     ResourceObserved,
 )
+from node_agent.paths import SKIP_DIRS, matches
 from node_agent.session import Session
 from node_agent.settings import CacheRule, cache_rule
 from node_agent.store import Store
-from node_agent.workspace import SKIP_DIRS as WORKSPACE_SKIP
 from node_agent.workspace import Workspace
 
 VersionFn = Callable[[str], str | None]  # the name after ``scheme:`` -> its version, or None
 
 ABSENT = "absent"
 MAX_OUTPUT = 3000  # characters of a command's output kept with its record
-SKIP_DIRS = WORKSPACE_SKIP | {"dist", "build"}  # what no workspace holds, and build output
 # a command with any of these is not cached: pipes, redirections, substitutions, globs, chains
 SHELL_META = re.compile(r"[;&|<>`$(){}*?\[\]~!\n\\]")
 
@@ -522,17 +520,6 @@ class ExecutionState:
             lines.append("Results still valid (no need to rerun):")
             lines += [f"- {v}" for v in valid]
         return "\n".join(lines)
-
-
-def matches(rel: str, pattern: str) -> bool:
-    """Pure: ``rel`` matches one of ``pattern``'s globs (``|`` between alternatives)."""
-    return any(_glob(rel, p) for p in pattern.split("|") if p)
-
-
-def _glob(rel: str, pattern: str) -> bool:
-    if pattern.startswith("**/"):
-        return fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(rel, pattern[3:])
-    return fnmatch.fnmatch(rel, pattern)
 
 
 def _own_file(path: Path, root: str) -> bool:

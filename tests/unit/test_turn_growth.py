@@ -199,7 +199,7 @@ def inputs_of(pattern: str, files: dict[str, tuple[int, ...]]) -> object:
 def seen_by_matching(pattern: str, rel: str) -> bool:
     """What ``ExecutionState.matching`` looks at: a path its pattern matches, in the top
     directory only for a pattern without ``/``."""
-    from node_agent.execution import matches
+    from node_agent.paths import matches
 
     return matches(rel.lower(), pattern.lower()) and ("/" in pattern or os.sep not in rel)
 
