@@ -29,7 +29,7 @@ from node_agent.api.routes_todo import TodoRoutes
 from node_agent.api.routes_turn import TurnRoutes
 from node_agent.claims import ClaimsCache
 from node_agent.client import token_path
-from node_agent.execution import ExecutionState
+from node_agent.execution.state import ExecutionState
 from node_agent.fleet.follower import FleetFollower
 from node_agent.fleet.gate import ActionGate
 from node_agent.fleet.outbox import OutboxPublisher

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ledger.clock import ManualClock
 from ledger.events import MAX_EVENT_BYTES, read_message
 from ledger.items import Actor, ItemStatus
-from node_agent.execution import ExecutionState
+from node_agent.execution.state import ExecutionState
 from node_agent.node_store import NodeStore
 from node_agent.todo.auditor import SHOWN, context
 from node_agent.todo.autoledger import AutoLedger
