@@ -8,8 +8,7 @@ tables when imported, so importing them here means a ``NodeStore`` opens every t
 
 from __future__ import annotations
 
-from node_agent import claims
-from node_agent.execution import state
+from node_agent.execution import claims, state
 from node_agent.fleet.risk_store import RiskStore
 from node_agent.todo import judge, verifier
 from node_agent.todo.item_store import ItemStore
