@@ -24,8 +24,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from node_agent.claims import ClaimKey, ClaimsCache
-from node_agent.provider import Completion, WorkingSet
+from node_agent.execution.claims import ClaimKey, ClaimsCache
+from node_agent.execution.provider import Completion, WorkingSet
 from node_agent.store import Store
 
 err = Console(stderr=True)

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from node_agent.claims import ClaimKey, ClaimsCache
+from node_agent.execution.claims import ClaimKey, ClaimsCache
 from node_agent.node_store import NodeStore
 from node_agent.store import Store
 from node_agent.todo.autoledger import AutoLedger

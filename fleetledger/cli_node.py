@@ -21,10 +21,10 @@ from fleetledger.runtime import run_loop, tune_gc
 from fleetledger_hook import forward
 from fleetledger_hook.adapters import ADAPTERS
 from ledger.errors import FleetError, InvalidInput
-from node_agent.claims import ClaimsCache
 from node_agent.client import token_path
 from node_agent.daemon import serve
-from node_agent.execution import ExecutionState
+from node_agent.execution.claims import ClaimsCache
+from node_agent.execution.state import ExecutionState
 from node_agent.hooks import (
     hook_trust,
     install,

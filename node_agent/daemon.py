@@ -27,9 +27,9 @@ from node_agent.api.routes_hook import HookRoutes
 from node_agent.api.routes_resource import ResourceRoutes
 from node_agent.api.routes_todo import TodoRoutes
 from node_agent.api.routes_turn import TurnRoutes
-from node_agent.claims import ClaimsCache
 from node_agent.client import token_path
-from node_agent.execution import ExecutionState
+from node_agent.execution.claims import ClaimsCache
+from node_agent.execution.state import ExecutionState
 from node_agent.fleet.follower import FleetFollower
 from node_agent.fleet.gate import ActionGate
 from node_agent.fleet.outbox import OutboxPublisher

@@ -25,7 +25,8 @@ from fleetbus.http import Route, typed
 from fleetledger_hook.adapter import Adapter, result_text
 from fleetledger_hook.adapters import ADAPTERS
 from ledger.events import TraceContext
-from node_agent.execution import ExecutionState, digest
+from node_agent.execution.decisions import digest
+from node_agent.execution.state import ExecutionState
 from node_agent.fleet.gate import ActionGate
 from node_agent.session import Session
 from node_agent.settings import NodeSettings

@@ -21,11 +21,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from ledger.items import Actor, ItemStatus
-from node_agent.claims import ClaimKey
 from node_agent.client import NodeClient
 from node_agent.daemon import NodeAgent
+from node_agent.execution.claims import ClaimKey
+from node_agent.execution.provider import Completion, WorkingSet
 from node_agent.hooks import HookAnswer, handle
-from node_agent.provider import Completion, WorkingSet
 from node_agent.settings import NodeSettings
 from node_agent.todo.item import StoredItem
 

@@ -6,9 +6,9 @@ docs/decisions.md). The publisher in ``fleet/outbox.py`` reads the outbox table;
 touches the network.
 
 Each feature declares its own tables where it writes them (``declare``, at its module's import:
-``todo/item_store.py``, ``fleet/risk_store.py``, ``claims.py``...); a store creates every table
-declared, in one transaction, when it opens. This module declares the sessions, the outbox, the
-meta keys and, until its SQL moves with it, the execution state's tables.
+``todo/item_store.py``, ``fleet/risk_store.py``, ``execution/state.py``...); a store creates
+every table declared, in one transaction, when it opens. This module declares the sessions, the
+outbox and the meta keys.
 
 The daemon runs every store call on one thread of its own (``Store.run``), off the event loop
 and in the order the calls were made, so a row written before ``outbox.wake()`` is committed
@@ -59,29 +59,6 @@ CREATE TABLE IF NOT EXISTS outbox (
     subject TEXT NOT NULL, data BLOB NOT NULL, stream_seq INTEGER
 );
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox(seq) WHERE stream_seq IS NULL;
--- the execution state (execution.py): observations, modifications, commands; seq orders them
-CREATE TABLE IF NOT EXISTS resource_log (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, resource_id TEXT NOT NULL, kind TEXT NOT NULL,
-    version TEXT NOT NULL, session_id TEXT, by TEXT NOT NULL, node_id TEXT NOT NULL,
-    at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS resources (
-    resource_id TEXT PRIMARY KEY, version TEXT NOT NULL, seq INTEGER NOT NULL,
-    by TEXT NOT NULL, node_id TEXT NOT NULL, at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS observations (
-    session_id TEXT NOT NULL, resource_id TEXT NOT NULL, version TEXT NOT NULL,
-    seq INTEGER NOT NULL, at TEXT NOT NULL, PRIMARY KEY (session_id, resource_id)
-);
-CREATE TABLE IF NOT EXISTS commands (
-    fingerprint TEXT PRIMARY KEY, command TEXT NOT NULL, cwd TEXT NOT NULL,
-    inputs TEXT NOT NULL, exit_status INTEGER NOT NULL, output TEXT NOT NULL,
-    session_id TEXT NOT NULL, at TEXT NOT NULL, hits INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS pending_commands (
-    session_id TEXT NOT NULL, key TEXT NOT NULL, inputs TEXT NOT NULL,
-    PRIMARY KEY (session_id, key)
-);
 """)
 
 P = ParamSpec("P")

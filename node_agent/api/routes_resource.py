@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fleetbus.http import Route, typed
-from node_agent.execution import ExecutionState
+from node_agent.execution.state import ExecutionState
 from node_agent.session import Session, safe_id
 from node_agent.settings import NodeSettings
 from node_agent.todo.autoledger import AutoLedger

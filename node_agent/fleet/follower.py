@@ -21,7 +21,7 @@ from fleetbus.client import FleetClient
 from fleetbus.reader import Reader
 from ledger.events import Event, GrantIssued, parse_events
 from ledger.protocol import FOLLOW_STREAM, SUBJECT_PREFIX
-from node_agent.execution import ExecutionState
+from node_agent.execution.state import ExecutionState
 from node_agent.fleet.risk_store import RiskStore
 from node_agent.fleet.risks import KnownRisk, RiskWatcher
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ledger.errors import InvalidInput
 from ledger.events import ReminderEmitted, TurnEnded
 from ledger.items import Actor, ItemStatus
-from node_agent.execution import ExecutionState
+from node_agent.execution.state import ExecutionState
 from node_agent.session import Session, safe_id
 from node_agent.todo import completion
 from node_agent.todo.auditor import Audit, Ruling, audit, context, rule_turn, told

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Sequence
 
 from ledger.items import Actor, ItemStatus
-from node_agent.execution import ExecutionState
+from node_agent.execution.state import ExecutionState
 from node_agent.todo import recheck
 from node_agent.todo.checks import CheckResult, EvidenceCheck, PassedCheck, WrittenCheck, run_check
 from node_agent.todo.item import StoredItem

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from ledger.clock import Clock
-from node_agent.execution import SKIP_DIRS, matches
+from node_agent.paths import SKIP_DIRS, matches
 from node_agent.todo.checks import (
     AnyCheck,
     CommandCheck,

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from node_agent.claims import ClaimKey
 from node_agent.client import NodeClient
 from node_agent.daemon import NodeAgent
-from node_agent.provider import OpenAIChatProvider
+from node_agent.execution.claims import ClaimKey
+from node_agent.execution.provider import OpenAIChatProvider
 from node_agent.settings import NodeSettings
 
 ANSWER = "the cache key omits the tz"

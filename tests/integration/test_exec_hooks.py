@@ -18,7 +18,7 @@ from coordinator.service import Coordinator
 from ledger.ids import new_id
 from node_agent.client import NodeClient
 from node_agent.daemon import NodeAgent
-from node_agent.execution import digest
+from node_agent.execution.decisions import digest
 from node_agent.hooks import HookAnswer, handle
 from node_agent.settings import NodeSettings
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ledger.events import TurnReceipt, parse_events
-from node_agent.claims import ClaimKey, ClaimsCache, normalise_task
-from node_agent.provider import Completion, OpenAIChatProvider, WorkingSet
+from node_agent.execution.claims import ClaimKey, ClaimsCache, normalise_task
+from node_agent.execution.provider import Completion, OpenAIChatProvider, WorkingSet
 from node_agent.session import Session
 from node_agent.store import Store
 

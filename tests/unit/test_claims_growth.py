@@ -14,7 +14,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node_agent.claims import CANDIDATES, ClaimKey, ClaimsCache, query_words, rank, rarest
+from node_agent.execution.claims import CANDIDATES, ClaimKey, ClaimsCache, query_words, rank, rarest
 from node_agent.store import Store
 
 TASK = "why does the login test fail"

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from ledger.events import parse_events
-from node_agent.execution import (
-    ExecutionState,
+from node_agent.execution.decisions import (
     Modification,
     Observation,
     fingerprint,
     normalise_command,
     premise_check,
 )
+from node_agent.execution.state import ExecutionState
 from node_agent.settings import DEFAULT_CACHEABLE, CacheRule
 from node_agent.store import Store
 

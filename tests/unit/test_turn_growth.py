@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ledger.clock import ManualClock
 from ledger.events import MAX_EVENT_BYTES, read_message
 from ledger.items import Actor, ItemStatus
-from node_agent.execution import ExecutionState
+from node_agent.execution.state import ExecutionState
 from node_agent.node_store import NodeStore
 from node_agent.todo.auditor import SHOWN, context
 from node_agent.todo.autoledger import AutoLedger
@@ -199,7 +199,7 @@ def inputs_of(pattern: str, files: dict[str, tuple[int, ...]]) -> object:
 def seen_by_matching(pattern: str, rel: str) -> bool:
     """What ``ExecutionState.matching`` looks at: a path its pattern matches, in the top
     directory only for a pattern without ``/``."""
-    from node_agent.execution import matches
+    from node_agent.paths import matches
 
     return matches(rel.lower(), pattern.lower()) and ("/" in pattern or os.sep not in rel)
 

@@ -2,10 +2,10 @@
 version, which changed since, and which commands ran with what result; consulted before every
 action.
 
-Kept deterministically from the action stream, with no model calls. Pure decisions first
-(``premise_check``, ``normalise_command``, ``fingerprint``), then ``ExecutionState``, the shell
-that keeps them in the node's SQLite store and writes the events to its outbox in the same
-transaction.
+Kept deterministically from the action stream, with no model calls. The pure decisions
+(``premise_check``, ``normalise_command``, ``fingerprint``) are in ``decisions.py``; this is
+``ExecutionState``, the shell that keeps them in the node's SQLite store (its tables, declared
+here) and writes the events to its outbox in the same transaction.
 
 Resource ids: ``file:/abs/path`` for local files (version = content hash), a shared id such as
 ``repo:app/src/x.py`` for files under a root registered in ``settings.shared`` (the same id on
@@ -16,16 +16,11 @@ Ordering is by a local sequence, never by wall clocks of different machines.
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
 import json
 import os
-import re
-import shlex
 import sqlite3
 import stat
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from ledger.errors import InvalidInput
@@ -37,131 +32,53 @@ from ledger.events import (
     ResourceModified,
     ResourceObserved,
 )
+from node_agent.execution.decisions import (
+    ABSENT,
+    CacheHit,
+    Modification,
+    Observation,
+    Stale,
+    file_version,
+    fingerprint,
+    normalise_command,
+    premise_check,
+    summary_text,
+)
+from node_agent.paths import SKIP_DIRS, matches
 from node_agent.session import Session
 from node_agent.settings import CacheRule, cache_rule
-from node_agent.store import Store
-from node_agent.workspace import SKIP_DIRS as WORKSPACE_SKIP
+from node_agent.store import Store, declare
 from node_agent.workspace import Workspace
+
+TABLES = declare("""
+-- the execution state (execution/state.py): observations, modifications, commands; seq orders them
+CREATE TABLE IF NOT EXISTS resource_log (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, resource_id TEXT NOT NULL, kind TEXT NOT NULL,
+    version TEXT NOT NULL, session_id TEXT, by TEXT NOT NULL, node_id TEXT NOT NULL,
+    at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS resources (
+    resource_id TEXT PRIMARY KEY, version TEXT NOT NULL, seq INTEGER NOT NULL,
+    by TEXT NOT NULL, node_id TEXT NOT NULL, at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS observations (
+    session_id TEXT NOT NULL, resource_id TEXT NOT NULL, version TEXT NOT NULL,
+    seq INTEGER NOT NULL, at TEXT NOT NULL, PRIMARY KEY (session_id, resource_id)
+);
+CREATE TABLE IF NOT EXISTS commands (
+    fingerprint TEXT PRIMARY KEY, command TEXT NOT NULL, cwd TEXT NOT NULL,
+    inputs TEXT NOT NULL, exit_status INTEGER NOT NULL, output TEXT NOT NULL,
+    session_id TEXT NOT NULL, at TEXT NOT NULL, hits INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS pending_commands (
+    session_id TEXT NOT NULL, key TEXT NOT NULL, inputs TEXT NOT NULL,
+    PRIMARY KEY (session_id, key)
+);
+""")
 
 VersionFn = Callable[[str], str | None]  # the name after ``scheme:`` -> its version, or None
 
-ABSENT = "absent"
 MAX_OUTPUT = 3000  # characters of a command's output kept with its record
-SKIP_DIRS = WORKSPACE_SKIP | {"dist", "build"}  # what no workspace holds, and build output
-# a command with any of these is not cached: pipes, redirections, substitutions, globs, chains
-SHELL_META = re.compile(r"[;&|<>`$(){}*?\[\]~!\n\\]")
-
-
-# --- the pure core --------------------------------------------------------------------------
-
-
-def digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()[:16]
-
-
-def file_version(path: Path) -> str | None:
-    """A file's version is its content hash; a missing file is ``absent``; a directory: None."""
-    try:
-        with path.open("rb") as fh:
-            h = hashlib.sha256()
-            for chunk in iter(lambda: fh.read(1 << 16), b""):
-                h.update(chunk)
-        return "sha256:" + h.hexdigest()[:16]
-    except FileNotFoundError:
-        return ABSENT
-    except (IsADirectoryError, PermissionError, OSError):
-        return None
-
-
-def normalise_command(command: str) -> str | None:
-    """One spelling per command (whitespace and quoting folded); None when not safely cacheable."""
-    if SHELL_META.search(command):
-        return None
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return None
-    return " ".join(shlex.quote(w) for w in words) or None
-
-
-def fingerprint(command: str, cwd: str, inputs: Mapping[str, str]) -> str:
-    """The identity of one run: normalised command, working directory, versions it read."""
-    body = json.dumps([command, cwd, sorted(inputs.items())], separators=(",", ":"))
-    return hashlib.sha256(body.encode()).hexdigest()[:32]
-
-
-@dataclass(frozen=True)
-class Observation:
-    resource_id: str
-    version: str
-    seq: int
-
-
-@dataclass(frozen=True)
-class Modification:
-    resource_id: str
-    version: str
-    seq: int
-    by: str
-    node_id: str
-    at: str
-
-
-@dataclass(frozen=True)
-class Stale:
-    """An action premised on an observation that a later change superseded."""
-
-    resource_id: str
-    observed: str
-    current: str
-    by: str
-
-    @property
-    def reason(self) -> str:
-        return (
-            f"re-observe first: {self.resource_id} was observed at {self.observed} but is now "
-            f"at {self.current} (changed by {self.by} since); read it again, then edit"
-        )
-
-
-def premise_check(
-    observed: Observation | None, last: Modification | None, live: str | None
-) -> Stale | None:
-    """Stale when the resource now differs from what this session saw; None when unsure."""
-    if observed is None:
-        return None  # no premise recorded: uncertain, so it runs normally
-    if live is not None and live != observed.version:
-        by = f"{last.by} on {last.node_id}" if last and last.version == live else "a change"
-        return Stale(observed.resource_id, observed.version, live, by)
-    if last is not None and last.seq > observed.seq and last.version != observed.version:
-        return Stale(
-            observed.resource_id, observed.version, last.version, f"{last.by} on {last.node_id}"
-        )
-    return None
-
-
-@dataclass(frozen=True)
-class CacheHit:
-    fingerprint: str
-    command: str
-    cwd: str
-    exit_status: int
-    output: str
-    at: str
-    inputs: int
-
-    @property
-    def reason(self) -> str:
-        shown = self.output.strip() or "(no output)"
-        return (
-            f"answered from the record: `{self.command}` already ran in {self.cwd} at {self.at} "
-            f"with exit status {self.exit_status}, and none of the {self.inputs} inputs it read "
-            f"has changed since, so running it again would give the same result. "
-            f"Recorded output:\n{shown}"
-        )
-
-
-# --- the shell: SQLite and the outbox -------------------------------------------------------
 
 
 class ExecutionState:
@@ -508,31 +425,7 @@ class ExecutionState:
             inputs = json.loads(row["inputs"])
             if self.unchanged(inputs):  # cheap: no rescan for new files on every prompt
                 valid.append(f"`{row['command']}` (exit {row['exit_status']}, inputs unchanged)")
-        if not rows and not valid:
-            return None
-        lines = [f"Execution state: {holds} observation(s) still hold."]
-        if stale:
-            lines.append("Stale (re-observe before editing):")
-            lines += [
-                f"- {s.resource_id}: saw {s.observed}, now {s.current}" for s in stale[:limit]
-            ]
-            if len(stale) > limit:
-                lines.append(f"- …and {len(stale) - limit} more")
-        if valid:
-            lines.append("Results still valid (no need to rerun):")
-            lines += [f"- {v}" for v in valid]
-        return "\n".join(lines)
-
-
-def matches(rel: str, pattern: str) -> bool:
-    """Pure: ``rel`` matches one of ``pattern``'s globs (``|`` between alternatives)."""
-    return any(_glob(rel, p) for p in pattern.split("|") if p)
-
-
-def _glob(rel: str, pattern: str) -> bool:
-    if pattern.startswith("**/"):
-        return fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(rel, pattern[3:])
-    return fnmatch.fnmatch(rel, pattern)
+        return summary_text(holds, stale, valid, limit)
 
 
 def _own_file(path: Path, root: str) -> bool:

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ledger.events import ClaimRecorded, TurnReceipt
-from node_agent.provider import MissingApiKey, Provider, WorkingSet
+from node_agent.execution.provider import MissingApiKey, Provider, WorkingSet
 from node_agent.session import Session
 from node_agent.store import Store, declare
 
 TABLES = declare("""
--- the claims cache (claims.py): owner-scoped claims, FTS5 over them, a receipt per turn
+-- the claims cache (execution/claims.py): owner-scoped claims, FTS5 over them, a receipt per turn
 CREATE TABLE IF NOT EXISTS claims (
     claim_id TEXT PRIMARY KEY, owner TEXT NOT NULL, task TEXT NOT NULL, repo TEXT NOT NULL,
     profile TEXT NOT NULL, inputs TEXT NOT NULL, status TEXT NOT NULL, result TEXT NOT NULL,
