@@ -30,6 +30,7 @@ from coordinator.settings import CoordinatorSettings
 from fleetbus.client import FleetClient
 from fleetbus.identity import KeyStore
 from fleetledger.cli_trace import export_stream
+from fleetledger.demo_sessions import DEMO_NODE
 from fleetledger.render import team_view, verdict
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
@@ -51,7 +52,6 @@ from ledger.protocol import (
     TreatRisk,
 )
 from node_agent.fleet.risks import RiskWatcher
-from node_agent.scripted import DEMO_NODE
 from telemetry import current_trace_context, process_telemetry
 
 MISSION = "invoice-run"
@@ -334,13 +334,13 @@ async def _mission(out: Console, clients: _Clients) -> dict[str, Any]:
 
 async def _sessions(out: Console, servers: EmbeddedServers, keys: KeyStore) -> dict[str, Any]:
     """A Claude Code session beside its node agent, then execution state and claims."""
-    from node_agent import scripted
+    from fleetledger import demo_sessions
 
     out.rule("A Claude Code session beside its node agent (hooks → Unix socket → auto-ledger)")
     url, identity = servers.nats_url, keys.root
-    session = await scripted.run(out, nats_url=url, mission=MISSION, identity_dir=identity)
+    session = await demo_sessions.run(out, nats_url=url, mission=MISSION, identity_dir=identity)
     out.rule("Execution state and claims cache (no model calls)")
-    exec_figures = await scripted.run_exec(
+    exec_figures = await demo_sessions.run_exec(
         out, nats_url=url, mission=MISSION, identity_dir=identity
     )
     return {**{f"session_{k}": v for k, v in session.items()},

@@ -26,6 +26,7 @@ from node_agent.api.routes_claims import ClaimRoutes
 from node_agent.api.routes_hook import HookRoutes
 from node_agent.api.routes_resource import ResourceRoutes
 from node_agent.api.routes_todo import TodoRoutes
+from node_agent.api.routes_tool import ToolRoutes
 from node_agent.api.routes_turn import TurnRoutes
 from node_agent.client import token_path
 from node_agent.execution.claims import ClaimsCache
@@ -35,7 +36,6 @@ from node_agent.fleet.gate import ActionGate
 from node_agent.fleet.outbox import OutboxPublisher
 from node_agent.hooks import write_policy
 from node_agent.node_store import NodeStore
-from node_agent.routes_tool import ToolRoutes
 from node_agent.settings import NodeSettings
 from node_agent.todo import completion
 from node_agent.todo.autoledger import AutoLedger

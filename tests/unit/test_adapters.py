@@ -67,7 +67,7 @@ from fleetledger.doctor import agent_checks
 from fleetledger.doctor_agent import check_hooks, check_timeouts, check_trust
 from fleetledger_hook import forward, policy
 from node_agent.hooks import install
-from node_agent.routes_tool import Reading
+from node_agent.api.routes_tool import Reading
 from node_agent.settings import NodeSettings
 from node_agent.wire import HookCall
 

@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from node_agent import scripted
+from fleetledger import demo_sessions as scripted
 
 
 async def test_the_scripted_session_refuses_a_false_done_and_ends_silent() -> None:
