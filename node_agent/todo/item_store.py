@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,7 @@ class ItemStore(Store):
         self._checks: dict[str, Check] = {}
         self._rows: dict[tuple[Any, ...], StoredItem] = {}
         self._listed: dict[str, _Listed] = {}
+        self._listing = threading.Lock()  # the kept lists are read and patched as one step
 
     def _row_item(self, row: sqlite3.Row) -> StoredItem:
         check, detail = None, row["check_detail"]
@@ -148,7 +150,8 @@ class ItemStore(Store):
             with super().tx() as db:
                 yield db
         except BaseException:
-            self._listed.clear()
+            with self._listing:
+                self._listed.clear()
             raise
 
     def items(self, session_id: str) -> list[StoredItem]:
@@ -156,6 +159,10 @@ class ItemStore(Store):
         version moved past what this process saw); after only this process's own updates,
         the items it changed are read again and the rest kept: a turn end that closes one item
         of a thousand reads one row."""
+        with self._listing:
+            return self._items(session_id)
+
+    def _items(self, session_id: str) -> list[StoredItem]:
         version = self.items_version(session_id)
         listed = self._listed.get(session_id)
         if listed is not None and listed.version == version:
@@ -184,8 +191,16 @@ class ItemStore(Store):
         session's kept list learns which item changed, or is dropped when someone else wrote
         the session's items since it was read."""
         session_id = stored.session_id
-        before = self.items_version(session_id)
-        db.execute(f"UPDATE items SET {assignments} WHERE item_id = ?", (*values, stored.item_id))
+        with self._listing:
+            before = self.items_version(session_id)
+            db.execute(
+                f"UPDATE items SET {assignments} WHERE item_id = ?", (*values, stored.item_id)
+            )
+            self._learn(session_id, stored.item_id, before)
+
+    def _learn(self, session_id: str, item_id: str, before: int) -> None:
+        """The kept list of ``session_id`` learns that ``item_id`` changed (``before``: the
+        session's version before the change)."""
         listed = self._listed.get(session_id)
         if listed is None:
             return
@@ -193,7 +208,7 @@ class ItemStore(Store):
             del self._listed[session_id]
             return
         listed.version = self.items_version(session_id)
-        listed.dirty.add(stored.item_id)
+        listed.dirty.add(item_id)
 
     def _known_item(self, row: sqlite3.Row) -> StoredItem:
         """``_row_item``, built once per row content (items are frozen): a turn end reads
