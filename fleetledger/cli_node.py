@@ -7,7 +7,9 @@ API as `todo` did, ``fleetledger.cli_todo``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -123,22 +125,33 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _still_to_do(
-    name: str, root: Path, path: Path, hooks: dict[str, Any], protect: list[Path], trust: bool
-) -> list[str]:
-    """What is left for the user once the hooks are written (the agent's own trust step
-    written with ``--trust``), in the agent's adapter's words."""
-    import os
-
-    adapter, todo = ADAPTERS[name], list[str]()
-    config = adapter.trust_file(os.environ, Path.home())
-    if config is not None and trust:
-        text = config.read_text() if config.is_file() else ""
+def _trust_step(
+    name: str, config: Path, root: Path, path: Path, hooks: dict[str, Any]
+) -> tuple[Path, int]:
+    """``--trust``: the agent's trust file ``config`` with the project and our hooks trusted
+    (its adapter's words), written beside it before anything else is; the caller moves it in
+    place once the hooks are written. Returns that file and how many hooks it trusts;
+    ``InvalidInput`` naming ``config`` when it cannot be read, parsed or written (nothing is)."""
+    staged = config.with_name(config.name + ".fleetledger.tmp")
+    try:
+        text = config.read_text() if config.exists() else ""
         trusted = hook_trust(name, path, hooks)
+        new = trusted_text(name, text, trusted, root)
         config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(trusted_text(name, text, trusted, root))
-        out.print(f"trusted {root} and {len(trusted)} hook(s) in {config}")
-    elif config is not None:
+        staged.write_text(new)
+    except (FleetError, OSError, ValueError) as exc:
+        with contextlib.suppress(OSError):
+            staged.unlink(missing_ok=True)
+        message = exc.message if isinstance(exc, FleetError) else str(exc)
+        raise InvalidInput(f"{config}: {message}; not touching it") from None
+    return staged, len(trusted)
+
+
+def _still_to_do(name: str, config: Path | None, root: Path, protect: list[Path]) -> list[str]:
+    """What is left for the user once the hooks are written: the agent's own trust step
+    when ``--trust`` did not write it (``config``), then its adapter's notes."""
+    adapter, todo = ADAPTERS[name], list[str]()
+    if config is not None:
         todo.append(
             f"{name} runs these hooks only in a trusted project, each hook trusted: rerun "
             f"with --trust (writes {config}), or {adapter.trust_by_hand}"
@@ -179,10 +192,15 @@ def hooks_install(
                 "read: keep the project and FLEET_STATE_DIR apart"
             )
         done = install(name, existing, socket=settings.socket_path, protect=protect)
+        config = ADAPTERS[name].trust_file(os.environ, Path.home())
+        staged = _trust_step(name, config, root, path, done.config) if config and trust else None
         if done.changed:
             _write_json(path, done.config)
         rules = write_policy(settings)
-        todo = _still_to_do(name, root, path, done.config, protect, trust)
+        if config is not None and staged is not None:
+            staged[0].replace(config)
+            out.print(f"trusted {root} and {staged[1]} hook(s) in {config}")
+        todo = _still_to_do(name, None if trust else config, root, protect)
     except FleetError as exc:  # first: InvalidInput is a ValueError too
         fail(exc)
     except ValueError as exc:

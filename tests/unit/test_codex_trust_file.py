@@ -1,0 +1,67 @@
+"""`hooks install codex --trust` and `doctor` against a Codex trust file they cannot use.
+
+Found (review of the adapters' trust step): a config.toml whose tables are not tables
+(``projects = 5``) raised AttributeError out of both commands; a CODEX_HOME that is a file, or
+a config.toml that is a directory, raised OSError out of the install; a config.toml that is not
+TOML was FL-INTERNAL (exit 1) without naming the file, and the hooks file was written before the
+trust step failed. Now each is a clear error naming the trust file, exit 2, nothing written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fleetledger.cli import app
+from fleetledger.doctor_agent import check_trust
+from fleetledger_hook.adapters import ADAPTERS
+
+TRUST_FILES = {
+    "not TOML": "this is = = not toml",
+    "projects not a table": "projects = 5\n",
+    "the project not a table": '[projects]\n"{project}" = "x"\n',
+    "hooks not a table": "hooks = [1]\n",
+    "a hook's state not a table": '[hooks.state]\n"{hooks}:stop:0:0" = "x"\n',
+    "not UTF-8": b"\xff\xfe = 1",
+    "CODEX_HOME a file": None,
+    "config.toml a directory": None,
+}
+
+
+def codex_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> tuple[Path, Path]:
+    project, home = (tmp_path / "project").resolve(), tmp_path / "codex-home"
+    project.mkdir()
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("CODEX_HOME", str(home))
+    body = TRUST_FILES[case]
+    if case == "CODEX_HOME a file":
+        home.write_text("x")
+        return project, home
+    home.mkdir()
+    config = home / "config.toml"
+    if case == "config.toml a directory":
+        config.mkdir()
+    elif isinstance(body, bytes):
+        config.write_bytes(body)
+    else:
+        hooks = project / ADAPTERS["codex"].settings_file
+        config.write_text(str(body).format(project=project, hooks=hooks))
+    return project, home
+
+
+@pytest.mark.parametrize("case", sorted(TRUST_FILES))
+def test_an_unusable_trust_file_is_a_clear_refusal(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project, home = codex_home(tmp_path, monkeypatch, case)
+    before = sorted((p, p.read_bytes() if p.is_file() else None) for p in home.rglob("*"))
+    done = CliRunner().invoke(app, ["hooks", "install", "codex", "--project", str(project),
+                                    "--trust"])  # fmt: skip
+    assert done.exit_code == 2, (repr(done.exception), done.output)
+    assert "config.toml" in done.output or str(home) in done.output, done.output
+    assert not (project / ADAPTERS["codex"].settings_file).exists()  # nothing half-written
+    assert sorted((p, p.read_bytes() if p.is_file() else None) for p in home.rglob("*")) == before
+    found = check_trust("codex", project)  # doctor: a failed check, not a traceback
+    assert not found.ok and found.fix is not None
