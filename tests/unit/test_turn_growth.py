@@ -297,3 +297,22 @@ async def test_an_item_written_elsewhere_between_two_own_writes_is_read_again(
     assert items["s-1-t3"].check_detail == "looked at by hand"
     assert items["s-1-t2"].check_detail == "ours again"
     assert items["s-1-t1"].item.stored_status is ItemStatus.DONE
+
+
+async def test_a_file_written_while_its_item_was_parked_runs_its_check_when_it_reopens(
+    tmp_path: Path,
+) -> None:
+    """Found (review): the moved-paths skip compared with the session's last Stop, not with
+    the Stop where the item's check last ran. A file written while its item was blocked (not
+    checked at that Stop, while another item kept the directory's listing fresh) was never
+    seen as moved: the reopened item stayed open on a file that satisfies its check."""
+    ledger, ws = ledger_with(tmp_path, 2)
+    assert (await ledger.turn_end("s-1")).checks_run == 2  # both fail: nothing written yet
+    ledger.store.set_status("s-1-t1", ItemStatus.BLOCKED, Actor("human", "ann"))
+    (ws / "notes" / "item0.md").write_text("done\n")  # written while t1 is parked
+    later(ledger)
+    assert (await ledger.turn_end("s-1")).open_items == ["s-1-t2"]  # t1 not checked
+    ledger.store.set_status("s-1-t1", ItemStatus.OPEN, Actor("human", "ann"))
+    later(ledger)
+    after = await ledger.turn_end("s-1")
+    assert after.verified == ["s-1-t1"] and after.open_items == ["s-1-t2"]
