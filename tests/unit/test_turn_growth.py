@@ -316,3 +316,23 @@ async def test_a_file_written_while_its_item_was_parked_runs_its_check_when_it_r
     later(ledger)
     after = await ledger.turn_end("s-1")
     assert after.verified == ["s-1-t1"] and after.open_items == ["s-1-t2"]
+
+
+async def test_an_item_a_raw_replace_moves_to_another_session_leaves_the_first(
+    tmp_path: Path,
+) -> None:
+    """Found (review): an ``INSERT OR REPLACE`` by another connection deletes the old row
+    without its delete trigger (SQLite fires none for a REPLACE), so the session the item left
+    kept its version and this process went on listing the item there."""
+    import sqlite3
+
+    ledger, _ = ledger_with(tmp_path, 3)
+    assert len(ledger.store.items("s-1")) == 3
+    raw = sqlite3.connect(tmp_path / "node.sqlite3")
+    with raw:
+        raw.execute(
+            "INSERT OR REPLACE INTO items (item_id, session_id, short_id, ord, text,"
+            " stored_status) VALUES ('s-1-t1', 's-2', 't1', 1, 'moved', 'open')"
+        )
+    raw.close()
+    assert [s.item_id for s in ledger.store.items("s-1")] == ["s-1-t2", "s-1-t3"]
