@@ -336,3 +336,17 @@ async def test_an_item_a_raw_replace_moves_to_another_session_leaves_the_first(
         )
     raw.close()
     assert [s.item_id for s in ledger.store.items("s-1")] == ["s-1-t2", "s-1-t3"]
+
+
+def test_a_todo_list_naming_one_item_many_times_claims_it_once(tmp_path: Path) -> None:
+    """Found (review): a TodoWrite repeating one completed entry (16,000 fit in a hook's
+    1 MiB) recorded a claim per entry: as many item.claimed events for the fleet's ledger,
+    and as many check runs on the route, from one call of the agent's."""
+    from fleetledger_hook.adapters import ADAPTERS
+
+    ledger, _ = ledger_with(tmp_path, 5)
+    todos = {"todos": [{"content": "write notes/item2.md", "status": "completed"}] * 2_000}
+    moves = ADAPTERS["claude-code"].todo_moves("TodoWrite", todos, None)
+    before = len(outbox(ledger))
+    claimed = ledger.on_tool("s-1", "post", "TodoWrite", todos, moves=moves)
+    assert claimed == ["s-1-t3"] and len(outbox(ledger)) == before + 1
