@@ -127,24 +127,26 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def _trust_step(
     name: str, config: Path, root: Path, path: Path, hooks: dict[str, Any]
-) -> tuple[Path, int]:
+) -> tuple[Path, Path, int]:
     """``--trust``: the agent's trust file ``config`` with the project and our hooks trusted
     (its adapter's words), written beside it before anything else is; the caller moves it in
-    place once the hooks are written. Returns that file and how many hooks it trusts;
-    ``InvalidInput`` naming ``config`` when it cannot be read, parsed or written (nothing is)."""
-    staged = config.with_name(config.name + ".fleetledger.tmp")
+    place (over what a symlinked ``config`` names) once the hooks are written. Returns that
+    file, where it goes and how many hooks it trusts; ``InvalidInput`` naming ``config`` when
+    it cannot be read, parsed or written (nothing is)."""
+    target = config.resolve() if config.is_symlink() else config
+    staged = target.with_name(target.name + ".fleetledger.tmp")
     try:
         text = config.read_text() if config.exists() else ""
         trusted = hook_trust(name, path, hooks)
         new = trusted_text(name, text, trusted, root)
-        config.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         staged.write_text(new)
     except (FleetError, OSError, ValueError) as exc:
         with contextlib.suppress(OSError):
             staged.unlink(missing_ok=True)
         message = exc.message if isinstance(exc, FleetError) else str(exc)
         raise InvalidInput(f"{config}: {message}; not touching it") from None
-    return staged, len(trusted)
+    return staged, target, len(trusted)
 
 
 def _still_to_do(name: str, config: Path | None, root: Path, protect: list[Path]) -> list[str]:
@@ -198,8 +200,8 @@ def hooks_install(
             _write_json(path, done.config)
         rules = write_policy(settings)
         if config is not None and staged is not None:
-            staged[0].replace(config)
-            out.print(f"trusted {root} and {staged[1]} hook(s) in {config}")
+            staged[0].replace(staged[1])
+            out.print(f"trusted {root} and {staged[2]} hook(s) in {config}")
         todo = _still_to_do(name, None if trust else config, root, protect)
     except FleetError as exc:  # first: InvalidInput is a ValueError too
         fail(exc)

@@ -65,3 +65,24 @@ def test_an_unusable_trust_file_is_a_clear_refusal(
     assert sorted((p, p.read_bytes() if p.is_file() else None) for p in home.rglob("*")) == before
     found = check_trust("codex", project)  # doctor: a failed check, not a traceback
     assert not found.ok and found.fix is not None
+
+
+def test_the_trust_step_writes_through_a_symlinked_config_and_leaves_no_staged_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trust file is replaced whole (never left half-written), through a symlink as a
+    dotfile manager keeps it, as a plain write did."""
+    project, home = (tmp_path / "project").resolve(), tmp_path / "codex-home"
+    project.mkdir()
+    (home / "dotfiles").mkdir(parents=True)
+    real = home / "dotfiles" / "config.toml"
+    real.write_text('model = "o3"\n')
+    (home / "config.toml").symlink_to(real)
+    monkeypatch.setenv("FLEET_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("CODEX_HOME", str(home))
+    done = CliRunner().invoke(app, ["hooks", "install", "codex", "--project", str(project),
+                                    "--trust"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert (home / "config.toml").is_symlink() and 'model = "o3"' in real.read_text()
+    assert check_trust("codex", project).ok
+    assert sorted(p.name for p in home.rglob("*")) == ["config.toml", "config.toml", "dotfiles"]
