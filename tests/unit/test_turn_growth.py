@@ -350,3 +350,21 @@ def test_a_todo_list_naming_one_item_many_times_claims_it_once(tmp_path: Path) -
     before = len(outbox(ledger))
     claimed = ledger.on_tool("s-1", "post", "TodoWrite", todos, moves=moves)
     assert claimed == ["s-1-t3"] and len(outbox(ledger)) == before + 1
+
+
+def test_a_todo_list_sent_again_records_no_claim_again(tmp_path: Path) -> None:
+    """Found (review): Claude Code's TodoWrite sends the whole list at every call, so an item
+    the agent marked completed (and that only a human or a check can close) recorded one more
+    item.claimed at each later call: events growing with calls times items."""
+    from fleetledger_hook.adapters import ADAPTERS
+
+    ledger, _ = ledger_with(tmp_path, 5, checked=0)
+    todos = {"todos": [{"content": f"ask the owner about topic {i}", "status": "completed"}
+                       for i in range(3)]}  # fmt: skip
+    moves = ADAPTERS["claude-code"].todo_moves("TodoWrite", todos, None)
+    first = ledger.on_tool("s-1", "post", "TodoWrite", todos, moves=moves)
+    before = len(outbox(ledger))
+    for _ in range(10):
+        again = ledger.on_tool("s-1", "post", "TodoWrite", todos, moves=moves)
+        assert again == first == ["s-1-t1", "s-1-t2", "s-1-t3"]  # still verified on the route
+    assert len(outbox(ledger)) == before
