@@ -196,15 +196,22 @@ def hooks_install(
         done = install(name, existing, socket=settings.socket_path, protect=protect)
         config = ADAPTERS[name].trust_file(os.environ, Path.home())
         staged = _trust_step(name, config, root, path, done.config) if config and trust else None
-        if done.changed:
-            _write_json(path, done.config)
-        rules = write_policy(settings)
+        try:
+            if done.changed:
+                _write_json(path, done.config)
+            rules = write_policy(settings)
+        except BaseException:
+            if staged is not None:  # the trust step waits on the hooks: none of it is left
+                staged[0].unlink(missing_ok=True)
+            raise
         if config is not None and staged is not None:
             staged[0].replace(staged[1])
             out.print(f"trusted {root} and {staged[2]} hook(s) in {config}")
         todo = _still_to_do(name, None if trust else config, root, protect)
     except FleetError as exc:  # first: InvalidInput is a ValueError too
         fail(exc)
+    except OSError as exc:  # a settings path that is a directory, a parent that is a file, ...
+        fail(InvalidInput(f"{exc.filename or path}: {exc.strerror or exc}; not written"))
     except ValueError as exc:
         fail(InvalidInput(f"{path} is not valid JSON or TOML ({exc}); not touching it"))
     if done.changed:

@@ -86,3 +86,26 @@ def test_the_trust_step_writes_through_a_symlinked_config_and_leaves_no_staged_f
     assert (home / "config.toml").is_symlink() and 'model = "o3"' in real.read_text()
     assert check_trust("codex", project).ok
     assert sorted(p.name for p in home.rglob("*")) == ["config.toml", "config.toml", "dotfiles"]
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex", "gemini"])
+@pytest.mark.parametrize("shape", ["settings a directory", "its directory a file"])
+def test_a_project_settings_path_the_agent_made_unusable_is_a_clear_refusal(
+    agent: str, shape: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found (review): the agent owns its project; a settings file it made a directory (or a
+    settings directory it made a file) had `hooks install` end in an OSError traceback, after
+    --trust staged the trust file. Now exit 2 naming the path, the trust file untouched."""
+    project, home = codex_home(tmp_path, monkeypatch, "not TOML")
+    (home / "config.toml").write_text("")  # a usable trust file
+    settings = project / ADAPTERS[agent].settings_file
+    if shape == "settings a directory":
+        settings.mkdir(parents=True)
+    else:
+        settings.parent.write_text("x")
+    done = CliRunner().invoke(app, ["hooks", "install", agent, "--project", str(project),
+                                    "--trust"])  # fmt: skip
+    assert done.exit_code == 2, (repr(done.exception), done.output)
+    assert "not written" in done.output and str(project) in done.output, done.output
+    assert sorted(p.name for p in home.iterdir()) == ["config.toml"]
+    assert (home / "config.toml").read_text() == ""
