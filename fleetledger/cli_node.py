@@ -121,7 +121,9 @@ def hook(
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.unlink(missing_ok=True)  # the agent owns the project: never write through its symlink
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as fh:
+        fh.write(json.dumps(data, indent=2) + "\n")
     tmp.replace(path)
 
 
@@ -183,6 +185,8 @@ def hooks_install(
     path = root / ADAPTERS[name].settings_file
     try:
         settings = NodeSettings.load()
+        if not path.parent.resolve().is_relative_to(root):  # a link the agent made
+            raise InvalidInput(f"{path.parent} leads out of {root}; not touching it")
         existing = json.loads(path.read_text()) if path.is_file() else {}
         if not isinstance(existing, dict):
             raise InvalidInput(f"{path} does not hold a JSON object; not touching it")

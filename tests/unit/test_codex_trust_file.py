@@ -109,3 +109,31 @@ def test_a_project_settings_path_the_agent_made_unusable_is_a_clear_refusal(
     assert "not written" in done.output and str(project) in done.output, done.output
     assert sorted(p.name for p in home.iterdir()) == ["config.toml"]
     assert (home / "config.toml").read_text() == ""
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex", "gemini"])
+def test_hooks_install_writes_through_no_link_the_agent_left_in_its_project(
+    agent: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found (review): the project is the agent's (a sandboxed one writes only there). A
+    symlink it left at the installer's temporary name had the person's `hooks install` write
+    the settings JSON over the link's target outside the project; a settings directory
+    linked out of the project had the hooks merged into whatever it names (the user's own
+    global settings). The one is written beside, never through; the other is refused."""
+    project, _ = codex_home(tmp_path, monkeypatch, "not TOML")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.txt"
+    victim.write_text("keep me\n")
+    settings = project / ADAPTERS[agent].settings_file
+    settings.parent.mkdir(parents=True)
+    settings.with_suffix(settings.suffix + ".tmp").symlink_to(victim)
+    done = CliRunner().invoke(app, ["hooks", "install", agent, "--project", str(project)])
+    assert done.exit_code == 0, done.output
+    assert victim.read_text() == "keep me\n" and settings.is_file()
+    settings.unlink()
+    settings.parent.rmdir()
+    settings.parent.symlink_to(outside)
+    done = CliRunner().invoke(app, ["hooks", "install", agent, "--project", str(project)])
+    assert done.exit_code == 2 and "leads out of" in done.output, done.output
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
