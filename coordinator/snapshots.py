@@ -227,7 +227,8 @@ class JetStreamSnapshots:
         await self.js.publish(subject, b"", headers={PARTS: str(len(parts)), DIGEST: digest})
 
     async def load(self, mission: str | None = None) -> dict[str, bytes]:
-        """The latest value of every key; ``mission``: only the mark and that mission's."""
+        """The latest value of every key, a key whose parts do not add up left out;
+        ``mission``: only the mark and that mission's (``InvalidInput`` if its parts do not)."""
         raw: dict[str, tuple[bytes, dict[str, str]]] = {}
         prefix = f"$KV.{SNAPSHOT_BUCKET}."
 
@@ -256,6 +257,8 @@ class JetStreamSnapshots:
             whole = b"".join(pieces)
             if hashlib.sha256(whole).hexdigest() == headers.get(DIGEST):
                 out[key] = whole
+            elif mission is not None:  # the one snapshot asked for: why it cannot be used
+                raise InvalidInput(f"snapshot {key}: its parts do not add up to its digest")
             else:
                 log.warning("snapshot %s: its parts do not add up to its digest", key)
         return out

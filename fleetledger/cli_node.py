@@ -7,7 +7,9 @@ API as `todo` did, ``fleetledger.cli_todo``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -119,26 +121,41 @@ def hook(
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.unlink(missing_ok=True)  # the agent owns the project: never write through its symlink
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as fh:
+        fh.write(json.dumps(data, indent=2) + "\n")
     tmp.replace(path)
 
 
-def _still_to_do(
-    name: str, root: Path, path: Path, hooks: dict[str, Any], protect: list[Path], trust: bool
-) -> list[str]:
-    """What is left for the user once the hooks are written (the agent's own trust step
-    written with ``--trust``), in the agent's adapter's words."""
-    import os
-
-    adapter, todo = ADAPTERS[name], list[str]()
-    config = adapter.trust_file(os.environ, Path.home())
-    if config is not None and trust:
-        text = config.read_text() if config.is_file() else ""
+def _trust_step(
+    name: str, config: Path, root: Path, path: Path, hooks: dict[str, Any]
+) -> tuple[Path, Path, int]:
+    """``--trust``: the agent's trust file ``config`` with the project and our hooks trusted
+    (its adapter's words), written beside it before anything else is; the caller moves it in
+    place (over what a symlinked ``config`` names) once the hooks are written. Returns that
+    file, where it goes and how many hooks it trusts; ``InvalidInput`` naming ``config`` when
+    it cannot be read, parsed or written (nothing is)."""
+    target = config.resolve() if config.is_symlink() else config
+    staged = target.with_name(target.name + ".fleetledger.tmp")
+    try:
+        text = config.read_text() if config.exists() else ""
         trusted = hook_trust(name, path, hooks)
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(trusted_text(name, text, trusted, root))
-        out.print(f"trusted {root} and {len(trusted)} hook(s) in {config}")
-    elif config is not None:
+        new = trusted_text(name, text, trusted, root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staged.write_text(new)
+    except (FleetError, OSError, ValueError) as exc:
+        with contextlib.suppress(OSError):
+            staged.unlink(missing_ok=True)
+        message = exc.message if isinstance(exc, FleetError) else str(exc)
+        raise InvalidInput(f"{config}: {message}; not touching it") from None
+    return staged, target, len(trusted)
+
+
+def _still_to_do(name: str, config: Path | None, root: Path, protect: list[Path]) -> list[str]:
+    """What is left for the user once the hooks are written: the agent's own trust step
+    when ``--trust`` did not write it (``config``), then its adapter's notes."""
+    adapter, todo = ADAPTERS[name], list[str]()
+    if config is not None:
         todo.append(
             f"{name} runs these hooks only in a trusted project, each hook trusted: rerun "
             f"with --trust (writes {config}), or {adapter.trust_by_hand}"
@@ -168,6 +185,8 @@ def hooks_install(
     path = root / ADAPTERS[name].settings_file
     try:
         settings = NodeSettings.load()
+        if not path.parent.resolve().is_relative_to(root):  # a link the agent made
+            raise InvalidInput(f"{path.parent} leads out of {root}; not touching it")
         existing = json.loads(path.read_text()) if path.is_file() else {}
         if not isinstance(existing, dict):
             raise InvalidInput(f"{path} does not hold a JSON object; not touching it")
@@ -179,12 +198,24 @@ def hooks_install(
                 "read: keep the project and FLEET_STATE_DIR apart"
             )
         done = install(name, existing, socket=settings.socket_path, protect=protect)
-        if done.changed:
-            _write_json(path, done.config)
-        rules = write_policy(settings)
-        todo = _still_to_do(name, root, path, done.config, protect, trust)
+        config = ADAPTERS[name].trust_file(os.environ, Path.home())
+        staged = _trust_step(name, config, root, path, done.config) if config and trust else None
+        try:
+            if done.changed:
+                _write_json(path, done.config)
+            rules = write_policy(settings)
+        except BaseException:
+            if staged is not None:  # the trust step waits on the hooks: none of it is left
+                staged[0].unlink(missing_ok=True)
+            raise
+        if config is not None and staged is not None:
+            staged[0].replace(staged[1])
+            out.print(f"trusted {root} and {staged[2]} hook(s) in {config}")
+        todo = _still_to_do(name, None if trust else config, root, protect)
     except FleetError as exc:  # first: InvalidInput is a ValueError too
         fail(exc)
+    except OSError as exc:  # a settings path that is a directory, a parent that is a file, ...
+        fail(InvalidInput(f"{exc.filename or path}: {exc.strerror or exc}; not written"))
     except ValueError as exc:
         fail(InvalidInput(f"{path} is not valid JSON or TOML ({exc}); not touching it"))
     if done.changed:

@@ -90,13 +90,11 @@ class Codex(Adapter):
     def trust_problems(self, text: str, trusted: dict[str, str], project: str) -> list[str]:
         """The project not trusted, or a hook whose ``trusted_hash`` is not its hash now
         (Codex skips such a hook, silently)."""
-        import tomllib
-
-        toml = tomllib.loads(text) if text.strip() else {}
-        level = toml.get("projects", {}).get(project, {}).get("trust_level")
-        state = toml.get("hooks", {}).get("state", {})
+        toml = _config(text)
+        level = _table(_table(toml, "projects"), project).get("trust_level")
+        state = _table(_table(toml, "hooks"), "state")
         stale = [k.rsplit(":", 3)[1] for k, digest in trusted.items()
-                 if state.get(k, {}).get("trusted_hash") != digest]  # fmt: skip
+                 if _table(state, k).get("trusted_hash") != digest]  # fmt: skip
         said = [] if level == "trusted" else [f"{project} is not trusted ({level or 'unset'})"]
         if stale:
             events = ", ".join(sorted(set(stale)))
@@ -112,6 +110,22 @@ _NO_MATCHER = frozenset({"user_prompt_submit", "stop"})  # Codex ignores a match
 
 class KeptUntrusted(ValueError):
     """The user's config.toml names the project without trusting it: their choice, kept."""
+
+
+def _config(text: str) -> dict[str, Any]:
+    """``config.toml`` parsed; ``ValueError`` for text that is not TOML."""
+    import tomllib
+
+    return tomllib.loads(text) if text.strip() else {}
+
+
+def _table(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    """``parent[key]``, a table ({} if absent); ``ValueError`` for a value of another kind,
+    which Codex would not read as one either."""
+    value = parent.get(key, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"{key!r} in the Codex config is a {type(value).__name__}, not a table")
+    return value
 
 
 def trust_hashes(
@@ -162,10 +176,9 @@ def trusted_config(text: str, trusted: dict[str, str], project: str) -> str:
     import re
     import tomllib
 
-    parsed = tomllib.loads(text) if text.strip() else {}
+    parsed = _config(text)
     out = text if text.endswith("\n") or not text else text + "\n"
-    projects = parsed.get("projects", {})
-    if projects.get(project, {}).get("trust_level") != "trusted":
+    if _table(_table(parsed, "projects"), project).get("trust_level") != "trusted":
         header = f"[projects.{json.dumps(project)}]"
         if header in out:
             raise KeptUntrusted(

@@ -184,11 +184,18 @@ class AutoLedger:
             elif named := text or self.store.task(session.session_id, key):  # done-task
                 done.append(named)
         claimed: list[str] = []
-        for text in done:
-            live = audit(self.store.items(session.session_id)).actionable
-            target = match_item(text, [(s.item_id, s.item.text) for s in live])
-            if target is not None:
-                self.store.record_claim(target, ItemStatus.DONE.value, agent)
+        if not done:
+            return claimed
+        # a claim moves no stored status: the open items are the same for every text
+        live = audit(self.store.items(session.session_id)).actionable
+        candidates = [(s.item_id, s.item.text) for s in live]
+        # a to-do tool sends its whole list each time: a claim already recorded is no news
+        said = {s.item_id for s in live if s.item.judged_status == ItemStatus.DONE.value}
+        for text in dict.fromkeys(done):  # a to-do list may name one item many times
+            target = match_item(text, candidates)
+            if target is not None and target not in claimed:  # claimed once per call
+                if target not in said:
+                    self.store.record_claim(target, ItemStatus.DONE.value, agent)
                 claimed.append(target)
         return claimed
 

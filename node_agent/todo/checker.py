@@ -34,8 +34,9 @@ class Checker:
         self._verified: dict[str, Verified] = {}
         # by session: what its checked items read when none was due
         self._quiet: dict[str, tuple[object, ...]] = {}
-        # by session: each directory's listing at its last turn end (what changed since)
-        self._listings: dict[str, dict[str, recheck.Listing]] = {}
+        # by session: each directory's listing at its last turn end (what changed since) and
+        # the items whose checks it looked at (only for those is "since" their last look)
+        self._listings: dict[str, tuple[dict[str, recheck.Listing], frozenset[str]]] = {}
 
     async def verify(self, stored: StoredItem, seen: dict[str, Fingerprint] | None = None) -> bool:
         """Run the item's check here; a pass moves it to done as the check's own actor.
@@ -99,8 +100,8 @@ class Checker:
             recheck.clock_ns(self.store.clock),
         )  # fmt: skip
         looked.workspaces = seen  # the passed checks' fingerprints, as the verifier takes them
-        before = self._listings.get(session_id, {})
-        self._listings[session_id] = looked.listings
+        before, present = self._listings.get(session_id, ({}, frozenset()))
+        self._listings[session_id] = (looked.listings, frozenset(s.item_id for s in checked))
         quiet = recheck.quiet(checked, looked)
         if quiet is not None and self._quiet.get(session_id) == quiet:
             return 0, []  # the same items read the same inputs as when none was due
@@ -110,7 +111,8 @@ class Checker:
             assert stored.check is not None
             last = self._verified.get(stored.item_id)
             cwd = getattr(stored.check, "cwd", "")
-            if recheck.still(stored, last, moved.get(cwd)):
+            # an item not looked at last time (parked, added) may have missed a change since
+            if stored.item_id in present and recheck.still(stored, last, moved.get(cwd)):
                 continue  # a turn end costs what changed, not the size of the to-do
             now = recheck.inputs(stored.check, looked)
             if not recheck.due(stored, last, now):

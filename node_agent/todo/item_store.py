@@ -59,6 +59,11 @@ CREATE TRIGGER IF NOT EXISTS items_deleted AFTER DELETE ON items BEGIN
     INSERT INTO item_versions VALUES (OLD.session_id, 1)
         ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
 END;
+-- an INSERT OR REPLACE deletes the row it replaces without firing items_deleted
+CREATE TRIGGER IF NOT EXISTS items_replaced BEFORE INSERT ON items BEGIN
+    UPDATE item_versions SET version = version + 1
+        WHERE session_id IN (SELECT session_id FROM items WHERE item_id = NEW.item_id);
+END;
 -- what the agent was last told of its open items, and the note for a human (autoledger.py)
 CREATE TABLE IF NOT EXISTS reminders (
     session_id TEXT PRIMARY KEY, told TEXT, noted TEXT

@@ -109,6 +109,19 @@ def test_schema_refuses_a_second_coordinator_replica() -> None:
         jsonschema.validate(values, SCHEMA)
 
 
+@pytest.mark.parametrize("scenario", NAMES)
+def test_an_upgrade_never_runs_two_coordinators_at_once(
+    rendered: dict[str, Rendered], scenario: str
+) -> None:
+    """Found (review): one replica is not one coordinator. The Deployment rolled with the
+    default RollingUpdate (maxSurge 25%, so one more pod), so every upgrade or changed setting
+    started the new coordinator beside the old one: both in the request queue group, both
+    pulling the one durable consumer, both deciding. The old one stops before the new starts."""
+    deployment = rendered[scenario].one("Deployment", "-coordinator")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"].get("strategy") == {"type": "Recreate"}
+
+
 def test_schema_requires_an_external_url_when_nats_is_not_deployed() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     values["nats"]["enabled"] = False

@@ -297,3 +297,74 @@ async def test_an_item_written_elsewhere_between_two_own_writes_is_read_again(
     assert items["s-1-t3"].check_detail == "looked at by hand"
     assert items["s-1-t2"].check_detail == "ours again"
     assert items["s-1-t1"].item.stored_status is ItemStatus.DONE
+
+
+async def test_a_file_written_while_its_item_was_parked_runs_its_check_when_it_reopens(
+    tmp_path: Path,
+) -> None:
+    """Found (review): the moved-paths skip compared with the session's last Stop, not with
+    the Stop where the item's check last ran. A file written while its item was blocked (not
+    checked at that Stop, while another item kept the directory's listing fresh) was never
+    seen as moved: the reopened item stayed open on a file that satisfies its check."""
+    ledger, ws = ledger_with(tmp_path, 2)
+    assert (await ledger.turn_end("s-1")).checks_run == 2  # both fail: nothing written yet
+    ledger.store.set_status("s-1-t1", ItemStatus.BLOCKED, Actor("human", "ann"))
+    (ws / "notes" / "item0.md").write_text("done\n")  # written while t1 is parked
+    later(ledger)
+    assert (await ledger.turn_end("s-1")).open_items == ["s-1-t2"]  # t1 not checked
+    ledger.store.set_status("s-1-t1", ItemStatus.OPEN, Actor("human", "ann"))
+    later(ledger)
+    after = await ledger.turn_end("s-1")
+    assert after.verified == ["s-1-t1"] and after.open_items == ["s-1-t2"]
+
+
+async def test_an_item_a_raw_replace_moves_to_another_session_leaves_the_first(
+    tmp_path: Path,
+) -> None:
+    """Found (review): an ``INSERT OR REPLACE`` by another connection deletes the old row
+    without its delete trigger (SQLite fires none for a REPLACE), so the session the item left
+    kept its version and this process went on listing the item there."""
+    import sqlite3
+
+    ledger, _ = ledger_with(tmp_path, 3)
+    assert len(ledger.store.items("s-1")) == 3
+    raw = sqlite3.connect(tmp_path / "node.sqlite3")
+    with raw:
+        raw.execute(
+            "INSERT OR REPLACE INTO items (item_id, session_id, short_id, ord, text,"
+            " stored_status) VALUES ('s-1-t1', 's-2', 't1', 1, 'moved', 'open')"
+        )
+    raw.close()
+    assert [s.item_id for s in ledger.store.items("s-1")] == ["s-1-t2", "s-1-t3"]
+
+
+def test_a_todo_list_naming_one_item_many_times_claims_it_once(tmp_path: Path) -> None:
+    """Found (review): a TodoWrite repeating one completed entry (16,000 fit in a hook's
+    1 MiB) recorded a claim per entry: as many item.claimed events for the fleet's ledger,
+    and as many check runs on the route, from one call of the agent's."""
+    from fleetledger_hook.adapters import ADAPTERS
+
+    ledger, _ = ledger_with(tmp_path, 5)
+    todos = {"todos": [{"content": "write notes/item2.md", "status": "completed"}] * 2_000}
+    moves = ADAPTERS["claude-code"].todo_moves("TodoWrite", todos, None)
+    before = len(outbox(ledger))
+    claimed = ledger.on_tool("s-1", "post", "TodoWrite", todos, moves=moves)
+    assert claimed == ["s-1-t3"] and len(outbox(ledger)) == before + 1
+
+
+def test_a_todo_list_sent_again_records_no_claim_again(tmp_path: Path) -> None:
+    """Found (review): Claude Code's TodoWrite sends the whole list at every call, so an item
+    the agent marked completed (and that only a human or a check can close) recorded one more
+    item.claimed at each later call: events growing with calls times items."""
+    from fleetledger_hook.adapters import ADAPTERS
+
+    ledger, _ = ledger_with(tmp_path, 5, checked=0)
+    todos = {"todos": [{"content": f"ask the owner about topic {i}", "status": "completed"}
+                       for i in range(3)]}  # fmt: skip
+    moves = ADAPTERS["claude-code"].todo_moves("TodoWrite", todos, None)
+    first = ledger.on_tool("s-1", "post", "TodoWrite", todos, moves=moves)
+    before = len(outbox(ledger))
+    for _ in range(10):
+        again = ledger.on_tool("s-1", "post", "TodoWrite", todos, moves=moves)
+        assert again == first == ["s-1-t1", "s-1-t2", "s-1-t3"]  # still verified on the route
+    assert len(outbox(ledger)) == before
