@@ -15,6 +15,7 @@ does not verify is not used: the replay reads from scratch and says why (``snaps
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from coordinator.snapshots import JetStreamSnapshots, Restored, restore_one
 from fleetbus.bus import connect
 from fleetbus.reader import read_until_end
 from ledger.errors import InvalidInput, RuleViolation, Unreachable
-from ledger.events import Event
+from ledger.events import ID_PATTERN, Event
 from ledger.identity import Principal, Role, as_of
 from ledger.mission import MissionState
 from ledger.protocol import STREAM, SUBJECT_PREFIX, mission_filter
@@ -117,6 +118,10 @@ async def replay_mission(
     with which every event must pass the signature and permission check of ingest, or it is
     counted rejected, as at ingest; ``from_snapshot``: start from a verified snapshot at or
     before the cut when there is one (module docstring)."""
+    if re.fullmatch(ID_PATTERN, mission_id) is None:  # it goes into subject filters as it is
+        raise InvalidInput(
+            f"mission id {mission_id!r}: 1-128 letters, digits, '_' or '-' (no '.', '*' or '>')"
+        )
     if cut is not None and cut < 0:
         raise InvalidInput(f"--cut {cut} must be a stream sequence ≥ 0")
     nc = await connect(nats_url, name="fleetledger-replay", seed=seed)
