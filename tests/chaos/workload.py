@@ -624,32 +624,43 @@ async def read_deadletters(nats_url: str, mission: str) -> list[dict[str, Any]]:
 
 
 async def read_redis(redis_url: str, mission: str) -> RedisMission:
+    """One consistent snapshot of what Redis holds for a mission: the key names are found
+    first, then every key is read in one MULTI/EXEC (the coordinator may still be applying
+    what the ledger records: levels read before a release and reservations after it would
+    disagree by the released amount, a tear of the reading, not of Redis)."""
     # redis-py as a plain reading tool (the product's one path speaks only what it needs)
     r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
     async with r:
-        now_s, now_us = await r.time()
-        levels: dict[str, tuple[int, int, int, int]] = {}
         scope_keys = [rk.mission_key(mission)]
         async for key in r.scan_iter(match=rk.grant_key(mission, "*"), count=500):
             scope_keys.append(key)
-        for key in scope_keys:
-            h = await r.hmget(key, ["ceiling", "reserved", "committed", "settled"])
-            scope = "mission" if key == rk.mission_key(mission) else key.rsplit(":grant:", 1)[1]
-            levels[scope] = tuple(int(v or 0) for v in h)  # type: ignore[assignment]
-        reservations: dict[str, RedisReservation] = {}
-        async for key in r.scan_iter(match=rk.reservation_key(mission, "*"), count=500):
-            h = await r.hgetall(key)
-            rid = key.rsplit(":res:", 1)[1]
-            reservations[rid] = RedisReservation(
-                rid,
-                h.get("state", "?"),
-                int(h.get("amount", 0)),
-                int(h["actual"]) if h.get("actual") not in (None, "") else None,
-                int(h.get("lease_until", 0)),
-            )
-        leases = {
-            m: int(s) for m, s in await r.zrange(rk.leases_key(mission), 0, -1, withscores=True)
-        }
+        res_keys = [k async for k in r.scan_iter(match=rk.reservation_key(mission, "*"), count=500)]
+        async with r.pipeline(transaction=True) as tx:
+            tx.time()
+            for key in scope_keys:
+                tx.hmget(key, ["ceiling", "reserved", "committed", "settled"])
+            for key in res_keys:
+                tx.hgetall(key)
+            tx.zrange(rk.leases_key(mission), 0, -1, withscores=True)
+            replies = await tx.execute()
+    (now_s, now_us), rest = replies[0], replies[1:]
+    levels: dict[str, tuple[int, int, int, int]] = {}
+    for key, h in zip(scope_keys, rest[: len(scope_keys)], strict=True):
+        scope = "mission" if key == rk.mission_key(mission) else key.rsplit(":grant:", 1)[1]
+        levels[scope] = tuple(int(v or 0) for v in h)  # type: ignore[assignment]
+    reservations: dict[str, RedisReservation] = {}
+    for key, h in zip(res_keys, rest[len(scope_keys) : -1], strict=True):
+        if not h:  # gone between the scan and the read
+            continue
+        rid = key.rsplit(":res:", 1)[1]
+        reservations[rid] = RedisReservation(
+            rid,
+            h.get("state", "?"),
+            int(h.get("amount", 0)),
+            int(h["actual"]) if h.get("actual") not in (None, "") else None,
+            int(h.get("lease_until", 0)),
+        )
+    leases = {m: int(s) for m, s in rest[-1]}
     return RedisMission(int(now_s) * 1000 + int(now_us) // 1000, levels, reservations, leases)
 
 
@@ -780,14 +791,22 @@ async def collect(
         await _until("the coordinator catches up", caught_up, 30)
         records: dict[str, MissionRecord] = {}
         for m in missions:
-            for _ in range(5):  # a sweep may append meanwhile: read until nothing moved
+            # a sweep may append meanwhile, and Redis follows the record after it (a release
+            # recorded is applied in Redis a pass later): read until neither moved
+            held = await read_redis(cluster.redis_url, m)
+            for _ in range(10):
                 before = await _view(fleet, m)
                 messages = await read_stream(cluster.nats_url, m)
                 redis = await read_redis(cluster.redis_url, m)
                 view = await _view(fleet, m)
                 now = datetime.now(UTC)
-                if {**(before or {}), "applied_seq": 0} == {**(view or {}), "applied_seq": 0}:
+                quiet = {**(before or {}), "applied_seq": 0}
+                same_view = quiet == {**(view or {}), "applied_seq": 0}
+                same_redis = (redis.levels, redis.reservations) == (held.levels, held.reservations)
+                if same_view and same_redis:
                     break
+                held = redis
+                await asyncio.sleep(0.5)  # the sweeper's round: let it finish what it follows
             seqs = [msg.seq for msg in messages]
             cuts = sorted({seqs[len(seqs) * k // 6] for k in range(1, 6)}) if seqs else []
             replays = {
