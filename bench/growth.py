@@ -9,7 +9,9 @@ identity off) with a coordinator in this process:
   - an unrelated small mission's authorize p99 while management requests on the grown one run;
   - restart: a new coordinator, from its start to its first authorize answered; and once more
     with the history spread over many missions (quick: 10,000 events over 200 missions; full:
-    50,000 over 1,000);
+    50,000 over 1,000), then what a mission holds in memory and once idle it was let go
+    (``FLEET_EVICT_AFTER_S``, 1 s here), the process's RSS before and after, and a view of a
+    cold mission (loaded back from its snapshot) against one in memory;
   - reconcile: start-up reconciliation (what Redis holds, mission by mission) with 20 other
     missions, and one more per 50 events of the size, each holding a reservation: the whole
     pass, and per mission (which must stay flat: a mission's reservations are read from its
@@ -36,8 +38,10 @@ import importlib.util
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
+import types
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -383,18 +387,88 @@ async def spread(events: int, missions: int) -> dict[str, float]:
             err.print(f"spread: {total:,} events over {missions:,} missions; restart (load "
                       f"{load():.2f})…")  # fmt: skip
             started = time.perf_counter()
-            again = await Coordinator.from_settings(settings, principals=None)
+            # idle missions go from memory a second after they were last read (600 s by default)
+            evicting = settings.model_copy(update={"evict_after_s": 1.0})
+            again = await Coordinator.from_settings(evicting, principals=None)
             await again.start()
             try:
                 await authorize(client, SMALL, "after-restart")
                 restart = time.perf_counter() - started
                 folded = again.ingest.folded
+                memory = await cold_memory(again, client, missions)
             finally:
                 await again.stop()
         finally:
             await client.close()
     return {"events": total, "missions": missions, "restart_s": round(restart, 3),
-            "restart_folded": folded, "load_1m": round(load(), 2)}  # fmt: skip
+            "restart_folded": folded, **memory, "load_1m": round(load(), 2)}  # fmt: skip
+
+
+def rss_mb() -> float:
+    """This process's resident memory after a full collection, freed heap given back to the
+    system (glibc ``malloc_trim``), in MB."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def deep_kb(*roots: object) -> float:
+    """The size of the objects reachable from ``roots`` (classes, modules and functions, which
+    are shared, not counted), in KB: what a mission holds, whatever the allocator keeps."""
+    seen: set[int] = set()
+    todo, total = list(roots), 0
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, type | types.ModuleType | types.FunctionType):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        todo.extend(gc.get_referents(obj))
+    return total / 1024
+
+
+def held_kb(co: Coordinator, mission: str) -> float:
+    """What the coordinator holds for one mission: its state and receipts when in memory, its
+    entries in the cold table and the last-read clock when let go (the dict slots aside)."""
+    journal = co.journal
+    if mission in journal.states:
+        return deep_kb(journal.states[mission], journal.receipts.get(mission))
+    return deep_kb(mission, journal.cold[mission], journal.used.get(mission))
+
+
+async def cold_memory(co: Coordinator, client: FleetClient, missions: int) -> dict[str, float]:
+    """What a mission holds in memory and once it went idle; RSS with every mission in
+    memory, then once the idle ones went (the coordinator runs in this process; Python keeps
+    freed memory for reuse, so RSS falls less than what was freed); a view of a cold mission
+    (it is loaded back from its snapshot) against one of a mission in memory."""
+    hot = rss_mb()
+    in_memory = len(co.states)
+    hot_kb = statistics.median(held_kb(co, f"spread-{m}") for m in range(min(20, missions)))
+    snapshotter = co.snapshotter
+    assert snapshotter is not None, "no snapshots: nothing is let go"
+    async with asyncio.timeout(120):
+        while len(co.journal.cold) < missions:
+            await asyncio.sleep(0.1)
+    cold = rss_mb()
+    cold_kb = statistics.median(held_kb(co, f"spread-{m}") for m in range(min(20, missions)))
+    reads: dict[str, list[float]] = {"cold": [], "hot": []}
+    for m in range(min(20, missions)):
+        mid = f"spread-{m}"
+        reads["cold"].append(await timed(partial(client.view, mid)))  # loads it back
+        reads["hot"].append(await timed(partial(client.view, mid)))
+    return {
+        "held_kb_per_mission_in_memory": round(hot_kb, 1),
+        "held_kb_per_idle_mission_let_go": round(cold_kb, 2),
+        "rss_all_in_memory_mb": round(hot, 1),
+        "rss_idle_let_go_mb": round(cold, 1),
+        "freed_kb_per_idle_mission": round((hot - cold) * 1024 / max(1, in_memory - 1), 1),
+        "view_cold_p50_ms": round(statistics.median(reads["cold"]) * 1e3, 2),
+        "view_hot_p50_ms": round(statistics.median(reads["hot"]) * 1e3, 2),
+    }
 
 
 # --- the node figures, from the node agent's own bench ---------------------------------------

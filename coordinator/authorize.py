@@ -300,7 +300,7 @@ class Authorizer:
     ) -> AuthorizeReply:
         """The answer to a retry of a decided action: the recorded decision, and the stored
         message holding its signed receipt (the requester verifies it, reading no stream)."""
-        seq, event_id = self.journal.receipts.get((mid, action.action_id), (None, None))
+        seq, event_id = self.journal.receipts.get(mid, {}).get(action.action_id, (None, None))
         message = await self.journal.bus.message(seq) if seq is not None else None
         return AuthorizeReply(
             decision=decision_of(prior, existing.grant_id or action.grant_id, existing.cost),

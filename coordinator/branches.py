@@ -51,7 +51,9 @@ class BranchRecorder:
         missions holding one whose lease passed uncommitted (the sweep returns it now). While
         Redis cannot answer, nothing is recorded (next round); a failed append raises."""
         journal = self.journal
+        # a cold mission too: a worker may reserve on a branch grant of an idle mission
         missions = [m for m, s in journal.states.items() if s.mission is not None]
+        missions += journal.cold
         if not missions:
             return set()
         unlist, self._unlist = self._unlist, {}

@@ -66,6 +66,8 @@ class Ingest:
         if restored is not None:
             journal.states.update(restored.states)
             journal.receipts.update(restored.receipts)
+            now = time.monotonic()  # restored, not yet read: idle from now on
+            journal.used.update(dict.fromkeys(restored.states, now))
             start, skip = restored.seq + 1, restored.seqs
             journal.applied_seq = restored.seq
         self.folded = 0
@@ -104,6 +106,9 @@ class Ingest:
             await self._ingest(msg)
 
     async def _ingest(self, msg: StreamMessage) -> None:
+        mission = _mission_of(msg.subject)
+        if mission is not None:  # in use; a cold one is loaded: its message folds into all of it
+            await self.journal.warm(mission)
         applied = self._apply(msg)
         self.journal.applied_seq = msg.seq
         for event, problem in applied:
@@ -127,8 +132,8 @@ class Ingest:
             if event is None or problem is not None:
                 continue
             if isinstance(event.payload, DecisionRecorded):  # where a retry's answer points
-                key = (event.mission_id, event.payload.action_id)
-                self.journal.receipts[key] = (msg.seq, str(event.event_id))
+                receipts = self.journal.receipts.setdefault(event.mission_id, {})
+                receipts[event.payload.action_id] = (msg.seq, str(event.event_id))
         return applied
 
     async def _dead_letter(self, msg: StreamMessage, event: Event | None, exc: FleetError) -> None:

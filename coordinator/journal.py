@@ -12,6 +12,10 @@
   every envelope and the NATS headers: nothing more here. The events' own spans, with their
   links, are projected from the stream off the hot path (``telemetry.projection``).
 - Per-mission locks keep each mission's changes serial, so each sees the one before it.
+- Cold missions: one idle past a while whose snapshot holds all of it is let go from memory
+  (``evict``, by ``coordinator.snapshots``); ``warm`` loads it back from that snapshot (the one
+  reader of a mission's state awaits it first: ``settle``, a view, ingest of its message).
+  ``state`` of a cold mission fails closed rather than answer from an empty one.
 - Refused: while the durable consumer is not the coordinator's own (``refuse``), nothing is
   decided: every wait for the fold fails closed naming what changed.
 """
@@ -23,12 +27,13 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
 from fleetbus.bus import Bus, Stored
 from ledger.clock import Clock
-from ledger.errors import InvalidInput, Unreachable
+from ledger.errors import FleetError, InvalidInput, Unreachable
 from ledger.events import Event, bundle_json, make_event
 from ledger.identity import seal_message
 from ledger.mission import MissionState
@@ -39,6 +44,9 @@ from telemetry.conventions import EVENT_SUBJECT_TEMPLATE, OP_SEND
 log = logging.getLogger("fleetledger.coordinator.journal")
 
 OWN_CACHE_LIMIT = 10_000  # own events awaiting their return through the stream
+Receipts = dict[str, tuple[int, str]]  # action id -> (stream sequence, event id)
+# (mission, the sequence its snapshot stands at) -> its state and receipts from that snapshot
+Reload = Callable[[str, int], Awaitable[tuple[MissionState, Receipts]]]
 
 
 class Journal:
@@ -59,10 +67,16 @@ class Journal:
         self.seed = seed
         # where each action's stored receipt is: a retry's answer names it, so a requester can
         # read and verify the signed receipt itself
-        self.receipts: dict[tuple[str, str], tuple[int, str]] = {}  # -> (seq, event id)
+        self.receipts: dict[str, Receipts] = {}  # mission -> its receipts
         self.node_id = node_id
         self.cut_timeout_s = cut_timeout_s
         self.states: dict[str, MissionState] = {}
+        # missions let go from memory -> the sequence their snapshot stands at; ``reload``
+        # reads one back (set by the snapshotter; without it nothing is let go)
+        self.cold: dict[str, int] = {}
+        self.reload: Reload | None = None
+        self.used: dict[str, float] = {}  # mission -> when it was last read (monotonic)
+        self._warming: dict[str, asyncio.Future[None]] = {}
         self.applied_seq = 0
         self._progress = asyncio.Event()
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -78,8 +92,60 @@ class Journal:
     # --- applied state ---------------------------------------------------------------------
 
     def state(self, mission_id: str) -> MissionState:
-        """The mission's applied state (an empty one if nothing of it was applied)."""
-        return self.states.get(mission_id) or MissionState(mission_id)
+        """The mission's applied state (an empty one if nothing of it was applied); for a
+        mission let go from memory, ``Unreachable`` (``warm`` it first)."""
+        state = self.states.get(mission_id)
+        if state is not None:
+            return state
+        if mission_id in self.cold:
+            raise Unreachable(
+                f"mission {mission_id} was let go from memory while idle and is not loaded "
+                "again yet; nothing is decided on it until it is"
+            )
+        return MissionState(mission_id)
+
+    async def warm(self, mission_id: str) -> None:
+        """Make the mission's state readable: a cold one is loaded back from its snapshot
+        (once, however many wait); ``Unreachable`` naming why it cannot be."""
+        self.used[mission_id] = time.monotonic()
+        if mission_id not in self.cold:
+            return
+        loading = self._warming.get(mission_id)
+        if loading is None:
+            loading = asyncio.ensure_future(self._load(mission_id))
+            self._warming[mission_id] = loading
+            loading.add_done_callback(lambda _: self._warming.pop(mission_id, None))
+        await asyncio.shield(loading)
+
+    async def _load(self, mission_id: str) -> None:
+        seq = self.cold[mission_id]
+        if self.reload is None:
+            raise Unreachable(f"mission {mission_id} is cold and nothing can load it")
+        try:
+            state, receipts = await self.reload(mission_id, seq)
+        except FleetError as exc:
+            log.error("cold mission %s cannot be loaded: %s", mission_id, exc.message)
+            raise Unreachable(
+                f"mission {mission_id} was let go from memory while idle and cannot be loaded "
+                f"from its snapshot at {seq}: {exc.message}"
+            ) from None
+        if self.cold.get(mission_id) == seq:
+            self.states[mission_id], self.receipts[mission_id] = state, receipts
+            del self.cold[mission_id]
+        self.used[mission_id] = time.monotonic()
+
+    def evict(self, mission_id: str, seq: int) -> bool:
+        """Let the mission's state go from memory: its snapshot at ``seq`` holds all of it
+        (the caller checked). Not while anyone holds its lock, is loading it, or an append of
+        it is unsure. True if it went."""
+        lock = self._locks.get(mission_id)
+        if (lock is not None and lock.locked()) or mission_id in self._unsure:
+            return False
+        if mission_id in self._warming or self.states.pop(mission_id, None) is None:
+            return False
+        self.receipts.pop(mission_id, None)
+        self.cold[mission_id] = seq
+        return True
 
     def lock(self, mission_id: str) -> asyncio.Lock:
         return self._locks[mission_id]
@@ -89,7 +155,9 @@ class Journal:
         fold the stream up to its end: what that append stored is then in the state, so a
         retry is answered from it instead of recorded a second time. Likewise up to this
         coordinator's last acknowledged append of the mission (a wait for its fold may have
-        timed out: the consumer lagging after a NATS restart). Call under the lock."""
+        timed out: the consumer lagging after a NATS restart). A cold mission is loaded
+        first (``warm``). Call under the lock."""
+        await self.warm(mission_id)
         if mission_id in self._unsure:
             await self.wait_applied(await self.bus.last_seq())
             self._unsure.discard(mission_id)

@@ -28,6 +28,7 @@ class Queries:
         try:  # read what was stored before the request, not just what is folded (a requester
             # holding a receipt republished by the stream must see it in the view)
             await self.journal.wait_applied(await self.journal.bus.last_seq())
+            await self.journal.warm(req.mission_id)  # a cold mission is loaded back
         except FleetError as exc:
             await msg.respond(_error(exc))
             return

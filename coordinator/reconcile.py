@@ -98,6 +98,7 @@ async def follow(journal: Journal, budget: Budget, mission_id: str, reservation_
     good: logged); False while the ledger records no resolution (an ambiguous append may still
     land); raises ``Unreachable`` (or another ``FleetError``) while Redis cannot answer: try
     again later. Call under the mission's lock."""
+    await journal.warm(mission_id)
     res = journal.state(mission_id).reservations.get(reservation_id)
     if res is None or not res.state.resolved:
         return False
@@ -182,7 +183,7 @@ class Reconciler:
         ``r-`` reservation the record does not know is one a coordinator left there (died, or
         gave up appending)."""
         journal = self.journal
-        for mission_id in list(journal.states):
+        for mission_id in [*journal.states, *journal.cold]:  # settle loads a cold one
             async with journal.lock(mission_id):
                 try:
                     await journal.settle(mission_id)

@@ -113,7 +113,7 @@ class Coordinator:
         if snapshots is not None and seed is not None:
             self.snapshotter = Snapshotter(
                 self.journal, snapshots, seed, every=s.snapshot_every,
-                interval_s=s.snapshot_interval_s,
+                interval_s=s.snapshot_interval_s, evict_after_s=s.evict_after_s,
             )  # fmt: skip
         elif snapshots is not None:
             log.info("snapshots off: the coordinator has no key to sign them")

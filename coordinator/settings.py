@@ -28,3 +28,6 @@ class CoordinatorSettings(FleetBaseSettings):
     # changed since (checked every interval, in the background)
     snapshot_every: int = Field(default=1000, ge=1)
     snapshot_interval_s: float = Field(default=1.0, gt=0)
+    # a mission unchanged and unread this long, with nothing open on its record, is let go
+    # from memory after its snapshot; its next reader loads it back from that snapshot
+    evict_after_s: float = Field(default=600.0, gt=0)

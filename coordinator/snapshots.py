@@ -13,6 +13,11 @@ request path and restored at start, so a restart folds only the stream's tail.
   folds from S + 1 and skips a mission's messages at or below its own snapshot's sequence.
 - Taken: once the stream has moved ``every`` messages past the mark, every mission changed
   since its last snapshot (a background task; one state is dumped at a time, between awaits).
+- Cold missions: a mission unchanged and unread for ``evict_after_s`` whose snapshot holds
+  all of it, with no reservation still open on its record, is let go from memory
+  (``Journal.evict``); the first reader loads it back from that snapshot, verified and at the
+  very sequence it was let go at (``reload``), or is refused naming why. An idle mission
+  changed since its last snapshot gets one first, whatever the stream did.
 - Refused at start (the log says why), and the whole stream folded instead: no mark, a
   signature or shape that does not verify, a missing snapshot, or a mark beyond the stream's
   end or on another message than it saw (the stream was reset).
@@ -24,6 +29,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 import zlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -34,11 +40,11 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
-from coordinator.journal import Journal
+from coordinator.journal import Journal, Receipts
 from fleetbus.bus import cancel_requested
 from fleetbus.permissions import SNAPSHOT_BUCKET, SNAPSHOT_STREAM, SNAPSHOT_SUBJECTS
 from fleetbus.reader import read_until_end
-from ledger.errors import InvalidInput
+from ledger.errors import FleetError, InvalidInput, Unreachable
 from ledger.identity import public_key, sign_blob, verify_blob
 from ledger.mission import MissionState, dump_state, load_state, state_schema
 
@@ -48,7 +54,6 @@ FORMAT = 1
 MARK_KEY = "mark"
 MISSION_PREFIX = "m."
 PART, PARTS, DIGEST = "Fleet-Part", "Fleet-Parts", "Fleet-Digest"  # a value stored in parts
-Receipts = dict[str, tuple[int, str]]  # action id -> (stream sequence, event id)
 
 
 class SnapshotStore(Protocol):
@@ -67,7 +72,7 @@ class Restored:
     digest: str  # of the stream's message at ``seq`` when the mark was written
     seqs: dict[str, int]  # mission -> the sequence its snapshot stands at
     states: dict[str, MissionState] = field(default_factory=dict)
-    receipts: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    receipts: dict[str, Receipts] = field(default_factory=dict)  # mission -> its receipts
 
 
 # --- the signed form (pure) --------------------------------------------------------------------
@@ -113,6 +118,11 @@ def mission_body(state: MissionState, receipts: Receipts) -> bytes:
     return json.dumps(receipts).encode() + b"\n" + dump_state(state)
 
 
+def receipts_of(line: bytes) -> Receipts:
+    """The receipts line of a mission's snapshot body."""
+    return {a: (int(seq), str(event)) for a, (seq, event) in dict(json.loads(line)).items()}
+
+
 def signer_of(value: bytes) -> str | None:
     """The public key a sealed value names as its signer (unverified: ``unseal`` checks it)."""
     try:
@@ -149,8 +159,7 @@ def _mission(
     out.states[mission] = state_of = load_state(state)
     if state_of.mission_id != mission:
         raise InvalidInput(f"snapshot {key} holds mission {state_of.mission_id}")
-    for action, (r_seq, event_id) in dict(json.loads(receipts)).items():
-        out.receipts[(mission, action)] = (int(r_seq), str(event_id))
+    out.receipts[mission] = receipts_of(receipts)
     out.seqs[mission] = taken
 
 
@@ -278,17 +287,22 @@ class Snapshotter:
         *,
         every: int,
         interval_s: float,
+        evict_after_s: float | None = None,
     ) -> None:
+        """``evict_after_s``: let a mission idle this long go from memory (None: never)."""
         self.journal, self.store, self.seed = journal, store, seed
-        self.every, self.interval_s = every, interval_s
+        self.signer = public_key(seed)
+        self.every, self.interval_s, self.evict_after_s = every, interval_s, evict_after_s
         self.mark = 0  # the sequence the last mark stands at
         self._taken: dict[str, tuple[int, int]] = {}  # mission -> (its seq, events applied)
+        if evict_after_s is not None:
+            journal.reload = self.reload
 
     async def restore(self, last: int) -> Restored | None:
         """The stored snapshots for a stream ending at ``last``; None (the whole stream is
         folded) when there are none or they do not verify, saying why in the log."""
         try:
-            restored = restore(await self.store.load(), signer=public_key(self.seed), last=last)
+            restored = restore(await self.store.load(), signer=self.signer, last=last)
             if restored is not None and restored.digest != await self._digest(restored.seq):
                 raise InvalidInput(
                     f"the stream's message at {restored.seq} is not the one the snapshots saw: "
@@ -304,17 +318,76 @@ class Snapshotter:
         return restored
 
     async def run(self) -> None:
-        """Every ``interval_s``: once the stream has moved ``every`` past the mark, take."""
+        """Every ``interval_s``: once the stream has moved ``every`` past the mark, or a
+        mission is idle past ``evict_after_s`` with changes its snapshot lacks, take; then let
+        the idle missions go."""
         while True:
             await asyncio.sleep(self.interval_s)
-            if self.journal.applied_seq - self.mark < self.every:
-                continue
             try:
-                await self.take()
+                await self.round()
             except Exception as exc:  # the next round tries again; a request never waits on it
                 if cancel_requested():
                     raise
                 log.warning("snapshot round failed: %s: %s", type(exc).__name__, exc)
+
+    async def round(self) -> int:
+        """One round of ``run``; returns how many missions were let go."""
+        idle = self._idle()
+        if self.journal.applied_seq - self.mark >= self.every or any(
+            not self._covers(m) for m in idle
+        ):
+            await self.take()
+        return self.evict(self._idle())
+
+    def _idle(self) -> list[str]:
+        """The missions in memory unread and unchanged for ``evict_after_s``."""
+        if self.evict_after_s is None:
+            return []
+        since = time.monotonic() - self.evict_after_s
+        used = self.journal.used
+        return [m for m in self.journal.states if used.get(m, 0.0) <= since]
+
+    def _covers(self, mission: str) -> bool:
+        """The mission's last snapshot holds all of its state in memory."""
+        taken = self._taken.get(mission)
+        return taken is not None and taken[1] == len(self.journal.states[mission].applied)
+
+    def evict(self, missions: list[str]) -> int:
+        """Let go those of ``missions`` whose snapshot holds all of them and whose record has
+        no reservation open (the sweeper and the reconciler read those); returns how many."""
+        journal, gone = self.journal, 0
+        for mission in missions:
+            state = journal.states.get(mission)
+            if state is None or not self._covers(mission):
+                continue
+            if any(not r.state.resolved for r in state.reservations.values()):
+                continue
+            if journal.evict(mission, self._taken[mission][0]):
+                gone += 1
+        if gone:
+            log.info("let %d idle missions go from memory (%d cold)", gone, len(journal.cold))
+        return gone
+
+    async def reload(self, mission: str, seq: int) -> tuple[MissionState, Receipts]:
+        """A cold mission's state and receipts from its snapshot, which must verify and stand
+        at ``seq`` (where it was let go); ``InvalidInput`` or ``Unreachable`` naming why not."""
+        key = MISSION_PREFIX + mission
+        try:
+            stored = await self.store.load(mission)
+        except FleetError:
+            raise
+        except Exception as exc:  # the snapshot bucket cannot be read: NATS down, a timeout
+            raise Unreachable(f"snapshot {key} cannot be read: {type(exc).__name__}") from None
+        if key not in stored:
+            raise InvalidInput(f"snapshot {key} is missing")
+        taken, data = unseal(stored[key], kind="mission", key=key, signer=self.signer)
+        if taken != seq:
+            raise InvalidInput(f"snapshot {key} stands at {taken}, not {seq} where it was let go")
+        receipts, _, body = data.partition(b"\n")
+        state = await asyncio.to_thread(load_state, body)  # off the event loop: it may be big
+        if state.mission_id != mission:
+            raise InvalidInput(f"snapshot {key} holds mission {state.mission_id}")
+        return state, receipts_of(receipts)
 
     async def take(self) -> int:
         """Snapshot every mission changed since its last snapshot, then write the mark;
@@ -348,12 +421,7 @@ class Snapshotter:
 
 
 def _receipts(journal: Journal, state: MissionState) -> Receipts:
-    out: Receipts = {}
-    for decision in state.decisions:
-        where = journal.receipts.get((state.mission_id, decision.action_id))
-        if where is not None:
-            out[decision.action_id] = where
-    return out
+    return dict(journal.receipts.get(state.mission_id, {}))
 
 
 __all__ = [
