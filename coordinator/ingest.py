@@ -4,7 +4,8 @@ A redelivered or duplicate sequence is skipped; a jump in sequences is filled fr
 first (the fold never skips one); what fails validation is dead-lettered with its reason and
 changes nothing; risk events are written to the risk board. On start the stream is folded
 before serving (replay is deterministic): the whole of it, or its tail after the restored
-snapshots (``coordinator.snapshots``).
+snapshots (``coordinator.snapshots``). A cold mission whose snapshot is not to be trusted is
+folded alone from the stream the same way (``refold``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from coordinator.journal import Journal
+from coordinator.journal import Journal, Receipts
 from coordinator.riskboard import RiskBoard
 from coordinator.snapshots import Restored
 from fleetbus.bus import Bus, StreamMessage
@@ -54,6 +55,7 @@ class Ingest:
         self.rebuild_seconds = 0.0
         self.ready_seq = 0  # the stream's last sequence at start: caught up once applied
         self.folded = 0  # messages folded at start (the tail only, after snapshots)
+        journal.refold = self.refold
 
     async def rebuild(self, restored: Restored | None = None) -> None:
         """Fold the stream into memory before serving: the whole of it, or with ``restored``
@@ -123,18 +125,42 @@ class Ingest:
     def _apply(self, msg: StreamMessage) -> Applied:
         """Apply one stream message (an event or a bundle), each event in order; return each
         event with the problem that kept it out of the fold, if any."""
-        own = self.journal.take_own(msg.data)
-        directory = self.principals() if own is None and self.principals is not None else None
-        if directory is not None and msg.stored_at is not None:  # a key revoked since was
-            directory = as_of(directory, msg.stored_at)  # good when it signed this
-        applied = fold_message(self.journal.states, msg.subject, msg.data, directory, own=own)
+        journal = self.journal
+        applied = self._fold(journal.states, msg, own=journal.take_own(msg.data))
         for event, problem in applied:
             if event is None or problem is not None:
                 continue
+            journal.touch(event.mission_id)  # changed now: not idle
             if isinstance(event.payload, DecisionRecorded):  # where a retry's answer points
-                receipts = self.journal.receipts.setdefault(event.mission_id, {})
+                receipts = journal.receipts.setdefault(event.mission_id, {})
                 receipts[event.payload.action_id] = (msg.seq, str(event.event_id))
         return applied
+
+    def _fold(
+        self, states: dict[str, MissionState], msg: StreamMessage, *, own: tuple[Event, ...] | None
+    ) -> Applied:
+        directory = self.principals() if own is None and self.principals is not None else None
+        if directory is not None and msg.stored_at is not None:  # a key revoked since was
+            directory = as_of(directory, msg.stored_at)  # good when it signed this
+        return fold_message(states, msg.subject, msg.data, directory, own=own)
+
+    async def refold(self, mission: str, upto: int) -> tuple[MissionState, Receipts]:
+        """``mission``'s state and receipts folded from its messages on the stream up to
+        ``upto``, each admitted as at start (what was kept out then is kept out again, and was
+        dead-lettered then): the state a restart folding the whole stream would give it."""
+        states: dict[str, MissionState] = {}
+        receipts: Receipts = {}
+        async for msg in self.bus.history(upto):
+            if _mission_of(msg.subject) != mission:
+                continue
+            for event, problem in self._fold(states, msg, own=None):
+                if (
+                    event is not None
+                    and problem is None
+                    and isinstance(event.payload, DecisionRecorded)
+                ):
+                    receipts[event.payload.action_id] = (msg.seq, str(event.event_id))
+        return states.get(mission) or MissionState(mission), receipts
 
     async def _dead_letter(self, msg: StreamMessage, event: Event | None, exc: FleetError) -> None:
         self.dead_letters += 1

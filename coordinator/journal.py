@@ -14,8 +14,12 @@
 - Per-mission locks keep each mission's changes serial, so each sees the one before it.
 - Cold missions: one idle past a while whose snapshot holds all of it is let go from memory
   (``evict``, by ``coordinator.snapshots``); ``warm`` loads it back from that snapshot (the one
-  reader of a mission's state awaits it first: ``settle``, a view, ingest of its message).
-  ``state`` of a cold mission fails closed rather than answer from an empty one.
+  reader of a mission's state awaits it first: ``settle``, a view, ingest of its message), and
+  returns only once it is in memory. A snapshot that is not the one it was let go at (missing,
+  replaced, not verifying) is not trusted: the mission is folded from the stream instead
+  (``refold``), as a restart would. ``state`` of a cold mission fails closed rather than answer
+  from an empty one. Nothing else is kept per mission once it is cold: its lock lives only
+  while someone holds or awaits it.
 - Refused: while the durable consumer is not the coordinator's own (``refuse``), nothing is
   decided: every wait for the fold fails closed naming what changed.
 """
@@ -26,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import defaultdict
+import weakref
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
@@ -45,7 +49,8 @@ log = logging.getLogger("fleetledger.coordinator.journal")
 
 OWN_CACHE_LIMIT = 10_000  # own events awaiting their return through the stream
 Receipts = dict[str, tuple[int, str]]  # action id -> (stream sequence, event id)
-# (mission, the sequence its snapshot stands at) -> its state and receipts from that snapshot
+# (mission, a sequence) -> its state and receipts: from its snapshot standing at that sequence
+# (``reload``), or folded from the stream's messages up to it (``refold``)
 Reload = Callable[[str, int], Awaitable[tuple[MissionState, Receipts]]]
 
 
@@ -72,14 +77,18 @@ class Journal:
         self.cut_timeout_s = cut_timeout_s
         self.states: dict[str, MissionState] = {}
         # missions let go from memory -> the sequence their snapshot stands at; ``reload``
-        # reads one back (set by the snapshotter; without it nothing is let go)
+        # reads one back (set by the snapshotter; without it nothing is let go), ``refold``
+        # folds it from the stream when its snapshot is not to be trusted (set by ingest)
         self.cold: dict[str, int] = {}
         self.reload: Reload | None = None
-        self.used: dict[str, float] = {}  # mission -> when it was last read (monotonic)
+        self.refold: Reload | None = None
+        # mission in memory -> when it was last read or changed (monotonic)
+        self.used: dict[str, float] = {}
         self._warming: dict[str, asyncio.Future[None]] = {}
         self.applied_seq = 0
         self._progress = asyncio.Event()
-        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # a mission's lock while anyone holds or awaits it (a fresh one is the same then)
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # Messages this coordinator published, by their bytes -> their events.
         self._own: dict[bytes, tuple[Event, ...]] = {}
         # missions whose last append failed ambiguously (the server may have stored it)
@@ -104,25 +113,39 @@ class Journal:
             )
         return MissionState(mission_id)
 
+    def touch(self, mission_id: str) -> None:
+        """The mission in memory was read or changed now (one not in memory: nothing kept)."""
+        if mission_id in self.states:
+            self.used[mission_id] = time.monotonic()
+
     async def warm(self, mission_id: str) -> None:
-        """Make the mission's state readable: a cold one is loaded back from its snapshot
-        (once, however many wait); ``Unreachable`` naming why it cannot be."""
-        self.used[mission_id] = time.monotonic()
-        if mission_id not in self.cold:
-            return
-        loading = self._warming.get(mission_id)
-        if loading is None:
-            loading = asyncio.ensure_future(self._load(mission_id))
-            self._warming[mission_id] = loading
-            loading.add_done_callback(lambda _: self._warming.pop(mission_id, None))
-        await asyncio.shield(loading)
+        """Make the mission's state readable: a cold one is loaded back (once, however many
+        wait); on return it is in memory, and stays until the caller's next await (ingest
+        folds into it then); ``Unreachable`` naming why it cannot be."""
+        while mission_id in self.cold:  # again if it was let go before this task resumed
+            loading = self._warming.get(mission_id)
+            if loading is None:
+                loading = asyncio.ensure_future(self._load(mission_id))
+                self._warming[mission_id] = loading
+                loading.add_done_callback(lambda _: self._warming.pop(mission_id, None))
+            await asyncio.shield(loading)
+        self.touch(mission_id)
 
     async def _load(self, mission_id: str) -> None:
         seq = self.cold[mission_id]
         if self.reload is None:
             raise Unreachable(f"mission {mission_id} is cold and nothing can load it")
         try:
-            state, receipts = await self.reload(mission_id, seq)
+            try:
+                state, receipts = await self.reload(mission_id, seq)
+            except InvalidInput as exc:  # not the snapshot it was let go at: the stream is
+                if self.refold is None:  # the record (ingest applies none of its messages
+                    raise  # until it is loaded, so up to now is all of it)
+                log.error(
+                    "cold mission %s: its snapshot at %s is not trusted (%s); folded from the "
+                    "stream instead", mission_id, seq, exc.message,
+                )  # fmt: skip
+                state, receipts = await self.refold(mission_id, self.applied_seq)
         except FleetError as exc:
             log.error("cold mission %s cannot be loaded: %s", mission_id, exc.message)
             raise Unreachable(
@@ -132,23 +155,31 @@ class Journal:
         if self.cold.get(mission_id) == seq:
             self.states[mission_id], self.receipts[mission_id] = state, receipts
             del self.cold[mission_id]
-        self.used[mission_id] = time.monotonic()
+        self.touch(mission_id)
 
     def evict(self, mission_id: str, seq: int) -> bool:
         """Let the mission's state go from memory: its snapshot at ``seq`` holds all of it
-        (the caller checked). Not while anyone holds its lock, is loading it, or an append of
-        it is unsure. True if it went."""
-        lock = self._locks.get(mission_id)
-        if (lock is not None and lock.locked()) or mission_id in self._unsure:
+        (the caller checked). Not while anyone holds or awaits its lock, is loading it, or an
+        append of it is unsure or not folded yet. True if it went; nothing of it stays but
+        ``cold``."""
+        if mission_id in self._locks or mission_id in self._unsure:
+            return False
+        if self._appended.get(mission_id, 0) > self.applied_seq:  # ``settle`` waits for it
             return False
         if mission_id in self._warming or self.states.pop(mission_id, None) is None:
             return False
         self.receipts.pop(mission_id, None)
+        self.used.pop(mission_id, None)
+        self._appended.pop(mission_id, None)  # folded: in the snapshot
         self.cold[mission_id] = seq
         return True
 
     def lock(self, mission_id: str) -> asyncio.Lock:
-        return self._locks[mission_id]
+        """The mission's lock: its changes and decisions are serial."""
+        lock = self._locks.get(mission_id)
+        if lock is None:
+            lock = self._locks[mission_id] = asyncio.Lock()
+        return lock
 
     async def settle(self, mission_id: str) -> None:
         """Before deciding anything more for a mission whose last append failed ambiguously,

@@ -36,7 +36,7 @@ from coordinator.unapplied import Unapplied
 from fleetbus.bus import cancel_requested
 from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
 from ledger.events import MAX_BUNDLE_EVENTS, BudgetExpired, BudgetReleased, Event
-from ledger.mission import MissionState, ReservationState
+from ledger.mission import ReservationState
 from ledger.protocol import AUTHORIZE_RESERVATION_PREFIX  # authorize reserves r-<action id>
 from reservations import Budget
 from telemetry import Telemetry
@@ -248,8 +248,9 @@ class Reconciler:
         expire held reservations whose lease passed; returns how many were returned.
 
         Missions whose record shows held reservations are swept each time; ``every_mission``
-        also sweeps the rest, for a reservation Redis holds but the ledger never recorded (a
-        coordinator died between reserving and appending): it is returned, nothing recorded.
+        also sweeps the rest, cold ones too (loaded only if Redis marks one of theirs), for a
+        reservation Redis holds but the ledger never recorded (a coordinator died between
+        reserving and appending): it is recorded reserved and expired, then freed.
         """
         journal = self.journal
         if not self._scanned:
@@ -257,26 +258,34 @@ class Reconciler:
         await self.follow_ledger()
         expired = await self.settle_undecided()
         leased = await self.branches.record()
-        for mission_id, state in list(journal.states.items()):
-            if state.mission is None:
-                continue
-            if (
-                not every_mission
-                and mission_id not in leased
-                and not any(r.state is ReservationState.HELD for r in state.reservations.values())
-            ):
-                continue
+        missions = [
+            mission_id
+            for mission_id, state in journal.states.items()
+            if state.mission is not None
+            and (
+                every_mission
+                or mission_id in leased
+                or any(r.state is ReservationState.HELD for r in state.reservations.values())
+            )
+        ]
+        if every_mission:  # nothing open on their record; Redis may hold what it never knew
+            missions += journal.cold
+        for mission_id in missions:
             async with journal.lock(mission_id):
-                await journal.settle(mission_id)
-                expired += await self._sweep(mission_id, journal.state(mission_id))
+                expired += await self._sweep(mission_id)
         return expired
 
-    async def _sweep(self, mission_id: str, state: MissionState) -> int:
+    async def _sweep(self, mission_id: str) -> int:
         """Step one marks what Redis saw expire (still counted); what the ledger holds is
         recorded expired; only then step two frees it. A failure in between leaves it marked:
-        the next sweep finds it again."""
+        the next sweep finds it again. The mission's record is read (a cold one loaded) only
+        once Redis marked something of it. Call under the mission's lock."""
         journal, budget = self.journal, self.budget
         marked = await budget.mark_expiring(mission_id)
+        if not marked.expiring:
+            return 0
+        await journal.settle(mission_id)
+        state = journal.state(mission_id)
         record: list[Event] = []
         free: list[str] = []  # nothing to record first
         unrecorded = 0

@@ -16,8 +16,10 @@ request path and restored at start, so a restart folds only the stream's tail.
 - Cold missions: a mission unchanged and unread for ``evict_after_s`` whose snapshot holds
   all of it, with no reservation still open on its record, is let go from memory
   (``Journal.evict``); the first reader loads it back from that snapshot, verified and at the
-  very sequence it was let go at (``reload``), or is refused naming why. An idle mission
-  changed since its last snapshot gets one first, whatever the stream did.
+  very sequence it was let go at (``reload``); one that is not (missing, replaced, not
+  verifying) is not trusted: the journal folds the mission from the stream instead, and it is
+  snapshotted again before it may go. An idle mission changed since its last snapshot gets one
+  first, whatever the stream did.
 - Refused at start (the log says why), and the whole stream folded instead: no mark, a
   signature or shape that does not verify, a missing snapshot, or a mark beyond the stream's
   end or on another message than it saw (the stream was reset).
@@ -295,6 +297,7 @@ class Snapshotter:
         self.every, self.interval_s, self.evict_after_s = every, interval_s, evict_after_s
         self.mark = 0  # the sequence the last mark stands at
         self._taken: dict[str, tuple[int, int]] = {}  # mission -> (its seq, events applied)
+        self._untrusted: set[str] = set()  # missions whose stored snapshot did not reload
         if evict_after_s is not None:
             journal.reload = self.reload
 
@@ -348,9 +351,11 @@ class Snapshotter:
         return [m for m in self.journal.states if used.get(m, 0.0) <= since]
 
     def _covers(self, mission: str) -> bool:
-        """The mission's last snapshot holds all of its state in memory."""
+        """The mission's last snapshot holds all of its state in memory (and reloads)."""
         taken = self._taken.get(mission)
-        return taken is not None and taken[1] == len(self.journal.states[mission].applied)
+        if taken is None or mission in self._untrusted:
+            return False
+        return taken[1] == len(self.journal.states[mission].applied)
 
     def evict(self, missions: list[str]) -> int:
         """Let go those of ``missions`` whose snapshot holds all of them and whose record has
@@ -378,16 +383,14 @@ class Snapshotter:
             raise
         except Exception as exc:  # the snapshot bucket cannot be read: NATS down, a timeout
             raise Unreachable(f"snapshot {key} cannot be read: {type(exc).__name__}") from None
-        if key not in stored:
-            raise InvalidInput(f"snapshot {key} is missing")
-        taken, data = unseal(stored[key], kind="mission", key=key, signer=self.signer)
-        if taken != seq:
-            raise InvalidInput(f"snapshot {key} stands at {taken}, not {seq} where it was let go")
-        receipts, _, body = data.partition(b"\n")
-        state = await asyncio.to_thread(load_state, body)  # off the event loop: it may be big
-        if state.mission_id != mission:
-            raise InvalidInput(f"snapshot {key} holds mission {state.mission_id}")
-        return state, receipts_of(receipts)
+        try:
+            if key not in stored:
+                raise InvalidInput(f"snapshot {key} is missing")
+            # off the event loop: verifying, decompressing and parsing a big one takes long
+            return await asyncio.to_thread(_reloaded, stored[key], mission, self.signer, seq)
+        except InvalidInput:
+            self._untrusted.add(mission)  # snapshotted anew before it may go again
+            raise
 
     async def take(self) -> int:
         """Snapshot every mission changed since its last snapshot, then write the mark;
@@ -395,8 +398,9 @@ class Snapshotter:
         journal = self.journal
         mark = journal.applied_seq
         changed = [
-            m for m, s in journal.states.items() if self._taken.get(m, (0, -1))[1] != len(s.applied)
-        ]
+            m for m, s in journal.states.items()
+            if m in self._untrusted or self._taken.get(m, (0, -1))[1] != len(s.applied)
+        ]  # fmt: skip
         taken = 0
         for mission in changed:
             state = journal.states[mission]
@@ -406,6 +410,7 @@ class Snapshotter:
             value = await asyncio.to_thread(seal, "mission", key, seq, body, self.seed)
             await self.store.put(key, value)
             self._taken[mission] = (seq, count)
+            self._untrusted.discard(mission)
             taken += 1
         missions = {m: at for m, (at, _) in self._taken.items()}
         marked = {"missions": missions, "digest": await self._digest(mark)}
@@ -418,6 +423,20 @@ class Snapshotter:
         """The digest of the stream's message at ``seq`` ("" if there is none)."""
         msg = await self.journal.bus.message(seq) if seq > 0 else None
         return hashlib.sha256(msg.data).hexdigest() if msg is not None else ""
+
+
+def _reloaded(value: bytes, mission: str, signer: str, seq: int) -> tuple[MissionState, Receipts]:
+    """A cold mission's state and receipts from its stored snapshot, which must verify and
+    stand at ``seq``; ``InvalidInput`` naming why not."""
+    key = MISSION_PREFIX + mission
+    taken, data = unseal(value, kind="mission", key=key, signer=signer)
+    if taken != seq:
+        raise InvalidInput(f"snapshot {key} stands at {taken}, not {seq} where it was let go")
+    receipts, _, body = data.partition(b"\n")
+    state = load_state(body)
+    if state.mission_id != mission:
+        raise InvalidInput(f"snapshot {key} holds mission {state.mission_id}")
+    return state, receipts_of(receipts)
 
 
 def _receipts(journal: Journal, state: MissionState) -> Receipts:

@@ -11,10 +11,10 @@ loaded is refused naming why, never answered from an empty state.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -30,6 +30,7 @@ from ledger.events import ItemCaptured, make_event
 from ledger.kernel import ActionRequest
 from ledger.mission import dump_state, load_state
 from ledger.protocol import CreateMission, IssueGrant, RecordEffect, RegisterEvidence
+from reservations import ReservationClient
 from tests.integration.test_snapshots import until
 
 Fleet = tuple[EmbeddedServers, KeyStore]
@@ -106,6 +107,7 @@ async def test_an_idle_mission_goes_and_comes_back_whole(
     assert "m-a" not in co.states and "m-a" not in co.journal.receipts
     # a view loads it back: the same state, the same view
     assert (await lead.view("m-a")).wire() == view
+    await co.journal.warm("m-a")  # in case it went again meanwhile (0.3 s on a busy machine)
     assert co.states["m-a"] == before
     await until(lambda: "m-a" in co.journal.cold, timeout=30)
     # a retried decision is answered from the receipt the snapshot kept
@@ -116,6 +118,7 @@ async def test_an_idle_mission_goes_and_comes_back_whole(
     # a new decision is decided on the whole state: the 4,000 spent before still counts
     assert (await lead.authorize("m-a", pay("a2", 496_001))).decision.allowed is False  # type: ignore[union-attr]
     assert (await lead.authorize("m-a", pay("a3", 1_000))).decision.allowed  # type: ignore[union-attr]
+    await co.journal.warm("m-a")
     assert set(co.states["m-a"].actions) == {"a1", "a2", "a3"}
 
 
@@ -147,26 +150,128 @@ async def test_a_mission_with_an_open_reservation_stays(co: Coordinator, lead: F
     assert "m-open" in co.states  # the sweeper and the reconciler read its reservation
 
 
-async def test_a_cold_mission_whose_snapshot_does_not_verify_is_refused(
+async def node_item(fleet: Fleet, mission: str, item: str) -> int:
+    """A node's event of ``mission`` on the stream (not through the coordinator)."""
+    servers, keys = fleet
+    node = await FleetClient.connect(servers.nats_url, seed=keys.seed("node-1"), node_id="node-1")
+    try:
+        event = make_event(
+            ItemCaptured(item_id=item, session_id="s1", text="write hello.txt", order=0),
+            mission_id=mission, at=datetime.now(UTC), node_id="node-1", agent_id="agent-1",
+        )  # fmt: skip
+        return await node.publish(event)
+    finally:
+        await node.close()
+
+
+async def tamper(co: Coordinator, mission: str) -> None:
+    """Flip a bit of the cold mission's stored snapshot (its signature then fails)."""
+    snapshotter = co.snapshotter
+    assert snapshotter is not None
+    key = MISSION_PREFIX + mission
+    stored = bytearray((await snapshotter.store.load(mission))[key])
+    stored[-3] ^= 0x01  # a bit of the compressed state
+    await snapshotter.store.put(key, bytes(stored))
+
+
+async def test_a_cold_mission_whose_snapshot_does_not_verify_is_folded_from_the_stream(
+    co: Coordinator, lead: FleetClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found: it was refused until a restart; worse, its next message on the stream could not
+    be folded, so the coordinator's fold stopped there for every mission. The stream is the
+    record: the mission is folded from it, as a restart would."""
+    await grown(lead, "m-t")
+    whole = load_state(dump_state(co.states["m-t"]))
+    await until(lambda: "m-t" in co.journal.cold, timeout=30)
+    await tamper(co, "m-t")
+    # decided on the whole state: the 4,000 spent before still counts
+    assert (await lead.authorize("m-t", pay("a2", 496_001))).decision.allowed is False  # type: ignore[union-attr]
+    assert "signature" in caplog.text and "folded from the stream" in caplog.text
+    state = co.states["m-t"]
+    assert {a: r.status for a, r in state.actions.items() if a != "a2"} == {
+        a: r.status for a, r in whole.actions.items()
+    }
+    assert state.evidence == whole.evidence and state.grants == whole.grants
+    again = await lead.authorize("m-t", pay("a1"))  # its receipt is found again too
+    assert again.replayed and again.decision is not None and again.decision.allowed
+
+
+async def test_a_cold_mission_that_cannot_be_loaded_holds_up_no_other_mission(
     fleet: Fleet, co: Coordinator, lead: FleetClient
 ) -> None:
     await grown(lead, "m-t")
+    await grown(lead, "m-live")
     await until(lambda: "m-t" in co.journal.cold, timeout=30)
+    await tamper(co, "m-t")
+    seq = await node_item(fleet, "m-t", "i1")  # its next message: folded into all of it
+    async with asyncio.timeout(10):
+        await lead.manage("m-live", RegisterEvidence(evidence_id="ev-x", source="b", claim="c"))
+        await co.wait_applied(seq)
+    state = co.states["m-t"]
+    assert "i1" in state.items and "g" in state.grants and "a1" in state.actions
+    assert co.dead_letters == 0
+
+
+async def test_money_redis_holds_for_a_cold_mission_is_returned_by_the_orphan_sweep(
+    fleet: Fleet, co: Coordinator, lead: FleetClient
+) -> None:
+    """Found: the sweep of every mission (for what Redis holds that the record never knew: a
+    coordinator that died, or lost its partition, between reserving and appending) passed
+    over cold missions, so such money stayed held for good."""
+    servers, _ = fleet
+    await grown(lead, "m-o")
+    await until(lambda: "m-o" in co.journal.cold, timeout=30)
+    await grown(lead, "m-quiet")  # cold too, Redis holding nothing for it: left cold
+    await until(lambda: "m-quiet" in co.journal.cold, timeout=30)
+    async with ReservationClient.from_url(servers.redis_url) as store:
+        before = await store.level("m-o", "mission")
+        await store.reserve("m-o", ["g"], "r-lost", 50_000, 0.05)  # nobody recorded it
+        async with asyncio.timeout(10):  # once its lease passed (by Redis's own clock)
+            while await co.sweep_once(every_mission=True) == 0:
+                await asyncio.sleep(0.05)
+        after = await store.level("m-o", "mission")
+    assert (after.reserved, after.committed) == (before.reserved, before.committed)
+    state = co.states["m-o"]  # recorded reserved and expired, never freed silently
+    assert state.reservations["r-lost"].state == "expired"
+    assert "m-quiet" in co.journal.cold
+
+
+async def test_a_mission_let_go_again_while_its_loader_wakes_is_loaded_again(
+    fleet: Fleet, co: Coordinator, lead: FleetClient
+) -> None:
+    """Found: ``warm`` returned once the load it awaited ended, even if the mission was let go
+    again before the waiting task ran; ingest then folded its message into an empty state."""
+    await grown(lead, "m-r")
+    await until(lambda: "m-r" in co.journal.cold, timeout=30)
     snapshotter = co.snapshotter
     assert snapshotter is not None
-    key = MISSION_PREFIX + "m-t"
-    stored = (await snapshotter.store.load("m-t"))[key]
-    tampered = bytearray(stored)
-    tampered[-3] ^= 0x01  # a bit of the compressed state
-    await snapshotter.store.put(key, bytes(tampered))
+    seq = await node_item(fleet, "m-r", "i1")
+    async with asyncio.timeout(10):  # the load ingest started for its message
+        while "m-r" not in co.journal._warming:
+            await asyncio.sleep(0)
+    # a snapshot round lands between the load's end and the task it wakes
+    co.journal._warming["m-r"].add_done_callback(lambda _: snapshotter.evict(["m-r"]))
+    await co.wait_applied(seq)
+    state = co.states["m-r"]
+    assert "i1" in state.items and "g" in state.grants and co.dead_letters == 0
 
-    async def refused(call: Any) -> str:
-        with pytest.raises(FleetError) as caught:
-            await call()
-        return caught.value.message
 
-    why = await refused(lambda: lead.authorize("m-t", pay("a9")))
-    assert "cannot be loaded from its snapshot" in why and "signature" in why, why
-    why = await refused(lambda: lead.view("m-t"))
-    assert "cannot be loaded" in why, why
-    assert "m-t" in co.journal.cold and "m-t" not in co.states  # nothing answered from empty
+async def test_a_cold_or_unknown_mission_leaves_nothing_of_it_in_memory(
+    co: Coordinator, lead: FleetClient
+) -> None:
+    """Found: views and decisions of missions that do not exist kept their name in ``used``
+    for good, and every mission ever asked about kept a lock and its last append."""
+    for n in range(50):
+        with pytest.raises(FleetError):
+            await lead.view(f"m-none-{n}")
+        with pytest.raises(FleetError):
+            await lead.authorize(f"m-none-{n}", pay("a1"))
+    await grown(lead, "m-a")
+    await until(lambda: "m-a" in co.journal.cold, timeout=30)
+    journal = co.journal
+    kept = {"used": journal.used, "locks": journal._locks, "appended": journal._appended}
+    assert {name: sorted(keys) for name, keys in kept.items()} == {
+        "used": [],
+        "locks": [],
+        "appended": [],
+    }
