@@ -334,12 +334,13 @@ class Snapshotter:
                 log.warning("snapshot round failed: %s: %s", type(exc).__name__, exc)
 
     async def round(self) -> int:
-        """One round of ``run``; returns how many missions were let go."""
-        idle = self._idle()
-        if self.journal.applied_seq - self.mark >= self.every or any(
-            not self._covers(m) for m in idle
-        ):
+        """One round of ``run``; returns how many missions were let go. An idle mission its
+        snapshot does not cover gets one alone: the busy ones wait for ``every`` (and the
+        mark with them: it may stand only where every mission's snapshot covers it)."""
+        if self.journal.applied_seq - self.mark >= self.every:
             await self.take()
+        elif stale := [m for m in self._idle() if not self._covers(m)]:
+            await self.take(stale)
         return self.evict(self._idle())
 
     def _idle(self) -> list[str]:
@@ -392,14 +393,17 @@ class Snapshotter:
             self._untrusted.add(mission)  # snapshotted anew before it may go again
             raise
 
-    async def take(self) -> int:
+    async def take(self, only: Collection[str] | None = None) -> int:
         """Snapshot every mission changed since its last snapshot, then write the mark;
-        return how many missions were snapshotted."""
+        ``only``: just those of them, and no mark (a start folds from the last one and skips
+        each mission's messages at or below its own snapshot). Returns how many missions
+        were snapshotted."""
         journal = self.journal
         mark = journal.applied_seq
         changed = [
             m for m, s in journal.states.items()
-            if m in self._untrusted or self._taken.get(m, (0, -1))[1] != len(s.applied)
+            if (only is None or m in only)
+            and (m in self._untrusted or self._taken.get(m, (0, -1))[1] != len(s.applied))
         ]  # fmt: skip
         taken = 0
         for mission in changed:
@@ -412,6 +416,8 @@ class Snapshotter:
             self._taken[mission] = (seq, count)
             self._untrusted.discard(mission)
             taken += 1
+        if only is not None:
+            return taken
         missions = {m: at for m, (at, _) in self._taken.items()}
         marked = {"missions": missions, "digest": await self._digest(mark)}
         value = seal("mark", MARK_KEY, mark, json.dumps(marked).encode(), self.seed)

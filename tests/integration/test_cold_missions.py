@@ -275,3 +275,21 @@ async def test_a_cold_or_unknown_mission_leaves_nothing_of_it_in_memory(
         "locks": [],
         "appended": [],
     }
+
+
+async def test_an_idle_mission_is_snapshotted_alone(co: Coordinator, lead: FleetClient) -> None:
+    """Found: an idle mission lacking a snapshot made the round take every changed mission,
+    so a busy mission was dumped (on the event loop) and written again about every round
+    instead of every ``snapshot_every`` messages."""
+    snapshotter = co.snapshotter
+    assert snapshotter is not None
+    await grown(lead, "m-busy")
+    await grown(lead, "m-idle")
+    n = 0
+    async with asyncio.timeout(30):
+        while "m-idle" not in co.journal.cold:  # m-busy changes all the while: never idle
+            change = RegisterEvidence(evidence_id=f"x{n}", source="b", claim="c")
+            await lead.manage("m-busy", change)
+            n += 1
+    assert "m-busy" not in snapshotter._taken and "m-busy" in co.states
+    assert snapshotter.mark == 0  # no mark: m-busy's snapshot does not cover the stream
