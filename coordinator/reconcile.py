@@ -181,16 +181,19 @@ class Reconciler:
         """One pass over what Redis holds, mission by mission under the mission's lock with its
         state settled: then no authorize of it is between Redis and the stream, so a committed
         ``r-`` reservation the record does not know is one a coordinator left there (died, or
-        gave up appending)."""
+        gave up appending). Redis is asked first: a cold mission is loaded only if it holds
+        something of it."""
         journal = self.journal
-        for mission_id in [*journal.states, *journal.cold]:  # settle loads a cold one
+        for mission_id in [*journal.states, *journal.cold]:
             async with journal.lock(mission_id):
                 try:
+                    holding = await self.budget.holding(mission_id)
+                    if not holding:
+                        continue
                     await journal.settle(mission_id)
                     state = journal.state(mission_id)
                     if state.mission is None:
                         continue
-                    holding = await self.budget.holding(mission_id)
                 except FleetError as exc:
                     log.warning("reconciliation with Redis postponed: %s", exc.message)
                     self._scanned = False

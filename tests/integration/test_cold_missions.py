@@ -293,3 +293,15 @@ async def test_an_idle_mission_is_snapshotted_alone(co: Coordinator, lead: Fleet
             n += 1
     assert "m-busy" not in snapshotter._taken and "m-busy" in co.states
     assert snapshotter.mark == 0  # no mark: m-busy's snapshot does not cover the stream
+
+
+async def test_a_scan_postponed_by_redis_leaves_cold_missions_cold(
+    co: Coordinator, lead: FleetClient
+) -> None:
+    """Found: the scan of what Redis holds, run again each round once Redis could not answer,
+    loaded every cold mission back into memory, Redis holding nothing of theirs."""
+    await grown(lead, "m-a")
+    await until(lambda: "m-a" in co.journal.cold, timeout=30)
+    co.reconciler._scanned = False  # as after a round in which Redis did not answer
+    await co.sweep_once()
+    assert co.reconciler._scanned and "m-a" in co.journal.cold
