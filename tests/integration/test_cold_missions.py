@@ -305,3 +305,23 @@ async def test_a_scan_postponed_by_redis_leaves_cold_missions_cold(
     co.reconciler._scanned = False  # as after a round in which Redis did not answer
     await co.sweep_once()
     assert co.reconciler._scanned and "m-a" in co.journal.cold
+
+
+async def test_a_cold_mission_whose_snapshot_was_replaced_by_an_older_one_is_whole(
+    co: Coordinator, lead: FleetClient
+) -> None:
+    """A snapshot that verifies but stands elsewhere than where the mission was let go (an
+    older one put back, another writer's) is not its state: it is folded from the stream."""
+    snapshotter = co.snapshotter
+    assert snapshotter is not None
+    key = MISSION_PREFIX + "m-s"
+    await grown(lead, "m-s")
+    await until(lambda: "m-s" in co.journal.cold, timeout=30)
+    older = (await snapshotter.store.load("m-s"))[key]
+    await lead.manage("m-s", RegisterEvidence(evidence_id="ev-late", source="b", claim="c"))
+    late = (await lead.view("m-s")).wire()
+    await until(lambda: "m-s" in co.journal.cold, timeout=30)
+    await snapshotter.store.put(key, older)
+    assert (await lead.view("m-s")).wire() == late
+    await co.journal.warm("m-s")
+    assert "ev-late" in co.states["m-s"].evidence and "a1" in co.states["m-s"].actions
