@@ -100,6 +100,7 @@ async def test_an_idle_mission_goes_and_comes_back_whole(
 ) -> None:
     await grown(lead, "m-a")
     first = await lead.authorize("m-a", pay("a1"))
+    await co.wait_applied(await co.journal.bus.last_seq())  # answers come before the fold
     before = load_state(dump_state(co.states["m-a"]))  # a copy (its sets in any order)
     view = (await lead.view("m-a")).wire()
     await until(lambda: "m-a" in co.journal.cold, timeout=30)
@@ -115,7 +116,10 @@ async def test_an_idle_mission_goes_and_comes_back_whole(
     await until(lambda: "m-a" in co.journal.cold, timeout=30)
     # a new decision is decided on the whole state: the 4,000 spent before still counts
     assert (await lead.authorize("m-a", pay("a2", 496_001))).decision.allowed is False  # type: ignore[union-attr]
-    assert (await lead.authorize("m-a", pay("a3", 1_000))).decision.allowed  # type: ignore[union-attr]
+    last = await lead.authorize("m-a", pay("a3", 1_000))
+    assert last.decision.allowed  # type: ignore[union-attr]
+    assert last.decision_seq is not None
+    await co.wait_applied(last.decision_seq)  # the answer comes once stored, before the fold
     assert set(co.states["m-a"].actions) == {"a1", "a2", "a3"}
 
 
