@@ -11,6 +11,9 @@ loaded is refused naming why, never answered from an empty state.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import urllib.request
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -70,6 +73,11 @@ async def lead(fleet: Fleet) -> AsyncIterator[FleetClient]:
         await client.close()
 
 
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return json.load(answer)
+
+
 def pay(action_id: str, cost: int = 5_000) -> ActionRequest:
     return ActionRequest(
         action_id=action_id, grant_id="g", action="pay", cost=cost, idempotency_key=action_id
@@ -105,6 +113,8 @@ async def test_an_idle_mission_goes_and_comes_back_whole(
     view = (await lead.view("m-a")).wire()
     await until(lambda: "m-a" in co.journal.cold, timeout=30)
     assert "m-a" not in co.states and "m-a" not in co.journal.receipts
+    health = await asyncio.to_thread(get_json, f"http://127.0.0.1:{co.http_port}/healthz")
+    assert health["missions"]["cold"] >= 1, health
     # a view loads it back: the same state, the same view
     assert (await lead.view("m-a")).wire() == view
     assert co.states["m-a"] == before
