@@ -11,7 +11,8 @@ identity off) with a coordinator in this process:
     with the history spread over many missions (quick: 10,000 events over 200 missions; full:
     50,000 over 1,000), then what a mission holds in memory and once idle it was let go
     (``FLEET_EVICT_AFTER_S``, 1 s here), the process's RSS before and after, and a view of a
-    cold mission (loaded back from its snapshot) against one in memory;
+    cold mission (loaded back from its snapshot) against one in memory; and RSS over waves
+    of new missions that go idle, with idle missions let go and kept;
   - reconcile: start-up reconciliation (what Redis holds, mission by mission) with 20 other
     missions, and one more per 50 events of the size, each holding a reservation: the whole
     pass, and per mission (which must stay flat: a mission's reservations are read from its
@@ -471,6 +472,50 @@ async def cold_memory(co: Coordinator, client: FleetClient, missions: int) -> di
     }
 
 
+async def waves(missions: int, events: int, rounds: int) -> dict[str, Any]:
+    """RSS as missions keep coming: ``rounds`` waves of ``missions`` new missions of about
+    ``events`` events each, every wave going idle before the next, on one coordinator whose
+    idle missions go from memory after 1 s and on one that keeps them (the default 600 s is
+    longer than the run). With missions let go, the memory a wave freed takes the next wave:
+    RSS stays level instead of rising by a wave's states each time."""
+    out: dict[str, Any] = {}
+    for mode, evict_after_s in (("let_go", 1.0), ("kept", 3600.0)):
+        with contextlib.ExitStack() as stack:
+            fleet = stack.enter_context(EmbeddedServers(fsync_every_write=True))
+            identity = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            KeyStore(identity).create("coordinator", Role.COORDINATOR)
+            settings = settings_for(fleet, identity).model_copy(
+                update={"evict_after_s": evict_after_s}
+            )
+            co = await Coordinator.from_settings(settings, principals=None)
+            await co.start()
+            client = await FleetClient.connect(fleet.nats_url)
+            rss: list[float] = []
+            try:
+                for wave in range(rounds):
+                    last = 0
+                    for m in range(missions):
+                        mid = f"wave-{wave}-{m}"
+                        await set_up(client, mid)
+                        seq, actions = await grow(fleet.nats_url, mid, events)
+                        await grow_redis(fleet.redis_url, mid, actions)
+                        last = max(last, seq)
+                    await co.wait_applied(last, 600)
+                    if mode == "let_go":
+                        async with asyncio.timeout(120):
+                            while len(co.journal.cold) < (wave + 1) * missions:
+                                await asyncio.sleep(0.1)
+                    rss.append(round(rss_mb(), 1))
+            finally:
+                await client.close()
+                await co.stop()
+        err.print(f"waves, missions {mode}: RSS after each wave {rss} MB (load {load():.2f})")
+        out[f"rss_mb_{mode}"] = rss
+        out[f"rss_growth_mb_per_wave_{mode}"] = round((rss[-1] - rss[0]) / max(1, rounds - 1), 1)
+    out.update(missions_per_wave=missions, events_per_mission=events, load_1m=round(load(), 2))
+    return out
+
+
 # --- the node figures, from the node agent's own bench ---------------------------------------
 
 
@@ -550,6 +595,8 @@ async def main(quick: bool) -> dict[str, Any]:
             run.figures["load_1m"] = load()
     figures = report(sizes, [run.figures for run in runs])
     figures["spread"] = await spread(*((10_000, 200) if quick else (50_000, 1_000)))
+    figures["waves"] = await waves(*((100, 50, 4) if quick else (250, 50, 6)))
+    Console().print(f"RSS as idle missions keep coming: {figures['waves']}")
     Console().print(f"restart with history over many missions: {figures['spread']} "
                     "(target <= 2 s)")  # fmt: skip
     figures.update(

@@ -222,7 +222,9 @@ class Coordinator:
         await step("telemetry", asyncio.to_thread(self.telemetry.shutdown))
 
     async def _live(self) -> tuple[bool, dict[str, object]]:
-        return True, {"status": "alive", "applied_seq": self.applied_seq}
+        journal = self.journal  # in memory, and let go while idle (loaded back when read)
+        missions = {"in_memory": len(journal.states), "cold": len(journal.cold)}
+        return True, {"status": "alive", "applied_seq": self.applied_seq, "missions": missions}
 
     async def _ready(self) -> tuple[bool, dict[str, object]]:
         nats_ok = self.bus.connected

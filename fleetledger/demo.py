@@ -55,6 +55,7 @@ from node_agent.fleet.risks import RiskWatcher
 from telemetry import current_trace_context, process_telemetry
 
 MISSION = "invoice-run"
+IDLE_S = 2.0  # the demo coordinator lets a mission idle this long go from memory
 RACE = "budget-race"
 NODES = ("node-a", "node-b", "node-c")
 PEOPLE = ("treasury", "helper-agent")  # besides the operator, who drives the rest
@@ -230,7 +231,12 @@ async def coordinator_race(fleet: FleetClient) -> int:
         ))
         for i in range(4)
     ))  # fmt: skip
-    return sum(1 for r in replies if r.decision is not None and r.decision.allowed)
+    admitted = [f"agent-{i}" for i, r in enumerate(replies) if r.decision and r.decision.allowed]
+    for action_id in admitted:  # the admitted agent's work is done: its money is settled
+        await fleet.manage(RACE, RecordEffect(
+            action_id=action_id, outcome="verified_success", actual=parse_amount("0.50"),
+        ))  # fmt: skip
+    return len(admitted)
 
 
 @dataclass
@@ -275,6 +281,7 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
         settings = CoordinatorSettings(
             nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0,
             principal=COORDINATOR_PRINCIPAL, identity_dir=keys.root,
+            evict_after_s=IDLE_S,  # the demo lets an idle mission go from memory soon
         )  # fmt: skip
         coordinator = await Coordinator.from_settings(settings)
         with err.status("starting the coordinator…"):
@@ -292,6 +299,7 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
             if ray_branches:
                 figures.update(await _ray(servers, keys, err))
             out.print(race_table(figures))
+            figures.update(await _idle(out, coordinator, clients.fleet))
             for table in team_view(await clients.fleet.view(MISSION)):
                 out.print(table)
             out.print(
@@ -330,6 +338,33 @@ async def _mission(out: Console, clients: _Clients) -> dict[str, Any]:
     out.print(steps.table)
     figures["steps_as_scripted"] = all(steps.ok)
     return figures
+
+
+async def _idle(out: Console, coordinator: Coordinator, fleet: FleetClient) -> dict[str, Any]:
+    """The race's mission, its work settled and idle, leaves the coordinator's memory; the next
+    view loads it back from its signed snapshot and answers the same."""
+    before = (await fleet.view(RACE)).wire()
+    journal = coordinator.journal
+    try:
+        async with asyncio.timeout(IDLE_S + 30):
+            while RACE not in journal.cold:
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        out.print(f"mission {RACE} did not leave the coordinator's memory while idle")
+        return {"idle_mission_let_go": False, "idle_mission_same_view": False}
+    seq = journal.cold[RACE]
+    started = time.perf_counter()
+    after = (await fleet.view(RACE)).wire()
+    took_ms = (time.perf_counter() - started) * 1e3
+    same = {**after, "applied_seq": 0} == {**before, "applied_seq": 0}
+    out.print(
+        f"Idle for {IDLE_S:.0f} s, mission {RACE} (its admitted agent's spend settled) left the "
+        f"coordinator's memory (it kept the sequence of its signed snapshot, {seq}); the next "
+        f"view loaded it back from that snapshot, verified, in {took_ms:.0f} ms: "
+        f"{'the same view' if same else 'ANOTHER VIEW'}",
+        markup=False, soft_wrap=True,
+    )  # fmt: skip
+    return {"idle_mission_let_go": True, "idle_mission_same_view": same}
 
 
 async def _sessions(out: Console, servers: EmbeddedServers, keys: KeyStore) -> dict[str, Any]:
@@ -412,6 +447,8 @@ def expected(figures: dict[str, Any]) -> list[str]:
         problems.append("the stale edit was not blocked or the cached command was not answered")
     if figures.get("exec_inference_avoided") != 19:
         problems.append("the claims replay did not avoid inference on 19 of 20 turns")
+    if not figures.get("idle_mission_same_view"):
+        problems.append("the idle mission did not come back from its snapshot with the same view")
     if "ray_admitted" in figures and figures["ray_admitted"] != 1:
         problems.append("the Ray race did not admit exactly one")
     return problems

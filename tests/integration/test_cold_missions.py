@@ -12,9 +12,12 @@ loaded is refused naming why, never answered from an empty state.
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.request
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,6 +74,11 @@ async def lead(fleet: Fleet) -> AsyncIterator[FleetClient]:
         await client.close()
 
 
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return json.load(answer)
+
+
 def pay(action_id: str, cost: int = 5_000) -> ActionRequest:
     return ActionRequest(
         action_id=action_id, grant_id="g", action="pay", cost=cost, idempotency_key=action_id
@@ -101,10 +109,13 @@ async def test_an_idle_mission_goes_and_comes_back_whole(
 ) -> None:
     await grown(lead, "m-a")
     first = await lead.authorize("m-a", pay("a1"))
+    await co.wait_applied(await co.journal.bus.last_seq())  # answers come before the fold
     before = load_state(dump_state(co.states["m-a"]))  # a copy (its sets in any order)
     view = (await lead.view("m-a")).wire()
     await until(lambda: "m-a" in co.journal.cold, timeout=30)
     assert "m-a" not in co.states and "m-a" not in co.journal.receipts
+    health = await asyncio.to_thread(get_json, f"http://127.0.0.1:{co.http_port}/healthz")
+    assert health["missions"]["cold"] >= 1, health
     # a view loads it back: the same state, the same view
     assert (await lead.view("m-a")).wire() == view
     await co.journal.warm("m-a")  # in case it went again meanwhile (0.3 s on a busy machine)
@@ -117,8 +128,11 @@ async def test_an_idle_mission_goes_and_comes_back_whole(
     await until(lambda: "m-a" in co.journal.cold, timeout=30)
     # a new decision is decided on the whole state: the 4,000 spent before still counts
     assert (await lead.authorize("m-a", pay("a2", 496_001))).decision.allowed is False  # type: ignore[union-attr]
-    assert (await lead.authorize("m-a", pay("a3", 1_000))).decision.allowed  # type: ignore[union-attr]
-    await co.journal.warm("m-a")
+    last = await lead.authorize("m-a", pay("a3", 1_000))
+    assert last.decision.allowed  # type: ignore[union-attr]
+    assert last.decision_seq is not None
+    await co.wait_applied(last.decision_seq)  # the answer comes once stored, before the fold
+    await co.journal.warm("m-a")  # in case it went again meanwhile (0.3 s on a busy machine)
     assert set(co.states["m-a"].actions) == {"a1", "a2", "a3"}
 
 
@@ -187,6 +201,8 @@ async def test_a_cold_mission_whose_snapshot_does_not_verify_is_folded_from_the_
     # decided on the whole state: the 4,000 spent before still counts
     assert (await lead.authorize("m-t", pay("a2", 496_001))).decision.allowed is False  # type: ignore[union-attr]
     assert "signature" in caplog.text and "folded from the stream" in caplog.text
+    await co.wait_applied(await co.journal.bus.last_seq())  # answers come before the fold
+    await co.journal.warm("m-t")  # in case it went again meanwhile (0.3 s on a busy machine)
     state = co.states["m-t"]
     assert {a: r.status for a, r in state.actions.items() if a != "a2"} == {
         a: r.status for a, r in whole.actions.items()
@@ -207,6 +223,7 @@ async def test_a_cold_mission_that_cannot_be_loaded_holds_up_no_other_mission(
     async with asyncio.timeout(10):
         await lead.manage("m-live", RegisterEvidence(evidence_id="ev-x", source="b", claim="c"))
         await co.wait_applied(seq)
+    await co.journal.warm("m-t")
     state = co.states["m-t"]
     assert "i1" in state.items and "g" in state.grants and "a1" in state.actions
     assert co.dead_letters == 0
@@ -231,6 +248,7 @@ async def test_money_redis_holds_for_a_cold_mission_is_returned_by_the_orphan_sw
                 await asyncio.sleep(0.05)
         after = await store.level("m-o", "mission")
     assert (after.reserved, after.committed) == (before.reserved, before.committed)
+    await co.journal.warm("m-o")
     state = co.states["m-o"]  # recorded reserved and expired, never freed silently
     assert state.reservations["r-lost"].state == "expired"
     assert "m-quiet" in co.journal.cold
@@ -252,6 +270,7 @@ async def test_a_mission_let_go_again_while_its_loader_wakes_is_loaded_again(
     # a snapshot round lands between the load's end and the task it wakes
     co.journal._warming["m-r"].add_done_callback(lambda _: snapshotter.evict(["m-r"]))
     await co.wait_applied(seq)
+    await co.journal.warm("m-r")
     state = co.states["m-r"]
     assert "i1" in state.items and "g" in state.grants and co.dead_letters == 0
 

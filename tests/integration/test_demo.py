@@ -38,6 +38,7 @@ def test_demo_through_the_coordinator_stops_what_it_should() -> None:
     assert figures["session_silent_when_clear"] is True
     assert figures["exec_stale_edit_blocked"] is True and figures["exec_cache_hit"] is True
     assert figures["exec_inference_avoided"] == 19
+    assert figures["idle_mission_let_go"] is True and figures["idle_mission_same_view"] is True
 
 
 @pytest.mark.slow
