@@ -379,12 +379,12 @@ class Snapshotter:
         at ``seq`` (where it was let go); ``InvalidInput`` or ``Unreachable`` naming why not."""
         key = MISSION_PREFIX + mission
         try:
-            stored = await self.store.load(mission)
-        except FleetError:
-            raise
-        except Exception as exc:  # the snapshot bucket cannot be read: NATS down, a timeout
-            raise Unreachable(f"snapshot {key} cannot be read: {type(exc).__name__}") from None
-        try:
+            try:
+                stored = await self.store.load(mission)
+            except FleetError:
+                raise
+            except Exception as exc:  # the snapshot bucket cannot be read: NATS down, a timeout
+                raise Unreachable(f"snapshot {key} cannot be read: {type(exc).__name__}") from None
             if key not in stored:
                 raise InvalidInput(f"snapshot {key} is missing")
             # off the event loop: verifying, decompressing and parsing a big one takes long

@@ -23,9 +23,10 @@ import pytest
 
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
-from coordinator.snapshots import MISSION_PREFIX
+from coordinator.snapshots import DIGEST, MISSION_PREFIX, PARTS, JetStreamSnapshots
 from fleetbus.client import FleetClient
 from fleetbus.identity import KeyStore
+from fleetbus.permissions import SNAPSHOT_BUCKET
 from fleetledger.servers import EmbeddedServers, fleet_keys
 from ledger.authority import Authority
 from ledger.errors import FleetError
@@ -344,3 +345,24 @@ async def test_a_cold_mission_whose_snapshot_was_replaced_by_an_older_one_is_who
     assert (await lead.view("m-s")).wire() == late
     await co.journal.warm("m-s")
     assert "ev-late" in co.states["m-s"].evidence and "a1" in co.states["m-s"].actions
+
+
+async def test_a_snapshot_whose_parts_do_not_add_up_is_replaced_once_folded(
+    co: Coordinator, lead: FleetClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cold mission folded from the stream is snapshotted anew before it may go again, so
+    it is folded once, not at every load (the store's own refusal, parts that do not add up
+    to their digest, counts as one that does not verify)."""
+    store = co.snapshotter.store if co.snapshotter is not None else None
+    assert isinstance(store, JetStreamSnapshots)
+    await grown(lead, "m-p")
+    await until(lambda: "m-p" in co.journal.cold, timeout=30)
+    view = (await lead.view("m-p")).wire()
+    await until(lambda: "m-p" in co.journal.cold, timeout=30)
+    subject = f"$KV.{SNAPSHOT_BUCKET}.{MISSION_PREFIX}m-p"
+    await store.js.publish(subject, b"", headers={PARTS: "2", DIGEST: "0" * 64})
+    assert (await lead.view("m-p")).wire() == view
+    assert caplog.text.count("folded from the stream") == 1
+    await until(lambda: "m-p" in co.journal.cold, timeout=30)
+    assert (await lead.view("m-p")).wire() == view  # from its new snapshot
+    assert caplog.text.count("folded from the stream") == 1
