@@ -398,11 +398,11 @@ class Snapshotter:
         ``only``: just those of them, and no mark (a start folds from the last one and skips
         each mission's messages at or below its own snapshot). Returns how many missions
         were snapshotted."""
-        journal = self.journal
+        journal, wanted = self.journal, None if only is None else set(only)
         mark = journal.applied_seq
         changed = [
             m for m, s in journal.states.items()
-            if (only is None or m in only)
+            if (wanted is None or m in wanted)
             and (m in self._untrusted or self._taken.get(m, (0, -1))[1] != len(s.applied))
         ]  # fmt: skip
         taken = 0
