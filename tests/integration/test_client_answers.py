@@ -75,3 +75,10 @@ async def test_a_call_in_flight_fails_at_once_as_unreachable_when_the_client_clo
                 await call
     finally:
         await responder.close()
+
+
+async def test_with_no_coordinator_a_call_is_unreachable_at_once(own_nats: str) -> None:
+    async with await FleetClient.connect(own_nats, timeout=30.0) as client:
+        with pytest.raises(Unreachable, match="no coordinator answers"):
+            async with asyncio.timeout(5):  # the server's no-responders answer, not 30 s
+                await client.authorize("m1", REQUEST)
