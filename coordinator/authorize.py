@@ -200,10 +200,10 @@ class Authorizer:
         now = journal.clock.now()
         asker = who.name if who is not None else None
         parties = frozenset(p for p in (asker, req.agent_id) if p)
-        decided = self.kernel(state, action, now, parties=parties)
-        decision = decided.model_copy(update={"cut_seq": journal.applied_seq})
+        decision = self.kernel(state, action, now, parties=parties)
+        cut_seq = journal.applied_seq  # the cut just decided on (the receipt names it)
         if state.mission is None:  # nothing to record it in: answer, append nothing
-            return AuthorizeReply(decision=decision)
+            return AuthorizeReply(decision=decision.model_copy(update={"cut_seq": cut_seq}))
         requested = self._requested(req, now, asker)
         events: list[Event] = [requested] if existing is None else []
         parent = requested.event_id if existing is None else None
@@ -223,8 +223,8 @@ class Authorizer:
         events += returned
         self._count(decision)
         receipt = journal.event(
-            decision.receipt(reservation_id), mid, at=now, grant_id=action.grant_id,
-            causal_parent=parent,
+            decision.receipt(reservation_id, cut_seq=cut_seq), mid, at=now,
+            grant_id=action.grant_id, causal_parent=parent,
         )  # fmt: skip
         events.append(receipt)
         seq = await self._record(
@@ -241,11 +241,9 @@ class Authorizer:
         """The ``action.requested`` event (by the signer, when signed); refused when too large
         to travel with its decision in one message."""
         action = req.request
-        payload = action.payload()
-        if asker is not None:
-            payload = payload.model_copy(update={"requested_by": asker})
         requested = self.journal.event(
-            payload, req.mission_id, at=now, grant_id=action.grant_id, agent_id=req.agent_id,
+            action.payload(requested_by=asker), req.mission_id, at=now,
+            grant_id=action.grant_id, agent_id=req.agent_id,
             idempotency_key=action.idempotency_key, trace=req.trace,
         )  # fmt: skip
         if len(requested.to_json()) + DECISION_RECORD_SLACK > MAX_EVENT_BYTES:

@@ -7,6 +7,7 @@ as a ``Decision`` naming its rule; a reply carrying an error is raised as the ma
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import secrets
@@ -16,6 +17,7 @@ from typing import Any, Self
 
 import nats
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from opentelemetry.trace import Span
 
 from fleetbus.bus import publish_checked
@@ -109,6 +111,7 @@ class FleetClient:
         self.principals = principals
         # whose receipt subjects this connection may read: its principal's (fleetbus.permissions)
         self.receipt_owner = public_key(seed) if seed is not None else ANONYMOUS
+        self._asking: set[asyncio.Future[Msg]] = set()  # answers awaited now (``_ask``)
 
     @classmethod
     async def connect(cls, url: str, *, seed: str | None = None, **kw: Any) -> Self:
@@ -120,6 +123,9 @@ class FleetClient:
         return cls(nc, seed=seed, **kw)
 
     async def close(self) -> None:
+        for answer in self._asking:  # a call in flight fails at once, as the connection did
+            if not answer.done():
+                answer.set_exception(nats.errors.ConnectionClosedError())
         with contextlib.suppress(OSError):  # a connection the server already closed
             await self.nc.close()
 
@@ -174,19 +180,37 @@ class FleetClient:
             self.seed, subject, body, datetime.now(UTC), nonce=secrets.token_hex(12),
             reply=inbox,
         )  # fmt: skip
-        with self._fail_closed():
-            sub = await self.nc.subscribe(inbox)
-            await sub.unsubscribe(limit=1)
-            try:
-                await self.nc.publish(subject, body, inbox, {**(headers or {}), **signed})
-                msg = await sub.next_msg(timeout=self.timeout)
-            except BaseException:
-                with contextlib.suppress(nats.errors.Error):
-                    await sub.unsubscribe()
-                raise
+        msg = await self._ask(subject, body, inbox, {**(headers or {}), **signed})
         if (msg.headers or {}).get("Status") == "503":  # no responders, as a subscription sees it
             raise Unreachable(NO_COORDINATOR)
         return bytes(msg.data)
+
+    async def _ask(
+        self, subject: str, data: bytes, reply: str, headers: dict[str, str] | None
+    ) -> Msg:
+        """Publish ``data`` on ``subject`` and return the first message on ``reply``. SUB,
+        UNSUB-after-one and PUB leave in one write; the server drops the interest itself once
+        the answer is delivered. The answer lands in a future (nats-py's one-reply
+        subscription), not a queue read by a task and a timer task of its own per call."""
+        answer: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._asking.add(answer)
+        try:
+            with self._fail_closed():
+                sub = await self.nc.subscribe(reply, future=answer)
+                await sub.unsubscribe(limit=1)
+                try:
+                    await self.nc.publish(subject, data, reply, headers)
+                    try:
+                        async with asyncio.timeout(self.timeout):
+                            return await answer
+                    except TimeoutError:
+                        raise nats.errors.TimeoutError from None
+                except BaseException:
+                    with contextlib.suppress(nats.errors.Error):
+                        await sub.unsubscribe()
+                    raise
+        finally:
+            self._asking.discard(answer)
 
     async def manage(self, mission_id: str, change: Change, *, actor: str = "cli") -> ManageReply:
         """One management change of the mission (its op is the model's: ``change.op``)."""
@@ -270,18 +294,7 @@ class FleetClient:
                 nonce=secrets.token_hex(12), reply=subject,
             )  # fmt: skip
             headers = {**headers, **signed} if headers else signed
-        with self._fail_closed():
-            sub = await self.nc.subscribe(subject)
-            # SUB, UNSUB-after-one and PUB leave in one write; the server drops the interest
-            # itself once the answer is delivered.
-            await sub.unsubscribe(limit=1)
-            try:
-                await self.nc.publish(AUTHORIZE_SUBJECT, data, subject, headers)
-                msg = await sub.next_msg(timeout=self.timeout)
-            except BaseException:
-                with contextlib.suppress(nats.errors.Error):
-                    await sub.unsubscribe()
-                raise
+        msg = await self._ask(AUTHORIZE_SUBJECT, data, subject, headers)
         hdrs = msg.headers or {}
         if hdrs.get("Status") == "503":  # no responders, as a plain subscription sees it
             raise Unreachable(NO_COORDINATOR)

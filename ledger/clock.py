@@ -33,6 +33,8 @@ class ManualClock:
 
 def ensure_utc(value: datetime) -> datetime:
     """Reject naive datetimes; normalise aware ones to UTC."""
+    if value.tzinfo is UTC:  # already (every clock's reading): no new object
+        return value
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"datetime {value.isoformat()} has no time zone; use UTC")
     return value.astimezone(UTC)

@@ -54,11 +54,13 @@ class ActionRequest(BaseModel):
     audience: str | None = None
     tool_contract: Authority | None = None  # what the tool itself permits, if it says
 
-    def payload(self) -> ActionRequested:
+    def payload(self, requested_by: str | None = None) -> ActionRequested:
+        """The ``action.requested`` payload; ``requested_by``: the principal that asked."""
         return ActionRequested(
             action_id=self.action_id, action=self.action, cost=self.cost,
             evidence_ids=self.evidence_ids, resource_class=self.resource_class,
             sensitivity=self.sensitivity, value=self.value, audience=self.audience,
+            requested_by=requested_by,
         )  # fmt: skip
 
 
@@ -80,11 +82,14 @@ class Decision(BaseModel):
     approval_id: str | None = None
     budget: tuple[LevelBudget, ...] = ()
 
-    def receipt(self, reservation_id: str | None = None) -> DecisionRecorded:
-        """The decision receipt payload to append to the ledger."""
+    def receipt(
+        self, reservation_id: str | None = None, *, cut_seq: int | None = None
+    ) -> DecisionRecorded:
+        """The decision receipt payload to append to the ledger; ``cut_seq``: the stream
+        sequence of the cut, when the decision does not carry it yet."""
         return DecisionRecorded(
             action_id=self.action_id, action=self.action, allowed=self.allowed, rule=self.rule,
-            reason=self.reason, cut=self.cut, cut_seq=self.cut_seq,
+            reason=self.reason, cut=self.cut, cut_seq=self.cut_seq if cut_seq is None else cut_seq,
             policy_version=self.policy_version,
             evidence=self.evidence, risks=self.risks, approval_id=self.approval_id,
             budget=self.budget, reservation_id=reservation_id if self.allowed else None,

@@ -175,3 +175,23 @@ async def test_refused_credentials_are_unreachable_and_leak_no_socket(redis_url:
             await asyncio.sleep(0.01)  # polling Redis's client list for the closes
     finally:
         await r.aclose()
+
+
+async def test_calls_made_in_one_turn_of_the_loop_leave_in_one_write(redis_url: str) -> None:
+    """Concurrent callers (decisions of different missions) share one socket write; each
+    still gets its own reply, and a batch's commands stay together."""
+    conn = RespConnection.from_url(redis_url)
+    try:
+        await conn.call("PING")  # connected
+        before = conn.writes
+        replies = await asyncio.gather(
+            *(conn.call("ECHO", f"v{i}") for i in range(8)),
+            conn.call_many([("MULTI",), ("INCRBY", "resp:turn", 2), ("EXEC",)]),
+        )
+        assert replies[:8] == [f"v{i}" for i in range(8)]
+        assert replies[8][0] == "OK" and replies[8][2][0] >= 2
+        assert conn.writes - before == 1
+        await conn.call("ECHO", "alone")
+        assert conn.writes - before == 2
+    finally:
+        await conn.close()

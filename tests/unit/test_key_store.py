@@ -115,3 +115,16 @@ def test_two_starts_ensuring_the_same_principals_at_once_both_succeed(tmp_path: 
             t.join()
     assert errors == []
     assert {p.name for p in KeyStore(tmp_path / "identity").principals()} == set(wanted)
+
+
+def test_the_directory_is_read_again_on_the_first_call_after_a_change(tmp_path: Path) -> None:
+    """A revocation holds from the next message on: every call looks at the file (a stat),
+    another key store's write included; an unchanged file is not read again."""
+    keys, other = KeyStore(tmp_path / "identity"), KeyStore(tmp_path / "identity")
+    assert keys.directory() == {}  # no file yet
+    alice = keys.create("alice", Role.HUMAN)
+    first = keys.directory()
+    assert not first[alice.public_key].revoked
+    assert keys.directory() is first  # unchanged: the same mapping, nothing read
+    other.revoke("alice")
+    assert keys.directory()[alice.public_key].revoked
