@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import time
 import weakref
@@ -86,7 +88,10 @@ class Journal:
         self.used: dict[str, float] = {}
         self._warming: dict[str, asyncio.Future[None]] = {}
         self.applied_seq = 0
-        self._progress = asyncio.Event()
+        # waits for the fold to reach a sequence: (sequence, ticket, future), soonest first;
+        # each ingested message wakes only those it reached (all of them on a refusal)
+        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._tickets = itertools.count()
         # a mission's lock while anyone holds or awaits it (a fresh one is the same then)
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # Messages this coordinator published, by their bytes -> their events.
@@ -212,9 +217,13 @@ class Journal:
         return self.applied_seq + 1
 
     def progressed(self) -> None:
-        """Wake everyone waiting in ``wait_applied`` (ingest calls it after each message)."""
-        self._progress.set()
-        self._progress = asyncio.Event()
+        """Wake the waits of ``wait_applied`` the fold has reached (ingest calls it after each
+        message), or every one while refused."""
+        waiting, applied, everyone = self._waiting, self.applied_seq, self.refused is not None
+        while waiting and (everyone or waiting[0][0] <= applied):
+            _, _, woken = heapq.heappop(waiting)
+            if not woken.done():  # else its wait timed out or was cancelled
+                woken.set_result(None)
 
     async def wait_applied(self, seq: int, timeout: float | None = None) -> None:
         """Return once the stream is applied up to ``seq``; else fail closed."""
@@ -234,11 +243,12 @@ class Journal:
                     f"the coordinator has applied the stream up to {self.applied_seq}, not yet "
                     f"{seq}; refusing to decide on an older cut"
                 )
-            progress = self._progress
+            woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiting, (seq, next(self._tickets), woken))
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
-                    await progress.wait()
+                    await woken
 
     # --- append ----------------------------------------------------------------------------
 
