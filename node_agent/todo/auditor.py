@@ -14,14 +14,17 @@ its check's last detail) is one the human was not yet told of.
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 import json
+import operator
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ledger.items import TERMINAL, ItemStatus
-from node_agent.todo.item import StoredItem
+from node_agent.todo.checks import PassedCheck
+from node_agent.todo.item import Known, StoredItem, changes
 
 ACTIONABLE = frozenset({ItemStatus.OPEN, ItemStatus.IN_PROGRESS})
 SHOWN = 20  # open items a reminder, a prompt's context or a note shows; the rest are counted
@@ -38,9 +41,36 @@ class Audit:
     def clear(self) -> bool:
         return not self.actionable
 
+    @functools.cached_property
+    def ids(self) -> tuple[str, ...]:
+        """The actionable items' ids, in order (worked out once per audit)."""
+        return tuple(s.item_id for s in self.actionable)
+
+    @functools.cached_property
+    def to_check(self) -> bool:
+        """Some actionable item has a check (a turn end looks at its inputs)."""
+        return any(s.check is not None for s in self.actionable)
+
+    @functools.cached_property
+    def on_passed(self) -> tuple[StoredItem, ...]:
+        """The terminal items ``closed_by_check``: valid only while their run holds."""
+        return tuple(s for s in self.terminal if closed_by_check(s))
+
+
+ORDER = operator.attrgetter("order")
+
+
+def closed_by_check(stored: StoredItem) -> bool:
+    """Done on its passed check: valid only while the node's own run on the workspace holds."""
+    return (
+        isinstance(stored.check, PassedCheck)
+        and stored.item.stored_status is ItemStatus.DONE
+        and (stored.item.stored_by or "").startswith("check:")
+    )
+
 
 def audit(items: Sequence[StoredItem]) -> Audit:
-    ordered = sorted(items, key=lambda s: s.order)
+    ordered = sorted(items, key=ORDER)
     return Audit(
         actionable=tuple(s for s in ordered if s.item.stored_status in ACTIONABLE),
         parked=tuple(s for s in ordered if s.item.stored_status in PARKED),
@@ -84,11 +114,10 @@ def more(count: int, noun: str) -> list[str]:
     return [f"…and {count} more {noun}{'s' if count != 1 else ''}"] if count > 0 else []
 
 
-def attention(result: Audit, told_before: str | None) -> list[StoredItem]:
-    """Pure: the open items to show first: those with news for the agent (``news``), then
+def attention(result: Audit, heed: Heed) -> list[StoredItem]:
+    """Pure: the open items to show first: those with news for the agent (``Heed.news``), then
     those it claimed that are still open, each in the to-do's order; at most ``SHOWN``."""
-    known = _told(told_before)
-    fresh = [s for s in result.actionable if _keys(s)[0] not in known][:SHOWN]
+    fresh = heapq.nsmallest(SHOWN, heed.news.values(), key=ORDER)
     ids = {s.item_id for s in fresh}
     claimed = (s for s in result.actionable if s.item.model_claim and s.item_id not in ids)
     return fresh + list(itertools.islice(claimed, SHOWN - len(fresh)))
@@ -164,12 +193,6 @@ def _told(before: str | None) -> frozenset[tuple[str | None, ...]]:
     return frozenset(tuple(e) for e in entries if isinstance(e, list))
 
 
-def news(result: Audit, before: str | None) -> bool:
-    """Something the agent was not told: an item opened, a check failed, a claim unverified."""
-    known = _told(before)
-    return any(_keys(s)[0] not in known for s in result.actionable)
-
-
 def standing(stored: StoredItem) -> list[str | None]:
     """What a human is told of one open item: an item only a human can close, by its claim;
     a checked one, by its check's last detail. A note names an item again only when this
@@ -207,13 +230,12 @@ def _noted(noted: str | None) -> frozenset[tuple[str | None, ...]]:
     return frozenset(tuple(e) for e in entries if isinstance(e, list))
 
 
-def human_note(result: Audit, *, capped: int | None = None, noted: str | None = None) -> str | None:
+def human_note(result: Audit, heed: Heed, *, capped: int | None = None) -> str | None:
     """The note for a human when the agent stops with items open: the items whose standing
-    they were not yet told of, what is unverified and why; None when there is none."""
-    known = _noted(noted)
-    fresh = [s for s in result.actionable if _keys(s)[1] not in known]
-    if not fresh:
+    they were not yet told of (``Heed.fresh``), what is unverified and why; None when none."""
+    if not heed.fresh:
         return None
+    fresh = sorted(heed.fresh.values(), key=ORDER)
     human = [s for s in fresh if s.check is None][:SHOWN]
     checked = [s for s in fresh if s.check is not None][: SHOWN - len(human)]
     count = len(result.actionable)
@@ -240,6 +262,45 @@ def human_note(result: Audit, *, capped: int | None = None, noted: str | None = 
     return "\n".join(lines)
 
 
+@dataclass
+class Heed:
+    """What one session's open items hold that is new: to the agent (``news``: an item whose
+    ``_entry`` is not in what it was told) and to a human (``fresh``: one whose ``standing`` is
+    not in the last note). Kept in step with the items by what changed (``update``), so a turn
+    end with nothing new costs what changed, not the length of the to-do."""
+
+    told: str | None = None
+    noted: str | None = None
+    items: Sequence[StoredItem] = ()  # what ``update`` last saw (compared by identity)
+    objects: Known = field(default_factory=dict)
+    news: dict[str, StoredItem] = field(default_factory=dict)  # by item id
+    fresh: dict[str, StoredItem] = field(default_factory=dict)  # by item id
+
+    def update(self, items: Sequence[StoredItem], told: str | None, noted: str | None) -> Heed:
+        """Take the open ``items`` now, against ``told`` and ``noted`` (a change of either is
+        looked at against every item)."""
+        if told != self.told or noted != self.noted:
+            self.told, self.noted, self.items, self.objects = told, noted, (), {}
+            self.news.clear()
+            self.fresh.clear()
+        if items is self.items:
+            return self
+        now, gone, came = changes(self.objects, items)
+        for stored in gone:
+            for held in (self.news, self.fresh):
+                if held.get(stored.item_id) is stored:
+                    del held[stored.item_id]
+        known, seen = _told(self.told), _noted(self.noted)
+        for stored in came:
+            entry, standing_now = _keys(stored)
+            if entry not in known:
+                self.news[stored.item_id] = stored
+            if standing_now not in seen:
+                self.fresh[stored.item_id] = stored
+        self.items, self.objects = items, now
+        return self
+
+
 @dataclass(frozen=True)
 class Ruling:
     """What a turn end does: block with ``reason``, or let go (with ``note`` for a human, said
@@ -255,19 +316,21 @@ class Ruling:
 
 def rule_turn(
     result: Audit, *, told_before: str | None, noted_before: str | None, blocks: int, cap: int,
-    suggestion: str | None = None,
+    suggestion: str | None = None, heed: Heed | None = None,
 ) -> Ruling:  # fmt: skip
-    """The reminder policy at one turn end (``blocks``: consecutive blocks so far)."""
+    """The reminder policy at one turn end (``blocks``: consecutive blocks so far; ``heed``:
+    the session's, kept from its last turn end, else one worked out here)."""
     if result.clear:
         return Ruling(False, None, None, None, None)
-    fresh = news(result, told_before)
+    heed = (heed or Heed()).update(result.actionable, told_before, noted_before)
+    fresh = bool(heed.news)  # something the agent was not told: an item opened, a check failed
     if fresh and blocks < cap:
-        first = attention(result, told_before)
+        first = attention(result, heed)
         text = reminder(result, suggestion=suggestion, first=first)
         named = tuple(s.item_id for s in shown(result, first))
         return Ruling(True, text, None, told(result), noted_before, named)
     capped = blocks if blocks >= cap and fresh else None
-    note = human_note(result, capped=capped, noted=noted_before)
+    note = human_note(result, heed, capped=capped)
     if note is None:
         return Ruling(False, None, None, told_before, noted_before)  # said once already
     entries = [standing(s) for s in result.actionable]

@@ -25,9 +25,9 @@ from ledger.items import Actor, ItemStatus
 from node_agent.execution.state import ExecutionState
 from node_agent.session import Session, safe_id
 from node_agent.todo import completion
-from node_agent.todo.auditor import Audit, Ruling, audit, context, rule_turn, told
+from node_agent.todo.auditor import Audit, Heed, Ruling, audit, context, rule_turn, told
 from node_agent.todo.capture import match_item, parse_prompt
-from node_agent.todo.checker import Checker, closed_by_check
+from node_agent.todo.checker import Checker
 from node_agent.todo.checks import (
     Check,
     WrittenCheck,
@@ -94,6 +94,7 @@ class AutoLedger:
         # by session: its last ruling's inputs
         self._rulings: dict[str, tuple[tuple[object, ...], Ruling]] = {}
         self._audits: dict[str, tuple[int, Audit]] = {}  # by session: its items' version
+        self._heeds: dict[str, Heed] = {}  # by session: what in its open items is new
 
     def session(
         self, session_id: str, *, agent: str = "agent", mission: str | None = None,
@@ -245,10 +246,8 @@ class AutoLedger:
             source = early.source
         if settled is None:
             seen: dict[str, Fingerprint] = {}  # one fingerprint per workspace per turn end
-            if await self.checker.revalidate(result.terminal, seen):
+            if await self.checker.revalidate(result.on_passed, seen):
                 result = await run(self._audit, session.session_id)
-            for stored in result.terminal:  # closed: nothing left to remember of its check
-                self.checker.forget(stored.item_id)
             checks, verified = await self.checker.verify_due(
                 session.session_id, result.actionable, seen
             )
@@ -273,7 +272,7 @@ class AutoLedger:
             block,
             text if block else None,
             message,
-            [s.item_id for s in result.actionable],
+            list(result.ids),
             calls,
             source,
             (time.perf_counter() - started) * 1000,
@@ -292,8 +291,7 @@ class AutoLedger:
         if session is None:
             return None
         result = self._audit(session_id)
-        to_check = any(s.check is not None for s in result.actionable)
-        if to_check or any(closed_by_check(s) for s in result.terminal):
+        if result.to_check or result.on_passed:
             return session, result, None, None, None
         suggestion, early = None, None
         if not result.clear and self.gate is not None:
@@ -333,6 +331,7 @@ class AutoLedger:
             ruling = rule_turn(
                 result, told_before=told_before, noted_before=noted_before,
                 blocks=session.consecutive_blocks, cap=self.stop_block_cap, suggestion=suggestion,
+                heed=self._heeds.setdefault(session_id, Heed()),
             )  # fmt: skip
             self._rulings[session_id] = (asked, ruling)
         with self.store.tx() as db:
