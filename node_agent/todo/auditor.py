@@ -13,6 +13,7 @@ its check's last detail) is one the human was not yet told of.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import heapq
 import itertools
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 from ledger.items import TERMINAL, ItemStatus
 from node_agent.todo.checks import PassedCheck
-from node_agent.todo.item import Known, StoredItem, changes
+from node_agent.todo.item import StoredItem, Trail
 
 ACTIONABLE = frozenset({ItemStatus.OPEN, ItemStatus.IN_PROGRESS})
 SHOWN = 20  # open items a reminder, a prompt's context or a note shows; the rest are counted
@@ -36,28 +37,19 @@ class Audit:
     actionable: tuple[StoredItem, ...]  # in order: what the agent must still do
     parked: tuple[StoredItem, ...]  # blocked / paused: nothing the agent can finish now
     terminal: tuple[StoredItem, ...]
+    # kept with the three (``audit``, ``patched``): a turn end reads them, never recounts them
+    ids: tuple[str, ...] = field(default=(), compare=False)  # the actionable items' ids
+    checked: int = field(default=0, compare=False)  # actionable items with a check
+    on_passed: tuple[StoredItem, ...] = field(default=(), compare=False)  # ``closed_by_check``
+    trail: Trail | None = field(default=None, compare=False, repr=False)  # the read it came from
 
     @property
     def clear(self) -> bool:
         return not self.actionable
 
-    @functools.cached_property
-    def ids(self) -> tuple[str, ...]:
-        """The actionable items' ids, in order (worked out once per audit)."""
-        return tuple(s.item_id for s in self.actionable)
-
-    @functools.cached_property
-    def to_check(self) -> bool:
-        """Some actionable item has a check (a turn end looks at its inputs)."""
-        return any(s.check is not None for s in self.actionable)
-
-    @functools.cached_property
-    def on_passed(self) -> tuple[StoredItem, ...]:
-        """The terminal items ``closed_by_check``: valid only while their run holds."""
-        return tuple(s for s in self.terminal if closed_by_check(s))
-
 
 ORDER = operator.attrgetter("order")
+_GROUP = {**dict.fromkeys(ACTIONABLE, 0), **dict.fromkeys(PARKED, 1), **dict.fromkeys(TERMINAL, 2)}
 
 
 def closed_by_check(stored: StoredItem) -> bool:
@@ -69,13 +61,82 @@ def closed_by_check(stored: StoredItem) -> bool:
     )
 
 
-def audit(items: Sequence[StoredItem]) -> Audit:
-    ordered = sorted(items, key=ORDER)
+def audit(items: Sequence[StoredItem], trail: Trail | None = None) -> Audit:
+    """Pure: the items by standing, each in the to-do's order (``trail``: the read they are)."""
+    groups: tuple[list[StoredItem], ...] = ([], [], [])
+    for stored in sorted(items, key=ORDER):
+        group = _GROUP.get(stored.item.stored_status)
+        if group is not None:
+            groups[group].append(stored)
+    actionable, parked, terminal = groups
     return Audit(
-        actionable=tuple(s for s in ordered if s.item.stored_status in ACTIONABLE),
-        parked=tuple(s for s in ordered if s.item.stored_status in PARKED),
-        terminal=tuple(s for s in ordered if s.item.stored_status in TERMINAL),
-    )
+        tuple(actionable), tuple(parked), tuple(terminal),
+        ids=tuple(s.item_id for s in actionable),
+        checked=sum(s.check is not None for s in actionable),
+        on_passed=tuple(filter(closed_by_check, terminal)), trail=trail,
+    )  # fmt: skip
+
+
+def patched(before: Audit, changed: Sequence[StoredItem], trail: Trail | None = None) -> Audit:
+    """Pure: ``audit`` of ``before``'s items with ``changed`` (each the item as it is now, in
+    its place by order), at the cost of what changed: each is found by bisection."""
+    groups = (list(before.actionable), list(before.parked), list(before.terminal))
+    ids, checked = list(before.ids), before.checked
+    moved = {s.item_id for s in changed}
+    for stored in changed:
+        for n, group in enumerate(groups):
+            at = bisect.bisect_left(group, stored.order, key=ORDER)
+            if at < len(group) and group[at].item_id == stored.item_id:
+                old = group.pop(at)
+                if n == 0:
+                    del ids[at]
+                    checked -= old.check is not None
+                break
+        into = _GROUP.get(stored.item.stored_status)
+        if into is not None:
+            at = bisect.bisect_left(groups[into], stored.order, key=ORDER)
+            groups[into].insert(at, stored)
+            if into == 0:
+                ids.insert(at, stored.item_id)
+                checked += stored.check is not None
+    on_passed = [s for s in before.on_passed if s.item_id not in moved]
+    on_passed += filter(closed_by_check, changed)
+    actionable, parked, terminal = groups
+    return Audit(
+        tuple(actionable), tuple(parked), tuple(terminal), ids=tuple(ids), checked=checked,
+        on_passed=tuple(sorted(on_passed, key=ORDER)), trail=trail,
+    )  # fmt: skip
+
+
+@dataclass
+class Followed:
+    """A session's open items as one reader last took them (``take``): the reader learns what
+    left and what came since, from the store's log of the items it re-read when it can
+    (``Trail``), else from every item again."""
+
+    items: tuple[StoredItem, ...] = ()
+    trail: Trail | None = None
+    by_id: dict[str, StoredItem] = field(default_factory=dict)  # the open items as taken
+
+    def take(self, result: Audit) -> tuple[list[StoredItem], list[StoredItem]]:
+        """(the open items that left since the last take, the ones that came)."""
+        if result.actionable is self.items:
+            return [], []
+        delta = None if result.trail is None else result.trail.since(self.trail)
+        self.items, self.trail = result.actionable, result.trail
+        if delta is None:
+            left = list(self.by_id.values())
+            self.by_id = {s.item_id: s for s in result.actionable}
+            return left, list(result.actionable)
+        left, came = [], []
+        for stored in delta:
+            old = self.by_id.pop(stored.item_id, None)
+            if old is not None:
+                left.append(old)
+            if stored.item.stored_status in ACTIONABLE:
+                self.by_id[stored.item_id] = stored
+                came.append(stored)
+        return left, came
 
 
 def todo_line(n: int, s: StoredItem) -> str:
@@ -271,22 +332,19 @@ class Heed:
 
     told: str | None = None
     noted: str | None = None
-    items: Sequence[StoredItem] = ()  # what ``update`` last saw (compared by identity)
-    objects: Known = field(default_factory=dict)
+    followed: Followed = field(default_factory=Followed)
     news: dict[str, StoredItem] = field(default_factory=dict)  # by item id
     fresh: dict[str, StoredItem] = field(default_factory=dict)  # by item id
 
-    def update(self, items: Sequence[StoredItem], told: str | None, noted: str | None) -> Heed:
-        """Take the open ``items`` now, against ``told`` and ``noted`` (a change of either is
+    def update(self, result: Audit, told: str | None, noted: str | None) -> Heed:
+        """Take the open items now, against ``told`` and ``noted`` (a change of either is
         looked at against every item)."""
         if told != self.told or noted != self.noted:
-            self.told, self.noted, self.items, self.objects = told, noted, (), {}
+            self.told, self.noted, self.followed = told, noted, Followed()
             self.news.clear()
             self.fresh.clear()
-        if items is self.items:
-            return self
-        now, gone, came = changes(self.objects, items)
-        for stored in gone:
+        left, came = self.followed.take(result)
+        for stored in left:
             for held in (self.news, self.fresh):
                 if held.get(stored.item_id) is stored:
                     del held[stored.item_id]
@@ -297,7 +355,6 @@ class Heed:
                 self.news[stored.item_id] = stored
             if standing_now not in seen:
                 self.fresh[stored.item_id] = stored
-        self.items, self.objects = items, now
         return self
 
 
@@ -322,7 +379,7 @@ def rule_turn(
     the session's, kept from its last turn end, else one worked out here)."""
     if result.clear:
         return Ruling(False, None, None, None, None)
-    heed = (heed or Heed()).update(result.actionable, told_before, noted_before)
+    heed = (heed or Heed()).update(result, told_before, noted_before)
     fresh = bool(heed.news)  # something the agent was not told: an item opened, a check failed
     if fresh and blocks < cap:
         first = attention(result, heed)

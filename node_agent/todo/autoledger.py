@@ -25,7 +25,16 @@ from ledger.items import Actor, ItemStatus
 from node_agent.execution.state import ExecutionState
 from node_agent.session import Session, safe_id
 from node_agent.todo import completion
-from node_agent.todo.auditor import Audit, Heed, Ruling, audit, context, rule_turn, told
+from node_agent.todo.auditor import (
+    Audit,
+    Heed,
+    Ruling,
+    audit,
+    context,
+    patched,
+    rule_turn,
+    told,
+)
 from node_agent.todo.capture import match_item, parse_prompt
 from node_agent.todo.checker import Checker
 from node_agent.todo.checks import (
@@ -248,9 +257,7 @@ class AutoLedger:
             seen: dict[str, Fingerprint] = {}  # one fingerprint per workspace per turn end
             if await self.checker.revalidate(result.on_passed, seen):
                 result = await run(self._audit, session.session_id)
-            checks, verified = await self.checker.verify_due(
-                session.session_id, result.actionable, seen
-            )
+            checks, verified = await self.checker.verify_due(session.session_id, result, seen)
             if checks:
                 result = await run(self._audit, session.session_id)
             source = "skipped: nothing open" if result.clear else source
@@ -291,7 +298,7 @@ class AutoLedger:
         if session is None:
             return None
         result = self._audit(session_id)
-        if result.to_check or result.on_passed:
+        if result.checked or result.on_passed:
             return session, result, None, None, None
         suggestion, early = None, None
         if not result.clear and self.gate is not None:
@@ -306,12 +313,18 @@ class AutoLedger:
 
     def _audit(self, session_id: str) -> Audit:
         """On the store's thread: the session's audit, read again only when its items were
-        written since (the version is read first: a write in between reads them again)."""
+        written since (the version is read first: a write in between reads them again), and
+        then patched with the items re-read alone when the store can name them (``Trail``)."""
         version = self.store.items_version(session_id)
         last = self._audits.get(session_id)
         if last is not None and last[0] == version:
             return last[1]
-        result = audit(self.store.items(session_id))
+        items, trail = self.store.items_since(session_id)
+        changed = None if last is None else trail.since(last[1].trail)
+        if last is None or changed is None:
+            result = audit(items, trail)
+        else:
+            result = patched(last[1], changed, trail)
         self._audits[session_id] = (version, result)
         return result
 

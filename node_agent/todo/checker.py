@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from ledger.items import Actor, ItemStatus
 from node_agent.execution.state import ExecutionState
 from node_agent.todo import recheck
-from node_agent.todo.auditor import closed_by_check
+from node_agent.todo.auditor import Audit, closed_by_check
 from node_agent.todo.checks import CheckResult, EvidenceCheck, PassedCheck, WrittenCheck, run_check
 from node_agent.todo.item import StoredItem
 from node_agent.todo.item_store import ItemStore
@@ -80,12 +80,12 @@ class Checker:
         return result, judged
 
     async def verify_due(
-        self, session_id: str, items: Sequence[StoredItem], seen: dict[str, Fingerprint]
+        self, session_id: str, audited: Audit, seen: dict[str, Fingerprint]
     ) -> tuple[int, list[str]]:
-        """Run the checks of ``items`` whose inputs changed since they last ran here without
-        passing (``recheck``); return how many ran and the items they closed."""
+        """Run the checks of the open items whose inputs changed since they last ran here
+        without passing (``recheck``); return how many ran and the items they closed."""
         watch = self._watches.setdefault(session_id, recheck.Watch())
-        for item_id in watch.update(items):  # no longer open: its last run is no standing
+        for item_id in watch.update(audited):  # no longer open: its last run is no standing
             self._verified.pop(item_id, None)
         if not watch.by_id:
             return 0, []

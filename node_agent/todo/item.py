@@ -5,7 +5,6 @@ The auditor, the recheck and the API's replies read items; only ``item_store`` w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ledger.items import Item
@@ -28,15 +27,18 @@ class StoredItem:
         return self.item.item_id
 
 
-Known = dict[int, StoredItem]  # items by ``id()``: each held, so no id is reused meanwhile
+@dataclass(frozen=True, eq=False)
+class Trail:
+    """Where one read of a session's items stands in the store's log of the items it re-read
+    since it last read them whole (append-only; a new log once read whole again): what changed
+    between two reads, as the store's one update path recorded it."""
 
+    log: list[StoredItem]
+    at: int  # how much of ``log`` this read had taken in
 
-def changes(
-    known: Known, items: Sequence[StoredItem]
-) -> tuple[Known, list[StoredItem], list[StoredItem]]:
-    """Pure: ``items`` by identity, the ``known`` ones that are no longer among them and the
-    ones that came since. The store hands out one object per row content, so an item whose row
-    changed is one that left and one that came, found in C-level set operations."""
-    now = dict(zip(map(id, items), items, strict=True))
-    gone = [known[k] for k in known.keys() - now.keys()]
-    return now, gone, [now[k] for k in now.keys() - known.keys()]
+    def since(self, before: Trail | None) -> list[StoredItem] | None:
+        """Pure: each item re-read between ``before`` and this read, as it is now (the last
+        of its versions), in no particular order; None when unknown (read whole since)."""
+        if before is None or before.log is not self.log or before.at > self.at:
+            return None
+        return list({s.item_id: s for s in self.log[before.at : self.at]}.values())

@@ -31,7 +31,7 @@ from ledger.items import Actor, Item, ItemStatus, JudgedStatus, record_judgement
 from node_agent.session import Session
 from node_agent.store import Store, declare
 from node_agent.todo.checks import CHECK, Check
-from node_agent.todo.item import StoredItem
+from node_agent.todo.item import StoredItem, Trail
 
 TABLES = declare("""
 CREATE TABLE IF NOT EXISTS items (
@@ -84,17 +84,21 @@ CREATE TABLE IF NOT EXISTS evidence (
 
 MAX_PARSED = 20_000  # stored checks kept parsed
 MAX_LISTED = 1_000  # sessions whose item list is kept between turn ends
+MAX_LOG = 1_024  # items re-read alone before a session's log starts again (``Trail``)
 _STATUS = {s.value: s for s in ItemStatus}  # a stored status by its value (a turn end reads all)
 
 
 @dataclass
 class _Listed:
     """A session's items as last read, at the version they were read at; ``dirty``: the items
-    this process changed since (re-read alone), while nobody else wrote the session's items."""
+    this process changed since (re-read alone), while nobody else wrote the session's items;
+    ``log``: every item re-read alone since the items were read whole (``Trail``)."""
 
     version: int
     items: list[StoredItem]
     dirty: set[str] = field(default_factory=set)
+    place: dict[str, int] = field(default_factory=dict)  # item id -> its index in ``items``
+    log: list[StoredItem] = field(default_factory=list)
 
 
 class ItemStore(Store):
@@ -167,18 +171,20 @@ class ItemStore(Store):
         with self._listing:
             return self._items(session_id)
 
+    def items_since(self, session_id: str) -> tuple[list[StoredItem], Trail]:
+        """``items``, and where this read stands among the items re-read alone: ``Trail.since``
+        an earlier read names what changed between the two."""
+        with self._listing:
+            items = self._items(session_id)
+            log = self._listed[session_id].log
+            return items, Trail(log, len(log))
+
     def _items(self, session_id: str) -> list[StoredItem]:
         version = self.items_version(session_id)
         listed = self._listed.get(session_id)
         if listed is not None and listed.version == version:
             if listed.dirty:
-                marks = ",".join("?" * len(listed.dirty))
-                rows = self.db.execute(
-                    f"SELECT * FROM items WHERE item_id IN ({marks})", tuple(listed.dirty)
-                ).fetchall()
-                fresh = {r["item_id"]: self._known_item(r) for r in rows}
-                listed.items = [fresh.get(s.item_id, s) for s in listed.items]
-                listed.dirty.clear()
+                self._reread(session_id, listed)
             return list(listed.items)
         rows = self.db.execute(
             "SELECT * FROM items WHERE session_id = ? ORDER BY ord", (session_id,)
@@ -186,8 +192,27 @@ class ItemStore(Store):
         items = [self._known_item(r) for r in rows]
         if len(self._listed) >= MAX_LISTED:
             self._listed.clear()
-        self._listed[session_id] = _Listed(version, items)
+        place = {s.item_id: n for n, s in enumerate(items)}
+        self._listed[session_id] = _Listed(version, items, place=place)
         return list(items)
+
+    def _reread(self, session_id: str, listed: _Listed) -> None:
+        """Read again the rows of the items this process changed, each into its place."""
+        marks = ",".join("?" * len(listed.dirty))
+        rows = self.db.execute(
+            f"SELECT * FROM items WHERE item_id IN ({marks})", tuple(listed.dirty)
+        ).fetchall()
+        listed.dirty.clear()
+        if len(listed.log) + len(rows) > MAX_LOG:  # a new log: who reads next reads it whole
+            listed = self._listed[session_id] = _Listed(
+                listed.version, listed.items, place=listed.place
+            )
+        for row in rows:
+            stored = self._known_item(row)
+            at = listed.place.get(stored.item_id)
+            if at is not None:
+                listed.items[at] = stored
+                listed.log.append(stored)
 
     def _update_item(
         self, db: sqlite3.Connection, stored: StoredItem, assignments: str, values: tuple[Any, ...]

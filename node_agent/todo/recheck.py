@@ -28,13 +28,14 @@ import functools
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from ledger.clock import Clock
 from node_agent.paths import SKIP_DIRS, matches
+from node_agent.todo.auditor import Audit, Followed
 from node_agent.todo.checks import (
     AnyCheck,
     CommandCheck,
@@ -43,7 +44,7 @@ from node_agent.todo.checks import (
     PassedCheck,
     WrittenCheck,
 )
-from node_agent.todo.item import Known, StoredItem, changes
+from node_agent.todo.item import StoredItem
 from node_agent.workspace import Fingerprint
 
 RACY_NS = 2 * 10**9  # coarser than any file system's timestamp tick (FAT's is 2 s)
@@ -249,14 +250,12 @@ def settled(stored: StoredItem, last: Verified | None) -> bool:
 @dataclass
 class Watch:
     """One session's checked items as its last turn end looked at them, patched by what
-    changed (``update``: its items compared by identity, the store handing out one object per
-    row content): which paths each written check can match, so a turn end looks again only at
-    the items that changed, are new, are not ``settled`` or match a path that moved (``due``).
-    Every other item's check would read what it read when it last ran, so it need not run."""
+    changed (``update``): which paths each written check can match, so a turn end looks again
+    only at the items that changed, are new, are not ``settled`` or match a path that moved
+    (``due``). Every other item's check would read what it read when it last ran."""
 
     listings: dict[str, Listing] = field(default_factory=dict)  # by cwd, at the last look
-    items: Sequence[StoredItem] = ()  # what ``update`` last saw (compared by identity)
-    objects: Known = field(default_factory=dict)  # each of ``items`` by identity
+    followed: Followed = field(default_factory=Followed)
     by_id: dict[str, StoredItem] = field(default_factory=dict)  # the checked ones
     literal: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (cwd, path) -> ids
     wild: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # cwd -> glob -> ids
@@ -264,17 +263,14 @@ class Watch:
     others: set[str] = field(default_factory=set)  # no written check: looked at every time
     pending: set[str] = field(default_factory=set)  # looked at next time, whatever moved
 
-    def update(self, items: Sequence[StoredItem]) -> list[str]:
+    def update(self, result: Audit) -> list[str]:
         """Take the session's open items now; returns the ids of the checked items that left."""
-        if items is self.items:
-            return []
-        now, gone, came = changes(self.objects, items)
-        for stored in gone:
+        left, came = self.followed.take(result)
+        for stored in left:
             self._drop(stored)
         for stored in came:
             self._add(stored)
-        self.items, self.objects = items, now
-        return [s.item_id for s in gone if s.check is not None and s.item_id not in self.by_id]
+        return [s.item_id for s in left if s.check is not None and s.item_id not in self.by_id]
 
     def _add(self, stored: StoredItem) -> None:
         check = stored.check
