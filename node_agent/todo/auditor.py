@@ -348,7 +348,9 @@ class Heed:
             for held in (self.news, self.fresh):
                 if held.get(stored.item_id) is stored:
                     del held[stored.item_id]
-        known, seen = _told(self.told), _noted(self.noted)
+        if not came:
+            return self
+        known, seen = _told(self.told), _noted(self.noted)  # parsed once per string
         for stored in came:
             entry, standing_now = _keys(stored)
             if entry not in known:
@@ -356,6 +358,18 @@ class Heed:
             if standing_now not in seen:
                 self.fresh[stored.item_id] = stored
         return self
+
+    def said(self, ruling: Ruling) -> Ruling:
+        """``ruling`` told the agent of every open item (``told``) or a human of every one's
+        standing (``noted``): nothing of them is new any more (a ruling not stored after all
+        differs from the next turn end's ``told``/``noted``, and ``update`` starts again)."""
+        if ruling.told != self.told:
+            self.told = ruling.told
+            self.news.clear()
+        if ruling.noted != self.noted:
+            self.noted = ruling.noted
+            self.fresh.clear()
+        return ruling
 
 
 @dataclass(frozen=True)
@@ -385,10 +399,12 @@ def rule_turn(
         first = attention(result, heed)
         text = reminder(result, suggestion=suggestion, first=first)
         named = tuple(s.item_id for s in shown(result, first))
-        return Ruling(True, text, None, told(result), noted_before, named)
+        ruling = Ruling(True, text, None, told(result), noted_before, named)
+        return heed.said(ruling)
     capped = blocks if blocks >= cap and fresh else None
     note = human_note(result, heed, capped=capped)
     if note is None:
         return Ruling(False, None, None, told_before, noted_before)  # said once already
     entries = [standing(s) for s in result.actionable]
-    return Ruling(False, None, note, told_before, json.dumps({"standing": entries, "note": note}))
+    noted = json.dumps({"standing": entries, "note": note})
+    return heed.said(Ruling(False, None, note, told_before, noted))

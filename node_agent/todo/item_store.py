@@ -203,7 +203,8 @@ class ItemStore(Store):
             f"SELECT * FROM items WHERE item_id IN ({marks})", tuple(listed.dirty)
         ).fetchall()
         listed.dirty.clear()
-        if len(listed.log) + len(rows) > MAX_LOG:  # a new log: who reads next reads it whole
+        anew = len(listed.log) + len(rows) > MAX_LOG  # an empty log: what follows it reads all
+        if anew:
             listed = self._listed[session_id] = _Listed(
                 listed.version, listed.items, place=listed.place
             )
@@ -212,7 +213,8 @@ class ItemStore(Store):
             at = listed.place.get(stored.item_id)
             if at is not None:
                 listed.items[at] = stored
-                listed.log.append(stored)
+                if not anew:
+                    listed.log.append(stored)
 
     def _update_item(
         self, db: sqlite3.Connection, stored: StoredItem, assignments: str, values: tuple[Any, ...]
