@@ -68,6 +68,25 @@ END;
 CREATE TABLE IF NOT EXISTS reminders (
     session_id TEXT PRIMARY KEY, told TEXT, noted TEXT
 );
+-- how often each session's reminder row was written, by any process: a turn end reads the row
+-- (as long as its to-do) again only when this moved (as item_versions)
+CREATE TABLE IF NOT EXISTS reminder_versions (
+    session_id TEXT PRIMARY KEY, version INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS reminders_inserted AFTER INSERT ON reminders BEGIN
+    INSERT INTO reminder_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS reminders_updated AFTER UPDATE ON reminders BEGIN
+    INSERT INTO reminder_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+    INSERT INTO reminder_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS reminders_deleted AFTER DELETE ON reminders BEGIN
+    INSERT INTO reminder_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
 -- an agent's to-do tool ids (Claude Code TaskCreate) -> the task's subject
 CREATE TABLE IF NOT EXISTS tasks (
     session_id TEXT NOT NULL, task_id TEXT NOT NULL, subject TEXT NOT NULL,
@@ -85,6 +104,7 @@ CREATE TABLE IF NOT EXISTS evidence (
 MAX_PARSED = 20_000  # stored checks kept parsed
 MAX_LISTED = 1_000  # sessions whose item list is kept between turn ends
 MAX_LOG = 1_024  # items re-read alone before a session's log starts again (``Trail``)
+MAX_REMINDED = 64  # sessions whose reminder row is kept (it is as long as their to-do)
 _STATUS = {s.value: s for s in ItemStatus}  # a stored status by its value (a turn end reads all)
 
 
@@ -117,6 +137,7 @@ class ItemStore(Store):
         self._rows: dict[tuple[Any, ...], StoredItem] = {}
         self._listed: dict[str, _Listed] = {}
         self._listing = threading.Lock()  # the kept lists are read and patched as one step
+        self._reminded: dict[str, tuple[int, str | None, str | None]] = {}  # by session
 
     def _row_item(self, row: sqlite3.Row) -> StoredItem:
         check, detail = None, row["check_detail"]
@@ -153,14 +174,15 @@ class ItemStore(Store):
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """``Store.tx``; a write rolled back drops the kept item lists (what they learnt of it
-        was never stored)."""
+        """``Store.tx``; a write rolled back drops the kept item lists and reminder rows (what
+        they learnt of it was never stored)."""
         try:
             with super().tx() as db:
                 yield db
         except BaseException:
             with self._listing:
                 self._listed.clear()
+                self._reminded.clear()
             raise
 
     def items(self, session_id: str) -> list[StoredItem]:
@@ -413,17 +435,41 @@ class ItemStore(Store):
     # --- what the agent was told, its to-do tool ids (kept across a restart) ------------------
 
     def reminded(self, session_id: str) -> tuple[str | None, str | None]:
-        """(what the agent was last told of its open items, the last note for a human)."""
+        """(what the agent was last told of its open items, the last note for a human), read
+        again only when another process wrote the row since (the version is read first)."""
+        version = self._reminded_version(session_id)
+        kept = self._reminded.get(session_id)
+        if kept is not None and kept[0] == version:
+            return kept[1], kept[2]
         row = self.db.execute(
             "SELECT told, noted FROM reminders WHERE session_id = ?", (session_id,)
         ).fetchone()
-        return (None, None) if row is None else (row["told"], row["noted"])
+        told, noted = (None, None) if row is None else (row["told"], row["noted"])
+        self._keep_reminded(session_id, version, told, noted)
+        return told, noted
 
     def set_reminded(self, session_id: str, told: str | None, noted: str | None) -> None:
-        self.db.execute(
-            "INSERT OR REPLACE INTO reminders (session_id, told, noted) VALUES (?, ?, ?)",
-            (session_id, told, noted),
-        )
+        """Write the session's reminder row; kept as written, with the version the write gave
+        it (read in the write's transaction; a rolled-back ``tx`` drops what was kept)."""
+        with contextlib.nullcontext() if self.db.in_transaction else self.tx():
+            self.db.execute(
+                "INSERT OR REPLACE INTO reminders (session_id, told, noted) VALUES (?, ?, ?)",
+                (session_id, told, noted),
+            )
+            self._keep_reminded(session_id, self._reminded_version(session_id), told, noted)
+
+    def _reminded_version(self, session_id: str) -> int:
+        row = self.db.execute(
+            "SELECT version FROM reminder_versions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def _keep_reminded(
+        self, session_id: str, version: int, told: str | None, noted: str | None
+    ) -> None:
+        if len(self._reminded) >= MAX_REMINDED:
+            self._reminded.clear()
+        self._reminded[session_id] = (version, told, noted)
 
     def save_task(self, session_id: str, task_id: str, subject: str) -> None:
         self.db.execute(

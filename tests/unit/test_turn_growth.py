@@ -425,3 +425,23 @@ async def test_a_stop_does_as_much_work_in_a_long_to_do_as_in_a_short_one(
     long = await stop_calls(tmp_path / "long", 2000)
     for few, many in zip(short, long, strict=True):
         assert many <= few + 50, (short, long)
+
+
+async def test_a_stop_reads_the_reminder_row_again_only_when_it_was_written(
+    tmp_path: Path,
+) -> None:
+    """Found (issue 29 part 5): every Stop read what the agent was told and the note for a
+    human again, two strings as long as the to-do (230 kB at 1,000 items). Now it reads them
+    only when the row was written since, by this process or another one."""
+    ledger, _ = ledger_with(tmp_path, 5)
+    assert (await ledger.turn_end("s-1")).block  # told of every item
+    await ledger.turn_end("s-1")  # let go with the note for a human
+    statements: list[str] = []
+    ledger.store.db.set_trace_callback(statements.append)
+    again = await ledger.turn_end("s-1")
+    assert not again.block and again.message is None
+    assert not [s for s in statements if "FROM reminders" in s], statements
+    other = NodeStore(tmp_path / "node.sqlite3", node_id="n")  # another process forgets them
+    other.set_reminded("s-1", None, None)
+    other.close()
+    assert (await ledger.turn_end("s-1")).block  # told nothing: every item is news again

@@ -1,7 +1,7 @@
 """What a Stop keeps between turn ends is what it would work out from every item again: the
 audit patched with the items the store re-read alone (``Trail``), what is news to the agent
-and to a human (``Heed``) and which checks a turn end looks at (``Watch``), under random
-writes by this process and by another one (issue 29 part 5).
+and to a human (``Heed``), which checks a turn end looks at (``Watch``) and the reminder row,
+under random writes by this process and by another one (issue 29 part 5).
 
 A stateful property over the node's real SQLite store: after every step the kept structures
 equal the ones built from scratch from the store's rows.
@@ -99,8 +99,17 @@ class KeptTurnState(RuleBasedStateMachine):
         if stored:
             self.ledger.store.set_reminded(SESSION, kept.told, kept.noted)
 
+    @rule(told=st.sampled_from([None, "[]", "not json"]))
+    def remind_elsewhere(self, told: str | None) -> None:
+        """Another process rewrites what the agent was told (the CLI, a second daemon)."""
+        self._write(True, lambda s: s.set_reminded(SESSION, told, None))
+
     @invariant()
     def kept_equals_worked_out_again(self) -> None:
+        row = self.ledger.store.db.execute(
+            "SELECT told, noted FROM reminders WHERE session_id = ?", (SESSION,)
+        ).fetchone()
+        assert self.ledger.store.reminded(SESSION) == (tuple(row) if row else (None, None))
         kept = self.ledger.audit(SESSION)
         again = audit(self.ledger.store.items(SESSION))
         assert kept == again
