@@ -2,9 +2,9 @@
 close on a written check, and a claims miss over a table of N claims (issue 29, parts 5 and 6).
 
   stop_growth:        ``AutoLedger.turn_end`` (what a Stop hook asks) with 10 / 100 / 1,000 open
-                      items (quick: 10 / 100 / 300), each closing on a file written in a workspace
-                      of a few dozen files; p50 of a Stop with nothing changed since the last one,
-                      and of a Stop after the agent wrote one item's file (it closes);
+                      items (quick too: fewer samples), each closing on a file written in a
+                      workspace of a few dozen files; p50 of a Stop with nothing changed since the
+                      last one, and of a Stop after the agent wrote one item's file (it closes);
   claims_miss_growth: ``ClaimsCache.related`` (the related claims a miss sends the model) over
                       1k / 10k / 100k claims (quick: 1k / 10k / 30k) whose tasks share common
                       words, for a task that matches them all.
@@ -59,8 +59,8 @@ def _workspace(root: Path) -> None:
     (root / "README.md").write_text("# project\n")
 
 
-async def _stop_at(size: int, samples: int) -> tuple[float, float]:
-    """p50 ms of a Stop with nothing changed, and of one after one item's file was written."""
+async def _stop_at(size: int, samples: int) -> tuple[list[float], list[float]]:
+    """ms of each Stop with nothing changed, and of each after one item's file was written."""
     with tempfile.TemporaryDirectory(prefix="fl-bench-stop-") as tmp:
         ws = Path(tmp) / "ws"
         _workspace(ws)
@@ -88,17 +88,23 @@ async def _stop_at(size: int, samples: int) -> tuple[float, float]:
             assert len(still.open_items) == size - n, "nothing written, nothing closes"
             assert len(after.open_items) == size - n - 1, "the written item closes"
         store.close()
-    return statistics.median(quiet), statistics.median(wrote)
+    return quiet, wrote
 
 
 def stop_growth(quick: bool) -> dict[str, Any]:
-    """A Stop's cost at each size of the open to-do (each item closing on a written check)."""
-    sizes, samples = ((10, 100, 300), 5) if quick else ((10, 100, 1000), 15)
-    quiet, wrote = [], []
-    for size in sizes:
-        q, w = asyncio.run(_stop_at(size, samples))
-        quiet.append(round(q, 3))
-        wrote.append(round(w, 3))
+    """A Stop's cost at each size of the open to-do (each item closing on a written check):
+    the sizes take turns, a few samples each round, so a shift in the shared machine's load
+    falls on all of them alike."""
+    sizes, rounds, per_round = (10, 100, 1000), (3 if quick else 5), (3 if quick else 5)
+    asyncio.run(_stop_at(10, 3))  # warm-up: the first Stops of a process would count as the 10's
+    times: dict[int, tuple[list[float], list[float]]] = {size: ([], []) for size in sizes}
+    for _ in range(rounds):
+        for size in sizes:
+            q, w = asyncio.run(_stop_at(size, per_round))
+            times[size][0].extend(q)
+            times[size][1].extend(w)
+    quiet = [round(statistics.median(times[size][0]), 3) for size in sizes]
+    wrote = [round(statistics.median(times[size][1]), 3) for size in sizes]
     return {
         "figure": "stop", "unit": "ms", "sizes": list(sizes), "p50_ms": quiet,
         "ratio": _ratio(quiet), "after_write_p50_ms": wrote, "after_write_ratio": _ratio(wrote),

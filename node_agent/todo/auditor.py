@@ -13,15 +13,19 @@ its check's last detail) is one the human was not yet told of.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import heapq
 import itertools
 import json
+import operator
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ledger.items import TERMINAL, ItemStatus
-from node_agent.todo.item import StoredItem
+from node_agent.todo.checks import PassedCheck
+from node_agent.todo.item import StoredItem, Trail
 
 ACTIONABLE = frozenset({ItemStatus.OPEN, ItemStatus.IN_PROGRESS})
 SHOWN = 20  # open items a reminder, a prompt's context or a note shows; the rest are counted
@@ -33,19 +37,106 @@ class Audit:
     actionable: tuple[StoredItem, ...]  # in order: what the agent must still do
     parked: tuple[StoredItem, ...]  # blocked / paused: nothing the agent can finish now
     terminal: tuple[StoredItem, ...]
+    # kept with the three (``audit``, ``patched``): a turn end reads them, never recounts them
+    ids: tuple[str, ...] = field(default=(), compare=False)  # the actionable items' ids
+    checked: int = field(default=0, compare=False)  # actionable items with a check
+    on_passed: tuple[StoredItem, ...] = field(default=(), compare=False)  # ``closed_by_check``
+    trail: Trail | None = field(default=None, compare=False, repr=False)  # the read it came from
 
     @property
     def clear(self) -> bool:
         return not self.actionable
 
 
-def audit(items: Sequence[StoredItem]) -> Audit:
-    ordered = sorted(items, key=lambda s: s.order)
-    return Audit(
-        actionable=tuple(s for s in ordered if s.item.stored_status in ACTIONABLE),
-        parked=tuple(s for s in ordered if s.item.stored_status in PARKED),
-        terminal=tuple(s for s in ordered if s.item.stored_status in TERMINAL),
+ORDER = operator.attrgetter("order")
+_GROUP = {**dict.fromkeys(ACTIONABLE, 0), **dict.fromkeys(PARKED, 1), **dict.fromkeys(TERMINAL, 2)}
+
+
+def closed_by_check(stored: StoredItem) -> bool:
+    """Done on its passed check: valid only while the node's own run on the workspace holds."""
+    return (
+        isinstance(stored.check, PassedCheck)
+        and stored.item.stored_status is ItemStatus.DONE
+        and (stored.item.stored_by or "").startswith("check:")
     )
+
+
+def audit(items: Sequence[StoredItem], trail: Trail | None = None) -> Audit:
+    """Pure: the items by standing, each in the to-do's order (``trail``: the read they are)."""
+    groups: tuple[list[StoredItem], ...] = ([], [], [])
+    for stored in sorted(items, key=ORDER):
+        group = _GROUP.get(stored.item.stored_status)
+        if group is not None:
+            groups[group].append(stored)
+    actionable, parked, terminal = groups
+    return Audit(
+        tuple(actionable), tuple(parked), tuple(terminal),
+        ids=tuple(s.item_id for s in actionable),
+        checked=sum(s.check is not None for s in actionable),
+        on_passed=tuple(filter(closed_by_check, terminal)), trail=trail,
+    )  # fmt: skip
+
+
+def patched(before: Audit, changed: Sequence[StoredItem], trail: Trail | None = None) -> Audit:
+    """Pure: ``audit`` of ``before``'s items with ``changed`` (each the item as it is now, in
+    its place by order), at the cost of what changed: each is found by bisection."""
+    groups = (list(before.actionable), list(before.parked), list(before.terminal))
+    ids, checked = list(before.ids), before.checked
+    moved = {s.item_id for s in changed}
+    for stored in changed:
+        for n, group in enumerate(groups):
+            at = bisect.bisect_left(group, stored.order, key=ORDER)
+            if at < len(group) and group[at].item_id == stored.item_id:
+                old = group.pop(at)
+                if n == 0:
+                    del ids[at]
+                    checked -= old.check is not None
+                break
+        into = _GROUP.get(stored.item.stored_status)
+        if into is not None:
+            at = bisect.bisect_left(groups[into], stored.order, key=ORDER)
+            groups[into].insert(at, stored)
+            if into == 0:
+                ids.insert(at, stored.item_id)
+                checked += stored.check is not None
+    on_passed = [s for s in before.on_passed if s.item_id not in moved]
+    on_passed += filter(closed_by_check, changed)
+    actionable, parked, terminal = groups
+    return Audit(
+        tuple(actionable), tuple(parked), tuple(terminal), ids=tuple(ids), checked=checked,
+        on_passed=tuple(sorted(on_passed, key=ORDER)), trail=trail,
+    )  # fmt: skip
+
+
+@dataclass
+class Followed:
+    """A session's open items as one reader last took them (``take``): the reader learns what
+    left and what came since, from the store's log of the items it re-read when it can
+    (``Trail``), else from every item again."""
+
+    items: tuple[StoredItem, ...] = ()
+    trail: Trail | None = None
+    by_id: dict[str, StoredItem] = field(default_factory=dict)  # the open items as taken
+
+    def take(self, result: Audit) -> tuple[list[StoredItem], list[StoredItem]]:
+        """(the open items that left since the last take, the ones that came)."""
+        if result.actionable is self.items:
+            return [], []
+        delta = None if result.trail is None else result.trail.since(self.trail)
+        self.items, self.trail = result.actionable, result.trail
+        if delta is None:
+            left = list(self.by_id.values())
+            self.by_id = {s.item_id: s for s in result.actionable}
+            return left, list(result.actionable)
+        left, came = [], []
+        for stored in delta:
+            old = self.by_id.pop(stored.item_id, None)
+            if old is not None:
+                left.append(old)
+            if stored.item.stored_status in ACTIONABLE:
+                self.by_id[stored.item_id] = stored
+                came.append(stored)
+        return left, came
 
 
 def todo_line(n: int, s: StoredItem) -> str:
@@ -84,11 +175,10 @@ def more(count: int, noun: str) -> list[str]:
     return [f"…and {count} more {noun}{'s' if count != 1 else ''}"] if count > 0 else []
 
 
-def attention(result: Audit, told_before: str | None) -> list[StoredItem]:
-    """Pure: the open items to show first: those with news for the agent (``news``), then
+def attention(result: Audit, heed: Heed) -> list[StoredItem]:
+    """Pure: the open items to show first: those with news for the agent (``Heed.news``), then
     those it claimed that are still open, each in the to-do's order; at most ``SHOWN``."""
-    known = _told(told_before)
-    fresh = [s for s in result.actionable if _keys(s)[0] not in known][:SHOWN]
+    fresh = heapq.nsmallest(SHOWN, heed.news.values(), key=ORDER)
     ids = {s.item_id for s in fresh}
     claimed = (s for s in result.actionable if s.item.model_claim and s.item_id not in ids)
     return fresh + list(itertools.islice(claimed, SHOWN - len(fresh)))
@@ -164,12 +254,6 @@ def _told(before: str | None) -> frozenset[tuple[str | None, ...]]:
     return frozenset(tuple(e) for e in entries if isinstance(e, list))
 
 
-def news(result: Audit, before: str | None) -> bool:
-    """Something the agent was not told: an item opened, a check failed, a claim unverified."""
-    known = _told(before)
-    return any(_keys(s)[0] not in known for s in result.actionable)
-
-
 def standing(stored: StoredItem) -> list[str | None]:
     """What a human is told of one open item: an item only a human can close, by its claim;
     a checked one, by its check's last detail. A note names an item again only when this
@@ -207,13 +291,12 @@ def _noted(noted: str | None) -> frozenset[tuple[str | None, ...]]:
     return frozenset(tuple(e) for e in entries if isinstance(e, list))
 
 
-def human_note(result: Audit, *, capped: int | None = None, noted: str | None = None) -> str | None:
+def human_note(result: Audit, heed: Heed, *, capped: int | None = None) -> str | None:
     """The note for a human when the agent stops with items open: the items whose standing
-    they were not yet told of, what is unverified and why; None when there is none."""
-    known = _noted(noted)
-    fresh = [s for s in result.actionable if _keys(s)[1] not in known]
-    if not fresh:
+    they were not yet told of (``Heed.fresh``), what is unverified and why; None when none."""
+    if not heed.fresh:
         return None
+    fresh = sorted(heed.fresh.values(), key=ORDER)
     human = [s for s in fresh if s.check is None][:SHOWN]
     checked = [s for s in fresh if s.check is not None][: SHOWN - len(human)]
     count = len(result.actionable)
@@ -240,6 +323,55 @@ def human_note(result: Audit, *, capped: int | None = None, noted: str | None = 
     return "\n".join(lines)
 
 
+@dataclass
+class Heed:
+    """What one session's open items hold that is new: to the agent (``news``: an item whose
+    ``_entry`` is not in what it was told) and to a human (``fresh``: one whose ``standing`` is
+    not in the last note). Kept in step with the items by what changed (``update``), so a turn
+    end with nothing new costs what changed, not the length of the to-do."""
+
+    told: str | None = None
+    noted: str | None = None
+    followed: Followed = field(default_factory=Followed)
+    news: dict[str, StoredItem] = field(default_factory=dict)  # by item id
+    fresh: dict[str, StoredItem] = field(default_factory=dict)  # by item id
+
+    def update(self, result: Audit, told: str | None, noted: str | None) -> Heed:
+        """Take the open items now, against ``told`` and ``noted`` (a change of either is
+        looked at against every item)."""
+        if told != self.told or noted != self.noted:
+            self.told, self.noted, self.followed = told, noted, Followed()
+            self.news.clear()
+            self.fresh.clear()
+        left, came = self.followed.take(result)
+        for stored in left:
+            for held in (self.news, self.fresh):
+                if held.get(stored.item_id) is stored:
+                    del held[stored.item_id]
+        if not came:
+            return self
+        known, seen = _told(self.told), _noted(self.noted)  # parsed once per string
+        for stored in came:
+            entry, standing_now = _keys(stored)
+            if entry not in known:
+                self.news[stored.item_id] = stored
+            if standing_now not in seen:
+                self.fresh[stored.item_id] = stored
+        return self
+
+    def said(self, ruling: Ruling) -> Ruling:
+        """``ruling`` told the agent of every open item (``told``) or a human of every one's
+        standing (``noted``): nothing of them is new any more (a ruling not stored after all
+        differs from the next turn end's ``told``/``noted``, and ``update`` starts again)."""
+        if ruling.told != self.told:
+            self.told = ruling.told
+            self.news.clear()
+        if ruling.noted != self.noted:
+            self.noted = ruling.noted
+            self.fresh.clear()
+        return ruling
+
+
 @dataclass(frozen=True)
 class Ruling:
     """What a turn end does: block with ``reason``, or let go (with ``note`` for a human, said
@@ -255,20 +387,24 @@ class Ruling:
 
 def rule_turn(
     result: Audit, *, told_before: str | None, noted_before: str | None, blocks: int, cap: int,
-    suggestion: str | None = None,
+    suggestion: str | None = None, heed: Heed | None = None,
 ) -> Ruling:  # fmt: skip
-    """The reminder policy at one turn end (``blocks``: consecutive blocks so far)."""
+    """The reminder policy at one turn end (``blocks``: consecutive blocks so far; ``heed``:
+    the session's, kept from its last turn end, else one worked out here)."""
     if result.clear:
         return Ruling(False, None, None, None, None)
-    fresh = news(result, told_before)
+    heed = (heed or Heed()).update(result, told_before, noted_before)
+    fresh = bool(heed.news)  # something the agent was not told: an item opened, a check failed
     if fresh and blocks < cap:
-        first = attention(result, told_before)
+        first = attention(result, heed)
         text = reminder(result, suggestion=suggestion, first=first)
         named = tuple(s.item_id for s in shown(result, first))
-        return Ruling(True, text, None, told(result), noted_before, named)
+        ruling = Ruling(True, text, None, told(result), noted_before, named)
+        return heed.said(ruling)
     capped = blocks if blocks >= cap and fresh else None
-    note = human_note(result, capped=capped, noted=noted_before)
+    note = human_note(result, heed, capped=capped)
     if note is None:
         return Ruling(False, None, None, told_before, noted_before)  # said once already
     entries = [standing(s) for s in result.actionable]
-    return Ruling(False, None, note, told_before, json.dumps({"standing": entries, "note": note}))
+    noted = json.dumps({"standing": entries, "note": note})
+    return heed.said(Ruling(False, None, note, told_before, noted))

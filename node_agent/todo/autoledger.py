@@ -25,9 +25,18 @@ from ledger.items import Actor, ItemStatus
 from node_agent.execution.state import ExecutionState
 from node_agent.session import Session, safe_id
 from node_agent.todo import completion
-from node_agent.todo.auditor import Audit, Ruling, audit, context, rule_turn, told
+from node_agent.todo.auditor import (
+    Audit,
+    Heed,
+    Ruling,
+    audit,
+    context,
+    patched,
+    rule_turn,
+    told,
+)
 from node_agent.todo.capture import match_item, parse_prompt
-from node_agent.todo.checker import Checker, closed_by_check
+from node_agent.todo.checker import Checker
 from node_agent.todo.checks import (
     Check,
     WrittenCheck,
@@ -94,6 +103,7 @@ class AutoLedger:
         # by session: its last ruling's inputs
         self._rulings: dict[str, tuple[tuple[object, ...], Ruling]] = {}
         self._audits: dict[str, tuple[int, Audit]] = {}  # by session: its items' version
+        self._heeds: dict[str, Heed] = {}  # by session: what in its open items is new
 
     def session(
         self, session_id: str, *, agent: str = "agent", mission: str | None = None,
@@ -245,13 +255,9 @@ class AutoLedger:
             source = early.source
         if settled is None:
             seen: dict[str, Fingerprint] = {}  # one fingerprint per workspace per turn end
-            if await self.checker.revalidate(result.terminal, seen):
+            if await self.checker.revalidate(result.on_passed, seen):
                 result = await run(self._audit, session.session_id)
-            for stored in result.terminal:  # closed: nothing left to remember of its check
-                self.checker.forget(stored.item_id)
-            checks, verified = await self.checker.verify_due(
-                session.session_id, result.actionable, seen
-            )
+            checks, verified = await self.checker.verify_due(session.session_id, result, seen)
             if checks:
                 result = await run(self._audit, session.session_id)
             source = "skipped: nothing open" if result.clear else source
@@ -273,7 +279,7 @@ class AutoLedger:
             block,
             text if block else None,
             message,
-            [s.item_id for s in result.actionable],
+            list(result.ids),
             calls,
             source,
             (time.perf_counter() - started) * 1000,
@@ -292,8 +298,7 @@ class AutoLedger:
         if session is None:
             return None
         result = self._audit(session_id)
-        to_check = any(s.check is not None for s in result.actionable)
-        if to_check or any(closed_by_check(s) for s in result.terminal):
+        if result.checked or result.on_passed:
             return session, result, None, None, None
         suggestion, early = None, None
         if not result.clear and self.gate is not None:
@@ -308,12 +313,18 @@ class AutoLedger:
 
     def _audit(self, session_id: str) -> Audit:
         """On the store's thread: the session's audit, read again only when its items were
-        written since (the version is read first: a write in between reads them again)."""
+        written since (the version is read first: a write in between reads them again), and
+        then patched with the items re-read alone when the store can name them (``Trail``)."""
         version = self.store.items_version(session_id)
         last = self._audits.get(session_id)
         if last is not None and last[0] == version:
             return last[1]
-        result = audit(self.store.items(session_id))
+        items, trail = self.store.items_since(session_id)
+        changed = None if last is None else trail.since(last[1].trail)
+        if last is None or changed is None:
+            result = audit(items, trail)
+        else:
+            result = patched(last[1], changed, trail)
         self._audits[session_id] = (version, result)
         return result
 
@@ -333,6 +344,7 @@ class AutoLedger:
             ruling = rule_turn(
                 result, told_before=told_before, noted_before=noted_before,
                 blocks=session.consecutive_blocks, cap=self.stop_block_cap, suggestion=suggestion,
+                heed=self._heeds.setdefault(session_id, Heed()),
             )  # fmt: skip
             self._rulings[session_id] = (asked, ruling)
         with self.store.tx() as db:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from ledger.items import Actor, ItemStatus
 from node_agent.execution.state import ExecutionState
 from node_agent.todo import recheck
+from node_agent.todo.auditor import Audit, closed_by_check
 from node_agent.todo.checks import CheckResult, EvidenceCheck, PassedCheck, WrittenCheck, run_check
 from node_agent.todo.item import StoredItem
 from node_agent.todo.item_store import ItemStore
@@ -32,11 +33,8 @@ class Checker:
         self.check_timeout_s = timeout_s
         # the checks that ran here and did not pass, by item: what their inputs were then
         self._verified: dict[str, Verified] = {}
-        # by session: what its checked items read when none was due
-        self._quiet: dict[str, tuple[object, ...]] = {}
-        # by session: each directory's listing at its last turn end (what changed since) and
-        # the items whose checks it looked at (only for those is "since" their last look)
-        self._listings: dict[str, tuple[dict[str, recheck.Listing], frozenset[str]]] = {}
+        # by session: its checked items, what they read at its last turn end (what moved since)
+        self._watches: dict[str, recheck.Watch] = {}
 
     async def verify(self, stored: StoredItem, seen: dict[str, Fingerprint] | None = None) -> bool:
         """Run the item's check here; a pass moves it to done as the check's own actor.
@@ -81,54 +79,44 @@ class Checker:
             await run(self.store.record_check_detail, stored.item_id, result.detail)
         return result, judged
 
-    def forget(self, item_id: str) -> None:
-        """The item is closed: nothing is left to remember of its check's last run."""
-        self._verified.pop(item_id, None)
-
     async def verify_due(
-        self, session_id: str, items: Sequence[StoredItem], seen: dict[str, Fingerprint]
+        self, session_id: str, audited: Audit, seen: dict[str, Fingerprint]
     ) -> tuple[int, list[str]]:
-        """Run the checks of ``items`` whose inputs changed since they last ran here without
-        passing (``recheck``); return how many ran and the items they closed."""
-        checked = [s for s in items if s.check is not None]
-        if not checked:
+        """Run the checks of the open items whose inputs changed since they last ran here
+        without passing (``recheck``); return how many ran and the items they closed."""
+        watch = self._watches.setdefault(session_id, recheck.Watch())
+        for item_id in watch.update(audited):  # no longer open: its last run is no standing
+            self._verified.pop(item_id, None)
+        if not watch.by_id:
             return 0, []
-        wanted = recheck.evidence_ids(checked)
+        cwds, paths, wanted = watch.reads()
         known = await self.store.run(self.store.evidence_known_among, wanted) if wanted else None
         looked = await asyncio.to_thread(
-            recheck.look, [s.check for s in checked if s.check], known or frozenset(),
-            recheck.clock_ns(self.store.clock),
-        )  # fmt: skip
+            recheck.look, cwds, paths, known or frozenset(), recheck.clock_ns(self.store.clock)
+        )
         looked.workspaces = seen  # the passed checks' fingerprints, as the verifier takes them
-        before, present = self._listings.get(session_id, ({}, frozenset()))
-        self._listings[session_id] = (looked.listings, frozenset(s.item_id for s in checked))
-        quiet = recheck.quiet(checked, looked)
-        if quiet is not None and self._quiet.get(session_id) == quiet:
-            return 0, []  # the same items read the same inputs as when none was due
-        moved = {cwd: recheck.changed(before.get(cwd), now) for cwd, now in looked.listings.items()}
+        moved = {
+            cwd: recheck.changed(watch.listings.get(cwd), now)
+            for cwd, now in looked.listings.items()
+        }
+        watch.listings = looked.listings
+        due = watch.due(moved)
+        watch.pending.update(s.item_id for s in due)  # until looked at (a cancelled turn end)
         ran, verified = 0, []
-        for stored in checked:
+        for stored in due:
             assert stored.check is not None
             last = self._verified.get(stored.item_id)
-            cwd = getattr(stored.check, "cwd", "")
-            # an item not looked at last time (parked, added) may have missed a change since
-            if stored.item_id in present and recheck.still(stored, last, moved.get(cwd)):
-                continue  # a turn end costs what changed, not the size of the to-do
             now = recheck.inputs(stored.check, looked)
-            if not recheck.due(stored, last, now):
-                continue
-            ran += 1
-            result, judged = await self.check(stored, seen)
-            self._verified.pop(stored.item_id, None)
-            if result.passed:
-                verified.append(stored.item_id)
-            elif judged:  # a passed check's fingerprint is known once the verifier took it
-                now = now if now is not None else recheck.inputs(stored.check, looked)
-                self._verified[stored.item_id] = Verified(stored.check, result.detail, now)
-        if ran == 0 and quiet is not None:
-            self._quiet[session_id] = quiet
-        else:
-            self._quiet.pop(session_id, None)
+            if recheck.due(stored, last, now):
+                ran += 1
+                result, judged = await self.check(stored, seen)
+                self._verified.pop(stored.item_id, None)
+                if result.passed:
+                    verified.append(stored.item_id)
+                elif judged:  # a passed check's fingerprint is known once the verifier took it
+                    now = now if now is not None else recheck.inputs(stored.check, looked)
+                    self._verified[stored.item_id] = Verified(stored.check, result.detail, now)
+            watch.looked(stored, self._verified.get(stored.item_id))
         return ran, verified
 
     async def revalidate(
@@ -152,12 +140,3 @@ class Checker:
                 )  # fmt: skip
                 reopened.append(stored.item_id)
         return reopened
-
-
-def closed_by_check(stored: StoredItem) -> bool:
-    """Done on its passed check: valid only while the node's own run on the workspace holds."""
-    return (
-        isinstance(stored.check, PassedCheck)
-        and stored.item.stored_status is ItemStatus.DONE
-        and (stored.item.stored_by or "").startswith("check:")
-    )

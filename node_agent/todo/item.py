@@ -25,3 +25,20 @@ class StoredItem:
     @property
     def item_id(self) -> str:
         return self.item.item_id
+
+
+@dataclass(frozen=True, eq=False)
+class Trail:
+    """Where one read of a session's items stands in the store's log of the items it re-read
+    since it last read them whole (append-only; a new log once read whole again): what changed
+    between two reads, as the store's one update path recorded it."""
+
+    log: list[StoredItem]
+    at: int  # how much of ``log`` this read had taken in
+
+    def since(self, before: Trail | None) -> list[StoredItem] | None:
+        """Pure: each item re-read between ``before`` and this read, as it is now (the last
+        of its versions), in no particular order; None when unknown (read whole since)."""
+        if before is None or before.log is not self.log or before.at > self.at:
+            return None
+        return list({s.item_id: s for s in self.log[before.at : self.at]}.values())

@@ -31,7 +31,7 @@ from ledger.items import Actor, Item, ItemStatus, JudgedStatus, record_judgement
 from node_agent.session import Session
 from node_agent.store import Store, declare
 from node_agent.todo.checks import CHECK, Check
-from node_agent.todo.item import StoredItem
+from node_agent.todo.item import StoredItem, Trail
 
 TABLES = declare("""
 CREATE TABLE IF NOT EXISTS items (
@@ -68,6 +68,25 @@ END;
 CREATE TABLE IF NOT EXISTS reminders (
     session_id TEXT PRIMARY KEY, told TEXT, noted TEXT
 );
+-- how often each session's reminder row was written, by any process: a turn end reads the row
+-- (as long as its to-do) again only when this moved (as item_versions)
+CREATE TABLE IF NOT EXISTS reminder_versions (
+    session_id TEXT PRIMARY KEY, version INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS reminders_inserted AFTER INSERT ON reminders BEGIN
+    INSERT INTO reminder_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS reminders_updated AFTER UPDATE ON reminders BEGIN
+    INSERT INTO reminder_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+    INSERT INTO reminder_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS reminders_deleted AFTER DELETE ON reminders BEGIN
+    INSERT INTO reminder_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
 -- an agent's to-do tool ids (Claude Code TaskCreate) -> the task's subject
 CREATE TABLE IF NOT EXISTS tasks (
     session_id TEXT NOT NULL, task_id TEXT NOT NULL, subject TEXT NOT NULL,
@@ -84,17 +103,22 @@ CREATE TABLE IF NOT EXISTS evidence (
 
 MAX_PARSED = 20_000  # stored checks kept parsed
 MAX_LISTED = 1_000  # sessions whose item list is kept between turn ends
+MAX_LOG = 1_024  # items re-read alone before a session's log starts again (``Trail``)
+MAX_REMINDED = 64  # sessions whose reminder row is kept (it is as long as their to-do)
 _STATUS = {s.value: s for s in ItemStatus}  # a stored status by its value (a turn end reads all)
 
 
 @dataclass
 class _Listed:
     """A session's items as last read, at the version they were read at; ``dirty``: the items
-    this process changed since (re-read alone), while nobody else wrote the session's items."""
+    this process changed since (re-read alone), while nobody else wrote the session's items;
+    ``log``: every item re-read alone since the items were read whole (``Trail``)."""
 
     version: int
     items: list[StoredItem]
     dirty: set[str] = field(default_factory=set)
+    place: dict[str, int] = field(default_factory=dict)  # item id -> its index in ``items``
+    log: list[StoredItem] = field(default_factory=list)
 
 
 class ItemStore(Store):
@@ -113,6 +137,7 @@ class ItemStore(Store):
         self._rows: dict[tuple[Any, ...], StoredItem] = {}
         self._listed: dict[str, _Listed] = {}
         self._listing = threading.Lock()  # the kept lists are read and patched as one step
+        self._reminded: dict[str, tuple[int, str | None, str | None]] = {}  # by session
 
     def _row_item(self, row: sqlite3.Row) -> StoredItem:
         check, detail = None, row["check_detail"]
@@ -149,14 +174,15 @@ class ItemStore(Store):
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """``Store.tx``; a write rolled back drops the kept item lists (what they learnt of it
-        was never stored)."""
+        """``Store.tx``; a write rolled back drops the kept item lists and reminder rows (what
+        they learnt of it was never stored)."""
         try:
             with super().tx() as db:
                 yield db
         except BaseException:
             with self._listing:
                 self._listed.clear()
+                self._reminded.clear()
             raise
 
     def items(self, session_id: str) -> list[StoredItem]:
@@ -167,18 +193,20 @@ class ItemStore(Store):
         with self._listing:
             return self._items(session_id)
 
+    def items_since(self, session_id: str) -> tuple[list[StoredItem], Trail]:
+        """``items``, and where this read stands among the items re-read alone: ``Trail.since``
+        an earlier read names what changed between the two."""
+        with self._listing:
+            items = self._items(session_id)
+            log = self._listed[session_id].log
+            return items, Trail(log, len(log))
+
     def _items(self, session_id: str) -> list[StoredItem]:
         version = self.items_version(session_id)
         listed = self._listed.get(session_id)
         if listed is not None and listed.version == version:
             if listed.dirty:
-                marks = ",".join("?" * len(listed.dirty))
-                rows = self.db.execute(
-                    f"SELECT * FROM items WHERE item_id IN ({marks})", tuple(listed.dirty)
-                ).fetchall()
-                fresh = {r["item_id"]: self._known_item(r) for r in rows}
-                listed.items = [fresh.get(s.item_id, s) for s in listed.items]
-                listed.dirty.clear()
+                self._reread(session_id, listed)
             return list(listed.items)
         rows = self.db.execute(
             "SELECT * FROM items WHERE session_id = ? ORDER BY ord", (session_id,)
@@ -186,8 +214,29 @@ class ItemStore(Store):
         items = [self._known_item(r) for r in rows]
         if len(self._listed) >= MAX_LISTED:
             self._listed.clear()
-        self._listed[session_id] = _Listed(version, items)
+        place = {s.item_id: n for n, s in enumerate(items)}
+        self._listed[session_id] = _Listed(version, items, place=place)
         return list(items)
+
+    def _reread(self, session_id: str, listed: _Listed) -> None:
+        """Read again the rows of the items this process changed, each into its place."""
+        marks = ",".join("?" * len(listed.dirty))
+        rows = self.db.execute(
+            f"SELECT * FROM items WHERE item_id IN ({marks})", tuple(listed.dirty)
+        ).fetchall()
+        listed.dirty.clear()
+        anew = len(listed.log) + len(rows) > MAX_LOG  # an empty log: what follows it reads all
+        if anew:
+            listed = self._listed[session_id] = _Listed(
+                listed.version, listed.items, place=listed.place
+            )
+        for row in rows:
+            stored = self._known_item(row)
+            at = listed.place.get(stored.item_id)
+            if at is not None:
+                listed.items[at] = stored
+                if not anew:
+                    listed.log.append(stored)
 
     def _update_item(
         self, db: sqlite3.Connection, stored: StoredItem, assignments: str, values: tuple[Any, ...]
@@ -386,17 +435,41 @@ class ItemStore(Store):
     # --- what the agent was told, its to-do tool ids (kept across a restart) ------------------
 
     def reminded(self, session_id: str) -> tuple[str | None, str | None]:
-        """(what the agent was last told of its open items, the last note for a human)."""
+        """(what the agent was last told of its open items, the last note for a human), read
+        again only when another process wrote the row since (the version is read first)."""
+        version = self._reminded_version(session_id)
+        kept = self._reminded.get(session_id)
+        if kept is not None and kept[0] == version:
+            return kept[1], kept[2]
         row = self.db.execute(
             "SELECT told, noted FROM reminders WHERE session_id = ?", (session_id,)
         ).fetchone()
-        return (None, None) if row is None else (row["told"], row["noted"])
+        told, noted = (None, None) if row is None else (row["told"], row["noted"])
+        self._keep_reminded(session_id, version, told, noted)
+        return told, noted
 
     def set_reminded(self, session_id: str, told: str | None, noted: str | None) -> None:
-        self.db.execute(
-            "INSERT OR REPLACE INTO reminders (session_id, told, noted) VALUES (?, ?, ?)",
-            (session_id, told, noted),
-        )
+        """Write the session's reminder row; kept as written, with the version the write gave
+        it (read in the write's transaction; a rolled-back ``tx`` drops what was kept)."""
+        with contextlib.nullcontext() if self.db.in_transaction else self.tx():
+            self.db.execute(
+                "INSERT OR REPLACE INTO reminders (session_id, told, noted) VALUES (?, ?, ?)",
+                (session_id, told, noted),
+            )
+            self._keep_reminded(session_id, self._reminded_version(session_id), told, noted)
+
+    def _reminded_version(self, session_id: str) -> int:
+        row = self.db.execute(
+            "SELECT version FROM reminder_versions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def _keep_reminded(
+        self, session_id: str, version: int, told: str | None, noted: str | None
+    ) -> None:
+        if len(self._reminded) >= MAX_REMINDED:
+            self._reminded.clear()
+        self._reminded[session_id] = (version, told, noted)
 
     def save_task(self, session_id: str, task_id: str, subject: str) -> None:
         self.db.execute(

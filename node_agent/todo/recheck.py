@@ -12,7 +12,10 @@ A check's inputs, as one turn end sees them, and a fingerprint of them (``inputs
 - command: unknown (a command may read anything), so a command check runs at every turn end.
 
 A check runs again (``due``) when it never ran here, its check or its last detail changed since
-(another process, a claim's verification), or its inputs' fingerprint is unknown or differs. A
+(another process, a claim's verification), or its inputs' fingerprint is unknown or differs.
+Only the items a ``Watch`` names are fingerprinted at all: those that changed or are new since
+the last turn end, those not ``settled``, and those a path that moved since can match; a turn
+end costs what changed, not the length of the to-do. A
 stat key taken within ``RACY_NS`` of the file's last change cannot tell a second write in the
 same timestamp tick (git's "racily clean" entries): such a file makes the fingerprint unknown,
 so its check runs. Only a check that ran to a verdict and did not pass is remembered: a pass
@@ -25,12 +28,14 @@ import functools
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from ledger.clock import Clock
 from node_agent.paths import SKIP_DIRS, matches
+from node_agent.todo.auditor import Audit, Followed
 from node_agent.todo.checks import (
     AnyCheck,
     CommandCheck,
@@ -160,17 +165,17 @@ class Seen:
 
 
 def look(
-    checks: Iterable[AnyCheck], evidence: frozenset[str] = frozenset(),
+    cwds: Iterable[str], paths: Iterable[str], evidence: frozenset[str] = frozenset(),
     now_ns: Callable[[], int] = time.time_ns,
 ) -> Seen:  # fmt: skip
-    """Walk each written check's directory and stat each file check's path, once (blocking
+    """Walk each directory written checks read and stat each file check's path, once (blocking
     I/O: run it off the event loop). ``now_ns``: the clock the files' timestamps are read by."""
     seen = Seen(evidence=evidence)
-    for check in checks:
-        if isinstance(check, WrittenCheck) and check.cwd not in seen.listings:
-            seen.listings[check.cwd] = list_files(check.cwd, now_ns=now_ns)
-        elif isinstance(check, FileCheck) and check.path not in seen.files:
-            seen.files[check.path] = file_inputs(check.path, now_ns)
+    for cwd in cwds:
+        seen.listings[cwd] = list_files(cwd, now_ns=now_ns)
+    for path in paths:
+        if path not in seen.files:
+            seen.files[path] = file_inputs(path, now_ns)
     return seen
 
 
@@ -217,17 +222,6 @@ def due(stored: StoredItem, last: Verified | None, now: Inputs | None) -> bool:
     )
 
 
-def quiet(checked: Sequence[StoredItem], seen: Seen) -> tuple[object, ...] | None:
-    """Pure: all that decides whether any of ``checked`` is due (the items, each directory's
-    listing, the file checks' fingerprints, the evidence registered): when it equals what it
-    was at a turn end where none was due, none is due now. None when a check reads what this
-    does not hold (a passed check's workspace, a command's anything)."""
-    if any(isinstance(s.check, PassedCheck | CommandCheck) for s in checked):
-        return None
-    listings = {cwd: (listing.files, listing.problem) for cwd, listing in seen.listings.items()}
-    return (tuple(checked), listings, dict(seen.files), seen.evidence)
-
-
 def changed(before: Listing | None, now: Listing) -> frozenset[str] | None:
     """Pure: the lower-cased paths under ``now.cwd`` whose stat key differs between two turn
     ends' listings (written, removed or changed) or is racy now; None when it cannot be told
@@ -240,36 +234,115 @@ def changed(before: Listing | None, now: Listing) -> frozenset[str] | None:
     return frozenset(rel.lower() for rel in moved)
 
 
-def untouched(check: WrittenCheck, moved: frozenset[str]) -> bool:
-    """Pure: none of ``moved`` (``changed``'s paths) is one ``check``'s pattern can match, so
-    the fingerprint of what it reads is the one it had at the last turn end."""
-    if not moved:
-        return True
-    for glob in _globs(check.pattern):
-        if GLOB.search(glob) is None:
-            if glob in moved:
-                return False
-        elif any(matches(rel, glob) for rel in moved):
-            return False
-    return True
-
-
-def still(stored: StoredItem, last: Verified | None, moved: frozenset[str] | None) -> bool:
-    """Pure: ``stored``'s written check need not run, known without fingerprinting its inputs:
-    it ran here on a known fingerprint (``last``), nothing about the item changed since, and
-    no path it can match changed since the last turn end (``moved``). Any doubt: False (the
-    full ``due`` decides)."""
-    if moved is None or last is None or last.inputs is None:
-        return False
+def settled(stored: StoredItem, last: Verified | None) -> bool:
+    """Pure: ``stored``'s written check need not run again until a path it can match moves: it
+    ran here on a known fingerprint (``last``) and nothing about the item changed since."""
     check = stored.check
     return (
-        type(check) is WrittenCheck
+        last is not None
+        and last.inputs is not None
+        and type(check) is WrittenCheck
         and (last.check is check or last.check == check)
         and last.detail == stored.check_detail
-        and untouched(check, moved)
     )
 
 
-def evidence_ids(items: Sequence[StoredItem]) -> list[str]:
-    """Pure: the evidence ids the items' checks wait for."""
-    return [s.check.evidence_id for s in items if isinstance(s.check, EvidenceCheck)]
+@dataclass
+class Watch:
+    """One session's checked items as its last turn end looked at them, patched by what
+    changed (``update``): which paths each written check can match, so a turn end looks again
+    only at the items that changed, are new, are not ``settled`` or match a path that moved
+    (``due``). Every other item's check would read what it read when it last ran."""
+
+    listings: dict[str, Listing] = field(default_factory=dict)  # by cwd, at the last look
+    followed: Followed = field(default_factory=Followed)
+    by_id: dict[str, StoredItem] = field(default_factory=dict)  # the checked ones
+    literal: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (cwd, path) -> ids
+    wild: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # cwd -> glob -> ids
+    by_cwd: dict[str, set[str]] = field(default_factory=dict)  # cwd -> its written checks' ids
+    others: set[str] = field(default_factory=set)  # no written check: looked at every time
+    pending: set[str] = field(default_factory=set)  # looked at next time, whatever moved
+
+    def update(self, result: Audit) -> list[str]:
+        """Take the session's open items now; returns the ids of the checked items that left."""
+        left, came = self.followed.take(result)
+        for stored in left:
+            self._drop(stored)
+        for stored in came:
+            self._add(stored)
+        return [s.item_id for s in left if s.check is not None and s.item_id not in self.by_id]
+
+    def _add(self, stored: StoredItem) -> None:
+        check = stored.check
+        if check is None:
+            return
+        self.by_id[stored.item_id] = stored
+        self.pending.add(stored.item_id)
+        if type(check) is not WrittenCheck:
+            self.others.add(stored.item_id)
+            return
+        self.by_cwd.setdefault(check.cwd, set()).add(stored.item_id)
+        for glob in _globs(check.pattern):
+            if GLOB.search(glob) is None:
+                self.literal.setdefault((check.cwd, glob), set()).add(stored.item_id)
+            else:
+                self.wild.setdefault(check.cwd, {}).setdefault(glob, set()).add(stored.item_id)
+
+    def _drop(self, stored: StoredItem) -> None:
+        check, item_id = stored.check, stored.item_id
+        if check is None or self.by_id.get(item_id) is not stored:
+            return
+        del self.by_id[item_id]
+        self.pending.discard(item_id)
+        self.others.discard(item_id)
+        if type(check) is not WrittenCheck:
+            return
+        _discard(self.by_cwd, check.cwd, item_id)
+        for glob in _globs(check.pattern):
+            if GLOB.search(glob) is None:
+                _discard(self.literal, (check.cwd, glob), item_id)
+            else:
+                _discard(self.wild.get(check.cwd, {}), glob, item_id)
+
+    def reads(self) -> tuple[list[str], list[str], list[str]]:
+        """The directories, the file check paths and the evidence ids the checks read."""
+        paths, evidence = [], []
+        for item_id in self.others:
+            check = self.by_id[item_id].check
+            if isinstance(check, FileCheck):
+                paths.append(check.path)
+            elif isinstance(check, EvidenceCheck):
+                evidence.append(check.evidence_id)
+        return list(self.by_cwd), paths, evidence
+
+    def due(self, moved: Mapping[str, frozenset[str] | None]) -> list[StoredItem]:
+        """The items to look at, in the to-do's order (``moved``: ``changed`` by directory)."""
+        ids = self.pending | self.others
+        for cwd, paths in moved.items():
+            if paths is None:
+                ids.update(self.by_cwd.get(cwd, ()))
+                continue
+            for rel in paths:
+                ids.update(self.literal.get((cwd, rel), ()))
+            for glob, who in self.wild.get(cwd, {}).items():
+                if any(matches(rel, glob) for rel in paths):
+                    ids.update(who)
+        return sorted((self.by_id[i] for i in ids), key=lambda s: s.order)
+
+    def looked(self, stored: StoredItem, last: Verified | None) -> None:
+        """``stored`` was looked at (``last``: what its check's last run left, if any)."""
+        if settled(stored, last):
+            self.pending.discard(stored.item_id)
+        else:
+            self.pending.add(stored.item_id)
+
+
+K = TypeVar("K")
+
+
+def _discard(index: dict[K, set[str]], key: K, item_id: str) -> None:
+    who = index.get(key)
+    if who is not None:
+        who.discard(item_id)
+        if not who:
+            del index[key]

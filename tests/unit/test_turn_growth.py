@@ -368,3 +368,80 @@ def test_a_todo_list_sent_again_records_no_claim_again(tmp_path: Path) -> None:
         again = ledger.on_tool("s-1", "post", "TodoWrite", todos, moves=moves)
         assert again == first == ["s-1-t1", "s-1-t2", "s-1-t3"]  # still verified on the route
     assert len(outbox(ledger)) == before
+
+
+class Calls:
+    """Counts the Python calls made in our packages' code, on every thread, while ``on``."""
+
+    def __init__(self) -> None:
+        self.on, self.count = False, 0
+        self.ours = (os.sep + "node_agent" + os.sep, os.sep + "ledger" + os.sep)
+
+    def __call__(self, frame: object, event: str, arg: object) -> None:
+        if self.on and event == "call":
+            name = frame.f_code.co_filename  # type: ignore[attr-defined]
+            self.count += any(part in name for part in self.ours)
+
+
+async def stop_calls(tmp_path: Path, count: int) -> tuple[int, int, int]:
+    """Our code's calls in a quiet Stop, a Stop after one item's file was written (it closes)
+    and the quiet Stop after that, in a to-do of ``count`` items each closing on its file."""
+    import sys
+    import threading
+
+    calls = Calls()
+    sys.setprofile(calls)
+    threading.setprofile(calls)  # the store's thread and the walks' start after this
+    try:
+        ledger, ws = ledger_with(tmp_path, count)
+        await ledger.turn_end("s-1")
+        await ledger.turn_end("s-1")
+        counted = []
+        for n in range(3):
+            if n == 1:
+                (ws / "notes" / "item0.md").write_text("done\n")
+                later(ledger)
+            calls.on, calls.count = True, 0
+            stop = await ledger.turn_end("s-1")
+            calls.on = False
+            counted.append(calls.count)
+            assert len(stop.open_items) == (count if n == 0 else count - 1)
+        ledger.store.close()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+    return counted[0], counted[1], counted[2]
+
+
+async def test_a_stop_does_as_much_work_in_a_long_to_do_as_in_a_short_one(
+    tmp_path: Path,
+) -> None:
+    """Found (issue 29 part 5): a Stop with nothing changed, or one file written, still went
+    over every open item (whether each check could skip, what was news to the agent and to
+    a human, the open ids) and the audit was rebuilt from every item: a 2,000-item to-do cost
+    its Stops several times a 20-item one's. Now a Stop works on what changed: our code makes
+    about as many calls at 2,000 items as at 20."""
+    short = await stop_calls(tmp_path / "short", 20)
+    long = await stop_calls(tmp_path / "long", 2000)
+    for few, many in zip(short, long, strict=True):
+        assert many <= few + 50, (short, long)
+
+
+async def test_a_stop_reads_the_reminder_row_again_only_when_it_was_written(
+    tmp_path: Path,
+) -> None:
+    """Found (issue 29 part 5): every Stop read what the agent was told and the note for a
+    human again, two strings as long as the to-do (230 kB at 1,000 items). Now it reads them
+    only when the row was written since, by this process or another one."""
+    ledger, _ = ledger_with(tmp_path, 5)
+    assert (await ledger.turn_end("s-1")).block  # told of every item
+    await ledger.turn_end("s-1")  # let go with the note for a human
+    statements: list[str] = []
+    ledger.store.db.set_trace_callback(statements.append)
+    again = await ledger.turn_end("s-1")
+    assert not again.block and again.message is None
+    assert not [s for s in statements if "FROM reminders" in s], statements
+    other = NodeStore(tmp_path / "node.sqlite3", node_id="n")  # another process forgets them
+    other.set_reminded("s-1", None, None)
+    other.close()
+    assert (await ledger.turn_end("s-1")).block  # told nothing: every item is news again
