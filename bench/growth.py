@@ -476,8 +476,10 @@ async def waves(missions: int, events: int, rounds: int) -> dict[str, Any]:
     """RSS as missions keep coming: ``rounds`` waves of ``missions`` new missions of about
     ``events`` events each, every wave going idle before the next, on one coordinator whose
     idle missions go from memory after 1 s and on one that keeps them (the default 600 s is
-    longer than the run). With missions let go, the memory a wave freed takes the next wave:
-    RSS stays level instead of rising by a wave's states each time."""
+    longer than the run): what the coordinator holds for its missions after each wave (level
+    when they are let go, a wave's states more each time when kept), and the process's RSS
+    (which depends on what this process freed before: run alone, a fresh process shows
+    it level against rising)."""
     out: dict[str, Any] = {}
     for mode, evict_after_s in (("let_go", 1.0), ("kept", 3600.0)):
         with contextlib.ExitStack() as stack:
@@ -491,6 +493,7 @@ async def waves(missions: int, events: int, rounds: int) -> dict[str, Any]:
             await co.start()
             client = await FleetClient.connect(fleet.nats_url)
             rss: list[float] = []
+            held: list[float] = []  # MB the coordinator holds for its missions
             try:
                 for wave in range(rounds):
                     last = 0
@@ -506,10 +509,15 @@ async def waves(missions: int, events: int, rounds: int) -> dict[str, Any]:
                             while len(co.journal.cold) < (wave + 1) * missions:
                                 await asyncio.sleep(0.1)
                     rss.append(round(rss_mb(), 1))
+                    journal = co.journal
+                    held.append(round(deep_kb(journal.states, journal.receipts, journal.cold,
+                                              journal.used) / 1024, 2))  # fmt: skip
             finally:
                 await client.close()
                 await co.stop()
-        err.print(f"waves, missions {mode}: RSS after each wave {rss} MB (load {load():.2f})")
+        err.print(f"waves, missions {mode}: held {held} MB, RSS {rss} MB after each wave "
+                  f"(load {load():.2f})")  # fmt: skip
+        out[f"held_mb_{mode}"] = held
         out[f"rss_mb_{mode}"] = rss
         out[f"rss_growth_mb_per_wave_{mode}"] = round((rss[-1] - rss[0]) / max(1, rounds - 1), 1)
     out.update(missions_per_wave=missions, events_per_mission=events, load_1m=round(load(), 2))
