@@ -34,7 +34,7 @@ class KeyStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._cached: tuple[float, dict[str, Principal]] | None = None
+        self._cached: tuple[tuple[int, int, int], dict[str, Principal]] | None = None
         # what ``directory`` stats on every call (every signed request): joined once, as a
         # new Path per call cost three times the stat itself
         self._directory_file = os.fspath(root / DIRECTORY_FILE)
@@ -78,13 +78,15 @@ class KeyStore:
         """Principals keyed by public key, as ``ledger.identity.verify`` takes them; read again
         whenever the file changed (a revocation holds from the next message on)."""
         try:
-            mtime = os.stat(self._directory_file).st_mtime_ns
+            st = os.stat(self._directory_file)
         except FileNotFoundError:
             return {}
         except OSError as exc:
             raise unusable(self.directory_path, exc) from None
-        if self._cached is None or self._cached[0] != mtime:
-            self._cached = (mtime, {p.public_key: p for p in self.principals()})
+        # a write replaces the file (``write_private``): a new inode even within one mtime tick
+        version = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._cached is None or self._cached[0] != version:
+            self._cached = (version, {p.public_key: p for p in self.principals()})
         return self._cached[1]
 
     def get(self, name: str) -> Principal:

@@ -3,6 +3,7 @@ unusable paths fail with InvalidInput naming the problem, before anything is wri
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -127,4 +128,19 @@ def test_the_directory_is_read_again_on_the_first_call_after_a_change(tmp_path: 
     assert not first[alice.public_key].revoked
     assert keys.directory() is first  # unchanged: the same mapping, nothing read
     other.revoke("alice")
+    assert keys.directory()[alice.public_key].revoked
+
+
+def test_a_revocation_within_one_mtime_tick_is_read(tmp_path: Path) -> None:
+    """Found: the directory was cached on its mtime alone, so a change landing within the same
+    filesystem timestamp as the last read (coarse clocks, or a restored mtime) was missed and a
+    revoked key kept verifying. A rewrite replaces the file: its inode says it changed."""
+    keys, other = KeyStore(tmp_path / "identity"), KeyStore(tmp_path / "identity")
+    alice = keys.create("alice", Role.HUMAN)
+    path = keys.directory_path
+    assert not keys.directory()[alice.public_key].revoked
+    before = os.stat(path)
+    other.revoke("alice")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # the same tick
+    assert os.stat(path).st_mtime_ns == before.st_mtime_ns
     assert keys.directory()[alice.public_key].revoked
