@@ -33,27 +33,7 @@ from node_agent.store import Store, declare
 from node_agent.todo.checks import CHECK, Check
 from node_agent.todo.item import StoredItem, Trail
 
-
-def _versions(table: str, versions: str) -> str:
-    """A table counting, per session, the writes of ``table``'s rows by any process, kept by
-    triggers (insert, update from and to a session, delete)."""
-    bump = (
-        f"    INSERT INTO {versions} VALUES ({{row}}.session_id, 1)\n"
-        "        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;\n"
-    )
-    new, old = bump.format(row="NEW"), bump.format(row="OLD")
-    return (
-        f"CREATE TABLE IF NOT EXISTS {versions} (\n"
-        "    session_id TEXT PRIMARY KEY, version INTEGER NOT NULL\n);\n"
-        f"CREATE TRIGGER IF NOT EXISTS {table}_inserted AFTER INSERT ON {table} BEGIN\n{new}END;\n"
-        f"CREATE TRIGGER IF NOT EXISTS {table}_updated AFTER UPDATE ON {table} BEGIN\n"
-        f"{old}{new}END;\n"
-        f"CREATE TRIGGER IF NOT EXISTS {table}_deleted AFTER DELETE ON {table} BEGIN\n{old}END;"
-    )
-
-
-TABLES = declare(
-    """
+TABLES = declare("""
 CREATE TABLE IF NOT EXISTS items (
     item_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, short_id TEXT NOT NULL,
     ord INTEGER NOT NULL, text TEXT NOT NULL, stored_status TEXT NOT NULL,
@@ -62,9 +42,23 @@ CREATE TABLE IF NOT EXISTS items (
 CREATE INDEX IF NOT EXISTS items_by_session ON items(session_id, ord);
 -- how often each session's items were written, by any process: a turn end reads them again
 -- only when this moved (kept by the database itself, so no writer can forget it)
-"""
-    + _versions("items", "item_versions")
-    + """
+CREATE TABLE IF NOT EXISTS item_versions (
+    session_id TEXT PRIMARY KEY, version INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS items_inserted AFTER INSERT ON items BEGIN
+    INSERT INTO item_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS items_updated AFTER UPDATE ON items BEGIN
+    INSERT INTO item_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+    INSERT INTO item_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS items_deleted AFTER DELETE ON items BEGIN
+    INSERT INTO item_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
 -- an INSERT OR REPLACE deletes the row it replaces without firing items_deleted
 CREATE TRIGGER IF NOT EXISTS items_replaced BEFORE INSERT ON items BEGIN
     UPDATE item_versions SET version = version + 1
@@ -76,9 +70,23 @@ CREATE TABLE IF NOT EXISTS reminders (
 );
 -- how often each session's reminder row was written, by any process: a turn end reads the row
 -- (as long as its to-do) again only when this moved (as item_versions)
-"""
-    + _versions("reminders", "reminder_versions")
-    + """
+CREATE TABLE IF NOT EXISTS reminder_versions (
+    session_id TEXT PRIMARY KEY, version INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS reminders_inserted AFTER INSERT ON reminders BEGIN
+    INSERT INTO reminder_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS reminders_updated AFTER UPDATE ON reminders BEGIN
+    INSERT INTO reminder_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+    INSERT INTO reminder_versions VALUES (NEW.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS reminders_deleted AFTER DELETE ON reminders BEGIN
+    INSERT INTO reminder_versions VALUES (OLD.session_id, 1)
+        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
+END;
 -- an agent's to-do tool ids (Claude Code TaskCreate) -> the task's subject
 CREATE TABLE IF NOT EXISTS tasks (
     session_id TEXT NOT NULL, task_id TEXT NOT NULL, subject TEXT NOT NULL,
@@ -91,8 +99,7 @@ CREATE TABLE IF NOT EXISTS tool_events (
 CREATE TABLE IF NOT EXISTS evidence (
     evidence_id TEXT PRIMARY KEY, mission_id TEXT NOT NULL, at TEXT NOT NULL
 );
-"""
-)
+""")
 
 MAX_PARSED = 20_000  # stored checks kept parsed
 MAX_LISTED = 1_000  # sessions whose item list is kept between turn ends
