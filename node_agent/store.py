@@ -46,6 +46,25 @@ def declare(tables: str) -> str:
     return tables
 
 
+def versions(table: str, counts: str) -> str:
+    """DDL for ``counts``: how often each session's rows of ``table`` were written, by any
+    process, kept by triggers (insert, update from and to a session, delete), so a reader that
+    keeps rows knows when to read them again and no writer can forget to say so."""
+    bump = (
+        f"    INSERT INTO {counts} VALUES ({{row}}.session_id, 1)\n"
+        "        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;\n"
+    )
+    new, old = bump.format(row="NEW"), bump.format(row="OLD")
+    return (
+        f"CREATE TABLE IF NOT EXISTS {counts} (\n"
+        "    session_id TEXT PRIMARY KEY, version INTEGER NOT NULL\n);\n"
+        f"CREATE TRIGGER IF NOT EXISTS {table}_inserted AFTER INSERT ON {table} BEGIN\n{new}END;\n"
+        f"CREATE TRIGGER IF NOT EXISTS {table}_updated AFTER UPDATE ON {table} BEGIN\n"
+        f"{old}{new}END;\n"
+        f"CREATE TRIGGER IF NOT EXISTS {table}_deleted AFTER DELETE ON {table} BEGIN\n{old}END;"
+    )
+
+
 TABLES = declare("""
 CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY, mission_id TEXT NOT NULL, agent_id TEXT NOT NULL,

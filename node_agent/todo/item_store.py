@@ -1,9 +1,9 @@
 """The to-do items of each session, as the node stores them, and what an item's turn reads.
 
-Items (``StoredItem``: the ledger's item plus its check), what the agent was last told of them,
-its to-do tool ids, its recent tool events and the evidence registered here: their tables and
-every write to them. A status change goes through ``ledger.items.transition`` (the firewall)
-and is written with the event describing it in one transaction.
+Items (``StoredItem``: the ledger's item plus its check): their table and every write to it
+(what else a session's turns leave behind is ``session_log.py``'s). A status change goes
+through ``ledger.items.transition`` (the firewall) and is written with the event describing it
+in one transaction.
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ from ledger.events import (
 )
 from ledger.items import Actor, Item, ItemStatus, JudgedStatus, record_judgement, transition
 from node_agent.session import Session
-from node_agent.store import Store, declare
+from node_agent.store import declare, versions
 from node_agent.todo.checks import CHECK, Check
 from node_agent.todo.item import StoredItem, Trail
+from node_agent.todo.session_log import SessionLog
 
-TABLES = declare("""
+TABLES = declare(
+    """
 CREATE TABLE IF NOT EXISTS items (
     item_id TEXT PRIMARY KEY, session_id TEXT NOT NULL, short_id TEXT NOT NULL,
     ord INTEGER NOT NULL, text TEXT NOT NULL, stored_status TEXT NOT NULL,
@@ -42,69 +44,20 @@ CREATE TABLE IF NOT EXISTS items (
 CREATE INDEX IF NOT EXISTS items_by_session ON items(session_id, ord);
 -- how often each session's items were written, by any process: a turn end reads them again
 -- only when this moved (kept by the database itself, so no writer can forget it)
-CREATE TABLE IF NOT EXISTS item_versions (
-    session_id TEXT PRIMARY KEY, version INTEGER NOT NULL
-);
-CREATE TRIGGER IF NOT EXISTS items_inserted AFTER INSERT ON items BEGIN
-    INSERT INTO item_versions VALUES (NEW.session_id, 1)
-        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
-END;
-CREATE TRIGGER IF NOT EXISTS items_updated AFTER UPDATE ON items BEGIN
-    INSERT INTO item_versions VALUES (OLD.session_id, 1)
-        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
-    INSERT INTO item_versions VALUES (NEW.session_id, 1)
-        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
-END;
-CREATE TRIGGER IF NOT EXISTS items_deleted AFTER DELETE ON items BEGIN
-    INSERT INTO item_versions VALUES (OLD.session_id, 1)
-        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
-END;
+"""
+    + versions("items", "item_versions")
+    + """
 -- an INSERT OR REPLACE deletes the row it replaces without firing items_deleted
 CREATE TRIGGER IF NOT EXISTS items_replaced BEFORE INSERT ON items BEGIN
     UPDATE item_versions SET version = version + 1
         WHERE session_id IN (SELECT session_id FROM items WHERE item_id = NEW.item_id);
 END;
--- what the agent was last told of its open items, and the note for a human (autoledger.py)
-CREATE TABLE IF NOT EXISTS reminders (
-    session_id TEXT PRIMARY KEY, told TEXT, noted TEXT
-);
--- how often each session's reminder row was written, by any process: a turn end reads the row
--- (as long as its to-do) again only when this moved (as item_versions)
-CREATE TABLE IF NOT EXISTS reminder_versions (
-    session_id TEXT PRIMARY KEY, version INTEGER NOT NULL
-);
-CREATE TRIGGER IF NOT EXISTS reminders_inserted AFTER INSERT ON reminders BEGIN
-    INSERT INTO reminder_versions VALUES (NEW.session_id, 1)
-        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
-END;
-CREATE TRIGGER IF NOT EXISTS reminders_updated AFTER UPDATE ON reminders BEGIN
-    INSERT INTO reminder_versions VALUES (OLD.session_id, 1)
-        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
-    INSERT INTO reminder_versions VALUES (NEW.session_id, 1)
-        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
-END;
-CREATE TRIGGER IF NOT EXISTS reminders_deleted AFTER DELETE ON reminders BEGIN
-    INSERT INTO reminder_versions VALUES (OLD.session_id, 1)
-        ON CONFLICT(session_id) DO UPDATE SET version = version + 1;
-END;
--- an agent's to-do tool ids (Claude Code TaskCreate) -> the task's subject
-CREATE TABLE IF NOT EXISTS tasks (
-    session_id TEXT NOT NULL, task_id TEXT NOT NULL, subject TEXT NOT NULL,
-    PRIMARY KEY (session_id, task_id)
-);
-CREATE TABLE IF NOT EXISTS tool_events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, phase TEXT NOT NULL,
-    tool TEXT NOT NULL, summary TEXT NOT NULL, at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS evidence (
-    evidence_id TEXT PRIMARY KEY, mission_id TEXT NOT NULL, at TEXT NOT NULL
-);
-""")
+"""
+)
 
 MAX_PARSED = 20_000  # stored checks kept parsed
 MAX_LISTED = 1_000  # sessions whose item list is kept between turn ends
 MAX_LOG = 1_024  # items re-read alone before a session's log starts again (``Trail``)
-MAX_REMINDED = 64  # sessions whose reminder row is kept (it is as long as their to-do)
 _STATUS = {s.value: s for s in ItemStatus}  # a stored status by its value (a turn end reads all)
 
 
@@ -121,7 +74,7 @@ class _Listed:
     log: list[StoredItem] = field(default_factory=list)
 
 
-class ItemStore(Store):
+class ItemStore(SessionLog):
     """The store with the to-do items' tables: what the auto-ledger, the judge and the to-do
     routes read and write."""
 
@@ -137,7 +90,6 @@ class ItemStore(Store):
         self._rows: dict[tuple[Any, ...], StoredItem] = {}
         self._listed: dict[str, _Listed] = {}
         self._listing = threading.Lock()  # the kept lists are read and patched as one step
-        self._reminded: dict[str, tuple[int, str | None, str | None]] = {}  # by session
 
     def _row_item(self, row: sqlite3.Row) -> StoredItem:
         check, detail = None, row["check_detail"]
@@ -174,15 +126,14 @@ class ItemStore(Store):
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """``Store.tx``; a write rolled back drops the kept item lists and reminder rows (what
-        they learnt of it was never stored)."""
+        """``Store.tx``; a write rolled back drops the kept item lists (what they learnt of it
+        was never stored)."""
         try:
             with super().tx() as db:
                 yield db
         except BaseException:
             with self._listing:
                 self._listed.clear()
-                self._reminded.clear()
             raise
 
     def items(self, session_id: str) -> list[StoredItem]:
@@ -431,93 +382,3 @@ class ItemStore(Store):
                 ItemClaimed(item_id=item_id, status=status, by=model or "agent"),
             )  # fmt: skip
         return self.find_item(item_id)
-
-    # --- what the agent was told, its to-do tool ids (kept across a restart) ------------------
-
-    def reminded(self, session_id: str) -> tuple[str | None, str | None]:
-        """(what the agent was last told of its open items, the last note for a human), read
-        again only when another process wrote the row since (the version is read first)."""
-        version = self._reminded_version(session_id)
-        kept = self._reminded.get(session_id)
-        if kept is not None and kept[0] == version:
-            return kept[1], kept[2]
-        row = self.db.execute(
-            "SELECT told, noted FROM reminders WHERE session_id = ?", (session_id,)
-        ).fetchone()
-        told, noted = (None, None) if row is None else (row["told"], row["noted"])
-        self._keep_reminded(session_id, version, told, noted)
-        return told, noted
-
-    def set_reminded(self, session_id: str, told: str | None, noted: str | None) -> None:
-        """Write the session's reminder row; kept as written, with the version the write gave
-        it (read in the write's transaction; a rolled-back ``tx`` drops what was kept)."""
-        with contextlib.nullcontext() if self.db.in_transaction else self.tx():
-            self.db.execute(
-                "INSERT OR REPLACE INTO reminders (session_id, told, noted) VALUES (?, ?, ?)",
-                (session_id, told, noted),
-            )
-            self._keep_reminded(session_id, self._reminded_version(session_id), told, noted)
-
-    def _reminded_version(self, session_id: str) -> int:
-        row = self.db.execute(
-            "SELECT version FROM reminder_versions WHERE session_id = ?", (session_id,)
-        ).fetchone()
-        return 0 if row is None else int(row[0])
-
-    def _keep_reminded(
-        self, session_id: str, version: int, told: str | None, noted: str | None
-    ) -> None:
-        if len(self._reminded) >= MAX_REMINDED:
-            self._reminded.clear()
-        self._reminded[session_id] = (version, told, noted)
-
-    def save_task(self, session_id: str, task_id: str, subject: str) -> None:
-        self.db.execute(
-            "INSERT OR REPLACE INTO tasks VALUES (?, ?, ?)", (session_id, task_id, subject[:500])
-        )
-
-    def task(self, session_id: str, task_id: str) -> str | None:
-        row = self.db.execute(
-            "SELECT subject FROM tasks WHERE session_id = ? AND task_id = ?", (session_id, task_id)
-        ).fetchone()
-        return None if row is None else str(row[0])
-
-    # --- watch: tool events -----------------------------------------------------------------
-
-    def record_tool(self, session_id: str, phase: str, tool: str, summary: str) -> None:
-        self.db.execute(
-            "INSERT INTO tool_events (session_id, phase, tool, summary, at) VALUES (?, ?, ?, ?, ?)",
-            (session_id, phase, tool[:100], summary[:500], self.clock.now().isoformat()),
-        )
-
-    def recent_tools(self, session_id: str, limit: int = 8) -> list[str]:
-        rows = self.db.execute(
-            "SELECT phase, tool, summary FROM tool_events WHERE session_id = ? "
-            "ORDER BY id DESC LIMIT ?",
-            (session_id, limit),
-        ).fetchall()
-        return [f"{r['phase']} {r['tool']}: {r['summary']}" for r in reversed(rows)]
-
-    # --- evidence registered here (what an evidence check asks) ------------------------------
-
-    def register_evidence(self, evidence_id: str, mission_id: str) -> None:
-        self.db.execute(
-            "INSERT OR IGNORE INTO evidence VALUES (?, ?, ?)",
-            (evidence_id, mission_id, self.clock.now().isoformat()),
-        )
-
-    def evidence_known(self, evidence_id: str) -> bool:
-        row = self.db.execute("SELECT 1 FROM evidence WHERE evidence_id = ?", (evidence_id,))
-        return row.fetchone() is not None
-
-    def evidence_known_among(self, evidence_ids: list[str]) -> frozenset[str]:
-        """The ids of ``evidence_ids`` that are registered (one query per 500)."""
-        known: set[str] = set()
-        for at in range(0, len(evidence_ids), 500):
-            chunk = evidence_ids[at : at + 500]
-            marks = ", ".join("?" * len(chunk))
-            rows = self.db.execute(
-                f"SELECT evidence_id FROM evidence WHERE evidence_id IN ({marks})", chunk
-            )
-            known.update(str(r[0]) for r in rows)
-        return frozenset(known)
