@@ -26,7 +26,8 @@ from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
 from coordinator.ingest import bulk_fold, fold_message
-from coordinator.snapshots import JetStreamSnapshots, Restored, restore_one
+from coordinator.snapshot_store import JetStreamSnapshots
+from coordinator.snapshots import Restored, restore_one
 from fleetbus.bus import connect
 from fleetbus.reader import read_until_end
 from ledger.errors import InvalidInput, RuleViolation, Unreachable

@@ -28,7 +28,8 @@ from coordinator.queries import Queries
 from coordinator.reconcile import Reconciler, Undecided
 from coordinator.riskboard import RiskBoard
 from coordinator.settings import CoordinatorSettings
-from coordinator.snapshots import JetStreamSnapshots, SnapshotStore, Snapshotter
+from coordinator.snapshot_store import JetStreamSnapshots, SnapshotStore
+from coordinator.snapshots import Snapshotter
 from coordinator.unapplied import Unapplied
 from fleetbus.bus import Bus, JetStreamBus
 from fleetbus.http import HttpServer

@@ -6,7 +6,7 @@ request path and restored at start, so a restart folds only the stream's tail.
   ``fleet-snapshots`` (only the coordinator may read or write it: ``fleetbus.permissions``).
   Its first line names the format, the state's shape (``state_schema``), the mission, the
   sequence, the signer and its signature over the rest (``ledger.identity.sign_blob``).
-  One larger than a NATS message is stored in parts (``JetStreamSnapshots``).
+  One larger than a NATS message is stored in parts (``snapshot_store.py``).
 - The mark (key ``mark``, signed alike) says: at sequence S every mission with an applied
   event had a snapshot standing at or after S (each mission's own sequence listed), and the
   stream's message at S had this digest (a stream reset and grown again is told apart). Start
@@ -35,17 +35,10 @@ import time
 import zlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
-
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext, api
-from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from coordinator.journal import Journal, Receipts
+from coordinator.snapshot_store import MARK_KEY, MISSION_PREFIX, SnapshotStore
 from fleetbus.bus import cancel_requested
-from fleetbus.permissions import SNAPSHOT_BUCKET, SNAPSHOT_STREAM, SNAPSHOT_SUBJECTS
-from fleetbus.reader import read_until_end
 from ledger.errors import FleetError, InvalidInput, Unreachable
 from ledger.identity import public_key, sign_blob, verify_blob
 from ledger.mission import MissionState, dump_state, load_state, state_schema
@@ -53,17 +46,6 @@ from ledger.mission import MissionState, dump_state, load_state, state_schema
 log = logging.getLogger("fleetledger.coordinator.snapshots")
 
 FORMAT = 1
-MARK_KEY = "mark"
-MISSION_PREFIX = "m."
-PART, PARTS, DIGEST = "Fleet-Part", "Fleet-Parts", "Fleet-Digest"  # a value stored in parts
-
-
-class SnapshotStore(Protocol):
-    """Where snapshots are kept: the latest value of each key."""
-
-    async def put(self, key: str, value: bytes) -> None: ...
-
-    async def load(self, mission: str | None = None) -> dict[str, bytes]: ...
 
 
 @dataclass
@@ -197,82 +179,6 @@ def restore_one(
 
 
 # --- the store -----------------------------------------------------------------------------
-
-
-class JetStreamSnapshots:
-    """``SnapshotStore`` over the KV bucket ``fleet-snapshots``: a put is a publish on its
-    subject, a load reads the latest message of each key with a read-only reader. A value
-    larger than a NATS message is stored in parts (``<key>.<n>``, then ``<key>`` naming how
-    many and the whole's digest); a load puts it together, or leaves out a key whose parts
-    do not add up to its digest."""
-
-    def __init__(self, nc: Client, js: JetStreamContext, *, part_size: int | None = None) -> None:
-        self.nc, self.js = nc, js
-        self.part_size = part_size or int(nc.max_payload) - 4096  # room for the headers
-
-    @classmethod
-    async def ensure(
-        cls, nc: Client, js: JetStreamContext, *, replicas: int = 1
-    ) -> JetStreamSnapshots:
-        try:
-            await js.key_value(SNAPSHOT_BUCKET)
-        except (NotFoundError, BucketNotFoundError):
-            await js.create_key_value(
-                api.KeyValueConfig(
-                    bucket=SNAPSHOT_BUCKET, history=1, storage=api.StorageType.FILE,
-                    replicas=replicas,
-                )
-            )  # fmt: skip
-        return cls(nc, js)
-
-    async def put(self, key: str, value: bytes) -> None:
-        subject = f"$KV.{SNAPSHOT_BUCKET}.{key}"
-        if len(value) <= self.part_size:
-            await self.js.publish(subject, value)
-            return
-        parts = range(0, len(value), self.part_size)
-        for n, at in enumerate(parts, 1):
-            part = value[at : at + self.part_size]
-            await self.js.publish(f"{subject}.{n}", part, headers={PART: str(n)})
-        digest = hashlib.sha256(value).hexdigest()
-        await self.js.publish(subject, b"", headers={PARTS: str(len(parts)), DIGEST: digest})
-
-    async def load(self, mission: str | None = None) -> dict[str, bytes]:
-        """The latest value of every key, a key whose parts do not add up left out;
-        ``mission``: only the mark and that mission's (``InvalidInput`` if its parts do not)."""
-        raw: dict[str, tuple[bytes, dict[str, str]]] = {}
-        prefix = f"$KV.{SNAPSHOT_BUCKET}."
-
-        async def each(msg: Msg) -> None:
-            headers = msg.headers or {}
-            if headers.get("KV-Operation") is None:  # a put, not a delete
-                raw[msg.subject.removeprefix(prefix)] = (bytes(msg.data), headers)
-
-        if mission is None:
-            filters = [SNAPSHOT_SUBJECTS]
-        else:
-            key = f"{prefix}{MISSION_PREFIX}{mission}"
-            filters = [f"{prefix}{MARK_KEY}", key, f"{key}.>"]  # the mark, the value, its parts
-        for subjects in filters:
-            await read_until_end(self.nc, SNAPSHOT_STREAM, subjects, each, last_per_subject=True)
-        out: dict[str, bytes] = {}
-        for key, (data, headers) in raw.items():
-            if PART in headers:  # put together under its key below
-                continue
-            if PARTS not in headers:
-                out[key] = data
-                continue
-            pieces = [
-                raw.get(f"{key}.{n}", (b"", {}))[0] for n in range(1, int(headers[PARTS]) + 1)
-            ]
-            whole = b"".join(pieces)
-            if hashlib.sha256(whole).hexdigest() == headers.get(DIGEST):
-                out[key] = whole
-            elif mission is not None:  # the one snapshot asked for: why it cannot be used
-                raise InvalidInput(f"snapshot {key}: its parts do not add up to its digest")
-            else:
-                log.warning("snapshot %s: its parts do not add up to its digest", key)
-        return out
 
 
 # --- scheduling ----------------------------------------------------------------------------
@@ -449,7 +355,4 @@ def _receipts(journal: Journal, state: MissionState) -> Receipts:
     return dict(journal.receipts.get(state.mission_id, {}))
 
 
-__all__ = [
-    "JetStreamSnapshots", "Restored", "SnapshotStore", "Snapshotter", "restore", "restore_one",
-    "seal", "signer_of",
-]  # fmt: skip
+__all__ = ["Restored", "Snapshotter", "restore", "restore_one", "seal", "signer_of"]

@@ -23,7 +23,7 @@ import pytest
 
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
-from coordinator.snapshots import DIGEST, MISSION_PREFIX, PARTS, JetStreamSnapshots
+from coordinator.snapshot_store import DIGEST, MISSION_PREFIX, PARTS, JetStreamSnapshots
 from fleetbus.client import FleetClient
 from fleetbus.identity import KeyStore
 from fleetbus.permissions import SNAPSHOT_BUCKET

@@ -19,7 +19,7 @@ import pytest
 
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
-from coordinator.snapshots import JetStreamSnapshots
+from coordinator.snapshot_store import JetStreamSnapshots
 from fleetbus.client import FleetClient
 from fleetbus.identity import KeyStore
 from fleetledger.servers import EmbeddedServers, fleet_keys
@@ -247,7 +247,8 @@ async def test_a_replay_refuses_a_tampered_or_foreign_snapshot_and_reads_from_sc
 ) -> None:
     """A snapshot whose bytes changed, or one not signed by a coordinator of the directory,
     is not used: the replay reads every message and names why."""
-    from coordinator.snapshots import MARK_KEY, restore_one, seal
+    from coordinator.snapshot_store import MARK_KEY
+    from coordinator.snapshots import restore_one, seal
 
     await snapshotted(fleet)
     servers, keys = fleet

@@ -16,7 +16,8 @@ from hypothesis import given
 
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
-from coordinator.snapshots import MARK_KEY, mission_body, restore, seal, unseal
+from coordinator.snapshot_store import MARK_KEY
+from coordinator.snapshots import mission_body, restore, seal, unseal
 from fleetbus.identity import KeyStore
 from ledger.clock import ManualClock
 from ledger.errors import InvalidInput
