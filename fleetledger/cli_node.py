@@ -28,6 +28,7 @@ from node_agent.daemon import serve
 from node_agent.execution.claims import ClaimsCache
 from node_agent.execution.state import ExecutionState
 from node_agent.hooks import (
+    compile_hooks,
     hook_trust,
     install,
     protected_paths,
@@ -204,6 +205,7 @@ def hooks_install(
             if done.changed:
                 _write_json(path, done.config)
             rules = write_policy(settings)
+            compile_hooks()
         except BaseException:
             if staged is not None:  # the trust step waits on the hooks: none of it is left
                 staged[0].unlink(missing_ok=True)

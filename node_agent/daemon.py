@@ -34,7 +34,7 @@ from node_agent.execution.state import ExecutionState
 from node_agent.fleet.follower import FleetFollower
 from node_agent.fleet.gate import ActionGate
 from node_agent.fleet.outbox import OutboxPublisher
-from node_agent.hooks import write_policy
+from node_agent.hooks import compile_hooks, write_policy
 from node_agent.node_store import NodeStore
 from node_agent.settings import NodeSettings
 from node_agent.todo import completion
@@ -115,6 +115,7 @@ class NodeAgent:
     async def start(self) -> None:
         await self.api.listen_unix(self.settings.socket_path)
         write_policy(self.settings)  # what the hooks fall back on if we go away
+        compile_hooks()  # each hook call loads bytecode, not source
         if self.settings.http_port is not None:
             token = secrets.token_urlsafe(32)
             self.token_file = write_token(token_path(self.settings.socket_path), token)

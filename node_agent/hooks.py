@@ -53,6 +53,7 @@ __all__ = [
     "HookAnswer",
     "HookGroup",
     "Installed",
+    "compile_hooks",
     "handle",
     "hook_trust",
     "install",
@@ -109,6 +110,20 @@ def write_policy(settings: NodeSettings) -> Path:
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     tmp.replace(path)
     return path
+
+
+def compile_hooks(package: Path | None = None) -> bool:
+    """Write the hook package's bytecode beside it (``__pycache__``), so each hook call, a new
+    process, loads it instead of compiling the source again: Python writes none itself where
+    PYTHONDONTWRITEBYTECODE is set (our image and chart set it). The node agent does it at
+    start, `hooks install` too; a stale file is compiled again, an unchanged one left. False:
+    not written (a read-only installation: each call then compiles, slower and as correct)."""
+    import compileall
+
+    try:
+        return bool(compileall.compile_dir(str(package or HOOK_PACKAGE), quiet=2))
+    except OSError:
+        return False
 
 
 # --- the hooks table of an agent's settings file ----------------------------------------------
