@@ -138,7 +138,9 @@ class FakeBudget:
         held.state = state
         return held
 
-    async def commit(self, mission_id: str, reservation_id: str) -> CommitResult:
+    async def commit(
+        self, mission_id: str, reservation_id: str, *, chain: Sequence[str] | None = None
+    ) -> CommitResult:
         self._call("commit")
         held = self.reservations[(mission_id, reservation_id)]
         if held.state == "expiring":
@@ -148,8 +150,9 @@ class FakeBudget:
         return held.commit
 
     async def settle(
-        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False
-    ) -> SettleResult:
+        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False,
+        chain: Sequence[str] | None = None,
+    ) -> SettleResult:  # fmt: skip
         self._call("settle")
         held = self.reservations.get((mission_id, reservation_id))
         if held is not None and held.state in ("settled", "overrun"):
@@ -166,8 +169,9 @@ class FakeBudget:
         return SettleResult(mission_id, reservation_id, actual, over, self.clock.now())
 
     async def release(
-        self, mission_id: str, reservation_id: str, *, recorded: bool = False
-    ) -> ReleaseResult:
+        self, mission_id: str, reservation_id: str, *, recorded: bool = False,
+        chain: Sequence[str] | None = None,
+    ) -> ReleaseResult:  # fmt: skip
         self._call("release")
         held = self.reservations.get((mission_id, reservation_id))
         if held is not None and held.state == "released":
