@@ -22,6 +22,7 @@ All of a mission's keys share its hash tag, so they live in one Cluster slot.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
@@ -71,8 +72,14 @@ def reservation_keys(mission_id: str, reservation_id: str, chain: Sequence[str])
     """The keys a script on one reservation may touch, in the order every such script takes:
     its hash, the holding index, the mission hash, the leases and the branches, then the grant
     hashes of ``chain`` (leaf first)."""
-    return [
-        reservation_key(mission_id, reservation_id), holding_key(mission_id),
-        mission_key(mission_id), leases_key(mission_id), branches_key(mission_id),
-        *(grant_key(mission_id, g) for g in chain),
-    ]  # fmt: skip
+    keys = [reservation_key(mission_id, reservation_id), *_mission_keys(mission_id)]
+    if chain:
+        keys += [grant_key(mission_id, g) for g in chain]
+    return keys
+
+
+@functools.lru_cache(maxsize=4096)
+def _mission_keys(mission_id: str) -> tuple[str, str, str, str]:
+    """A mission's holding index, hash, leases and branches keys (built once: the hot path)."""
+    return (holding_key(mission_id), mission_key(mission_id), leases_key(mission_id),
+            branches_key(mission_id))  # fmt: skip
