@@ -45,6 +45,8 @@ class FakeBudget:
         self.failing: set[str] = set()  # calls by name that fail as an unreachable Redis
         self.lose_replies = False
         self.calls: list[str] = []
+        # (call, reservation id, the chain its caller passed): the keys a Redis call declares
+        self.declared: list[tuple[str, str, tuple[str, ...] | None]] = []
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -142,6 +144,7 @@ class FakeBudget:
         self, mission_id: str, reservation_id: str, *, chain: Sequence[str] | None = None
     ) -> CommitResult:
         self._call("commit")
+        self.declared.append(("commit", reservation_id, None if chain is None else tuple(chain)))
         held = self.reservations[(mission_id, reservation_id)]
         if held.state == "expiring":
             raise RuleViolation(Rule.BUDGET_CONSERVATION, f"{reservation_id}'s lease ended")
@@ -154,6 +157,7 @@ class FakeBudget:
         chain: Sequence[str] | None = None,
     ) -> SettleResult:  # fmt: skip
         self._call("settle")
+        self.declared.append(("settle", reservation_id, None if chain is None else tuple(chain)))
         held = self.reservations.get((mission_id, reservation_id))
         if held is not None and held.state in ("settled", "overrun"):
             return SettleResult(
@@ -173,6 +177,7 @@ class FakeBudget:
         chain: Sequence[str] | None = None,
     ) -> ReleaseResult:  # fmt: skip
         self._call("release")
+        self.declared.append(("release", reservation_id, None if chain is None else tuple(chain)))
         held = self.reservations.get((mission_id, reservation_id))
         if held is not None and held.state == "released":
             return ReleaseResult(mission_id, reservation_id, self.clock.now(), replayed=True)
