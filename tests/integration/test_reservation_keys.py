@@ -320,3 +320,23 @@ async def test_a_stale_declared_chain_writes_nothing_and_is_sent_again(
     assert [e.reservation_id for e in expired.expired] == ["r3"]
     levels = await client.levels(mid, ["g2", "g1"])
     assert [(lv.reserved, lv.committed, lv.settled) for lv in levels] == [(0, 0, 4_000)] * 3
+
+
+async def test_pipelined_calls_with_stale_chains_are_sent_again_together(
+    redis_url: str, client: ReservationClient, trace: Trace
+):
+    mid = uid("m")
+    await client.create_mission(mid, 1_000_000)
+    await client.create_grant(mid, "g1", 600_000)
+    await client.reserve_many(mid, ["g1"], [("r1", 10), ("r2", 20)], 30)
+    await client.reserve(mid, [], "r3", 30, 30)
+    await trace.runs()
+    async with ReservationClient.from_url(redis_url) as fresh:
+        settled = await fresh.settle_many(mid, [("r1", 1), ("r2", 2), ("r3", 3)])
+    runs = await trace.runs()  # one pipeline (r3's chain is right), then r1 and r2's again
+    assert [(r.script, bool(r.writes)) for r in runs] == [
+        ("settle", False), ("settle", False), ("settle", True), ("settle", True), ("settle", True),
+    ]  # fmt: skip
+    assert [s.actual for s in settled if not isinstance(s, Exception)] == [1, 2, 3]
+    level = await client.level(mid, "g1")
+    assert (level.reserved, level.settled) == (0, 3)
