@@ -54,7 +54,7 @@ _SCRIPTS = (
     "create_mission", "create_grant", "reserve", "commit", "settle", "release", "sweep",
     "expire", "treat_overrun", "renew", "branches", "due",
 )  # fmt: skip
-_CHAINS_KEPT = 1 << 16  # reservations whose grant chain a client remembers (oldest go first)
+_CHAINS_KEPT = 4096  # reservations whose grant chain a client remembers (oldest go first)
 _BACKOFF_S, _BACKOFF_CAP_S = 0.02, 0.5
 _HOLDING = ("held", "committed", "expiring")  # Redis states whose amount is still counted
 
