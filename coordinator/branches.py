@@ -127,7 +127,9 @@ class BranchRecorder:
         if rec.state != "committed" or rec.lease_until > now:
             return rec
         try:
-            settled = await self.budget.settle(rec.mission_id, rec.reservation_id, rec.amount)
+            settled = await self.budget.settle(
+                rec.mission_id, rec.reservation_id, rec.amount, chain=rec.chain
+            )
         except RuleViolation:
             return None
         log.warning(

@@ -238,7 +238,7 @@ async def _record_effect(mgr: Manager, ctx: Context, payload: EffectObserved) ->
     if payload.outcome is Outcome.UNKNOWN:  # hold until reconciled
         # commit (idempotent) in Redis first: it frees nothing and stops any lease
         with reservation_span(mgr.telemetry, "commit", rid):
-            committed = await mgr.budget.commit(mid, rid)
+            committed = await mgr.budget.commit(mid, rid, chain=res.scopes[:-1])
         mgr.telemetry.metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: "committed"})
         moved = journal.event(
             committed.ledger_payload(), mid, at=committed.at, grant_id=record.grant_id

@@ -105,9 +105,11 @@ async def follow(journal: Journal, budget: Budget, mission_id: str, reservation_
     try:
         if res.state in (ReservationState.SETTLED, ReservationState.OVERRUN):
             assert res.actual is not None
-            await budget.settle(mission_id, reservation_id, res.actual, recorded=True)
+            await budget.settle(
+                mission_id, reservation_id, res.actual, recorded=True, chain=res.scopes[:-1]
+            )
         elif res.state is ReservationState.RELEASED:
-            await budget.release(mission_id, reservation_id, recorded=True)
+            await budget.release(mission_id, reservation_id, recorded=True, chain=res.scopes[:-1])
         else:
             await budget.expire(mission_id, [reservation_id])
     except (RuleViolation, InvalidInput) as exc:  # Redis resolved it otherwise, or lost it

@@ -77,7 +77,9 @@ class Branch:
         worker's reservation is settled in full, not returned. Raises ``RuleViolation`` if the
         lease already passed (its money is being returned): do not start the effect."""
         if self.committed is None:
-            self.committed = await self.store.commit(self.mission_id, self.reservation_id)
+            self.committed = await self.store.commit(
+                self.mission_id, self.reservation_id, chain=self.chain
+            )
 
     def ledger_payloads(self) -> list[Any]:
         """The ledger events of every transition this branch made, in order."""
@@ -119,13 +121,17 @@ class Branch:
             return
         # No reported cost: assume the whole reservation was spent rather than under-record.
         actual = self.amount if self.actual is None else self.actual
-        self.resolved = await self.store.settle(self.mission_id, self.reservation_id, actual)
+        self.resolved = await self.store.settle(
+            self.mission_id, self.reservation_id, actual, chain=self.chain
+        )
 
     async def _release(self) -> None:
         """Give the money back after a failure; one whose lease passed is the sweeper's (or,
         committed, the coordinator's): the original error is what the caller needs to see."""
         try:
-            self.resolved = await self.store.release(self.mission_id, self.reservation_id)
+            self.resolved = await self.store.release(
+                self.mission_id, self.reservation_id, chain=self.chain
+            )
         except RuleViolation as exc:
             log.warning("branch %s not released: %s", self.reservation_id, exc.message)
 

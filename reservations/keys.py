@@ -13,14 +13,18 @@
 joined (the mission is implicit); ``blocked`` names the overrun reservation blocking the scope;
 the mission hash's ``seq`` counts transitions (each result carries its own).
 
-Scripts are called with the reservation key (and the holding index, which they declare) and
-derive the mission's other keys from its prefix: all share the hash tag, so they live in the
-same Cluster slot, and the hot path sends few arguments.
+Every script is called with every key it touches in ``KEYS`` (Redis's rule for scripts, which a
+Cluster client or proxy routes by): none builds a key name of its own. A call on a reservation
+declares its grant chain's keys (``reservation_keys``); a script that finds another chain
+stored writes nothing and answers the stored one, and the client calls again with its keys.
+All of a mission's keys share its hash tag, so they live in one Cluster slot.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Sequence
 
 from ledger.errors import InvalidInput
 from ledger.events import ID_PATTERN
@@ -34,10 +38,6 @@ def check_id(value: str, *, what: str) -> str:
     if not isinstance(value, str) or not _ID.fullmatch(value):  # `$` alone admits "m\n"
         raise InvalidInput(f"{what} {value!r} is not a valid id (letters, digits, '_' and '-')")
     return value
-
-
-def prefix(mission_id: str) -> str:
-    return f"fl:{{{mission_id}}}:"
 
 
 def mission_key(mission_id: str) -> str:
@@ -66,3 +66,20 @@ def branches_key(mission_id: str) -> str:
 
 def holding_key(mission_id: str) -> str:
     return f"fl:{{{mission_id}}}:holding"
+
+
+def reservation_keys(mission_id: str, reservation_id: str, chain: Sequence[str]) -> list[str]:
+    """The keys a script on one reservation may touch, in the order every such script takes:
+    its hash, the holding index, the mission hash, the leases and the branches, then the grant
+    hashes of ``chain`` (leaf first)."""
+    keys = [reservation_key(mission_id, reservation_id), *_mission_keys(mission_id)]
+    if chain:
+        keys += [grant_key(mission_id, g) for g in chain]
+    return keys
+
+
+@functools.lru_cache(maxsize=4096)
+def _mission_keys(mission_id: str) -> tuple[str, str, str, str]:
+    """A mission's holding index, hash, leases and branches keys (built once: the hot path)."""
+    return (holding_key(mission_id), mission_key(mission_id), leases_key(mission_id),
+            branches_key(mission_id))  # fmt: skip

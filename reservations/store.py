@@ -7,6 +7,13 @@ error mapping: every call is idempotent by reservation id, so a call whose conne
 or timed out is sent again (bounded, with backoff), and a Redis that still cannot be reached
 raises ``Unreachable``: nothing is admitted (fail closed). An error reply is a ``FleetError``
 naming the script; a script's refusal is the ``RuleViolation`` naming the rule.
+
+Every script is called with every key it touches declared (``reservations.keys``). A call on a
+reservation by id declares the grant chain the caller passes (from its ledger record), or the
+one this client learnt from its own reserve or sweep, or none; a script that finds another
+chain stored writes nothing and answers it, and the call is sent once more with those keys.
+The sweep and the branch read find their reservation ids first (``due.lua``, ``ZRANGE``), then
+run with those reservations' keys declared.
 """
 
 from __future__ import annotations
@@ -45,8 +52,9 @@ MAX_LEASE_S = 24 * 3600.0
 SWEEP_BATCH = 1000
 _SCRIPTS = (
     "create_mission", "create_grant", "reserve", "commit", "settle", "release", "sweep",
-    "expire", "treat_overrun", "renew", "branches",
+    "expire", "treat_overrun", "renew", "branches", "due",
 )  # fmt: skip
+_CHAINS_KEPT = 4096  # reservations whose grant chain a client remembers (oldest go first)
 _BACKOFF_S, _BACKOFF_CAP_S = 0.02, 0.5
 _HOLDING = ("held", "committed", "expiring")  # Redis states whose amount is still counted
 
@@ -55,7 +63,9 @@ class Budget(Protocol):
     """The reservation calls the coordinator makes (``ReservationClient`` is the Redis one;
     unit tests bring an in-memory one). Every call is idempotent by reservation id, a refusal
     raises ``RuleViolation`` and changes nothing, and an unreachable store raises
-    ``Unreachable`` (ambiguous: the call may have run).
+    ``Unreachable`` (ambiguous: the call may have run). ``chain``: the reservation's grant
+    chain, leaf first, as the ledger records it (the keys the call declares; a wrong or
+    missing one costs a second round trip, never a wrong write).
 
     The direction rule: money-taking transitions (reserve, commit) are admitted by the store
     first, then recorded; money-freeing ones (settle, release, expire) are recorded in the
@@ -78,15 +88,19 @@ class Budget(Protocol):
         lease_s: float,
     ) -> tuple[ReserveResult, CommitResult]: ...  # fmt: skip
 
-    async def commit(self, mission_id: str, reservation_id: str) -> CommitResult: ...
+    async def commit(
+        self, mission_id: str, reservation_id: str, *, chain: Sequence[str] | None = None
+    ) -> CommitResult: ...
 
     async def settle(
-        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False
-    ) -> SettleResult: ...
+        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False,
+        chain: Sequence[str] | None = None,
+    ) -> SettleResult: ...  # fmt: skip
 
     async def release(
-        self, mission_id: str, reservation_id: str, *, recorded: bool = False
-    ) -> ReleaseResult: ...
+        self, mission_id: str, reservation_id: str, *, recorded: bool = False,
+        chain: Sequence[str] | None = None,
+    ) -> ReleaseResult: ...  # fmt: skip
 
     async def mark_expiring(self, mission_id: str) -> ExpiringResult: ...
 
@@ -223,6 +237,9 @@ class ReservationClient:
         self._script_wait_s = script_wait_s
         self._scripts = {name: _Script(name) for name in _SCRIPTS}
         self._may_load: bool | None = None  # learnt from Redis the first time it matters
+        # (mission, reservation) -> grant chain, from this client's reserves and sweeps: the
+        # keys a later call on it declares when its caller passes none
+        self._chains: dict[tuple[str, str], tuple[str, ...]] = {}
 
     @classmethod
     def from_url(
@@ -293,7 +310,9 @@ class ReservationClient:
     def _error(self, what: str, reply: RespError) -> FleetError:
         """The error for an error reply: credentials missing or not enough, or ``what`` failed."""
         text = str(reply)
-        if text.startswith("NOAUTH"):
+        # Redis 6.2+ answers a long command from an unauthenticated connection (a script call
+        # with more than 10 arguments) with this protocol error instead of NOAUTH
+        if text.startswith("NOAUTH") or text.startswith("ERR Protocol error: unauthenticated"):
             return Unreachable(
                 f"Redis at {self._conn.where} requires credentials: put its user and password in "
                 "FLEET_REDIS_URL (redis://USER:PASSWORD@host:port/0); nothing was admitted "
@@ -562,12 +581,9 @@ class ReservationClient:
         for grant_id in chain:
             k.check_id(grant_id, what="grant id")
         check_micros(amount)
-        # The script derives the mission, grant and leases keys from the reservation key's
-        # prefix (one hash tag): fewer arguments per call on the hot path.
         flag = "1" if commit else "b" if branch else "0"
-        return [k.reservation_key(mission_id, reservation_id), k.holding_key(mission_id)], [
-            amount, _lease_ms(lease_s), flag, *chain,
-        ]  # fmt: skip
+        keys = k.reservation_keys(mission_id, reservation_id, chain)
+        return keys, [amount, _lease_ms(lease_s), flag, reservation_id, *chain]
 
     def _reserve_result(
         self, mission_id: str, chain: tuple[str, ...], reservation_id: str, amount: int,
@@ -575,6 +591,7 @@ class ReservationClient:
     ) -> ReserveResult | FleetError:  # fmt: skip
         tag = reply[0]
         if tag in ("ok", "dup"):
+            self._learn(mission_id, reservation_id, chain)
             return ReserveResult(
                 mission_id, reservation_id, chain, amount, from_ms(int(reply[1])),
                 from_ms(int(reply[2])), replayed=tag == "dup", seq=int(reply[3]),
@@ -661,8 +678,10 @@ class ReservationClient:
         """A Branch's heartbeat: its lease now ends ``lease_s`` from now (Redis time); returns
         the new end. Raises ``RuleViolation`` once the lease has passed (the sweeper or the
         coordinator decides from it; it is never renewed) or the reservation resolved."""
-        keys, args = self._ids(mission_id, reservation_id)
-        reply = await self._run("renew", keys, [*args, _lease_ms(lease_s)])
+        k.check_id(mission_id, what="mission id")
+        k.check_id(reservation_id, what="reservation id")
+        keys = [k.reservation_key(mission_id, reservation_id), k.leases_key(mission_id)]
+        reply = await self._run("renew", keys, [_lease_ms(lease_s), reservation_id])
         if reply[0] == "ok":
             return from_ms(int(reply[1]))
         raise self._unresolvable(reservation_id, reply, "renewed")
@@ -675,11 +694,21 @@ class ReservationClient:
         round trip), after unlisting ``unlist[mission]``: those whose resolution the record
         holds. For the coordinator's reconciliation, which records them."""
         unlist = unlist or {}
-        calls = []
+        drops = []
         for mid in mission_ids:
             k.check_id(mid, what="mission id")
-            drop = [k.check_id(r, what="reservation id") for r in unlist.get(mid, ())]
-            calls.append(([k.branches_key(mid)], [k.prefix(mid), limit, *drop]))
+            drops.append([k.check_id(r, what="reservation id") for r in unlist.get(mid, ())])
+        # the listed ids first (a read), then the script with their keys declared
+        listed = await self._reads(
+            [("ZRANGE", k.branches_key(mid), 0, limit + len(drop) - 1)
+             for mid, drop in zip(mission_ids, drops, strict=True)]
+        )  # fmt: skip
+        calls = []
+        for mid, drop, ids in zip(mission_ids, drops, listed, strict=True):
+            dropped = set(drop)
+            read = [rid for rid in map(_s, ids) if rid not in dropped][:limit]
+            keys = [k.branches_key(mid), *(k.reservation_key(mid, rid) for rid in read)]
+            calls.append((keys, [len(drop), *drop, *read]))
         replies = await self._pipeline("branches", calls) if calls else []
         out = []
         for mid, reply in zip(mission_ids, replies, strict=True):
@@ -688,15 +717,59 @@ class ReservationClient:
             out.append(BranchesResult(mid, from_ms(int(rows[0])), records))
         return out
 
-    def _ids(
-        self, mission_id: str, reservation_id: str, *, resolves: bool = False
-    ) -> tuple[list[str], list[Any]]:
-        """The keys of a call on one reservation; ``resolves``: with the mission's holding
-        index, which a resolved reservation leaves."""
-        k.check_id(mission_id, what="mission id")
+    def _learn(self, mission_id: str, reservation_id: str, chain: Sequence[str]) -> None:
+        """Remember a reservation's grant chain for the calls on it that follow (bounded)."""
+        chains = self._chains
+        chains[(mission_id, reservation_id)] = tuple(chain)
+        if len(chains) > _CHAINS_KEPT:
+            del chains[next(iter(chains))]
+
+    def _declared(
+        self, mission_id: str, reservation_id: str, chain: Sequence[str] | None
+    ) -> tuple[str, ...]:
+        """The chain a call on a reservation declares: the caller's, else the one learnt."""
         k.check_id(reservation_id, what="reservation id")
-        key = k.reservation_key(mission_id, reservation_id)
-        return ([key, k.holding_key(mission_id)] if resolves else [key]), []
+        if chain is None:
+            return self._chains.get((mission_id, reservation_id), ())
+        return tuple(k.check_id(g, what="grant id") for g in chain)
+
+    async def _by_ids(
+        self, name: str, mission_id: str,
+        calls: Sequence[tuple[str, Sequence[str] | None, Sequence[Any]]],
+    ) -> list[list[Any]]:  # fmt: skip
+        """Script ``name`` on each ``(reservation id, chain or None, arguments)`` of one
+        mission, its chain's keys declared (pipelined when more than one). A script that finds
+        another chain stored writes nothing and answers ``{'chain', stored}``: those calls are
+        sent once more with the stored chain's keys. The replies, in order."""
+        k.check_id(mission_id, what="mission id")
+        chains = [self._declared(mission_id, rid, chain) for rid, chain, _ in calls]
+        replies: list[list[Any]] = [[] for _ in calls]
+        todo = list(range(len(calls)))
+        for _ in range(2):
+            sent = [
+                (k.reservation_keys(mission_id, calls[i][0], chains[i]),
+                 [calls[i][0], ",".join(chains[i]), *calls[i][2]])
+                for i in todo
+            ]  # fmt: skip
+            got = (
+                [await self._run(name, *sent[0])] if len(sent) == 1
+                else [list(r) for r in await self._pipeline(name, sent)]
+            )  # fmt: skip
+            stale = []
+            for i, reply in zip(todo, got, strict=True):
+                if _s(reply[0]) == "chain":
+                    chains[i] = tuple(g for g in _s(reply[1]).split(",") if g)
+                    self._learn(mission_id, calls[i][0], chains[i])
+                    stale.append(i)
+                else:
+                    replies[i] = reply
+            if not stale:
+                return replies
+            todo = stale
+        raise FleetError(
+            f"reservation script {name}: the grant chain Redis holds for reservation "
+            f"{calls[todo[0]][0]} changed between two calls; nothing was written"
+        )
 
     @staticmethod
     def _unresolvable(reservation_id: str, reply: list[Any], wanted: str) -> FleetError:
@@ -725,10 +798,11 @@ class ReservationClient:
             )
         return FleetError(f"unexpected reply: {reply!r}")
 
-    async def commit(self, mission_id: str, reservation_id: str) -> CommitResult:
+    async def commit(
+        self, mission_id: str, reservation_id: str, *, chain: Sequence[str] | None = None
+    ) -> CommitResult:
         """Work started: the held amount becomes committed and the lease no longer expires it."""
-        keys, args = self._ids(mission_id, reservation_id)
-        reply = await self._run("commit", keys, args)
+        (reply,) = await self._by_ids("commit", mission_id, [(reservation_id, chain, ())])
         if reply[0] in ("ok", "dup"):
             return CommitResult(
                 mission_id, reservation_id, from_ms(int(reply[1])), replayed=reply[0] == "dup",
@@ -740,6 +814,7 @@ class ReservationClient:
         self, mission_id: str, reservation_id: str, actual: int, reply: list[Any]
     ) -> SettleResult | FleetError:
         if reply[0] in ("ok", "dup"):
+            self._chains.pop((mission_id, reservation_id), None)
             return SettleResult(
                 mission_id, reservation_id, actual, reply[1] == "overrun",
                 from_ms(int(reply[2])), replayed=reply[0] == "dup", seq=int(reply[3]),
@@ -753,8 +828,9 @@ class ReservationClient:
         return self._unresolvable(reservation_id, reply, "settled")
 
     async def settle(
-        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False
-    ) -> SettleResult:
+        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False,
+        chain: Sequence[str] | None = None,
+    ) -> SettleResult:  # fmt: skip
         """Record the actual cost; the unused part returns. Above the reservation it is an
         overrun: recorded in full and the leaf scope blocks new reservations until treated.
 
@@ -762,8 +838,10 @@ class ReservationClient:
         reservation the sweeper marked expiring (refused otherwise: its expiry is on the way).
         """
         check_micros(actual, what="actual cost")
-        keys, args = self._ids(mission_id, reservation_id, resolves=True)
-        reply = await self._run("settle", keys, [*args, actual, "1" if recorded else "0"])
+        flag = "1" if recorded else "0"
+        (reply,) = await self._by_ids(
+            "settle", mission_id, [(reservation_id, chain, (actual, flag))]
+        )
         result = self._settle_result(mission_id, reservation_id, actual, reply)
         if isinstance(result, FleetError):
             raise result
@@ -773,24 +851,24 @@ class ReservationClient:
         self, mission_id: str, settlements: Sequence[tuple[str, int]]
     ) -> list[SettleResult | FleetError]:
         """Settle many ``(reservation_id, actual)`` in one pipelined round trip."""
-        calls = []
-        for rid, actual in settlements:
+        for _, actual in settlements:
             check_micros(actual, what="actual cost")
-            keys, args = self._ids(mission_id, rid, resolves=True)
-            calls.append((keys, [*args, actual, "0"]))
-        replies = await self._pipeline("settle", calls)
+        calls = [(rid, None, (actual, "0")) for rid, actual in settlements]
+        replies = await self._by_ids("settle", mission_id, calls)
         return [
-            self._settle_result(mission_id, rid, actual, list(reply))
+            self._settle_result(mission_id, rid, actual, reply)
             for (rid, actual), reply in zip(settlements, replies, strict=True)
         ]
 
     async def release(
-        self, mission_id: str, reservation_id: str, *, recorded: bool = False
-    ) -> ReleaseResult:
+        self, mission_id: str, reservation_id: str, *, recorded: bool = False,
+        chain: Sequence[str] | None = None,
+    ) -> ReleaseResult:  # fmt: skip
         """The work never ran: the whole amount returns. ``recorded`` as for ``settle``."""
-        keys, args = self._ids(mission_id, reservation_id, resolves=True)
-        reply = await self._run("release", keys, [*args, "1" if recorded else "0"])
+        flag = "1" if recorded else "0"
+        (reply,) = await self._by_ids("release", mission_id, [(reservation_id, chain, (flag,))])
         if reply[0] in ("ok", "dup"):
+            self._chains.pop((mission_id, reservation_id), None)
             return ReleaseResult(
                 mission_id, reservation_id, from_ms(int(reply[1])), replayed=reply[0] == "dup",
                 seq=int(reply[2]),
@@ -801,13 +879,20 @@ class ReservationClient:
         """Step one of a sweep: mark held reservations whose lease passed (Redis time)
         ``expiring`` and return them, with those an earlier sweep marked and never freed. Their
         money stays counted (nobody can reserve it; a commit is refused) until ``expire``."""
-        k.check_id(mission_id, what="mission id")
-        reply = await self._run("sweep", [k.leases_key(mission_id)], [k.prefix(mission_id), limit])
+        leases = k.leases_key(k.check_id(mission_id, what="mission id"))
+        due = await self._run("due", [leases], [limit])  # reads: the ids whose keys it declares
+        ids = [_s(rid) for rid in due[1:]]
+        if not ids:
+            return ExpiringResult(mission_id, from_ms(int(due[0])), ())
+        keys = [leases, *(k.reservation_key(mission_id, rid) for rid in ids)]
+        reply = await self._run("sweep", keys, ids)
         at = from_ms(int(reply[0]))
         expiring = tuple(
             _expired(mission_id, at, reply[i], reply[i + 1], reply[i + 2], 0)
             for i in range(1, len(reply), 4)
         )
+        for e in expiring:
+            self._learn(mission_id, e.reservation_id, e.chain)
         return ExpiringResult(mission_id, at, expiring)
 
     async def expire(self, mission_id: str, reservation_ids: Sequence[str]) -> SweepResult:
@@ -815,17 +900,29 @@ class ReservationClient:
         Returns those expired now or before; one committed or otherwise resolved is left."""
         k.check_id(mission_id, what="mission id")
         ids = [k.check_id(r, what="reservation id") for r in reservation_ids]
-        reply = await self._run(
-            "expire",
-            [k.leases_key(mission_id), k.holding_key(mission_id)],
-            [k.prefix(mission_id), *ids],
-        )
+        mission = [k.leases_key(mission_id), k.holding_key(mission_id), k.mission_key(mission_id)]
+        held = [k.reservation_key(mission_id, rid) for rid in ids]
+        for _ in range(2):  # the grants of every chain learnt; a stale one is answered first
+            grants = sorted({g for rid in ids for g in self._chains.get((mission_id, rid), ())})
+            keys = [*mission, *held, *(k.grant_key(mission_id, g) for g in grants)]
+            reply = await self._run("expire", keys, [len(ids), *ids, *grants])
+            if _s(reply[0]) != "chain":
+                break
+            for i in range(1, len(reply), 2):
+                self._learn(mission_id, _s(reply[i]), [g for g in _s(reply[i + 1]).split(",") if g])
+        else:
+            raise FleetError(
+                f"reservation script expire: the grant chains Redis holds for mission "
+                f"{mission_id} changed between two calls; nothing was written"
+            )
         at = from_ms(int(reply[0]))
         expired = tuple(
             _expired(mission_id, at, reply[i], reply[i + 2], reply[i + 3], reply[i + 4])
             for i in range(1, len(reply), 5)
             if _s(reply[i + 1]) in ("ok", "dup")
         )
+        for e in expired:
+            self._chains.pop((mission_id, e.reservation_id), None)
         return SweepResult(mission_id, at, expired)
 
     async def sweep(self, mission_id: str, *, limit: int = SWEEP_BATCH) -> SweepResult:

@@ -65,20 +65,27 @@ class IndependentCounters:
     def _at(self, mission_id: str, reservation_id: str) -> str:
         return self._where.get((mission_id, reservation_id), mission_id)
 
-    async def commit(self, mission_id: str, reservation_id: str) -> CommitResult:
-        return await self.inner.commit(self._at(mission_id, reservation_id), reservation_id)
+    async def commit(
+        self, mission_id: str, reservation_id: str, *, chain: Sequence[str] | None = None
+    ) -> CommitResult:
+        where = self._at(mission_id, reservation_id)
+        return await self.inner.commit(where, reservation_id, chain=chain)
 
     async def settle(
-        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False
-    ) -> SettleResult:
+        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False,
+        chain: Sequence[str] | None = None,
+    ) -> SettleResult:  # fmt: skip
         where = self._at(mission_id, reservation_id)
-        return await self.inner.settle(where, reservation_id, actual, recorded=recorded)
+        return await self.inner.settle(
+            where, reservation_id, actual, recorded=recorded, chain=chain
+        )
 
     async def release(
-        self, mission_id: str, reservation_id: str, *, recorded: bool = False
-    ) -> ReleaseResult:
+        self, mission_id: str, reservation_id: str, *, recorded: bool = False,
+        chain: Sequence[str] | None = None,
+    ) -> ReleaseResult:  # fmt: skip
         where = self._at(mission_id, reservation_id)
-        return await self.inner.release(where, reservation_id, recorded=recorded)
+        return await self.inner.release(where, reservation_id, recorded=recorded, chain=chain)
 
     async def mark_expiring(self, mission_id: str) -> ExpiringResult:
         return await self.inner.mark_expiring(mission_id)

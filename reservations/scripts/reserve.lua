@@ -2,26 +2,27 @@
 -- commit flag, also commit it in the same step (the authorise path of an action about to run:
 -- reserve then commit, two transitions and two `seq` values, one round trip).
 -- Every check (existence, parent links, overrun blocks, ceilings) runs before the first write.
--- KEYS[1] reservation hash fl:{m}:res:<id>; the mission, grant and leases keys share its
--- prefix (one hash tag, one Cluster slot). Few arguments keep the hot path cheap.
--- KEYS[2] the mission's holding index (zset): a new reservation is listed there until it
--- resolves, so reconciliation finds what Redis holds without scanning the keyspace.
+-- Every key it touches is declared (one hash tag, one Cluster slot):
+-- KEYS[1] reservation hash   KEYS[2] holding index (zset: listed until it resolves, so
+-- reconciliation finds what Redis holds without scanning)   KEYS[3] mission hash
+-- KEYS[4] leases zset   KEYS[5] branches zset   KEYS[6..] grant hashes, leaf first
 -- ARGV[1] amount   ARGV[2] lease (ms)   ARGV[3] commit ('1'), hold ('0'), or hold and list it
 -- among the mission's branch reservations ('b': a Branch's, for the coordinator to record)
--- ARGV[4..] grant ids, leaf first
+-- ARGV[4] reservation id   ARGV[5..] grant ids, leaf first (those of KEYS[6..])
 -- Reply without commit: {'ok'|'dup', lease_until, reserved_at, reserved_seq}
 -- Reply with commit: the same and committed_at, committed_seq; 'held' instead of 'dup' when
 -- an earlier call reserved it without committing and this call committed it.
-local prefix, rid = string.match(KEYS[1], '^(.*)res:(.+)$')
-local leases = prefix .. 'leases'
+local res, holding, mission, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local rid = ARGV[4]
 local amount = tonumber(ARGV[1])
 local with_commit = ARGV[3] == '1'
-local names = {}
-for i = 4, #ARGV do names[#names + 1] = ARGV[i] end
+local names, keys = {}, {}
+for i = 5, #ARGV do
+  names[#names + 1] = ARGV[i]
+  keys[#keys + 1] = KEYS[i + 1]
+end
 local csv = table.concat(names, ',')
-local keys = {}
-for i, name in ipairs(names) do keys[i] = prefix .. 'grant:' .. name end
-keys[#keys + 1] = prefix .. 'mission'
+keys[#keys + 1] = mission
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -30,13 +31,13 @@ local function commit(tag, lease_until, at, seq)
     redis.call('HINCRBY', key, 'reserved', 0 - amount)
     redis.call('HINCRBY', key, 'committed', amount)
   end
-  local cseq = redis.call('HINCRBY', prefix .. 'mission', 'seq', 1)
-  redis.call('HSET', KEYS[1], 'state', 'committed', 'committed_at', now, 'committed_seq', cseq)
+  local cseq = redis.call('HINCRBY', mission, 'seq', 1)
+  redis.call('HSET', res, 'state', 'committed', 'committed_at', now, 'committed_seq', cseq)
   redis.call('ZREM', leases, rid)
   return {tag, lease_until, at, seq, now, cseq}
 end
 
-local r = redis.call('HMGET', KEYS[1], 'amount', 'scopes', 'lease_until', 'state', 'at', 'seq',
+local r = redis.call('HMGET', res, 'amount', 'scopes', 'lease_until', 'state', 'at', 'seq',
   'committed_at', 'committed_seq')
 if r[1] then
   if r[4] ~= 'held' and r[4] ~= 'committed' and r[4] ~= 'expiring' then
@@ -73,11 +74,11 @@ end
 local lease_until = now + tonumber(ARGV[2])
 for _, key in ipairs(keys) do redis.call('HINCRBY', key, 'reserved', ARGV[1]) end
 -- The mission's transition counter orders the ledger records of concurrent writers.
-local seq = redis.call('HINCRBY', prefix .. 'mission', 'seq', 1)
-redis.call('HSET', KEYS[1], 'amount', ARGV[1], 'scopes', csv, 'lease_until', lease_until,
+local seq = redis.call('HINCRBY', mission, 'seq', 1)
+redis.call('HSET', res, 'amount', ARGV[1], 'scopes', csv, 'lease_until', lease_until,
   'state', 'held', 'at', now, 'seq', seq)
-redis.call('ZADD', KEYS[2], seq, rid)
+redis.call('ZADD', holding, seq, rid)
 if with_commit then return commit('ok', lease_until, now, seq) end
 redis.call('ZADD', leases, lease_until, rid)
-if ARGV[3] == 'b' then redis.call('ZADD', prefix .. 'branches', seq, rid) end
+if ARGV[3] == 'b' then redis.call('ZADD', KEYS[5], seq, rid) end
 return {'ok', lease_until, now, seq}

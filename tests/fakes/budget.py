@@ -45,6 +45,8 @@ class FakeBudget:
         self.failing: set[str] = set()  # calls by name that fail as an unreachable Redis
         self.lose_replies = False
         self.calls: list[str] = []
+        # (call, reservation id, the chain its caller passed): the keys a Redis call declares
+        self.declared: list[tuple[str, str, tuple[str, ...] | None]] = []
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -138,8 +140,11 @@ class FakeBudget:
         held.state = state
         return held
 
-    async def commit(self, mission_id: str, reservation_id: str) -> CommitResult:
+    async def commit(
+        self, mission_id: str, reservation_id: str, *, chain: Sequence[str] | None = None
+    ) -> CommitResult:
         self._call("commit")
+        self.declared.append(("commit", reservation_id, None if chain is None else tuple(chain)))
         held = self.reservations[(mission_id, reservation_id)]
         if held.state == "expiring":
             raise RuleViolation(Rule.BUDGET_CONSERVATION, f"{reservation_id}'s lease ended")
@@ -148,9 +153,11 @@ class FakeBudget:
         return held.commit
 
     async def settle(
-        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False
-    ) -> SettleResult:
+        self, mission_id: str, reservation_id: str, actual: int, *, recorded: bool = False,
+        chain: Sequence[str] | None = None,
+    ) -> SettleResult:  # fmt: skip
         self._call("settle")
+        self.declared.append(("settle", reservation_id, None if chain is None else tuple(chain)))
         held = self.reservations.get((mission_id, reservation_id))
         if held is not None and held.state in ("settled", "overrun"):
             return SettleResult(
@@ -166,9 +173,11 @@ class FakeBudget:
         return SettleResult(mission_id, reservation_id, actual, over, self.clock.now())
 
     async def release(
-        self, mission_id: str, reservation_id: str, *, recorded: bool = False
-    ) -> ReleaseResult:
+        self, mission_id: str, reservation_id: str, *, recorded: bool = False,
+        chain: Sequence[str] | None = None,
+    ) -> ReleaseResult:  # fmt: skip
         self._call("release")
+        self.declared.append(("release", reservation_id, None if chain is None else tuple(chain)))
         held = self.reservations.get((mission_id, reservation_id))
         if held is not None and held.state == "released":
             return ReleaseResult(mission_id, reservation_id, self.clock.now(), replayed=True)

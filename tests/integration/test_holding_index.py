@@ -82,7 +82,8 @@ async def test_holding_lists_exactly_what_redis_still_counts_without_a_scan(
         assert await store.holding("never-made") == {}
         assert await scans(admin) == before  # the index, not the keyspace
     # the index is one key of the mission's hash tag (one Cluster slot)
-    assert k.holding_key(mid).startswith(k.prefix(mid)) and f"{{{mid}}}" in k.holding_key(mid)
+    assert k.holding_key(mid) in k.reservation_keys(mid, "held", ["g"])
+    assert all(key.startswith(f"fl:{{{mid}}}:") for key in k.reservation_keys(mid, "held", ["g"]))
 
 
 async def test_a_restarted_coordinator_reconciles_from_the_index_without_a_scan() -> None:

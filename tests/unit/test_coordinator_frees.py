@@ -258,3 +258,23 @@ async def test_money_the_ledger_never_recorded_is_returned_when_redis_was_down_a
     finally:
         await second.stop()
         fleet.co = second  # the fixture stops it again: harmless
+
+
+async def test_redis_calls_on_a_reservation_declare_the_chain_the_ledger_records(
+    fleet: Fleet,
+) -> None:
+    """The coordinator passes the ledger's grant chain, so the Redis script declares the right
+    keys the first time (no second round trip, even for a client that never reserved it)."""
+    for aid in ("a1", "a2", "a3", "a4"):
+        await fleet.authorize(aid, cost=10)
+    await fleet.manage("effect.record", {"action_id": "a1", "outcome": "unknown"})
+    await fleet.manage("effect.record", {**SETTLE, "actual": 5})
+    await fleet.manage("effect.record", {"action_id": "a2", "outcome": "verified_failure"})
+    fleet.budget.down = True
+    await fleet.manage("effect.record", {"action_id": "a3", "outcome": "verified_success"})
+    fleet.budget.down = False
+    await fleet.co.sweep_once()  # the reconciler applies the recorded settle of a3
+    assert [d for d in fleet.budget.declared if d[0] != "settle" or d[1] != "r-a3"] == [
+        ("commit", "r-a1", ("g",)), ("settle", "r-a1", ("g",)), ("release", "r-a2", ("g",)),
+    ]  # fmt: skip
+    assert {d[2] for d in fleet.budget.declared if d[1] == "r-a3"} == {("g",)}
