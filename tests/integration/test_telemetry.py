@@ -609,3 +609,20 @@ async def test_a_hook_call_through_the_node_agent_to_the_decision_is_one_trace(
     tool = named(receiver.spans(lambda s: s.trace_id == trace_id), "execute_tool Bash")
     assert tool.attributes.get("gen_ai.tool.name") == "Bash"
     assert tool.parent_span_id == "00f067aa0ba902b7"
+
+
+async def test_a_stream_growing_a_message_at_a_time_is_exported_in_batches(
+    traced: Coordinator, plain_client: FleetClient, receiver: OTLPReceiver
+) -> None:
+    mission = f"trickle-{new_id().hex[-10:]}"
+    now = datetime.now(UTC)
+    before = len(receiver.requests)
+    for i in range(200):  # each one stored before the next: the follower is caught up each time
+        payload = EvidenceRegistered(evidence_id=f"t{i}", source="s", claim="c")
+        await plain_client.publish(make_event(payload, mission_id=mission, at=now))
+
+    def all_in(r: Received) -> bool:
+        return sum(1 for s in r.spans if s.attributes.get("ledger.mission_id") == mission) >= 200
+
+    await asyncio.to_thread(receiver.wait_for, all_in, 30)
+    assert len(receiver.requests) - before <= 20  # not one request per message
