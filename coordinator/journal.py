@@ -278,11 +278,9 @@ class Journal:
                 template=EVENT_SUBJECT_TEMPLATE,
             ),
         ) as span:
-            if span.is_recording():  # the events' spans are projected under this one
-                tc = envelope_of(span.get_span_context())
-                events = [
-                    e if e.trace == tc else e.model_copy(update={"trace": tc}) for e in events
-                ]
+            tc = envelope_of(span.get_span_context())
+            if tc is not None:  # the events' spans are projected under this one
+                events = [e if e.trace else e.model_copy(update={"trace": tc}) for e in events]
             # last: nothing may change a signed message; one signature covers all its events
             body = bundle_json(events) if self.seed is None else seal_message(events, self.seed)
             if len(self._own) < OWN_CACHE_LIMIT:
