@@ -89,10 +89,11 @@ def request_context(
     """The live side of an authorize request, whose span the projection builds from the stream
     (``telemetry.projection``): no SDK span, only its context (``request_span_id``), current
     while the block runs, so what it appends and sends names it. Yields the envelope form of
-    the sender's span (from the NATS headers, else ``trace_context``): the request's parent,
+    the sender's span (``trace_context``, the request's own, else the NATS headers'): its parent,
     which its ``action.requested`` event carries for the projection. A request with no trace
     context starts a trace when tracing is on, and has no context when it is off."""
-    sender = _sender(headers, trace_context)
+    own = span_context_from(trace_context)
+    sender = own or _carried(headers)
     if sender is None and not tel.enabled:
         yield None
         return
@@ -104,18 +105,15 @@ def request_context(
         sender.trace_state if sender is not None else None,
     )
     with trace.use_span(NonRecordingSpan(ctx)):
-        yield envelope_of(sender) if sender is not None else None
+        yield trace_context if own is not None else envelope_of(sender) if sender else None
 
 
-def _sender(
-    headers: Mapping[str, str] | None, trace_context: TraceContext | None
-) -> SpanContext | None:
+def _carried(headers: Mapping[str, str] | None) -> SpanContext | None:
     carried = extract_context(headers)
-    if carried is not None:
-        ctx = trace.get_current_span(carried).get_span_context()
-        if ctx.is_valid:
-            return ctx
-    return span_context_from(trace_context)
+    if carried is None:
+        return None
+    ctx = trace.get_current_span(carried).get_span_context()
+    return ctx if ctx.is_valid else None
 
 
 @contextmanager
