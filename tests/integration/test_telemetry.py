@@ -630,11 +630,14 @@ async def test_a_stream_growing_a_message_at_a_time_is_exported_in_batches(
 
 
 async def test_the_request_spans_of_a_burst_of_decisions_export_again_identical(
-    traced: Coordinator, own_servers: EmbeddedServers, receiver: OTLPReceiver
+    traced: Coordinator,
+    plain_client: FleetClient,
+    own_servers: EmbeddedServers,
+    receiver: OTLPReceiver,
 ) -> None:
+    mid = await mission_with_grant(plain_client, evidence_for=[])  # its spans: projected only
     tel = telemetry_to(receiver, "test-decisions-client")
     async with await FleetClient.connect(own_servers.nats_url, telemetry=tel) as client:
-        mid = await mission_with_grant(client, evidence_for=[])
         asks = [
             ActionRequest(action_id=f"b{i}", grant_id="g1", action="pay", cost=1,
                           idempotency_key=f"kb{i}")
