@@ -2,12 +2,14 @@
 
 In one run, on embedded nats-server and redis-server, the coordinator in its own process
 (`fleetledger coordinator run`, configured by OTEL_* only; with tracing on it starts its span
-follower, `fleetledger trace follow`, which projects the ledger events' spans from the stream)
-and an OTLP receiver in another: phases alternate off/on; each phase runs concurrent authorize
-calls (one mission per worker, so the per-mission lock does not serialise them). With tracing
-on, the client traces too; after each phase the receiver's span counts are awaited (the
-follower's catch-up is printed) and checked against what was sent (target: ratio >= 0.9, no
-span dropped). Ends with one JSON line of figures.
+follower, `fleetledger trace follow`, which projects the spans of the ledger events and of the
+authorize requests from the stream) and an OTLP receiver in another: phases alternate off/on;
+each phase runs concurrent authorize calls (one mission per worker, so the per-mission lock
+does not serialise them). With tracing on, the client traces too; after each phase the
+receiver's span counts are awaited (the follower's catch-up is printed) and checked against
+what was sent (target: ratio >= 0.9, no span dropped). Each off/on pair and its ratio is
+printed, with the load average; the figure is the median of each mode. Ends with one JSON
+line of figures.
 """
 
 from __future__ import annotations
@@ -199,7 +201,10 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
                         tel.shutdown()  # flushes the client's spans
                         if mode == "on":
                             catch_up.append(await caught_up(otlp, sent_on))
-                        err.print(f"round {r + 1} tracing {mode}: {rate:,.0f} authorize/s")
+                        err.print(
+                            f"round {r + 1} tracing {mode}: {rate:,.0f} authorize/s "
+                            f"(load {os.getloadavg()[0]:.2f})"
+                        )
                     finally:
                         coord.terminate()  # SIGTERM: the coordinator flushes its spans on stop
                         coord.wait(20)
@@ -214,6 +219,10 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
     received_decisions = got.get(PROJECTED, 0)
     received_actions = got.get("fleet.ledger.action.requested", 0)
     off, on = statistics.median(off_rates), statistics.median(on_rates)
+    pairs = [
+        (round(a, 1), round(b, 1), round(b / a, 3))
+        for a, b in zip(off_rates, on_rates, strict=True)
+    ]
     figures: dict[str, object] = {
         "authorize_per_s_tracing_off": round(off, 1),
         "authorize_per_s_tracing_on": round(on, 1),
@@ -225,6 +234,8 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
         + (sent_on - received_decisions)
         + (sent_on - received_actions),
         "follower_catch_up_s": round(max(catch_up), 3),
+        "pairs_off_on_ratio": pairs,
+        "load_1min_end": round(os.getloadavg()[0], 2),
         "workers": WORKERS,
     }
     table = Table(title="Tracing on/off (one run)", title_justify="left")
@@ -237,6 +248,8 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
         f"{on / off:.2f}x",
         ">= 0.9x",
     )
+    for i, (a, b, ratio) in enumerate(pairs, 1):
+        table.add_row(f"  pair {i}", f"{b:,.0f}", f"{a:,.0f}", f"{ratio:.2f}x", "")
     table.add_row("spans dropped", str(figures["dropped_spans"]), "", "", "0")
     table.add_row(
         "span follower behind the burst, at most", f"{figures['follower_catch_up_s']} s", "", "", ""

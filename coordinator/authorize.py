@@ -32,7 +32,6 @@ from ledger.identity import NonceWindow, Principal, check_requester, verify_requ
 from ledger.kernel import ActionRequest, Decision, Kernel, decide
 from ledger.mission import MISSION_SCOPE, ActionRecord
 from ledger.protocol import (
-    AUTHORIZE_SUBJECT,
     AuthorizeReply,
     AuthorizeRequest,
     ErrorBody,
@@ -42,19 +41,11 @@ from ledger.protocol import (
     reply_from_receipt,
 )
 from reservations import Budget, CommitResult, ReserveResult
-from telemetry import Telemetry, consumer_span, messaging_attributes, reservation_span, set_error
+from telemetry import Telemetry, request_context
 from telemetry.conventions import (
-    FLEET_COST_MICROS,
     FLEET_DECISION_ALLOWED,
-    FLEET_DECISION_CUT,
     FLEET_DECISION_RULE,
     FLEET_RESERVATION_OUTCOME,
-    GEN_AI_TOOL_CALL_ID,
-    GEN_AI_TOOL_NAME,
-    LEDGER_AGENT_ID,
-    LEDGER_GRANT_ID,
-    LEDGER_MISSION_ID,
-    OP_PROCESS,
 )
 
 log = logging.getLogger("fleetledger.coordinator.authorize")
@@ -116,21 +107,15 @@ class Authorizer:
                 return  # the stream republishes the stored receipt to the requester
             await msg.respond(reply.model_dump_json(exclude_none=True).encode())
 
-        with consumer_span(
+        with request_context(
             self.telemetry,
-            f"process {AUTHORIZE_SUBJECT}",
             headers=msg.headers,
             trace_context=req.trace,
-            attributes=lambda: {
-                **messaging_attributes(msg.subject, operation=OP_PROCESS, body=msg.data),
-                LEDGER_MISSION_ID: req.mission_id,
-                LEDGER_AGENT_ID: req.agent_id,
-                LEDGER_GRANT_ID: req.request.grant_id,
-                GEN_AI_TOOL_NAME: req.request.action,
-                GEN_AI_TOOL_CALL_ID: req.request.action_id,
-                FLEET_COST_MICROS: req.request.cost,
-            },
-        ) as span:
+            mission_id=req.mission_id,
+            action_id=req.request.action_id,
+        ) as sender:  # its span is projected from the decision's message (docs/tracing.md)
+            if sender != req.trace:  # the action.requested event names the request's parent
+                req = req.model_copy(update={"trace": sender})
             try:
                 who = None
                 if self.principals is not None:  # before anything waits, reads or writes
@@ -138,17 +123,10 @@ class Authorizer:
                         msg.headers, msg.subject, msg.data, self.principals(),
                         self.journal.clock.now(), reply=msg.reply, nonces=self.nonces,
                     )  # fmt: skip
-                reply = await self.authorize(req, respond, nonce=nonce, who=who)
+                await self.authorize(req, respond, nonce=nonce, who=who)
             except FleetError as exc:
-                set_error(span, exc.message, str(exc.code))
                 if not replied:
                     await respond(AuthorizeReply(error=ErrorBody.of(exc)))
-                return
-            d = reply.decision
-            if d is not None and span.is_recording():
-                span.set_attributes({FLEET_DECISION_ALLOWED: d.allowed, FLEET_DECISION_CUT: d.cut})
-                if d.rule is not None:
-                    span.set_attribute(FLEET_DECISION_RULE, d.rule.value)
 
     async def authorize(
         self,
@@ -317,10 +295,9 @@ class Authorizer:
         action = req.request
         metrics = self.telemetry.metrics
         try:
-            with reservation_span(self.telemetry, "reserve_commit", rid):
-                reserved = await self.budget.reserve_committed(
-                    req.mission_id, chain, rid, action.cost, self.lease_s
-                )
+            reserved = await self.budget.reserve_committed(
+                req.mission_id, chain, rid, action.cost, self.lease_s
+            )
         except RuleViolation as exc:
             metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: "denied"})
             denied = decision.model_copy(

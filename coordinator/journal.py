@@ -44,7 +44,14 @@ from ledger.events import Event, bundle_json, make_event
 from ledger.identity import seal_message
 from ledger.mission import MissionState
 from ledger.protocol import subject_of
-from telemetry import Telemetry, envelope_of, headers_of, messaging_attributes, sending_span
+from telemetry import (
+    Telemetry,
+    current_trace_context,
+    envelope_of,
+    headers_of,
+    messaging_attributes,
+    sending_span,
+)
 from telemetry.conventions import EVENT_SUBJECT_TEMPLATE, OP_SEND
 
 log = logging.getLogger("fleetledger.coordinator.journal")
@@ -255,7 +262,9 @@ class Journal:
     def event(
         self, payload: Any, mission_id: str, *, at: datetime | None = None, **kw: Any
     ) -> Event:
-        """A new event of this coordinator (``at``: default now)."""
+        """A new event of this coordinator (``at``: default now; ``trace``: default the context
+        of the request being handled, which its span is projected under)."""
+        kw.setdefault("trace", current_trace_context())
         return make_event(
             payload, mission_id=mission_id, at=at or self.clock.now(), node_id=self.node_id, **kw
         )
@@ -278,11 +287,9 @@ class Journal:
                 template=EVENT_SUBJECT_TEMPLATE,
             ),
         ) as span:
-            if span.is_recording():  # the events' spans are projected under this one
-                tc = envelope_of(span.get_span_context())
-                events = [
-                    e if e.trace == tc else e.model_copy(update={"trace": tc}) for e in events
-                ]
+            tc = envelope_of(span.get_span_context())
+            if tc is not None:  # the events' spans are projected under this one
+                events = [e if e.trace else e.model_copy(update={"trace": tc}) for e in events]
             # last: nothing may change a signed message; one signature covers all its events
             body = bundle_json(events) if self.seed is None else seal_message(events, self.seed)
             if len(self._own) < OWN_CACHE_LIMIT:

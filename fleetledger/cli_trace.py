@@ -6,7 +6,7 @@
 - ``trace export --from SEQ [--to SEQ]``: build the spans of that range of the stream and send
   them to the configured OTLP receiver (``OTEL_*``); the same range gives the same spans.
 - ``trace follow [--from SEQ]``: keep doing so as the stream grows (default: from its end now),
-  at a lower CPU priority than the fleet's hot path. ``coordinator run`` starts one when
+  at idle CPU priority (the fleet's hot path always goes first). ``coordinator run`` starts one when
   tracing is configured.
 
 Both read with a read-only reader (``fleetbus.reader``): a coordinator's or a person's key may.
@@ -47,7 +47,6 @@ log = logging.getLogger("fleetledger.trace")
 
 SLACK = timedelta(seconds=30)  # an event's id is minted a little before it reaches the stream
 READ_TIMEOUT_S = 2.0
-FOLLOW_NICE = 10  # the follower yields the CPU to the coordinator and the servers
 
 
 def event_time(event_id: str) -> datetime:
@@ -138,8 +137,10 @@ class Follower:
             self.projection.index(msg.data)
         else:
             spans = self.projection.spans(seq, msg.subject, msg.data, meta.timestamp)
-            if self.sink.add(spans) or not meta.num_pending:  # a full batch, or caught up
+            if self.sink.add(spans):  # a full batch: sent before reading on
                 await self.sink.send()
+            elif not meta.num_pending:  # caught up: what else arrives soon goes with it
+                self.sink.send_soon()
         self.seq = seq
 
 
@@ -154,7 +155,7 @@ async def export_range(
         await read_until_end(
             nc, STREAM, f"{SUBJECT_PREFIX}.>", follower.handle, upto=last, quiet_s=60.0
         )
-        await follower.sink.send()
+        await follower.sink.close()
     except TimeoutError:
         raise Unreachable(
             f"the export stopped at seq {follower.seq}: the stream or the OTLP receiver did not "
@@ -197,7 +198,7 @@ async def follow(nc: Client, exporter: SpanExporter, *, first: int | None = None
         reader.stopped = True
         await reader.stop()
         with contextlib.suppress(Exception):  # what is left is re-exported with --from
-            await asyncio.wait_for(follower.sink.send(), 10)
+            await asyncio.wait_for(follower.sink.close(), 10)
         log.info("spans exported up to seq %d", follower.seq)
 
 
@@ -253,6 +254,15 @@ async def export_stream(
     return await _project("export", nats_url, seed, first, last)
 
 
+def _idle_priority() -> None:
+    """The follower runs when the CPU has nothing else to do (Linux ``SCHED_IDLE``: the
+    coordinator and the servers always go first), elsewhere at the lowest nice value."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+
+
 async def _project(
     target: str, nats_url: str, seed: str | None, first: int | None, last: int | None
 ) -> dict[str, Any]:
@@ -269,7 +279,7 @@ async def _project(
     try:
         if target == "export":
             return await export_range(nc, exporter, first=first or 1, last=last)
-        os.nice(FOLLOW_NICE)
+        _idle_priority()
         task = asyncio.current_task()
         assert task is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)

@@ -2,8 +2,10 @@
 
 Nothing is queued beyond one batch and nothing is dropped: ``add`` returns a batch to send once
 it is full, and the caller (which reads the stream) awaits ``send`` before reading more, so a
-slow or absent receiver slows the reading, never loses a span. The exporter is any
-OpenTelemetry ``SpanExporter`` (the SDK's OTLP ones, from ``telemetry.setup.span_exporter``).
+slow or absent receiver slows the reading, never loses a span. A partial batch (the reader has
+caught up) is sent ``LINGER_S`` later (``send_soon``), so a stream that grows a message at a
+time is sent in batches, not in one request per message. The exporter is any OpenTelemetry
+``SpanExporter`` (the SDK's OTLP ones, from ``telemetry.setup.span_exporter``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 log = logging.getLogger("fleetledger.telemetry.export")
 
 BATCH: Final = 512
+LINGER_S: Final = 0.5  # how long a partial batch waits for more spans
 _BACKOFF_S: Final = 0.2
 _BACKOFF_CAP_S: Final = 5.0
 
@@ -26,22 +29,40 @@ _BACKOFF_CAP_S: Final = 5.0
 class SpanSink:
     """Batches spans for one exporter and sends each batch until it is accepted."""
 
-    def __init__(self, exporter: SpanExporter, *, batch: int = BATCH) -> None:
-        self.exporter, self.batch = exporter, batch
+    def __init__(
+        self, exporter: SpanExporter, *, batch: int = BATCH, linger_s: float = LINGER_S
+    ) -> None:
+        self.exporter, self.batch, self.linger_s = exporter, batch, linger_s
         self.pending: list[ReadableSpan] = []
         self.exported = 0  # spans the receiver accepted
         self.retries = 0  # batches sent again after a failure
+        self.requests = 0  # export calls made (batches sent, retries included)
+        self._sending = asyncio.Lock()  # one batch in flight: spans leave in stream order
+        self._soon: asyncio.Task[None] | None = None
 
     def add(self, spans: Sequence[ReadableSpan]) -> bool:
         """Buffer ``spans``; True when a full batch is waiting for ``send``."""
         self.pending.extend(spans)
         return len(self.pending) >= self.batch
 
+    def send_soon(self) -> None:
+        """Send what is buffered ``linger_s`` from now (once: later spans join that batch)."""
+        if self.pending and (self._soon is None or self._soon.done()):
+            self._soon = asyncio.create_task(self._linger())
+
+    async def _linger(self) -> None:
+        await asyncio.sleep(self.linger_s)  # a timer: spans arriving meanwhile go along
+        await asyncio.shield(self.send())  # once sending, a batch is not abandoned mid-export
+
     async def send(self) -> None:
         """Export what is buffered, retrying (with backoff) until the exporter says SUCCESS."""
+        async with self._sending:
+            await self._send()
+
+    async def _send(self) -> None:
         while self.pending:
             batch, delay = self.pending[: self.batch], _BACKOFF_S
-            while await asyncio.to_thread(self.exporter.export, batch) != SpanExportResult.SUCCESS:
+            while await self._export(batch) != SpanExportResult.SUCCESS:
                 self.retries += 1
                 log.warning(
                     "span export failed; sending %d spans again in %.1fs", len(batch), delay
@@ -51,8 +72,19 @@ class SpanSink:
             del self.pending[: len(batch)]
             self.exported += len(batch)
 
+    async def _export(self, batch: list[ReadableSpan]) -> SpanExportResult:
+        self.requests += 1
+        return await asyncio.to_thread(self.exporter.export, batch)
+
+    async def close(self) -> None:
+        """Send what is buffered now (a ``send_soon`` still waiting is not waited for; one
+        already sending is, through the lock)."""
+        if self._soon is not None:
+            self._soon.cancel()
+        await self.send()
+
     def shutdown(self) -> None:
         self.exporter.shutdown()
 
 
-__all__ = ["BATCH", "SpanSink"]
+__all__ = ["BATCH", "LINGER_S", "SpanSink"]

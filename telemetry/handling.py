@@ -11,7 +11,15 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 from opentelemetry.util.types import AttributeValue
 
 from ledger.errors import FleetError
@@ -23,7 +31,14 @@ from telemetry.conventions import (
     FLEET_ERROR_CODE,
     FLEET_RESERVATION_ID,
 )
-from telemetry.propagation import context_from, extract_context, inject_headers
+from telemetry.projection import request_span_id, request_trace_id
+from telemetry.propagation import (
+    context_from,
+    envelope_of,
+    extract_context,
+    inject_headers,
+    span_context_from,
+)
 from telemetry.setup import Telemetry
 from telemetry.spans import NOOP_SPAN
 
@@ -63,6 +78,45 @@ def consumer_span(
 
 
 @contextmanager
+def request_context(
+    tel: Telemetry,
+    *,
+    headers: Mapping[str, str] | None,
+    trace_context: TraceContext | None,
+    mission_id: str,
+    action_id: str,
+) -> Iterator[TraceContext | None]:
+    """The live side of an authorize request, whose span the projection builds from the stream
+    (``telemetry.projection``): no SDK span, only its context (``request_span_id``), current
+    while the block runs, so what it appends and sends names it. Yields the envelope form of
+    the sender's span (``trace_context``, the request's own, else the NATS headers'): its parent,
+    which its ``action.requested`` event carries for the projection. A request with no trace
+    context starts a trace when tracing is on, and has no context when it is off."""
+    own = span_context_from(trace_context)
+    sender = own or _carried(headers)
+    if sender is None and not tel.enabled:
+        yield None
+        return
+    ctx = SpanContext(
+        sender.trace_id if sender is not None else request_trace_id(mission_id, action_id),
+        request_span_id(mission_id, action_id),
+        False,
+        sender.trace_flags if sender is not None else TraceFlags(TraceFlags.SAMPLED),
+        sender.trace_state if sender is not None else None,
+    )
+    with trace.use_span(NonRecordingSpan(ctx)):
+        yield trace_context if own is not None else envelope_of(sender) if sender else None
+
+
+def _carried(headers: Mapping[str, str] | None) -> SpanContext | None:
+    carried = extract_context(headers)
+    if carried is None:
+        return None
+    ctx = trace.get_current_span(carried).get_span_context()
+    return ctx if ctx.is_valid else None
+
+
+@contextmanager
 def producer_span_lazy(tel: Telemetry, name: str, attributes: Attributes) -> Iterator[Span]:
     """A PRODUCER span (current while open) around a send; a ``FleetError`` marks it failed."""
     if not tel.enabled:
@@ -84,13 +138,11 @@ def producer_span_lazy(tel: Telemetry, name: str, attributes: Attributes) -> Ite
 
 @contextmanager
 def sending_span(tel: Telemetry, name: Callable[[], str], attributes: Attributes) -> Iterator[Span]:
-    """The span a send is recorded on: the current one when it records (the request being
-    handled), else a new PRODUCER span for the send alone. A ``FleetError`` marks it failed."""
-    if not tel.enabled:
-        yield NOOP_SPAN
-        return
+    """The span a send is recorded on: the current one when there is one (the request being
+    handled, or the context of one: ``request_context``), else a new PRODUCER span for the send
+    alone (none when tracing is off). A ``FleetError`` marks it failed."""
     current = trace.get_current_span()
-    if current.is_recording():
+    if current.get_span_context().is_valid:
         try:
             yield current
         except FleetError as exc:
@@ -127,8 +179,8 @@ def set_error(span: Span, message: str, code: str) -> None:
 
 
 def headers_of(span: Span) -> dict[str, str] | None:
-    """NATS headers carrying ``span``'s context, or None when it does not record."""
-    if not span.is_recording():
+    """NATS headers carrying ``span``'s context, or None when it has none."""
+    if not span.get_span_context().is_valid:
         return None
     return inject_headers(context=trace.set_span_in_context(span))
 
@@ -137,6 +189,7 @@ __all__ = [
     "consumer_span",
     "headers_of",
     "producer_span_lazy",
+    "request_context",
     "reservation_span",
     "sending_span",
     "set_error",

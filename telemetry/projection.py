@@ -11,7 +11,13 @@ and any range can be built again, identical, ids included:
   message (a bundle stays together);
 - start is the event's ``recorded_at``, end the stream's storage time (the time to durability);
 - links join the events it depends on (``telemetry.links``): their spans' ids are again hashes
-  of their event ids, found through an index of what came before in the stream.
+  of their event ids, found through an index of what came before in the stream;
+- a decision's message also gives the span of the request it answers, ``process
+  fleet.v1.authorize`` (CONSUMER): the coordinator records no span for it, only its context
+  (``request_span_id``, named by the decision's envelope and the NATS headers, so what the live
+  path sends joins it); its parent is the sender's span, which the ``action.requested`` event's
+  envelope names; it holds the request's and the decision's attributes and runs from the
+  request's arrival to the decision's durability; every event of the message is its child.
 
 ``Projection`` is pure: it is handed stored messages in stream order and returns SDK
 ``ReadableSpan`` objects, which any OpenTelemetry span exporter sends.
@@ -32,19 +38,28 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
 from ledger.errors import FleetError
-from ledger.events import DecisionRecorded, Event, parse_events
+from ledger.events import ActionRequested, DecisionRecorded, Event, parse_events
+from ledger.protocol import AUTHORIZE_SUBJECT
 from telemetry.conventions import (
+    FLEET_COST_MICROS,
     FLEET_DECISION_ALLOWED,
     FLEET_DECISION_CUT,
     FLEET_DECISION_RULE,
     FLEET_NODE_ID,
     FLEET_STREAM_SEQ,
+    GEN_AI_TOOL_CALL_ID,
+    GEN_AI_TOOL_NAME,
+    LEDGER_AGENT_ID,
+    LEDGER_GRANT_ID,
+    LEDGER_MISSION_ID,
     MESSAGING_DESTINATION_NAME,
     MESSAGING_SYSTEM,
     MESSAGING_SYSTEM_NATS,
+    OP_PROCESS,
 )
 from telemetry.links import EventTraces, event_attributes
 from telemetry.propagation import span_context_from
+from telemetry.spans import messaging_attributes
 
 SCOPE: Final = InstrumentationScope("fleetledger.ledger")
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
@@ -58,6 +73,17 @@ def _hash(value: bytes, size: int) -> int:
 def span_id_of(event_id: uuid.UUID | str) -> int:
     """The span id of a ledger event's span: the same whoever builds it, whenever."""
     return _hash(uuid.UUID(str(event_id)).bytes, 8)
+
+
+def request_span_id(mission_id: str, action_id: str) -> int:
+    """The span id of the authorize request deciding ``action_id`` (one decision per action):
+    the coordinator names it live, the projection builds the span."""
+    return _hash(f"request\0{mission_id}\0{action_id}".encode(), 8)
+
+
+def request_trace_id(mission_id: str, action_id: str) -> int:
+    """The trace id of such a request that arrives with no trace context of its own."""
+    return _hash(f"request\0{mission_id}\0{action_id}".encode(), 16)
 
 
 def _ns(at: datetime) -> int:
@@ -104,9 +130,12 @@ class Projection:
         if not events:
             return []
         own = _hash(events[0].event_id.bytes, 16)
-        out: list[ReadableSpan] = []
+        request = self._request(events, seq, stored_at)
+        out: list[ReadableSpan] = [] if request is None else [request]
         for event in events:
             ctx, parent = self._context(event, own)
+            if request is not None:  # a decision's events sit under the request it answers
+                parent = request.context
             links = self.traces.links_for(event)
             self.traces.record(event, ctx)  # after: a bundle's later events link to it
             start = _ns(event.recorded_at)
@@ -126,6 +155,59 @@ class Projection:
                 )
             )
         return out
+
+    def _request(
+        self, events: tuple[Event, ...], seq: int, stored_at: datetime | None
+    ) -> ReadableSpan | None:
+        """The span of the request a decision's message answers, if its envelope names one."""
+        decision = events[-1]
+        answer = decision.payload
+        if not isinstance(answer, DecisionRecorded):
+            return None
+        named = span_context_from(decision.trace)
+        if named is None or named.span_id != request_span_id(decision.mission_id, answer.action_id):
+            return None  # no trace context, or a stream whose coordinator recorded it live
+        requested = next((e for e in events if isinstance(e.payload, ActionRequested)), None)
+        sender = span_context_from(requested.trace) if requested is not None else None
+        if sender is not None and sender.span_id == named.span_id:
+            sender = None  # the request came with no trace context: it starts the trace
+        ctx = SpanContext(named.trace_id, named.span_id, False, named.trace_flags)
+        start = _ns((requested or decision).recorded_at)
+        return ReadableSpan(
+            name=f"process {AUTHORIZE_SUBJECT}",
+            context=ctx,
+            parent=sender,
+            resource=self.resource,
+            attributes=_request_attributes(requested, decision, answer, seq),
+            kind=SpanKind.CONSUMER,
+            instrumentation_scope=SCOPE,
+            start_time=start,
+            end_time=max(start, _ns(stored_at)) if stored_at is not None else start,
+        )
+
+
+def _request_attributes(
+    requested: Event | None, decision: Event, answer: DecisionRecorded, seq: int
+) -> dict[str, AttributeValue]:
+    attrs = messaging_attributes(AUTHORIZE_SUBJECT, operation=OP_PROCESS)
+    attrs |= {
+        LEDGER_MISSION_ID: decision.mission_id,
+        GEN_AI_TOOL_CALL_ID: answer.action_id,
+        FLEET_STREAM_SEQ: seq,
+        FLEET_DECISION_ALLOWED: answer.allowed,
+        FLEET_DECISION_CUT: answer.cut,
+    }
+    if answer.rule is not None:
+        attrs[FLEET_DECISION_RULE] = answer.rule.value
+    if decision.grant_id is not None:
+        attrs[LEDGER_GRANT_ID] = decision.grant_id
+    if requested is not None and isinstance(requested.payload, ActionRequested):
+        attrs |= {
+            LEDGER_AGENT_ID: requested.agent_id,
+            GEN_AI_TOOL_NAME: requested.payload.action,
+            FLEET_COST_MICROS: requested.payload.cost,
+        }
+    return attrs
 
 
 def _attributes(event: Event, seq: int, subject: str) -> dict[str, AttributeValue]:
@@ -148,4 +230,11 @@ def span_ids(spans: Sequence[ReadableSpan]) -> list[tuple[int, int]]:
     return [(s.context.trace_id, s.context.span_id) for s in spans if s.context is not None]
 
 
-__all__ = ["SCOPE", "Projection", "span_id_of", "span_ids"]
+__all__ = [
+    "SCOPE",
+    "Projection",
+    "request_span_id",
+    "request_trace_id",
+    "span_id_of",
+    "span_ids",
+]
