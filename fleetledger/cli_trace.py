@@ -255,11 +255,10 @@ async def export_stream(
 
 
 def _idle_priority() -> None:
-    """The follower runs when the CPU has nothing else to do (Linux ``SCHED_IDLE``: the
-    coordinator and the servers always go first), elsewhere at the lowest nice value."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
+    """The follower runs at the lowest nice value: the coordinator and the servers go first, and
+    it still gets a share of a saturated CPU (under Linux ``SCHED_IDLE`` it could get none, and
+    the spans of a busy fleet would lag without bound)."""
+    with contextlib.suppress(OSError):
         os.nice(19)
 
 
