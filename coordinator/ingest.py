@@ -232,7 +232,9 @@ def bulk_fold() -> Iterator[None]:
     frees everything meanwhile as ever). What the fold allocated is then moved to the oldest
     generation unscanned (``gc.freeze`` and ``gc.unfreeze``): left in the youngest, the first
     allocation after the fold had the collector scan the whole new state at once (8% of a
-    replay); a cycle among them is still collected by the next full collection."""
+    replay); a cycle among them is still collected by the next full collection, which may come
+    sooner than otherwise (the collector's count of old objects does not include them until
+    then) and scans them once, where generations 0 and 1 scanned them in turn before."""
     paused = gc.isenabled()
     gc.disable()
     try:
