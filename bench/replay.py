@@ -14,20 +14,25 @@ message signed as it is stored. It then times, in the same run:
 and prints microseconds per event for each, beside the raw baseline of the same run: one
 Ed25519 verification of a message of the mean size (libsodium, no parsing). Times are this
 process's CPU time (``time.process_time``: what a shared machine's load changes least; the
-replay's wall time is printed too), each the best of three passes. Run it against another tree
-(PYTHONPATH) to compare two versions. Ends with one JSON line of figures.
+replay's wall time is printed too), each the best of three passes. ``--against TREE`` runs the
+same bench on another checkout first (a child process importing that tree; the tree of the
+issue's filing, 43e3b08, writes format 1) and prints its figures beside these, as ratios. Ends
+with one JSON line of figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import inspect
 import json
 import os
 import secrets
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -55,7 +60,7 @@ from ledger.authority import Authority
 from ledger.events import ItemCaptured, make_event
 from ledger.kernel import ActionRequest
 from ledger.mission import MissionState
-from ledger.protocol import STREAM, CreateMission, IssueGrant, mission_filter
+from ledger.protocol import STREAM, mission_filter
 
 err = Console(stderr=True)
 MISSION, NODE, AGENT = "bench-replay", "node-1", "agent-1"
@@ -65,14 +70,24 @@ NODE_EVERY = 4  # one node observation per this many decisions
 
 async def set_up(person: FleetClient) -> None:
     expires = (datetime.now(UTC) + timedelta(hours=4)).isoformat()
-    await person.manage(
-        MISSION, CreateMission(purpose="bench", owner=OPERATOR_PRINCIPAL, ceiling=10**12,
-         expires_at=expires),
-    )  # fmt: skip
-    await person.manage(
-        MISSION, IssueGrant(grant_id="g", holder=AGENT, purpose="bench", owner=OPERATOR_PRINCIPAL,
-         authority=Authority.of(["pay"]).model_dump(mode="json"), budget=10**12),
-    )  # fmt: skip
+    await _manage(person, "mission.create", {"purpose": "bench", "owner": OPERATOR_PRINCIPAL,
+                  "ceiling": 10**12, "expires_at": expires})  # fmt: skip
+    await _manage(person, "grant.issue", {"grant_id": "g", "holder": AGENT, "purpose": "bench",
+                  "owner": OPERATOR_PRINCIPAL, "budget": 10**12,
+                  "authority": Authority.of(["pay"]).model_dump(mode="json")})  # fmt: skip
+
+
+async def _manage(person: FleetClient, op: Any, args: dict[str, Any]) -> None:
+    """A management call as the tree under test takes it (request models since b570bf3; before,
+    the op and its arguments), so the bench runs on the tree of the issue's filing too."""
+    from ledger import protocol
+
+    change_of = getattr(protocol, "change_of", None)
+    if change_of is not None:
+        await person.manage(MISSION, change_of(op, args))
+    else:  # the tree at 43e3b08: manage(op, mission, args)
+        manage: Any = person.manage
+        await manage(op, MISSION, args)
 
 
 async def write(person: FleetClient, node: FleetClient, target: int, so_far: Any) -> int:
@@ -120,6 +135,13 @@ async def read_all(url: str, seed: str) -> list[tuple[str, bytes, datetime]]:
     finally:
         await nc.close()
     return out
+
+
+def fresh() -> None:
+    """Each timed pass starts from a collected heap, as the CLI's one replay does: what an
+    earlier pass left (its state, alive until the next one replaces it) is not scanned by a
+    collection that falls in the next pass."""
+    gc.collect()
 
 
 def admission(messages: list[tuple[str, bytes, datetime]], directory: Any) -> tuple[float, int]:
@@ -218,6 +240,7 @@ async def main(quick: bool) -> dict[str, Any]:
             err.print("(a) replay_mission, end to end, best of 3…")
             replays, walls = [], []
             for _ in range(3):
+                fresh()
                 cpu = time.process_time()
                 result = await replay_mission(
                     servers.nats_url, MISSION, seed=seed, principals=directory
@@ -232,6 +255,7 @@ async def main(quick: bool) -> dict[str, Any]:
                 err.print("(d) replay_mission from the latest snapshot, best of 3…")
                 snaps = []
                 for _ in range(3):
+                    fresh()
                     cpu = time.process_time()
                     fast = await replay_mission(
                         servers.nats_url, MISSION, seed=seed, principals=directory,
@@ -243,7 +267,10 @@ async def main(quick: bool) -> dict[str, Any]:
                 snapshot_cpu = min(snaps)
             err.print("(b) admission alone (parse, verify, permission, fold), best of 3…")
             messages = await read_all(servers.nats_url, seed)
-            passes = [admission(messages, directory) for _ in range(3)]
+            passes = []
+            for _ in range(3):
+                fresh()
+                passes.append(admission(messages, directory))
             assert all(folded == events for _, folded in passes)
             fold_s = min(s for s, _ in passes)
     finally:
@@ -285,8 +312,45 @@ async def main(quick: bool) -> dict[str, Any]:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
 
 
+def against(tree: Path, quick: bool) -> dict[str, Any]:
+    """This bench run on another tree (its own fleet, in a child process importing that tree):
+    its final JSON line."""
+    command = [sys.executable, __file__, *(["--quick"] if quick else [])]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    ran = subprocess.run(command, cwd=tree, env=env, stdout=subprocess.PIPE, check=True)
+    figures: dict[str, Any] = json.loads(ran.stdout.decode().strip().splitlines()[-1])
+    return figures
+
+
+def beside(now: dict[str, Any], before: dict[str, Any], tree: Path) -> dict[str, Any]:
+    """The figures of both trees, and how many times faster per event this one is."""
+    ratios = {
+        f"{key}_x": before[key] / now[key]
+        for key in ("replay_us_per_event", "replay_wall_us_per_event", "admit_us_per_event")
+    }
+    err.print(
+        f"before ({tree}): replay {before['replay_us_per_event']:.1f} µs/event (CPU; wall "
+        f"{before['replay_wall_us_per_event']:.1f}), admission {before['admit_us_per_event']:.1f}"
+        f"; now {now['replay_us_per_event']:.1f} (wall {now['replay_wall_us_per_event']:.1f}), "
+        f"{now['admit_us_per_event']:.1f}: {ratios['replay_us_per_event_x']:.2f}x faster per "
+        f"event from scratch (wall {ratios['replay_wall_us_per_event_x']:.2f}x, admission "
+        f"{ratios['admit_us_per_event_x']:.2f}x)"
+    )
+    rounded = {k: round(v, 2) for k, v in ratios.items()}
+    return {**now, "before": before, **rounded}
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="about 10,000 events (a minute)")
+    parser.add_argument(
+        "--against", type=Path, metavar="TREE",
+        help="first run this bench on another checkout (say, a git worktree of the commit "
+        "before issue 29, 43e3b08) and print its figures beside this tree's, as ratios",
+    )  # fmt: skip
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.quick))))
+    before = against(args.against, args.quick) if args.against else None
+    figures = asyncio.run(main(args.quick))
+    if before is not None:
+        figures = beside(figures, before, args.against)
+    print(json.dumps(figures))

@@ -24,7 +24,6 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -32,6 +31,8 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic.types import UuidVersion
+from pydantic_core import core_schema
 
 from ledger.authority import Authority, Names
 from ledger.clock import ensure_utc
@@ -54,16 +55,29 @@ ACTION_PATTERN = r"^[a-z0-9][a-z0-9_.:\-]{0,127}$"
 ActionName = Annotated[str, Field(pattern=ACTION_PATTERN)]
 Text = Annotated[str, Field(min_length=1, max_length=4000)]
 Micros = Annotated[int, Field(ge=0, le=MAX_MICROS, strict=True)]
-UtcDatetime = Annotated[datetime, AfterValidator(ensure_utc)]
 
 
-def _uuid7(value: uuid.UUID) -> uuid.UUID:
-    if value.version != 7:
-        raise ValueError(f"event id {value} is not a UUIDv7")
-    return value
+class _Utc:
+    """A datetime in UTC: one at offset 0 (every stored timestamp, every clock's reading) is
+    taken as it is, in pydantic's own validator; another aware one is converted by
+    ``ensure_utc``, a naive one refused. The Python function is called only for those, where
+    it took half of a stored message's parse when called on every timestamp."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> core_schema.CoreSchema:
+        return core_schema.union_schema(
+            [core_schema.datetime_schema(tz_constraint=0),
+             core_schema.no_info_after_validator_function(ensure_utc, handler(datetime))],
+            mode="left_to_right", custom_error_type="utc_datetime",
+            custom_error_message="Input should be an ISO 8601 datetime with a time zone (UTC)",
+        )  # fmt: skip
 
 
-EventId = Annotated[uuid.UUID, AfterValidator(_uuid7)]
+UtcDatetime = Annotated[datetime, _Utc]
+
+
+# checked in pydantic's own validator (``_invalid`` names a wrong version as not a UUIDv7)
+EventId = Annotated[uuid.UUID, UuidVersion(7)]
 
 
 class _Payload(BaseModel):
@@ -593,9 +607,16 @@ def _invalid(exc: ValidationError, kind: Any = None, what: str = "event") -> Inv
                 code=ErrorCode.UNKNOWN_KIND,
             )
     detail = "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or what}: {err['msg']}" for err in errors[:5]
+        f"{'.'.join(str(p) for p in err['loc']) or what}: {_said(err)}" for err in errors[:5]
     )
     return InvalidInput(f"malformed {what}: {detail}")
+
+
+def _said(err: Any) -> str:
+    """What one validation error says; an id of another UUID version: that it is no UUIDv7."""
+    if err["type"] == "uuid_version":
+        return f"{err['input']} is not a UUIDv7"
+    return str(err["msg"])
 
 
 def parse_event(data: bytes | str | dict[str, Any]) -> Event:

@@ -172,6 +172,7 @@ def verify_blob(data: bytes, signer: str, signature: str) -> bool:
 
 
 def _message_name(message: LedgerMessage) -> str:
+    """How a refusal names the message (built only for one: a UUID's text costs a microsecond)."""
     last = message.events[-1]
     if len(message.events) == 1:
         return f"event {last.event_id}"
@@ -182,15 +183,17 @@ def verify_message(message: LedgerMessage, principals: Mapping[str, Principal]) 
     """The principal whose signature covers a format-2 message as stored (one verification for
     all its events); else ``RuleViolation`` (producer_identity) saying what is wrong: unsigned,
     an unknown or revoked key, or bytes (any event's included) that are not what it signed."""
-    name = _message_name(message)
     if message.signer is None or message.signature is None:
-        raise RuleViolation(Rule.PRODUCER_IDENTITY, f"{name} is not signed")
+        raise RuleViolation(Rule.PRODUCER_IDENTITY, f"{_message_name(message)} is not signed")
     who = principals.get(message.signer)
     if who is None:
-        raise RuleViolation(Rule.PRODUCER_IDENTITY, f"{name} is signed by an unknown key")
+        raise RuleViolation(
+            Rule.PRODUCER_IDENTITY, f"{_message_name(message)} is signed by an unknown key"
+        )
     if who.revoked:
         raise RuleViolation(
-            Rule.PRODUCER_IDENTITY, f"{name} is signed by {who.name}, whose key is revoked"
+            Rule.PRODUCER_IDENTITY,
+            f"{_message_name(message)} is signed by {who.name}, whose key is revoked",
         )
     try:
         if message.signed is None:
@@ -201,7 +204,7 @@ def verify_message(message: LedgerMessage, principals: Mapping[str, Principal]) 
     except (InvalidInput, binascii.Error, ValueError, nacl.exceptions.BadSignatureError):
         raise RuleViolation(
             Rule.PRODUCER_IDENTITY,
-            f"{name}: the signature of {who.name} does not match its content",
+            f"{_message_name(message)}: the signature of {who.name} does not match its content",
         ) from None
     return who
 

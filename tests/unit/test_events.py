@@ -549,3 +549,36 @@ def test_no_payload_field_is_nullable_yet_required() -> None:
             if nullable and field.is_required():
                 offenders.append(f"{kind}.{name}")
     assert offenders == []
+
+
+def test_a_stored_message_is_parsed_without_a_python_call_per_timestamp_or_id() -> None:
+    """Its UTC timestamps and UUIDv7 ids are checked in pydantic's own validators: calling
+    ``ensure_utc`` on every timestamp and a UUID version check on every id was half of a
+    stored message's parse (on a66edd4: 9 ensure_utc and 7 _uuid7 calls for this bundle)."""
+    import sys
+    from types import FrameType
+
+    at = T0
+    asked = make_event(SAMPLES["action.requested"], mission_id="m1", at=at)
+    bundle = [asked] + [
+        make_event(SAMPLES[kind], mission_id="m1", at=at, causal_parent=asked.event_id)
+        for kind in ("budget.reserved", "budget.committed", "decision.recorded")
+    ]
+    data = bundle_json(bundle)
+    called: list[str] = []
+
+    def calls(frame: FrameType, what: str, arg: object) -> None:
+        if what == "call" and frame.f_code.co_filename.endswith(("events.py", "clock.py")):
+            called.append(frame.f_code.co_name)
+
+    sys.setprofile(calls)
+    try:
+        message = read_message(data)
+    finally:
+        sys.setprofile(None)
+    assert message.events == tuple(bundle)
+    assert [e.recorded_at for e in message.events] == [at] * 4
+    assert "ensure_utc" not in called and "_uuid7" not in called
+    # what is left per event: the envelope's kind checked against its payload's
+    named = [name for name in called if not name.startswith("<")]  # no generator resumes
+    assert named.count("_kind_matches") == 4 and len(named) <= 4 + 4, named

@@ -77,6 +77,28 @@ def test_a_signed_message_verifies_as_stored_with_one_signature() -> None:
     check_producer(NODE, message.events[0])
 
 
+def test_a_message_that_verifies_is_not_named() -> None:
+    """A refusal names the message by its last event's id; a message that verifies needs no
+    name (on a66edd4 it was built for every message: a UUID's text, 2% of a replay)."""
+    from types import FrameType
+
+    message = signed([observation(), observation()], NODE_SEED)
+    named: list[str] = []
+
+    def calls(frame: FrameType, what: str, arg: object) -> None:
+        if what == "call" and frame.f_code.co_name in ("_message_name", "__str__"):
+            named.append(frame.f_code.co_name)
+
+    sys.setprofile(calls)
+    try:
+        who = verify_message(message, DIRECTORY)
+    finally:
+        sys.setprofile(None)
+    assert who == NODE and named == []
+    with pytest.raises(RuleViolation, match="the bundle of 2 events ending with"):
+        verify_message(message, {CO.public_key: CO})
+
+
 def test_a_bundle_carries_one_signature_for_all_its_events() -> None:
     events = [treatment(), treatment(), treatment()]
     data = seal_message(events, CO_SEED)
