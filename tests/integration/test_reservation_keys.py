@@ -340,3 +340,20 @@ async def test_pipelined_calls_with_stale_chains_are_sent_again_together(
     assert [s.actual for s in settled if not isinstance(s, Exception)] == [1, 2, 3]
     level = await client.level(mid, "g1")
     assert (level.reserved, level.settled) == (0, 3)
+
+
+async def test_expire_frees_an_id_named_twice_once(client: ReservationClient):
+    """A careless caller names one id twice in one expire: its money returns once (the
+    script reads every row before its first write, so the second must see the first's)."""
+    mid = uid("m")
+    await client.create_mission(mid, 1_000)
+    await client.create_grant(mid, "g1", 1_000)
+    short = await client.reserve(mid, ["g1"], "r-twice", 400, 0.05)
+    await until_due(client, ms(short))
+    assert len((await client.mark_expiring(mid)).expiring) == 1
+    swept = await client.expire(mid, ["r-twice", "r-twice"])
+    assert [e.reservation_id for e in swept.expired] == ["r-twice", "r-twice"]
+    levels = await client.levels(mid, ["g1"])
+    assert [lv.reserved for lv in levels] == [0, 0]  # not -400: freed once
+    with pytest.raises(RuleViolation):  # so no more than the ceiling can be reserved
+        await client.reserve(mid, ["g1"], "r-more", 1_001, 30)
