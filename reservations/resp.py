@@ -44,6 +44,7 @@ class RespAuthError(RespConnectionError):
 
 _CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 _TRUE = {"1", "true", "yes", "on"}
+_UNAUTHENTICATED = "ERR Protocol error: unauthenticated"  # then Redis closes the connection
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,20 @@ class _Protocol(asyncio.Protocol):
             future = self.waiting.popleft()
             if not future.done():  # a cancelled caller's reply is read and dropped
                 future.set_result(reply)
+            if isinstance(reply, RespError) and str(reply).startswith(_UNAUTHENTICATED):
+                self._refuse_the_rest(reply)
+                return
+
+    def _refuse_the_rest(self, reply: RespError) -> None:
+        """Redis answers a long command (over 10 arguments, or a large one) from a connection
+        that has not authenticated with a protocol error and closes it: nothing else sent on
+        it ran, and each waiting call gets the same refusal (it needs credentials), not a
+        lost connection whose call may have run."""
+        while self.waiting:
+            future = self.waiting.popleft()
+            if not future.done():
+                future.set_result(reply)
+        self.fail(RespConnectionError(f"Redis closed the connection ({reply})"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.fail(RespConnectionError(f"connection to Redis lost ({exc or 'closed'})"))

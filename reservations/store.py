@@ -902,14 +902,17 @@ class ReservationClient:
         ids = [k.check_id(r, what="reservation id") for r in reservation_ids]
         mission = [k.leases_key(mission_id), k.holding_key(mission_id), k.mission_key(mission_id)]
         held = [k.reservation_key(mission_id, rid) for rid in ids]
-        for _ in range(2):  # the grants of every chain learnt; a stale one is answered first
-            grants = sorted({g for rid in ids for g in self._chains.get((mission_id, rid), ())})
+        # the grants of every chain learnt, then of those the script answered stale (kept
+        # here: more than the client's bounded cache may be answered at once)
+        chains = {rid: self._chains.get((mission_id, rid), ()) for rid in ids}
+        for _ in range(2):
+            grants = sorted({g for chain in chains.values() for g in chain})
             keys = [*mission, *held, *(k.grant_key(mission_id, g) for g in grants)]
             reply = await self._run("expire", keys, [len(ids), *ids, *grants])
             if _s(reply[0]) != "chain":
                 break
             for i in range(1, len(reply), 2):
-                self._learn(mission_id, _s(reply[i]), [g for g in _s(reply[i + 1]).split(",") if g])
+                chains[_s(reply[i])] = tuple(g for g in _s(reply[i + 1]).split(",") if g)
         else:
             raise FleetError(
                 f"reservation script expire: the grant chains Redis holds for mission "

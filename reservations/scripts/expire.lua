@@ -1,5 +1,6 @@
 -- Sweep, step two: free reservations whose expiry the ledger has recorded (idempotent by id).
--- A held or expiring reservation's amount returns; one already expired is a repeat.
+-- A held or expiring reservation's amount returns; one already expired is a repeat, and so is
+-- an id named twice (its money returns once).
 -- KEYS[1] leases zset   KEYS[2] holding index (an expired reservation leaves it)
 -- KEYS[3] mission hash   KEYS[3 + i] the reservation hash of ARGV[1 + i], i = 1..ARGV[1]
 -- KEYS[4 + n..] the grant hashes of ARGV[2 + n..] (n = ARGV[1]): every grant of their chains
@@ -26,11 +27,13 @@ end
 if #stale > 1 then return stale end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {now}
+local out, freed = {now}, {}
 for i = 1, n do
   local id, r = ARGV[1 + i], rows[i]
   local tag, seq = r[3] or 'missing', tonumber(r[4] or 0)
-  if r[3] == 'held' or r[3] == 'expiring' then
+  if freed[id] then  -- named twice: its row was read before this call freed it
+    tag, seq = 'dup', freed[id]
+  elseif r[3] == 'held' or r[3] == 'expiring' then
     for gid in string.gmatch(r[2], '[^,]+') do
       redis.call('HINCRBY', grants[gid], 'reserved', 0 - tonumber(r[1]))
     end
@@ -40,6 +43,7 @@ for i = 1, n do
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZREM', KEYS[2], id)
     tag = 'ok'
+    freed[id] = seq
   elseif r[3] == 'expired' then
     tag = 'dup'
   end

@@ -50,6 +50,22 @@ async def test_the_default_user_cannot_connect_without_credentials(
             await client.reserve(mission(), [], "br-1", 1, 30)
 
 
+async def test_pipelined_calls_without_credentials_say_so(
+    servers: EmbeddedServers,
+) -> None:
+    """A long command (over 10 arguments) from an unauthenticated connection is answered a
+    protocol error and the connection closed: the other calls of its pipeline never ran, and
+    say that credentials are missing rather than that Redis is unreachable."""
+    async with ReservationClient.from_url(servers.redis_address, retries=3) as client:
+        mid = mission()
+        for call in (
+            lambda: client.reserve_many(mid, ["g1", "g2"], [("br-1", 1), ("br-2", 1)], 30),
+            lambda: client.settle_many(mid, [("br-1", 1), ("br-2", 1)]),
+        ):
+            with pytest.raises(Unreachable, match="requires credentials: put its user"):
+                await call()
+
+
 async def test_a_wrong_password_is_refused_at_once_with_a_clear_error(
     servers: EmbeddedServers,
 ) -> None:

@@ -340,3 +340,43 @@ async def test_pipelined_calls_with_stale_chains_are_sent_again_together(
     assert [s.actual for s in settled if not isinstance(s, Exception)] == [1, 2, 3]
     level = await client.level(mid, "g1")
     assert (level.reserved, level.settled) == (0, 3)
+
+
+async def test_expire_frees_an_id_named_twice_once(client: ReservationClient):
+    """A careless caller names one id twice in one expire: its money returns once (the
+    script reads every row before its first write, so the second must see the first's)."""
+    mid = uid("m")
+    await client.create_mission(mid, 1_000)
+    await client.create_grant(mid, "g1", 1_000)
+    short = await client.reserve(mid, ["g1"], "r-twice", 400, 0.05)
+    await until_due(client, ms(short))
+    assert len((await client.mark_expiring(mid)).expiring) == 1
+    swept = await client.expire(mid, ["r-twice", "r-twice"])
+    assert [e.reservation_id for e in swept.expired] == ["r-twice", "r-twice"]
+    levels = await client.levels(mid, ["g1"])
+    assert [lv.reserved for lv in levels] == [0, 0]  # not -400: freed once
+    with pytest.raises(RuleViolation):  # so no more than the ceiling can be reserved
+        await client.reserve(mid, ["g1"], "r-more", 1_001, 30)
+
+
+async def test_expire_of_more_reservations_than_the_client_remembers_frees_them(
+    redis_url: str, client: ReservationClient
+):
+    """expire's second call declares every chain its first call was answered, even when they
+    are more than the client's bounded chain cache holds (a fresh client knows none: the first
+    ids' chains, learnt first, would be forgotten before the second call)."""
+    mid = uid("m")
+    many = 4_200  # over the 4,096 chains a client remembers
+    await client.create_mission(mid, 10 * many)
+    await client.create_grant(mid, "g1", 10 * many)
+    await client.create_grant(mid, "g2", 10 * many)
+    ids = [f"r{i}" for i in range(many)]
+    first = await client.reserve_many(mid, ["g2"], [(rid, 1) for rid in ids[:100]], 0.05)
+    rest = await client.reserve_many(mid, ["g1"], [(rid, 1) for rid in ids[100:]], 0.05)
+    await until_due(client, max(ms(r) for r in [*first, *rest]))
+    assert len((await client.mark_expiring(mid, limit=many)).expiring) == many
+    async with ReservationClient.from_url(redis_url) as fresh:  # a restarted sweeper
+        swept = await fresh.expire(mid, ids)
+    assert len(swept.expired) == many
+    levels = await client.levels(mid, ["g2"]) + await client.levels(mid, ["g1"])
+    assert [lv.reserved for lv in levels] == [0, 0, 0, 0]
