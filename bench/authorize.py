@@ -459,6 +459,7 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
         "authorize_p99_ms": pct(ours, 0.99) * 1e3,
         "authorize_p50_ratio": statistics.median(ours) / statistics.median(raw),
         "floor_p50_ms": statistics.median(floor) * 1e3,
+        "floor_p99_ms": pct(floor, 0.99) * 1e3,  # what the p99 target stands on
         "authorize_floor_ratio": statistics.median(ours) / statistics.median(floor),
         "raw_publish_per_s": raw_rate,
         "ingest_per_s": our_rate,
@@ -467,6 +468,7 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
         "risk_agents": 100,
         "id_raw_rr_p50_ms": statistics.median(on["raw"]) * 1e3,
         "id_floor_p50_ms": statistics.median(on["floor"]) * 1e3,
+        "id_floor_p99_ms": pct(on["floor"], 0.99) * 1e3,
         "id_authorize_p50_ms": statistics.median(on["ours"]) * 1e3,
         "id_authorize_p99_ms": pct(on["ours"], 0.99) * 1e3,
         "id_authorize_floor_ratio": statistics.median(on["ours"]) / statistics.median(on["floor"]),
@@ -491,7 +493,13 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
         f"{figures['authorize_p50_ratio']:.2f}x",
         "(reference)",
     )
-    table.add_row("authorize p99", f"{figures['authorize_p99_ms']:.3f} ms", "", "", "<= 5 ms")
+    table.add_row(
+        "authorize p99 vs the floor's p99",
+        f"{figures['authorize_p99_ms']:.3f} ms",
+        f"{figures['floor_p99_ms']:.3f} ms",
+        f"{figures['authorize_p99_ms'] / figures['floor_p99_ms']:.2f}x",
+        "<= 5 ms",
+    )
     table.add_row(
         "identity on: authorize p50 vs composite floor",
         f"{figures['id_authorize_p50_ms']:.3f} ms",
@@ -507,7 +515,11 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
         "(reference)",
     )
     table.add_row(
-        "identity on: authorize p99", f"{figures['id_authorize_p99_ms']:.3f} ms", "", "", "<= 5 ms"
+        "identity on: authorize p99 vs the floor's p99",
+        f"{figures['id_authorize_p99_ms']:.3f} ms",
+        f"{figures['id_floor_p99_ms']:.3f} ms",
+        f"{figures['id_authorize_p99_ms'] / figures['id_floor_p99_ms']:.2f}x",
+        "<= 5 ms",
     )
     table.add_row(
         "identity on - off: authorize p50",
