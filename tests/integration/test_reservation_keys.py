@@ -91,9 +91,10 @@ class Trace:
         self.writer.close()
         await self.admin.close()
 
-    async def runs(self) -> list[Run]:
+    async def runs(self, mission: str | None = None) -> list[Run]:
         """The script runs since the last call (an ECHO marks the end: every command sent
-        before it, by any connection, was fed to MONITOR before it)."""
+        before it, by any connection, was fed to MONITOR before it); ``mission``: only the runs
+        on its keys (the Redis is shared: another test's coordinator may still be polling)."""
         mark = f"end-of-trace-{next(self._marks)}"
         await self.admin.call("ECHO", mark)
         runs: list[Run] = []
@@ -109,6 +110,9 @@ class Trace:
             elif args[0].upper() == "EVALSHA" and args[1] in BY_SHA:
                 n = int(args[2])
                 runs.append(Run(BY_SHA[args[1]], args[3 : 3 + n]))
+        if mission is not None:
+            tag = f"fl:{{{mission}}}:"
+            runs = [r for r in runs if any(k.startswith(tag) for k in r.declared)]
         calls = [("COMMAND", "GETKEYS", *c) for run in runs for c in run.commands]
         replies = await self.admin.call_many(calls) if calls else []
         it = iter(replies)
@@ -307,7 +311,7 @@ async def test_a_stale_declared_chain_writes_nothing_and_is_sent_again(
         settled = await fresh.settle(mid, "r1", 4_000)  # learnt from the answer: one call
         released = await fresh.release(mid, "r2")  # none known: declares the mission only
         expired = await fresh.expire(mid, ["r3"])
-    runs = await trace.runs()
+    runs = await trace.runs(mid)
     assert [(r.script, bool(r.writes)) for r in runs] == [
         ("commit", False), ("commit", True), ("settle", True),
         ("release", False), ("release", True), ("expire", False), ("expire", True),
@@ -333,7 +337,7 @@ async def test_pipelined_calls_with_stale_chains_are_sent_again_together(
     await trace.runs()
     async with ReservationClient.from_url(redis_url) as fresh:
         settled = await fresh.settle_many(mid, [("r1", 1), ("r2", 2), ("r3", 3)])
-    runs = await trace.runs()  # one pipeline (r3's chain is right), then r1 and r2's again
+    runs = await trace.runs(mid)  # one pipeline (r3's chain is right), then r1 and r2's again
     assert [(r.script, bool(r.writes)) for r in runs] == [
         ("settle", False), ("settle", False), ("settle", True), ("settle", True), ("settle", True),
     ]  # fmt: skip
