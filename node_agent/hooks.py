@@ -17,8 +17,9 @@ settings file, the handler and matcher group it takes, its timeout unit, its pro
   user's config.toml) has its adapter compute the digests the way it does (``hook_trust``) and
   write them (``trusted_text``) for ``hooks install AGENT --trust``;
 - where the agent has its own protection of files (``Adapter.protect``: Claude Code's
-  ``permissions.deny`` rules), the key store, fleet.env and the node agent's state (its socket,
-  its SQLite file) are put under it (``protected_paths``). Codex and Gemini CLI have none.
+  ``permissions.deny`` rules), the key store, fleet.env, the node agent's state (its socket,
+  its SQLite file) and the hook package are put under it (``protected_paths``). Codex and
+  Gemini CLI have none.
 
 ``handle`` runs one hook call through the same core against a ``NodeClient`` (demo, tests).
 """
@@ -234,11 +235,12 @@ class Installed:
 
 def protected_paths(settings: NodeSettings, fleet_dir: Path) -> list[Path]:
     """What an agent's own tools must not read or change: the key store, the directory of
-    fleet.env and person.env, the node agent's state (socket, SQLite, fail-closed rules);
-    absolute, a path inside another one left out."""
+    fleet.env and person.env, the node agent's state (socket, SQLite, fail-closed rules), and
+    the hook package its hooks run (its source and the bytecode a call loads: an agent that
+    rewrote it would judge itself); absolute, a path inside another one left out."""
     found = [
         settings.key_store, fleet_dir,
-        settings.socket_path.parent, settings.state_dir,
+        settings.socket_path.parent, settings.state_dir, HOOK_PACKAGE,
     ]  # fmt: skip
     paths = sorted({p.resolve() for p in found}, key=lambda p: len(p.parts))
     kept: list[Path] = []

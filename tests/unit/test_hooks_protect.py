@@ -8,21 +8,32 @@ from pathlib import Path
 import pytest
 
 from fleetledger_hook.adapters.claude_code import deny_rules
-from node_agent.hooks import install, protected_paths
+from node_agent.hooks import HOOK_PACKAGE, install, protected_paths
 from node_agent.settings import NodeSettings
 
 
 def test_protected_paths_cover_the_key_store_env_files_and_node_state(tmp_path: Path) -> None:
     fleet = tmp_path / "state"
     settings = NodeSettings(state_dir=fleet, socket=fleet / "node-1" / "node-agent.sock")
-    assert protected_paths(settings, fleet) == [fleet.resolve()]  # identity/ and node-1/ inside
+    # identity/ and node-1/ inside the state; the hook package where it is installed
+    assert set(protected_paths(settings, fleet)) == {fleet.resolve(), HOOK_PACKAGE}
     keys = tmp_path / "keys"
     apart = NodeSettings(state_dir=tmp_path / "node", identity_dir=keys)
     assert set(protected_paths(apart, fleet)) == {
         keys.resolve(),
         fleet.resolve(),
         (tmp_path / "node").resolve(),
+        HOOK_PACKAGE,
     }
+
+
+def test_claude_codes_own_tools_may_not_rewrite_the_hook_that_judges_it(tmp_path: Path) -> None:
+    """Its Edit tool could otherwise change the hook's source, or the bytecode a call loads
+    (``__pycache__``, inside the package), and so what judges its next tool call."""
+    settings = NodeSettings(state_dir=tmp_path / "state")
+    done = install("claude-code", {}, socket=None, protect=protected_paths(settings, tmp_path))
+    deny = done.config["permissions"]["deny"]
+    assert f"Edit(/{HOOK_PACKAGE}/**)" in deny and f"Read(/{HOOK_PACKAGE}/**)" in deny
 
 
 def test_claude_code_gets_read_and_edit_denials_merged_once(tmp_path: Path) -> None:
