@@ -26,7 +26,6 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -40,6 +39,7 @@ from ledger.authority import Authority
 from ledger.kernel import ActionRequest
 from ledger.protocol import CreateMission, IssueGrant
 from telemetry import Telemetry
+from telemetry.setup import span_exporter
 
 err = Console(stderr=True)
 WORKERS = 8
@@ -86,11 +86,12 @@ def start_coordinator(
 
 
 def client_telemetry(otlp: str) -> Telemetry:
-    """The agents' side, exporting as ``process_telemetry`` would (the SDK's OTLP/HTTP one)."""
+    """The agents' side, exporting as ``process_telemetry`` would (``span_exporter``: the SDK's
+    OTLP/HTTP one, its body encoded by ``telemetry.otlp_wire``)."""
     tp = TracerProvider(resource=Resource.create({"service.name": "bench-client"}))
     tp.add_span_processor(
         BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=f"{otlp}/v1/traces"),
+            span_exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp}),
             max_queue_size=65_536,
             max_export_batch_size=2_048,
         )
@@ -144,6 +145,26 @@ async def phase(
     return rate
 
 
+CPU_PARTS = ("coordinator", "follower", "clients")
+
+
+def cpu_now(coordinator: int) -> dict[str, float]:
+    """CPU seconds used so far by the coordinator, its span follower (its child, while tracing
+    is on) and this process (the clients, with their own spans when tracing is on)."""
+    children = Path(f"/proc/{coordinator}/task/{coordinator}/children").read_text().split()
+    return {
+        "coordinator": cpu_seconds(coordinator),
+        "follower": sum(cpu_seconds(int(child)) for child in children),
+        "clients": time.process_time(),
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux ``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def counts(otlp: str) -> dict[str, int]:
     with urllib.request.urlopen(f"{otlp}/counts", timeout=10) as resp:
         return dict(json.loads(resp.read())["by_name"])
@@ -177,6 +198,9 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
     on_rates: list[float] = []
     sent_on = 0
     catch_up: list[float] = []
+    cpu: dict[str, dict[str, list[float]]] = {
+        mode: {part: [] for part in CPU_PARTS} for mode in ("off", "on")
+    }
     try:
         with EmbeddedServers(fsync_every_write=fsync) as fleet:
             missions = [f"bench-otel-{w}" for w in range(WORKERS)]
@@ -194,6 +218,7 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
                                 await setup(c, missions)
                         # a short warm-up, then the measured phase
                         await phase(fleet.nats_url, tel, missions, f"w{r}{mode}", 20)
+                        before = cpu_now(coord.pid)
                         rate = await phase(fleet.nats_url, tel, missions, f"{r}{mode}", per_worker)
                         (on_rates if mode == "on" else off_rates).append(rate)
                         if mode == "on":
@@ -201,6 +226,11 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
                         tel.shutdown()  # flushes the client's spans
                         if mode == "on":
                             catch_up.append(await caught_up(otlp, sent_on))
+                        used = cpu_now(coord.pid)
+                        for part in used:  # CPU ms per decision of the measured phase
+                            cpu[mode][part].append(
+                                (used[part] - before[part]) / (WORKERS * per_worker) * 1e3
+                            )
                         err.print(
                             f"round {r + 1} tracing {mode}: {rate:,.0f} authorize/s "
                             f"(load {os.getloadavg()[0]:.2f})"
@@ -234,6 +264,12 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
         + (sent_on - received_decisions)
         + (sent_on - received_actions),
         "follower_catch_up_s": round(max(catch_up), 3),
+        # CPU per decision (ms), medians: what carries over between machines
+        **{
+            f"cpu_ms_per_decision_{part}_{mode}": round(statistics.median(cpu[mode][part]), 3)
+            for mode in ("off", "on")
+            for part in CPU_PARTS
+        },
         "pairs_off_on_ratio": pairs,
         "load_1min_end": round(os.getloadavg()[0], 2),
         "workers": WORKERS,
@@ -254,6 +290,9 @@ async def main(quick: bool, fsync: bool = True) -> dict[str, object]:
     table.add_row(
         "span follower behind the burst, at most", f"{figures['follower_catch_up_s']} s", "", "", ""
     )
+    for part in CPU_PARTS:
+        on_ms, off_ms = (figures[f"cpu_ms_per_decision_{part}_{m}"] for m in ("on", "off"))
+        table.add_row(f"CPU per decision: {part}", f"{on_ms} ms", f"{off_ms} ms", "", "")
     Console().print(table)
     return figures
 

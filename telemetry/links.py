@@ -46,10 +46,11 @@ _INTRODUCES = {
 }
 
 
-def event_attributes(event: Event) -> dict[str, AttributeValue]:
-    """The ``ledger.*`` attributes of one event (never its payload's free text)."""
+def event_attributes(event: Event, event_id: str | None = None) -> dict[str, AttributeValue]:
+    """The ``ledger.*`` attributes of one event (never its payload's free text); ``event_id``:
+    its id as text, if the caller has it already."""
     attrs: dict[str, AttributeValue] = {
-        LEDGER_EVENT_ID: str(event.event_id),
+        LEDGER_EVENT_ID: event_id or str(event.event_id),
         LEDGER_KIND: event.kind,
         LEDGER_MISSION_ID: event.mission_id,
         LEDGER_AGENT_ID: event.agent_id,
@@ -83,14 +84,17 @@ class EventTraces:
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def record(self, event: Event, context: SpanContext | None = None) -> None:
+    def record(
+        self, event: Event, context: SpanContext | None = None, event_id: str | None = None
+    ) -> None:
         """Remember the span of ``event``: ``context`` if given (saves parsing the envelope's
         ``traceparent``), else the one its envelope names."""
         sc = context if context is not None else span_context_from(event.trace)
         if sc is None:
             return
-        entry = (str(event.event_id), sc.trace_id, sc.span_id, int(sc.trace_flags))
-        self._put(f"event:{event.event_id}", entry)
+        event_id = event_id or str(event.event_id)
+        entry = (event_id, sc.trace_id, sc.span_id, int(sc.trace_flags))
+        self._put(f"event:{event_id}", entry)
         key = _introduced_key(event)
         if key is not None:
             self._put(key, entry)
@@ -110,9 +114,9 @@ class EventTraces:
         context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
         return Link(context, {LEDGER_EVENT_ID: event_id, FLEET_LINK_RELATION: relation})
 
-    def links_for(self, event: Event) -> list[Link]:
+    def links_for(self, event: Event, event_id: str | None = None) -> list[Link]:
         """Links from ``event``'s span to the spans of the events it depends on."""
-        seen: set[str] = {str(event.event_id)}
+        seen: set[str] = {event_id or str(event.event_id)}
         links: list[Link] = []
         wanted: list[tuple[str, str]] = []
         if event.causal_parent is not None:

@@ -72,7 +72,8 @@ def _hash(value: bytes, size: int) -> int:
 
 def span_id_of(event_id: uuid.UUID | str) -> int:
     """The span id of a ledger event's span: the same whoever builds it, whenever."""
-    return _hash(uuid.UUID(str(event_id)).bytes, 8)
+    value = event_id if isinstance(event_id, uuid.UUID) else uuid.UUID(event_id)
+    return _hash(value.bytes, 8)
 
 
 def request_span_id(mission_id: str, action_id: str) -> int:
@@ -133,11 +134,12 @@ class Projection:
         request = self._request(events, seq, stored_at)
         out: list[ReadableSpan] = [] if request is None else [request]
         for event in events:
+            event_id = str(event.event_id)
             ctx, parent = self._context(event, own)
             if request is not None:  # a decision's events sit under the request it answers
                 parent = request.context
-            links = self.traces.links_for(event)
-            self.traces.record(event, ctx)  # after: a bundle's later events link to it
+            links = self.traces.links_for(event, event_id)
+            self.traces.record(event, ctx, event_id)  # after: a bundle's later events link to it
             start = _ns(event.recorded_at)
             end = max(start, _ns(stored_at)) if stored_at is not None else start
             out.append(
@@ -146,7 +148,7 @@ class Projection:
                     context=ctx,
                     parent=parent,
                     resource=self.resource,
-                    attributes=_attributes(event, seq, subject),
+                    attributes=_attributes(event, event_id, seq, subject),
                     links=tuple(links),
                     kind=SpanKind.INTERNAL,
                     instrumentation_scope=SCOPE,
@@ -210,8 +212,8 @@ def _request_attributes(
     return attrs
 
 
-def _attributes(event: Event, seq: int, subject: str) -> dict[str, AttributeValue]:
-    attrs = event_attributes(event)
+def _attributes(event: Event, event_id: str, seq: int, subject: str) -> dict[str, AttributeValue]:
+    attrs = event_attributes(event, event_id)
     attrs[FLEET_STREAM_SEQ] = seq
     attrs[FLEET_NODE_ID] = event.node_id
     attrs[MESSAGING_SYSTEM] = MESSAGING_SYSTEM_NATS

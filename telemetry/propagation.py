@@ -68,15 +68,26 @@ def current_trace_context() -> TraceContext | None:
     return trace_context_of(trace.get_current_span())
 
 
+_PARSED: dict[tuple[str, str | None], SpanContext | None] = {}
+
+
 def span_context_from(tc: TraceContext | None) -> SpanContext | None:
-    """Parse an envelope's trace context back into a (remote) span context."""
+    """Parse an envelope's trace context back into a (remote) span context (cached: a
+    message's events, and a request's messages, share one)."""
     if tc is None:
         return None
+    key = (tc.traceparent, tc.tracestate)
+    if key in _PARSED:
+        return _PARSED[key]
     carrier = {"traceparent": tc.traceparent}
     if tc.tracestate:
         carrier["tracestate"] = tc.tracestate
     ctx = trace.get_current_span(_W3C.extract(carrier)).get_span_context()
-    return ctx if ctx.is_valid else None
+    parsed = ctx if ctx.is_valid else None
+    if len(_PARSED) >= 1024:  # recent ones only
+        _PARSED.clear()
+    _PARSED[key] = parsed
+    return parsed
 
 
 def context_from(tc: TraceContext | None) -> Context | None:

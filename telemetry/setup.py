@@ -106,11 +106,14 @@ def span_exporter(env: Mapping[str, str] | None = None) -> SpanExporter:
         return exporter
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
+    from telemetry.otlp_wire import OTLPHTTPExporter
+
     traces = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
     base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
     # the endpoint of the environment given (the SDK reads the process's; same rule)
     endpoint = traces or (f"{base.rstrip('/')}/v1/traces" if base else None)
-    return OTLPSpanExporter(endpoint=endpoint)
+    fast = OTLPHTTPExporter(endpoint=endpoint)  # the SDK's, its body encoded in one pass
+    return fast if OTLPHTTPExporter.fits(fast) else OTLPSpanExporter(endpoint=endpoint)
 
 
 def _meter_provider(resource: Resource, env: Mapping[str, str]) -> MeterProvider:

@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from typer.testing import CliRunner
 
 from coordinator.service import Coordinator
@@ -40,9 +39,15 @@ from ledger.kernel import ActionRequest
 from ledger.protocol import CreateMission, IssueGrant, RecordEffect
 from telemetry import Telemetry
 from telemetry.projection import request_span_id, span_id_of
+from telemetry.setup import span_exporter
 from tests.fixtures.otlp_receiver import OTLPReceiver, Received, ReceivedSpan
 
 INTERNAL, PRODUCER, CONSUMER = 1, 4, 5  # OTLP span kinds
+
+
+def exporter_to(receiver: OTLPReceiver) -> SpanExporter:
+    """The span exporter the fleet's components configure (``telemetry.setup``), to ``receiver``."""
+    return span_exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url})
 
 
 def telemetry_to(receiver: OTLPReceiver, service: str) -> Telemetry:
@@ -51,7 +56,7 @@ def telemetry_to(receiver: OTLPReceiver, service: str) -> Telemetry:
     tp = TracerProvider(resource=resource, shutdown_on_exit=False)
     tp.add_span_processor(
         BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=f"{receiver.url}/v1/traces"),
+            exporter_to(receiver),
             max_queue_size=65_536,
             max_export_batch_size=2_048,
             schedule_delay_millis=200,
@@ -95,7 +100,7 @@ async def traced(
     running = await Coordinator.from_settings(settings, telemetry=tel)
     await running.start()
     nc = await connect(own_servers.nats_url, name="test-span-follower")
-    exporter = OTLPSpanExporter(endpoint=f"{receiver.url}/v1/traces")
+    exporter = exporter_to(receiver)
     following = asyncio.create_task(follow(nc, exporter, first=1))
     yield running
     following.cancel()
@@ -400,9 +405,7 @@ async def test_a_burst_of_1000_events_drops_no_span_and_export_reproduces_them(
     nc = await connect(own_servers.nats_url, name="test-trace-export")
     try:
         first, last = sorted(seqs)[500], max(seqs)
-        result = await export_range(
-            nc, OTLPSpanExporter(endpoint=f"{again.url}/v1/traces"), first=first, last=last
-        )
+        result = await export_range(nc, exporter_to(again), first=first, last=last)
         assert result["spans"] == last - first + 1
         await asyncio.to_thread(again.wait_for, lambda r: len(r.spans) >= result["spans"], 30)
         exported = {_identity(s) for s in again.spans()}
@@ -673,9 +676,7 @@ async def test_the_request_spans_of_a_burst_of_decisions_export_again_identical(
     try:
         seqs = [int(s.attributes["fleet.stream.seq"]) for s in requests]
         first, last = min(seqs), max(seqs)
-        await export_range(
-            nc, OTLPSpanExporter(endpoint=f"{again.url}/v1/traces"), first=first, last=last
-        )
+        await export_range(nc, exporter_to(again), first=first, last=last)
         exported = {_identity(s) for s in again.spans(mine)}
         live = {_identity(s) for s in projected if s.attributes["fleet.stream.seq"] >= first}
         assert len(live) == 500 and exported == live
