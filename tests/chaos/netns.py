@@ -1,14 +1,16 @@
 """Hosts of a test's own: Linux network namespaces joined by one bridge, and partitions of them.
 
 Each host is a network namespace with one veth pair into a bridge in the test's namespace and one
-address of the test's own subnet (``10.213.N.0/24``, N from the process id); nothing else is routed,
-so a process started in a host (``popen``) reaches only the other hosts and the test itself (the
-bridge's own address, ``.254``, which no partition cuts: the test watches both sides). A partition
-is drop rules, not a dead link: in every host, a ``blackhole`` route to each host on the other
-side, so packets between them vanish (as on a real network, a peer finds out by timing out) while the hosts
-of one side still reach each other. ``isolate``, ``partition`` (majority/minority) and ``bridge_cut``
-(A and C cut, B still reaches both) are the shapes the nemesis uses; ``heal`` removes every rule.
-The kernel here has no netem (no delay or loss), and none is needed: loss is total or nothing.
+address of the test's own subnet (``10.213.N.0/24``, N from the process id); nothing else is
+routed, so a process started in a host (``popen``) reaches only the other hosts and the test
+itself (the bridge's own address, ``.254``, which no partition cuts: the test watches both sides).
+
+A partition is drop rules, not a dead link: in every host, a ``blackhole`` route to each host on
+the other side, so packets between them vanish (as on a real network, a peer finds out by timing
+out) while the hosts of one side still reach each other. ``isolate``, ``partition``
+(majority/minority) and ``bridge_cut`` (A and C cut, B still reaches both) are the shapes the
+nemesis uses; ``heal`` removes every rule. The kernel here has no netem (no delay or loss), and
+none is needed: loss is total or nothing.
 
 Everything is removed on ``close`` (namespaces, links, the bridge), and a namespace left by an
 earlier run killed before it could remove its own (its process id no longer runs) is removed on
