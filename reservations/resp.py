@@ -45,11 +45,14 @@ class RespAuthError(RespConnectionError):
 _CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 _TRUE = {"1", "true", "yes", "on"}
 _UNAUTHENTICATED = "ERR Protocol error: unauthenticated"  # then Redis closes the connection
+# a replica's refusal of a write, as a command's reply or inside a script's error
+_READONLY = "READONLY You can't write against a read only replica"
 
 
 @dataclass(frozen=True)
 class RedisAddress:
-    """Where and how to connect, read from a ``redis://``, ``rediss://`` or ``unix://`` URL."""
+    """Where and how to connect, read from a ``redis://``, ``rediss://``, ``unix://`` or
+    ``redis+sentinel://`` URL."""
 
     host: str = "127.0.0.1"
     port: int = 6379
@@ -58,16 +61,31 @@ class RedisAddress:
     username: str | None = None
     password: str | None = None
     tls: ssl.SSLContext | None = None
+    # Sentinel: the primary of ``service`` is asked of these, in order, at every (re)connect
+    sentinels: tuple[tuple[str, int], ...] = ()
+    service: str = ""
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
 
     @classmethod
     def from_url(cls, url: str, *, ssl_context: ssl.SSLContext | None = None) -> RedisAddress:
         """Read ``url`` as redis-py reads it: the database from the path or ``?db=``,
         credentials from the URL or ``?username=``/``?password=``; for ``rediss://`` a
         verifying TLS context, shaped by ``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``,
-        ``ssl_keyfile`` and ``ssl_check_hostname`` (or replaced by ``ssl_context``)."""
+        ``ssl_keyfile`` and ``ssl_check_hostname`` (or replaced by ``ssl_context``).
+
+        ``redis+sentinel://[USER:PASS@]HOST:PORT[,HOST:PORT...]/SERVICE[?db=N]``: the primary
+        that the Sentinels name for SERVICE, asked again after every lost connection (a
+        failover); USER/PASS are Redis's, ``?sentinel_username=``/``?sentinel_password=`` the
+        Sentinels' own, if they ask for any."""
+        if url.startswith("redis+sentinel://"):
+            return cls._sentinel(url)
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"a Redis URL starts with redis://, rediss:// or unix://: {url!r}")
+            raise ValueError(
+                "a Redis URL starts with redis://, rediss://, unix:// or redis+sentinel://: "
+                f"{url!r}"
+            )
         query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
         username = unquote(parts.username) if parts.username else query.get("username")
         password = unquote(parts.password) if parts.password is not None else None
@@ -93,6 +111,31 @@ class RedisAddress:
             password=password,
             tls=context,
         )
+
+    @classmethod
+    def _sentinel(cls, url: str) -> RedisAddress:
+        rest = url[len("redis+sentinel://") :]
+        rest, _, query_text = rest.partition("?")
+        netloc, _, path = rest.partition("/")
+        userinfo, _, hosts = netloc.rpartition("@")
+        query = {name: values[-1] for name, values in parse_qs(query_text).items()}
+        username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
+        sentinels = []
+        for item in hosts.split(","):
+            host, sep, port = item.strip().rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"a Sentinel is HOST:PORT, not {item!r}, in {url!r}")
+            sentinels.append((host, int(port)))
+        service = unquote(path.strip("/"))
+        if not service:
+            raise ValueError(f"a redis+sentinel:// URL names the service after the hosts: {url!r}")
+        return cls(
+            sentinels=tuple(sentinels), service=service, db=int(query.get("db", "0")),
+            username=unquote(username) or query.get("username"),
+            password=unquote(password) if password else query.get("password"),
+            sentinel_username=query.get("sentinel_username"),
+            sentinel_password=query.get("sentinel_password"),
+        )  # fmt: skip
 
 
 def _tls_context(query: dict[str, str]) -> ssl.SSLContext:
@@ -216,6 +259,8 @@ class RespConnection:
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
         self._connecting_loop: asyncio.AbstractEventLoop | None = None
+        self.primary: tuple[str, int] | None = None  # Sentinel: the primary connected to last
+        self.failovers = 0  # Sentinel: times the primary named was another than the last one
 
     @classmethod
     def from_url(
@@ -228,6 +273,9 @@ class RespConnection:
     def where(self) -> str:
         """The address for messages: never the credentials."""
         a = self.address
+        if a.sentinels:
+            at = f"{self.primary[0]}:{self.primary[1]}" if self.primary else "not resolved yet"
+            return f"{a.service}/{a.db} through Sentinel (primary {at})"
         return a.path if a.path else f"{a.host}:{a.port}/{a.db}{' (TLS)' if a.tls else ''}"
 
     @property
@@ -253,22 +301,71 @@ class RespConnection:
             self._protocol = await self._connect()
             return self._protocol
 
-    async def _connect(self) -> _Protocol:
+    async def _primary(self) -> tuple[str, int]:
+        """The primary the first Sentinel that knows one names for the service."""
+        a, problems = self.address, []
+        for host, port in a.sentinels:
+            try:
+                protocol = await self._open(host, port, None)
+            except RespConnectionError as exc:
+                problems.append(f"{host}:{port} ({exc})")
+                continue
+            setup: list[tuple[Any, ...]] = []
+            if a.sentinel_password is not None:
+                setup.append(("AUTH", a.sentinel_username, a.sentinel_password)
+                             if a.sentinel_username else ("AUTH", a.sentinel_password))  # fmt: skip
+            setup.append(("SENTINEL", "GET-MASTER-ADDR-BY-NAME", a.service))
+            try:
+                *auth, named = await self._send(protocol, setup, self._connect_timeout_s)
+            except (RespConnectionError, TimeoutError) as exc:
+                problems.append(f"{host}:{port} ({type(exc).__name__})")
+                continue
+            finally:
+                protocol.fail(RespConnectionError("asked"))
+            refused = next((r for r in (*auth, named) if isinstance(r, RespError)), None)
+            if refused is not None:
+                problems.append(f"{host}:{port} ({refused})")
+            elif isinstance(named, list) and len(named) == 2:
+                primary = (str(named[0]), int(named[1]))
+                if self.primary is not None and primary != self.primary:
+                    self.failovers += 1
+                self.primary = primary
+                return primary
+            else:
+                problems.append(f"{host}:{port} (knows no primary of {a.service!r})")
+        raise RespConnectionError(
+            f"no Sentinel named a primary for {a.service!r}: {'; '.join(problems)}"
+        )
+
+    async def _open(self, host: str, port: int, tls: ssl.SSLContext | None) -> _Protocol:
         loop = asyncio.get_running_loop()
-        a = self.address
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                if a.path:
-                    _, protocol = await loop.create_unix_connection(_Protocol, a.path)
-                else:
-                    _, protocol = await loop.create_connection(
-                        _Protocol, a.host, a.port, ssl=a.tls,
-                        server_hostname=a.host if a.tls is not None else None,
-                    )  # fmt: skip
+                _, protocol = await loop.create_connection(
+                    _Protocol, host, port, ssl=tls,
+                    server_hostname=host if tls is not None else None,
+                )  # fmt: skip
         except ssl.SSLError as exc:  # a certificate we do not trust: reachable, not as configured
             raise RespConnectionError(f"TLS with Redis failed ({exc.reason or exc})") from exc
         except (OSError, TimeoutError) as exc:
             raise RespConnectionError(f"cannot connect to Redis ({type(exc).__name__})") from exc
+        return protocol
+
+    async def _connect(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        a = self.address
+        if a.sentinels:
+            protocol = await self._open(*await self._primary(), None)
+        elif not a.path:
+            protocol = await self._open(a.host, a.port, a.tls)
+        else:
+            try:
+                async with asyncio.timeout(self._connect_timeout_s):
+                    _, protocol = await loop.create_unix_connection(_Protocol, a.path)
+            except (OSError, TimeoutError) as exc:
+                raise RespConnectionError(
+                    f"cannot connect to Redis ({type(exc).__name__})"
+                ) from exc
         setup: list[tuple[Any, ...]] = []
         if a.password is not None:
             setup.append(("AUTH", a.username, a.password) if a.username else ("AUTH", a.password))
@@ -298,7 +395,7 @@ class RespConnection:
         )
         try:
             async with asyncio.timeout(timeout_s):
-                return [await f for f in futures]
+                replies = [await f for f in futures]
         except TimeoutError:
             # the late replies would be matched to the next callers: drop the connection
             protocol.fail(RespConnectionError("a Redis call timed out; connection reset"))
@@ -310,6 +407,15 @@ class RespConnection:
                 elif not f.cancelled():
                     f.exception()
             raise
+        if self.address.sentinels and any(
+            isinstance(r, RespError) and _READONLY in str(r) for r in replies
+        ):  # a replica (a demoted primary, a Sentinel behind the times): nothing was written
+            protocol.fail(RespConnectionError("the primary became a replica"))
+            raise RespConnectionError(
+                f"{self.where} is a replica now (a failover): nothing was written; the next "
+                "call asks the Sentinels again"
+            )
+        return replies
 
     async def call_many(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         """Run ``commands`` in one write; their replies in order, error replies as

@@ -87,8 +87,23 @@ def test_urls_are_read_as_redis_py_reads_them(tmp_path: Path) -> None:
     assert tls.tls.check_hostname
     lax = RedisAddress.from_url("rediss://example/0?ssl_cert_reqs=none")
     assert lax.tls is not None and lax.tls.verify_mode is ssl.CERT_NONE
-    with pytest.raises(ValueError, match="redis://, rediss:// or unix://"):
+    with pytest.raises(ValueError, match="redis://, rediss://, unix:// or redis"):
         RedisAddress.from_url("http://example/0")
+
+
+def test_a_sentinel_url_names_its_sentinels_service_and_both_credentials() -> None:
+    a = RedisAddress.from_url(
+        "redis+sentinel://fleet-coordinator:p%40ss@10.0.0.1:26379, s2:26380/fleet"
+        "?db=2&sentinel_username=watch&sentinel_password=w"
+    )
+    assert a.sentinels == (("10.0.0.1", 26379), ("s2", 26380)) and a.service == "fleet"
+    assert (a.db, a.username, a.password) == (2, "fleet-coordinator", "p@ss")
+    assert (a.sentinel_username, a.sentinel_password) == ("watch", "w")
+    for bad, why in (("redis+sentinel://h:1/", "names the service"),
+                     ("redis+sentinel://h/fleet", "HOST:PORT"),
+                     ("redis+sentinel://h:x/fleet", "HOST:PORT")):  # fmt: skip
+        with pytest.raises(ValueError, match=why):
+            RedisAddress.from_url(bad)
 
 
 async def test_a_closed_port_cannot_be_connected() -> None:
