@@ -25,7 +25,7 @@ from coordinator.reconcile import (
     unrecorded_return,
 )
 from fleetbus.bus import Request, Stored
-from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
+from ledger.errors import FleetError, InvalidInput, NotOwner, RuleViolation, Unreachable
 from ledger.events import MAX_EVENT_BYTES, DecisionRecorded, Event
 from ledger.idempotency import check_same_terms
 from ledger.identity import NonceWindow, Principal, check_requester, verify_request
@@ -334,6 +334,10 @@ class Authorizer:
                 # that gave up or died with an append in flight, its successor), JetStream
                 # stores one decision and answers the others as duplicates of it
                 return await self.journal.append(events, subject, msg_id=decision_msg_id(events))
+            except NotOwner:
+                # another coordinator owns the mission now (fenced): nothing was stored, and
+                # what Redis holds is the new owner's to reconcile, never ours to give back
+                raise
             except InvalidInput:
                 # JetStream refused the message outright (not ambiguous): nothing is stored,
                 # so give back what Redis committed for it before failing the request

@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, Self
+
+from nats.js.kv import KeyValue
 
 from coordinator.authorize import Authorizer
 from coordinator.ingest import Ingest
 from coordinator.journal import Journal
+from coordinator.leases import Fences, Leases, ensure_lease_bucket
 from coordinator.manage import Directory, Manager
 from coordinator.queries import Queries
 from coordinator.reconcile import Reconciler, Undecided
@@ -37,6 +42,7 @@ from fleetbus.identity import KeyStore, seed_of
 from ledger.clock import Clock, SystemClock
 from ledger.kernel import Kernel, decide
 from ledger.mission import MissionState
+from ledger.partition import epoch_subject
 from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT
 from reservations import Budget, ReservationClient
 from telemetry import Telemetry
@@ -62,6 +68,7 @@ class Coordinator:
         principals: Directory | None = None,
         kernel: Kernel = decide,
         snapshots: SnapshotStore | None = None,
+        leases: KeyValue | None = None,
     ) -> None:
         """``telemetry``: default, built from the OTEL_* environment (off when none is set);
         ``budget_ping``: the readiness check of the budget store (default: none, ready);
@@ -71,7 +78,10 @@ class Coordinator:
         ``kernel``: what decides an action (default ``decide``; the controlled experiment alone
         passes one with a control switched off: no setting, variable or flag reaches it);
         ``snapshots``: where signed snapshots are kept (default: none, every start folds the
-        whole stream); they are taken only with the coordinator's key, which signs them."""
+        whole stream); they are taken only with the coordinator's key, which signs them;
+        ``leases``: the lease bucket (``coordinator.leases``); with it the coordinator serves
+        only the partitions it holds leases on, each write fenced by its epoch (default: none,
+        every mission is this coordinator's, unfenced: tests over in-memory fakes)."""
         self.settings = s = settings or CoordinatorSettings()
         self.bus, self.budget = bus, budget
         self.clock: Clock = clock or SystemClock()
@@ -80,6 +90,8 @@ class Coordinator:
         )
         self.queue_group = queue_group
         self._budget_ping = budget_ping
+        self.member = f"{s.node_id}-{secrets.token_hex(4)}"  # this process, in the bucket
+        self.fences = Fences(s.partitions) if leases is not None else None
         self.journal = Journal(
             bus,
             self.clock,
@@ -87,6 +99,7 @@ class Coordinator:
             node_id=s.node_id,
             cut_timeout_s=s.cut_timeout_s,
             seed=seed_of(s.principal, s.identity_dir),
+            fences=self.fences,
         )
         self.board = RiskBoard(bus)
         self.ingest = Ingest(bus, self.journal, self.board, self.telemetry, principals=principals)
@@ -120,6 +133,12 @@ class Coordinator:
             log.info("snapshots off: the coordinator has no key to sign them")
         self._tasks: list[asyncio.Task[None]] = []
         self._health: HttpServer | None = None
+        self.leases: Leases | None = None
+        if leases is not None and self.fences is not None:
+            self.leases = Leases(
+                leases, self.fences, me=self.member, ttl_s=s.partition_lease_s,
+                takeover=self._takeover, lost=self._lost,
+            )  # fmt: skip
 
     @classmethod
     async def from_settings(cls, settings: CoordinatorSettings | None = None, **kw: Any) -> Self:
@@ -134,7 +153,12 @@ class Coordinator:
             duplicate_window_s=s.duplicate_window_s,
             seed=seed_of(s.principal, s.identity_dir),
             directory=kw.get("principals"),
+            consumer=s.consumer,
         )
+        if "leases" not in kw:
+            kw["leases"] = await ensure_lease_bucket(
+                bus.js, ttl_s=s.partition_lease_s, replicas=s.stream_replicas
+            )
         budget = ReservationClient.from_url(s.redis_url, timeout_s=s.redis_timeout_s)
         if "snapshots" not in kw:
             kw["snapshots"] = await JetStreamSnapshots.ensure(
@@ -187,6 +211,8 @@ class Coordinator:
         await self.bus.consume(
             self.ingest.on_message, start_seq=self.journal.next_seq, refused=self.journal.refuse
         )
+        if self.leases is not None:  # takes this coordinator's share before serving
+            await self.leases.start()
         for subject, handler in (
             (AUTHORIZE_SUBJECT, self.authorizer.on_request),
             (MANAGE_SUBJECT, self.manager.on_request),
@@ -213,6 +239,8 @@ class Coordinator:
             elif not task.cancelled() and task.exception() is not None:
                 log.warning("coordinator stop: %s failed: %s", name, task.exception())
 
+        if self.leases is not None:  # handed over at once, not after the lease expires
+            await step("leases", self.leases.stop())
         for task in self._tasks:
             task.cancel()
         await step("background tasks", asyncio.gather(*self._tasks, return_exceptions=True))
@@ -221,6 +249,24 @@ class Coordinator:
         await step("NATS", self.bus.close())
         await step("Redis", self.budget.close())
         await step("telemetry", asyncio.to_thread(self.telemetry.shutdown))
+
+    # --- partitions (coordinator.leases) ------------------------------------------------------
+
+    async def _takeover(self, partition: int, epoch: int) -> int:
+        """Take ``partition`` over at ``epoch``: write the epoch where the fences read it (its
+        marker on the stream: every older owner's append is refused from now on), fold the
+        stream to it (everything older owners stored is applied), then serve. Returns the
+        marker's sequence (every append of the partition's missions expects it)."""
+        marker = json.dumps({"partition": partition, "epoch": epoch, "owner": self.member}).encode()
+        seq = await self.bus.publish(
+            epoch_subject(partition), marker, msg_id=f"epoch:{partition}:{epoch}"
+        )
+        await self.journal.wait_applied(seq, timeout=max(self.settings.cut_timeout_s, 10.0))
+        return int(seq)
+
+    async def _lost(self, partition: int) -> None:
+        """No longer served here (the fences already refuse its writes)."""
+        log.info("partition %s handed over or lost", partition)
 
     async def _live(self) -> tuple[bool, dict[str, object]]:
         journal = self.journal  # in memory, and let go while idle (loaded back when read)

@@ -83,6 +83,9 @@ class FakeBus:
     async def message(self, seq: int) -> StreamMessage | None:
         return self.messages[seq - 1] if 0 < seq <= len(self.messages) else None
 
+    async def last_on(self, subject: str) -> StreamMessage | None:
+        return next((m for m in reversed(self.messages) if m.subject == subject), None)
+
     async def consume(
         self, handler: StreamHandler, *, start_seq: Callable[[], int], refused: Refused
     ) -> None:
