@@ -271,7 +271,12 @@ class Coordinator:
     async def _live(self) -> tuple[bool, dict[str, object]]:
         journal = self.journal  # in memory, and let go while idle (loaded back when read)
         missions = {"in_memory": len(journal.states), "cold": len(journal.cold)}
-        return True, {"status": "alive", "applied_seq": self.applied_seq, "missions": missions}
+        live: dict[str, object] = {"status": "alive", "applied_seq": self.applied_seq}
+        live["missions"] = missions
+        if self.fences is not None:  # which partitions this process serves, at which epoch
+            live["member"] = self.member
+            live["partitions"] = {str(p): h.epoch for p, h in sorted(self.fences.held.items())}
+        return True, live
 
     async def _ready(self) -> tuple[bool, dict[str, object]]:
         nats_ok = self.bus.connected

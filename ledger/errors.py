@@ -138,9 +138,11 @@ class NotOwner(Unreachable):
 
     code = ErrorCode.NOT_OWNER
 
-    def __init__(self, message: str, *, owner: str | None = None) -> None:
-        super().__init__(message)
-        self.owner = owner
+    def __init__(
+        self, message: str, *, owner: str | None = None, code: ErrorCode | None = None
+    ) -> None:
+        super().__init__(message, code=code)
+        self.owner = owner  # the partition's owner as last read, if any
 
 
 class Fenced(NotOwner):

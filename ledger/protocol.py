@@ -19,8 +19,10 @@ from ledger.errors import (
     BinaryMissing,
     ComponentTimeout,
     ErrorCode,
+    Fenced,
     FleetError,
     InvalidInput,
+    NotOwner,
     Rule,
     RuleViolation,
     Unreachable,
@@ -165,12 +167,15 @@ class ErrorBody(BaseModel):
     message: str
     rule: str | None = None
     reason: str | None = None  # a rule violation's reason, without the rule's title
+    owner: str | None = None  # "not owner": the coordinator that owns the mission's partition
 
     @classmethod
     def of(cls, exc: FleetError) -> ErrorBody:
         if isinstance(exc, RuleViolation):
             return cls(code=str(exc.code), message=exc.message, rule=exc.rule.value,
                        reason=exc.reason)  # fmt: skip
+        if isinstance(exc, NotOwner):
+            return cls(code=str(exc.code), message=exc.message, owner=exc.owner)
         return cls(code=str(exc.code), message=exc.message)
 
     def error(self) -> FleetError:
@@ -180,6 +185,9 @@ class ErrorBody(BaseModel):
             return RuleViolation(Rule(self.rule), reason)
         known = self.code in ErrorCode._value2member_map_
         code = ErrorCode(self.code) if known else ErrorCode.INTERNAL
+        if code in (ErrorCode.NOT_OWNER, ErrorCode.FENCED):
+            cls = Fenced if code is ErrorCode.FENCED else NotOwner
+            return cls(self.message, owner=self.owner, code=code)
         return _ERROR_CLASSES.get(code, FleetError)(self.message, code=code)
 
 
