@@ -26,15 +26,17 @@ from dataclasses import dataclass, field
 
 import nats
 from nats.js import JetStreamContext, api
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from ledger.errors import NotOwner
 from ledger.partition import epoch_subject, partition_of
+from ledger.protocol import LEASE_BUCKET
 
 log = logging.getLogger("fleetledger.coordinator.leases")
 
-LEASE_BUCKET = "FLEET_LEASES"
+LEASE_STREAM = f"KV_{LEASE_BUCKET}"
+LEASE_SUBJECTS = f"$KV.{LEASE_BUCKET}"
 PARTITION_KEY = "p."
 MEMBER_KEY = "m."
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -141,15 +143,25 @@ Takeover = Callable[[int, int], Awaitable[int]]
 Lost = Callable[[int], Awaitable[None]]
 
 
-async def ensure_lease_bucket(js: JetStreamContext, *, ttl_s: float, replicas: int) -> KeyValue:
+@dataclass(frozen=True, slots=True)
+class LeaseBucket:
+    """The lease bucket: its KV handle (create, renew, delete) and the JetStream context its
+    stream is read through."""
+
+    js: JetStreamContext
+    kv: KeyValue
+
+
+async def ensure_lease_bucket(js: JetStreamContext, *, ttl_s: float, replicas: int) -> LeaseBucket:
+    """The lease bucket (created with a bucket TTL of ``ttl_s`` and history 1 if missing)."""
     try:
-        return await js.key_value(LEASE_BUCKET)
+        return LeaseBucket(js, await js.key_value(LEASE_BUCKET))
     except (NotFoundError, BucketNotFoundError):
         config = api.KeyValueConfig(
             bucket=LEASE_BUCKET, history=1, ttl=ttl_s, storage=api.StorageType.FILE,
             replicas=replicas,
         )  # fmt: skip
-        return await js.create_key_value(config)
+        return LeaseBucket(js, await js.create_key_value(config))
 
 
 class Leases:
@@ -157,7 +169,7 @@ class Leases:
 
     def __init__(
         self,
-        kv: KeyValue,
+        bucket: LeaseBucket,
         fences: Fences,
         *,
         me: str,
@@ -165,7 +177,8 @@ class Leases:
         takeover: Takeover,
         lost: Lost,
     ) -> None:
-        self.kv, self.fences, self.me, self.ttl_s = kv, fences, me, ttl_s
+        self.js, self.kv = bucket.js, bucket.kv
+        self.fences, self.me, self.ttl_s = fences, me, ttl_s
         self.takeover, self.lost = takeover, lost
         self._revs: dict[str, int] = {}  # key we hold -> its last revision
         self._renewed: dict[str, float] = {}  # key -> when its last renew was acknowledged
@@ -244,23 +257,33 @@ class Leases:
                 await self._lose(p)
 
     async def _read(self) -> tuple[set[str], dict[int, str]]:
+        """The bucket's live keys: one stream-info call lists them, one get per key reads its
+        owner (no watcher: an expired key leaves nothing a watcher would see). Only APIs of
+        the lease stream itself (``fleetbus.permissions``: the coordinator's)."""
+        info = await self.js.stream_info(LEASE_STREAM, subjects_filter=f"{LEASE_SUBJECTS}.>")
+        subjects = sorted((info.state.subjects or {}) if info.state else {})
+        got = await asyncio.gather(*(self._last(subject) for subject in subjects))
         members: set[str] = set()
         owners: dict[int, str] = {}
-        try:
-            keys = await self.kv.keys()
-        except nats.js.errors.NoKeysError:
-            keys = []
-        for key in keys:
-            try:
-                entry = await self.kv.get(key)
-            except KeyNotFoundError:  # expired or deleted since listed
+        for subject, owner in zip(subjects, got, strict=True):
+            key = subject.removeprefix(LEASE_SUBJECTS + ".")
+            if not owner:  # deleted, purged or expired since listed
                 continue
-            owner = (entry.value or b"").decode()
             if key.startswith(MEMBER_KEY):
                 members.add(key.removeprefix(MEMBER_KEY))
-            elif key.startswith(PARTITION_KEY) and owner:
+            elif key.startswith(PARTITION_KEY) and key.removeprefix(PARTITION_KEY).isdigit():
                 owners[int(key.removeprefix(PARTITION_KEY))] = owner
         return members, owners
+
+    async def _last(self, subject: str) -> str:
+        """The value of a key ('' when deleted or gone)."""
+        try:
+            msg = await self.js.get_last_msg(LEASE_STREAM, subject)
+        except NotFoundError:
+            return ""
+        if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+            return ""
+        return (msg.data or b"").decode()
 
     async def _claim(self, p: int) -> None:
         key = PARTITION_KEY + str(p)
@@ -299,8 +322,11 @@ class Leases:
 
 __all__ = [
     "LEASE_BUCKET",
+    "LEASE_STREAM",
+    "LEASE_SUBJECTS",
     "Fences",
     "Held",
+    "LeaseBucket",
     "Leases",
     "Plan",
     "ensure_lease_bucket",

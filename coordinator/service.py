@@ -22,12 +22,10 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
-from nats.js.kv import KeyValue
-
 from coordinator.authorize import Authorizer
 from coordinator.ingest import Ingest
 from coordinator.journal import Journal
-from coordinator.leases import Fences, Leases, ensure_lease_bucket
+from coordinator.leases import Fences, LeaseBucket, Leases, ensure_lease_bucket
 from coordinator.manage import Directory, Manager
 from coordinator.queries import Queries
 from coordinator.reconcile import Reconciler, Undecided
@@ -68,7 +66,7 @@ class Coordinator:
         principals: Directory | None = None,
         kernel: Kernel = decide,
         snapshots: SnapshotStore | None = None,
-        leases: KeyValue | None = None,
+        leases: LeaseBucket | None = None,
     ) -> None:
         """``telemetry``: default, built from the OTEL_* environment (off when none is set);
         ``budget_ping``: the readiness check of the budget store (default: none, ready);

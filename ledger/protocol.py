@@ -34,7 +34,8 @@ STREAM = "FLEET_LEDGER"
 SUBJECT_PREFIX = "fleet.ledger"
 DEADLETTER_STREAM = "FLEET_DEADLETTER"
 DEADLETTER_PREFIX = "fleet.deadletter"
-AUTHORIZE_SUBJECT = "fleet.v1.authorize"
+AUTHORIZE_SUBJECT = "fleet.v1.authorize"  # any coordinator; a partition's: ``.<p>`` (S6.5)
+LEASE_BUCKET = "FLEET_LEASES"  # the partitions' leases (coordinator.leases)
 MANAGE_SUBJECT = "fleet.v1.manage"
 VIEW_SUBJECT = "fleet.v1.view"
 RECEIPT_PREFIX = "fleet.v1.receipt"
@@ -51,6 +52,11 @@ ANONYMOUS = "_"  # the receipt owner of a client without a key (an open NATS)
 def event_subject(mission_id: str, kind: str) -> str:
     """`fleet.ledger.<mission>.<kind>`: consumers filter by mission (`...<mission>.>`) or kind."""
     return f"{SUBJECT_PREFIX}.{mission_id}.{kind}"
+
+
+def authorize_subject(partition: int) -> str:
+    """Where a partition's authorize requests go: only its owner listens there."""
+    return f"{AUTHORIZE_SUBJECT}.{partition}"
 
 
 def receipt_stream_subject(mission_id: str, action_id: str, nonce: str | None = None) -> str:
