@@ -140,6 +140,8 @@ class Authorizer:
         before this coordinator has folded it, so the caller does not wait for the fold.
         ``who``: the principal that signed the request; it must be one that may ask."""
         journal = self.journal
+        if journal.fences is not None:  # another coordinator's mission: "not owner", at once
+            journal.fences.check(req.mission_id)
         await journal.wait_applied(req.after_seq)
         async with journal.lock(req.mission_id):
             reply = await self._decide(req, nonce, who)
@@ -158,6 +160,8 @@ class Authorizer:
         journal = self.journal
         mid, action = req.mission_id, req.request
         await journal.settle(mid)
+        if journal.fences is not None:  # lost while this waited: nothing reserved, nothing said
+            journal.fences.check(mid)
         state = journal.state(mid)
         if who is not None:  # refused before anything is written: nothing to answer from
             grant = state.grants.get(action.grant_id)

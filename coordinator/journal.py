@@ -194,6 +194,11 @@ class Journal:
         self.cold[mission_id] = seq
         return True
 
+    def owns(self, mission_id: str) -> bool:
+        """Whether this coordinator serves the mission's partition now (always, unpartitioned)."""
+        fences = self.fences
+        return fences is None or fences.of(mission_id) in fences.held
+
     def lock(self, mission_id: str) -> asyncio.Lock:
         """The mission's lock: its changes and decisions are serial."""
         lock = self._locks.get(mission_id)
@@ -309,13 +314,17 @@ class Journal:
             unsure = last.mission_id in self._unsure
             try:
                 seq = await self.bus.publish(subject, body, msg_id=msg_id, headers=headers)
-            except Fenced:
+            except Fenced as exc:
                 self._own.pop(body, None)
                 stored = await self._stored_before(subject, msg_id) if unsure else None
                 if stored is None:
-                    if self.fences is not None:
-                        self.fences.drop(self.fences.of(last.mission_id))
-                    raise
+                    if self.fences is None:
+                        raise
+                    p = self.fences.of(last.mission_id)
+                    self.fences.drop(p)
+                    raise Fenced(
+                        f"{exc.message}; partition {p} is no longer served here", partition=p
+                    ) from None
                 seq = stored  # our own earlier, ambiguous attempt was stored before the fence
             except InvalidInput:  # refused outright: nothing was stored
                 self._own.pop(body, None)

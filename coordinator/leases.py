@@ -98,11 +98,13 @@ class Fences:
 
     dropped: list[Callable[[int], None]] = field(default_factory=list)
 
-    def drop(self, p: int) -> None:
-        """Stop serving ``p`` at once (a write of it was fenced, or its lease is gone)."""
+    def drop(self, p: int, *, notify: bool = True) -> None:
+        """Stop serving ``p`` at once (a write of it was fenced, or its lease is gone); the
+        ``dropped`` listeners let its subjects go (``notify``: the leases await that
+        themselves)."""
         if self.held.pop(p, None) is not None:
             self.owners.pop(p, None)
-            for listener in self.dropped:
+            for listener in self.dropped if notify else ():
                 listener(p)
 
     def of(self, mission_id: str) -> int:
@@ -119,6 +121,7 @@ class Fences:
                 f"{owner or 'no coordinator right now'}; ask the owner (its subject is the "
                 "partition's)",
                 owner=owner,
+                partition=p,
             )
         return p, held
 
@@ -306,7 +309,7 @@ class Leases:
         """Stop serving ``p`` at once (its lease is gone or was refused)."""
         if p in self.fences.held:
             log.warning("partition %s: lease lost; no longer served here", p)
-            self.fences.drop(p)
+            self.fences.drop(p, notify=False)
             await self.lost(p)
 
     async def _release(self, p: int) -> None:

@@ -334,7 +334,12 @@ class Manager:
         """Apply one change under the mission's lock; raise the ``FleetError`` refusing it.
         ``who``: the principal that signed it, who is then the actor (a person it names must be
         itself, or one it acts for by a delegation bound in the mission)."""
+        fences = self.journal.fences
+        if fences is not None:  # another coordinator's mission: "not owner", nothing written
+            fences.check(req.mission_id)
         async with self.journal.lock(req.mission_id):
+            if fences is not None:  # lost while this waited
+                fences.check(req.mission_id)
             return await self._manage(req, who)
 
     async def _manage(self, req: ManageRequest, who: Principal | None) -> ManageReply:

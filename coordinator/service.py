@@ -34,14 +34,14 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.snapshot_store import JetStreamSnapshots, SnapshotStore
 from coordinator.snapshots import Snapshotter
 from coordinator.unapplied import Unapplied
-from fleetbus.bus import Bus, JetStreamBus
+from fleetbus.bus import Bus, JetStreamBus, RequestHandler
 from fleetbus.http import HttpServer
 from fleetbus.identity import KeyStore, seed_of
 from ledger.clock import Clock, SystemClock
 from ledger.kernel import Kernel, decide
 from ledger.mission import MissionState
 from ledger.partition import epoch_subject
-from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT
+from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT, partition_subject
 from reservations import Budget, ReservationClient
 from telemetry import Telemetry
 
@@ -132,7 +132,11 @@ class Coordinator:
         self._tasks: list[asyncio.Task[None]] = []
         self._health: HttpServer | None = None
         self.leases: Leases | None = None
+        self._background: set[asyncio.Future[None]] = set()
+        self._started = False  # reconciled and serving: a takeover then serves at once
         if leases is not None and self.fences is not None:
+            self.fences.dropped.append(self._dropped)
+            budget.fence_with(self.fences.epoch)  # every script carries the mission's epoch
             self.leases = Leases(
                 leases, self.fences, me=self.member, ttl_s=s.partition_lease_s,
                 takeover=self._takeover, lost=self._lost,
@@ -205,12 +209,15 @@ class Coordinator:
         if self.snapshotter is not None:
             restored = await self.snapshotter.restore(await self.bus.last_seq())
         await self.ingest.rebuild(restored)
-        await self.reconciler.find_undecided()
         await self.bus.consume(
             self.ingest.on_message, start_seq=self.journal.next_seq, refused=self.journal.refuse
         )
-        if self.leases is not None:  # takes this coordinator's share before serving
+        if self.leases is not None:  # takes this coordinator's share before reconciling it
             await self.leases.start()
+        await self.reconciler.find_undecided()
+        self._started = True
+        for partition in sorted(self.fences.held if self.fences is not None else ()):
+            await self._serve_partition(partition)
         for subject, handler in (
             (AUTHORIZE_SUBJECT, self.authorizer.on_request),
             (MANAGE_SUBJECT, self.manager.on_request),
@@ -253,18 +260,45 @@ class Coordinator:
     async def _takeover(self, partition: int, epoch: int) -> int:
         """Take ``partition`` over at ``epoch``: write the epoch where the fences read it (its
         marker on the stream: every older owner's append is refused from now on), fold the
-        stream to it (everything older owners stored is applied), then serve. Returns the
-        marker's sequence (every append of the partition's missions expects it)."""
+        stream to it (everything older owners stored is applied), raise the stored epoch of
+        every mission of it in Redis (an older owner's next script on one is refused), then
+        serve. Returns the marker's sequence (every append of its missions expects it)."""
         marker = json.dumps({"partition": partition, "epoch": epoch, "owner": self.member}).encode()
         seq = await self.bus.publish(
             epoch_subject(partition), marker, msg_id=f"epoch:{partition}:{epoch}"
         )
         await self.journal.wait_applied(seq, timeout=max(self.settings.cut_timeout_s, 10.0))
+        fences = self.fences
+        assert fences is not None
+        known = [*self.journal.states, *self.journal.cold]
+        await self.budget.raise_epochs([m for m in known if fences.of(m) == partition], epoch)
+        if self._started:  # else ``start`` serves it once it has reconciled
+            self.reconciler.rescan()
+            await self._serve_partition(partition)
         return int(seq)
 
+    async def _serve_partition(self, partition: int) -> None:
+        for subject, handler in self._partitioned(partition):
+            await self.bus.serve(subject, handler, queue=self.queue_group)
+
+    def _partitioned(self, partition: int) -> list[tuple[str, RequestHandler]]:
+        """The request subjects only a partition's owner listens on."""
+        return [
+            (partition_subject(AUTHORIZE_SUBJECT, partition), self.authorizer.on_request),
+            (partition_subject(MANAGE_SUBJECT, partition), self.manager.on_request),
+        ]
+
     async def _lost(self, partition: int) -> None:
-        """No longer served here (the fences already refuse its writes)."""
+        """No longer served here: its subjects let go (the fences already refuse its writes)."""
         log.info("partition %s handed over or lost", partition)
+        for subject, _ in self._partitioned(partition):
+            await self.bus.unserve(subject)
+
+    def _dropped(self, partition: int) -> None:
+        """A write of ``partition`` was fenced: let its subjects go now."""
+        task = asyncio.ensure_future(self._lost(partition))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _live(self) -> tuple[bool, dict[str, object]]:
         journal = self.journal  # in memory, and let go while idle (loaded back when read)

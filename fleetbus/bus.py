@@ -215,6 +215,10 @@ class Bus(Protocol):
         moment this returns: a request sent after it is answered, never "no responders"."""
         ...
 
+    async def unserve(self, subject: str) -> None:
+        """Stop answering requests on ``subject`` (those in hand are finished)."""
+        ...
+
     async def last_seq(self) -> int:
         """The ledger stream's last sequence now."""
         ...
@@ -264,6 +268,7 @@ class JetStreamBus:
         self._serving: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_SERVING)
         self._subs: list[Subscription] = []
+        self._served_on: dict[str, list[Subscription]] = {}
 
     @classmethod
     async def connect(
@@ -317,13 +322,21 @@ class JetStreamBus:
             self._serving.add(task)
             task.add_done_callback(self._served)
 
-        self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=dispatch))
+        sub = await self.nc.subscribe(subject, queue=queue, cb=dispatch)
+        self._subs.append(sub)
+        self._served_on.setdefault(subject, []).append(sub)
         # The server registers the interest when it has read the SUB, and a PONG proves it read
         # what came before its PING. nats-py writes a PING to the socket at once but the SUB
         # from its pending buffer a moment later, so the first PONG can come before the SUB is
         # read (1-5% of starts here); the second PING follows the SUB out.
         await self.nc.flush()
         await self.nc.flush()
+
+    async def unserve(self, subject: str) -> None:
+        for sub in self._served_on.pop(subject, []):
+            self._subs.remove(sub)
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
 
     def _served(self, task: asyncio.Task[None]) -> None:
         self._serving.discard(task)

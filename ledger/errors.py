@@ -139,10 +139,16 @@ class NotOwner(Unreachable):
     code = ErrorCode.NOT_OWNER
 
     def __init__(
-        self, message: str, *, owner: str | None = None, code: ErrorCode | None = None
+        self,
+        message: str,
+        *,
+        owner: str | None = None,
+        partition: int | None = None,
+        code: ErrorCode | None = None,
     ) -> None:
         super().__init__(message, code=code)
         self.owner = owner  # the partition's owner as last read, if any
+        self.partition = partition  # the mission's partition: where to ask
 
 
 class Fenced(NotOwner):

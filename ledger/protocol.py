@@ -54,9 +54,14 @@ def event_subject(mission_id: str, kind: str) -> str:
     return f"{SUBJECT_PREFIX}.{mission_id}.{kind}"
 
 
+def partition_subject(base: str, partition: int) -> str:
+    """Where a partition's requests of ``base`` (authorize, manage) go: only its owner listens
+    there; on ``base`` itself any coordinator answers (deciding, or naming the owner)."""
+    return f"{base}.{partition}"
+
+
 def authorize_subject(partition: int) -> str:
-    """Where a partition's authorize requests go: only its owner listens there."""
-    return f"{AUTHORIZE_SUBJECT}.{partition}"
+    return partition_subject(AUTHORIZE_SUBJECT, partition)
 
 
 def receipt_stream_subject(mission_id: str, action_id: str, nonce: str | None = None) -> str:
@@ -174,6 +179,7 @@ class ErrorBody(BaseModel):
     rule: str | None = None
     reason: str | None = None  # a rule violation's reason, without the rule's title
     owner: str | None = None  # "not owner": the coordinator that owns the mission's partition
+    partition: int | None = None  # "not owner": the mission's partition (where to ask)
 
     @classmethod
     def of(cls, exc: FleetError) -> ErrorBody:
@@ -181,7 +187,9 @@ class ErrorBody(BaseModel):
             return cls(code=str(exc.code), message=exc.message, rule=exc.rule.value,
                        reason=exc.reason)  # fmt: skip
         if isinstance(exc, NotOwner):
-            return cls(code=str(exc.code), message=exc.message, owner=exc.owner)
+            return cls(
+                code=str(exc.code), message=exc.message, owner=exc.owner, partition=exc.partition
+            )
         return cls(code=str(exc.code), message=exc.message)
 
     def error(self) -> FleetError:
@@ -193,7 +201,7 @@ class ErrorBody(BaseModel):
         code = ErrorCode(self.code) if known else ErrorCode.INTERNAL
         if code in (ErrorCode.NOT_OWNER, ErrorCode.FENCED):
             cls = Fenced if code is ErrorCode.FENCED else NotOwner
-            return cls(self.message, owner=self.owner, code=code)
+            return cls(self.message, owner=self.owner, partition=self.partition, code=code)
         return _ERROR_CLASSES.get(code, FleetError)(self.message, code=code)
 
 

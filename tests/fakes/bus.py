@@ -67,6 +67,9 @@ class FakeBus:
     async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> None:
         self.handlers[subject] = handler
 
+    async def unserve(self, subject: str) -> None:
+        self.handlers.pop(subject, None)
+
     async def request(self, subject: str, data: bytes, reply: str = "") -> FakeRequest:
         """Send a request to the served handler; return it with its answers."""
         req = FakeRequest(subject, data, reply)

@@ -80,7 +80,7 @@ async def test_one_coordinator_alone_holds_every_partition_and_decides_for_each(
     one: Coordinator, own_servers: EmbeddedServers
 ) -> None:
     assert one.fences is not None and sorted(one.fences.held) == list(range(P))
-    async with await FleetClient.connect(own_servers.nats_url) as fleet:
+    async with await FleetClient.connect(own_servers.nats_url, partitions=P) as fleet:
         assert await markers(fleet.nc) == {p: h.epoch for p, h in one.fences.held.items()}
         for p, mid in missions_per_partition().items():
             await make_mission(fleet, mid)
@@ -96,7 +96,7 @@ async def test_a_newer_owners_marker_refuses_the_old_owners_appends(
     assert one.fences is not None
     by_partition = missions_per_partition()
     fenced_p, other_p = 0, 1
-    async with await FleetClient.connect(own_servers.nats_url) as fleet:
+    async with await FleetClient.connect(own_servers.nats_url, partitions=P) as fleet:
         for mid in (by_partition[fenced_p], by_partition[other_p]):
             await make_mission(fleet, mid)
             await make_grant(fleet, mid, "g", ["credit.issue"], 600_000)
@@ -203,7 +203,7 @@ async def test_two_coordinators_each_hold_half_and_one_takes_over_when_the_other
     took = await until(lambda: _holds_all(b))
     print(f"failover: kill -9 to the survivor holding every partition in {took:.2f}s")
     assert took <= LEASE_S + 2.0  # lease TTL + a renew interval and its takeover
-    async with await FleetClient.connect(own_servers.nats_url) as fleet:
+    async with await FleetClient.connect(own_servers.nats_url, partitions=P) as fleet:
         assert len(await markers(fleet.nc)) == P
         epochs = await live(b)
         assert len(epochs["partitions"]) == P
