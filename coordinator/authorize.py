@@ -308,6 +308,9 @@ class Authorizer:
                 update={"allowed": False, "rule": exc.rule, "reason": str(exc)}
             )
             return denied, None
+        except NotOwner as exc:  # fenced: a newer owner's epoch is stored; nothing was written
+            self.journal.lost(req.mission_id, exc)
+            raise
         except Unreachable as exc:
             # Ambiguous: Redis may have run the script before the connection failed, and what
             # it committed has no lease. Decide and record nothing: a retry of this action

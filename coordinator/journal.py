@@ -194,6 +194,11 @@ class Journal:
         self.cold[mission_id] = seq
         return True
 
+    def lost(self, mission_id: str, exc: FleetError) -> None:
+        """A write of the mission was fenced (``exc``): stop serving its partition at once."""
+        if isinstance(exc, Fenced) and self.fences is not None:
+            self.fences.drop(self.fences.of(mission_id))
+
     def owns(self, mission_id: str) -> bool:
         """Whether this coordinator serves the mission's partition now (always, unpartitioned)."""
         fences = self.fences

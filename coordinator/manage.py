@@ -24,7 +24,7 @@ from coordinator.reconcile import follow
 from coordinator.unapplied import Unapplied
 from fleetbus.bus import Request
 from fleetbus.http import first_error
-from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation
+from ledger.errors import ErrorCode, FleetError, InvalidInput, NotOwner, Rule, RuleViolation
 from ledger.events import (
     GRANT_ISSUER_ROLE,
     MAX_EVENT_BYTES,
@@ -340,7 +340,11 @@ class Manager:
         async with self.journal.lock(req.mission_id):
             if fences is not None:  # lost while this waited
                 fences.check(req.mission_id)
-            return await self._manage(req, who)
+            try:
+                return await self._manage(req, who)
+            except NotOwner as exc:  # a write was fenced: its partition is not served here now
+                self.journal.lost(req.mission_id, exc)
+                raise
 
     async def _manage(self, req: ManageRequest, who: Principal | None) -> ManageReply:
         journal = self.journal

@@ -23,9 +23,16 @@ from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from fleetbus.client import FleetClient
 from fleetledger.servers import EmbeddedServers
-from ledger.errors import ErrorCode, NotOwner
+from ledger.errors import ComponentTimeout, ErrorCode, NotOwner, Unreachable
 from ledger.partition import epoch_subject, partition_of
-from ledger.protocol import STREAM
+from ledger.protocol import (
+    AUTHORIZE_SUBJECT,
+    STREAM,
+    AuthorizeReply,
+    AuthorizeRequest,
+    authorize_subject,
+)
+from reservations import ReservationClient
 from tests.integration.test_coordinator import make_grant, make_mission, request
 
 P = 4
@@ -223,6 +230,112 @@ async def test_a_stopped_owner_resumed_after_takeover_serves_none_of_its_old_par
     await until(lambda: _settled(a, b))
     after = (await live(a))["partitions"]
     assert not {p for p in mine if after.get(str(p)) == before[str(p)]}
+
+
+async def test_decisions_for_missions_of_every_partition_succeed_with_two_coordinators(
+    own_servers: EmbeddedServers, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    await two(own_servers, processes)
+    by_partition = missions_per_partition()
+    async with (
+        await FleetClient.connect(own_servers.nats_url, partitions=P) as fleet,
+        await FleetClient.connect(own_servers.nats_url) as unaware,  # P 16: redirected
+    ):
+        for p, mid in by_partition.items():
+            await make_mission(fleet, mid)
+            await make_grant(fleet, mid, "g", ["credit.issue"], 600_000)
+            for client, action in ((fleet, f"a{p}"), (unaware, f"b{p}")):
+                reply = await client.authorize(mid, request(action, "g", "credit.issue", 1_000))
+                assert reply.decision is not None and reply.decision.allowed
+            view = await fleet.view(mid)
+            assert view.budget.committed == "0.00" or [d.allowed for d in view.decisions] == [
+                True,
+                True,
+            ]
+
+
+async def test_a_coordinator_asked_for_a_mission_it_does_not_own_answers_not_owner_naming_it(
+    own_servers: EmbeddedServers,
+) -> None:
+    by_partition = missions_per_partition()
+    nc = await nats.connect(own_servers.nats_url)
+    js = nc.jetstream()
+    kv = await js.create_key_value(bucket="FLEET_LEASES", history=1, ttl=30)
+    await kv.create("p.1", b"coordinator-elsewhere")  # partition 1 is another's
+    settings = CoordinatorSettings(
+        nats_url=own_servers.nats_url, redis_url=own_servers.redis_url, http_port=0,
+        partitions=P, partition_lease_s=30,
+    )  # fmt: skip
+    co = await Coordinator.from_settings(settings)
+    await co.start()
+    try:
+        assert co.fences is not None and sorted(co.fences.held) == [0, 2, 3]
+        body = AuthorizeRequest(
+            mission_id=by_partition[1], request=request("n1", "g", "credit.issue", 1)
+        )
+        raw = await nc.request(AUTHORIZE_SUBJECT, body.model_dump_json().encode(), timeout=5)
+        error = AuthorizeReply.model_validate_json(raw.data).error
+        assert error is not None and error.code == ErrorCode.NOT_OWNER
+        assert error.owner == "coordinator-elsewhere" and error.partition == 1
+        assert "not owner" in error.message and "coordinator-elsewhere" in error.message
+    finally:
+        await co.stop()
+        await nc.close()
+
+
+async def test_a_killed_owners_missions_are_decided_by_the_survivor_within_the_lease(
+    own_servers: EmbeddedServers, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    a, _ = await two(own_servers, processes)
+    victim = min(await held(a))
+    mid = missions_per_partition()[victim]
+    # a request in flight to the dead owner is lost: asked again after a short timeout
+    async with await FleetClient.connect(own_servers.nats_url, partitions=P, timeout=1) as fleet:
+        await make_mission(fleet, mid)
+        await make_grant(fleet, mid, "g", ["credit.issue"], 600_000)
+        processes[0].kill()  # kill -9 of the partition's owner
+        killed = time.monotonic()
+        processes[0].wait(5)
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                reply = await fleet.authorize(mid, request("f1", "g", "credit.issue", 1_000))
+                break
+            except (Unreachable, ComponentTimeout):  # no owner yet (NotOwner is one): fail
+                # closed; asked again
+                assert time.monotonic() - killed < LEASE_S + 5
+                await asyncio.sleep(0.05)
+        took = time.monotonic() - killed
+    print(f"failover: kill -9 to the first good decision for its missions in {took:.2f}s")
+    assert reply.decision is not None and reply.decision.allowed
+    assert took <= LEASE_S + 2.0
+
+
+async def test_a_stopped_owner_resumed_after_takeover_stores_nothing_it_decides(
+    own_servers: EmbeddedServers, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    a, b = await two(own_servers, processes)
+    p = min(await held(a))
+    mid = missions_per_partition()[p]
+    async with await FleetClient.connect(own_servers.nats_url, partitions=P) as fleet:
+        await make_mission(fleet, mid)
+        await make_grant(fleet, mid, "g", ["credit.issue"], 600_000)
+        processes[0].send_signal(signal.SIGSTOP)
+        # a request only the stopped owner listens for: it reads it once resumed
+        body = AuthorizeRequest(mission_id=mid, request=request("s1", "g", "credit.issue", 7))
+        asked = asyncio.create_task(
+            fleet.nc.request(authorize_subject(p), body.model_dump_json().encode(), timeout=30)
+        )
+        await until(lambda: _holds_all(b))
+        processes[0].send_signal(signal.SIGCONT)
+        error = AuthorizeReply.model_validate_json((await asked).data).error
+        assert error is not None and error.code in (ErrorCode.NOT_OWNER, ErrorCode.FENCED)
+        await until(lambda: _settled(a, b))
+        view = await fleet.view(mid)
+        assert view.decisions == []  # nothing the old owner decided is on the record
+    async with ReservationClient.from_url(own_servers.redis_url) as redis:
+        assert await redis.reservation(mid, "r-s1") is None  # nor in Redis
 
 
 async def _holds_all(port: int) -> bool:
