@@ -14,7 +14,7 @@ line only.
   requests it received (``allow_responses``);
 - node: publishes its observations only (``fleet.ledger.<mission>.<observation kind>``: never
   a partition's epoch marker, ``fleet.ledger.epoch.<p>``), asks for decisions (on the
-  partition's subject too), management and views, and reads what it follows through
+  partition's subjects too), management and views, and reads what it follows through
   read-only readers: the follow stream (other nodes' resource changes, grants) and the risk bucket;
 - human: asks; reads the ledger stream (replay, trace), the dead letters and the snapshots (a
   replay may start from one, verifying its signature) through read-only readers;
@@ -61,7 +61,11 @@ SNAPSHOT_BUCKET = "fleet-snapshots"
 SNAPSHOT_STREAM = f"KV_{SNAPSHOT_BUCKET}"
 SNAPSHOT_SUBJECTS = f"$KV.{SNAPSHOT_BUCKET}.>"
 LEASE_STREAM = f"KV_{LEASE_BUCKET}"
-_REQUESTS = [AUTHORIZE_SUBJECT, f"{AUTHORIZE_SUBJECT}.*", MANAGE_SUBJECT, VIEW_SUBJECT]
+# a partition's authorize and manage subjects too (``<subject>.<p>``, docs/partitions.md)
+_REQUESTS = [
+    AUTHORIZE_SUBJECT, f"{AUTHORIZE_SUBJECT}.*", MANAGE_SUBJECT, f"{MANAGE_SUBJECT}.*",
+    VIEW_SUBJECT,
+]  # fmt: skip
 
 
 def inbox_prefix(public_key: str) -> str:

@@ -248,10 +248,7 @@ async def test_decisions_for_missions_of_every_partition_succeed_with_two_coordi
                 reply = await client.authorize(mid, request(action, "g", "credit.issue", 1_000))
                 assert reply.decision is not None and reply.decision.allowed
             view = await fleet.view(mid)
-            assert view.budget.committed == "0.00" or [d.allowed for d in view.decisions] == [
-                True,
-                True,
-            ]
+            assert [d.allowed for d in view.decisions] == [True, True]
 
 
 async def test_a_coordinator_asked_for_a_mission_it_does_not_own_answers_not_owner_naming_it(
