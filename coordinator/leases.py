@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from ledger.errors import NotOwner
+from ledger.errors import InvalidInput, NotOwner
 from ledger.partition import epoch_subject, partition_of
 from ledger.protocol import LEASE_BUCKET
 
@@ -37,6 +38,7 @@ log = logging.getLogger("fleetledger.coordinator.leases")
 
 LEASE_STREAM = f"KV_{LEASE_BUCKET}"
 LEASE_SUBJECTS = f"$KV.{LEASE_BUCKET}"
+MEMBER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PARTITION_KEY = "p."
 MEMBER_KEY = "m."
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -180,6 +182,14 @@ class Leases:
         takeover: Takeover,
         lost: Lost,
     ) -> None:
+        """``me``: this coordinator's id in the bucket, unique in the fleet and the same across
+        its restarts (``FLEET_NODE_ID``): a restarted coordinator takes its own leases over at
+        once instead of waiting for them to expire."""
+        if not MEMBER_ID.fullmatch(me):
+            raise InvalidInput(
+                f"coordinator id {me!r} cannot name a lease (FLEET_NODE_ID: letters, digits, "
+                "'_' and '-', at most 64)"
+            )
         self.js, self.kv = bucket.js, bucket.kv
         self.fences, self.me, self.ttl_s = fences, me, ttl_s
         self.takeover, self.lost = takeover, lost
@@ -228,6 +238,9 @@ class Leases:
         members, owners = await self._read()
         self.members = members
         self.fences.owners = owners
+        for p in sorted(p for p, owner in owners.items() if owner == self.me):
+            if p not in self.fences.held:  # an earlier process of ours held it: take it over
+                await self._claim(p)
         step = plan(self.fences.partitions, self.me, members, owners)
         for p in step.release:
             await self._release(p)
@@ -240,7 +253,7 @@ class Leases:
         rev = self._revs.get(key)
         try:
             if rev is None:
-                rev = await self.kv.create(key, value)
+                rev = await self._create(key, value)
             else:
                 rev = await self.kv.update(key, value, last=rev)
         except nats.js.errors.KeyWrongLastSequenceError:
@@ -250,6 +263,22 @@ class Leases:
         self._revs[key] = rev
         self._renewed[key] = time.monotonic()
         return True
+
+    async def _create(self, key: str, value: bytes) -> int:
+        """Acquire ``key``: create it, or take it from an earlier process of this coordinator
+        (same id: killed and restarted before its lease expired) at a new revision, which
+        fences that process as any older owner. ``KeyWrongLastSequenceError``: another's."""
+        try:
+            return int(await self.kv.create(key, value))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            try:
+                last = await self.js.get_last_msg(LEASE_STREAM, f"{LEASE_SUBJECTS}.{key}")
+            except NotFoundError:  # gone since: free for the next tick
+                raise nats.js.errors.KeyWrongLastSequenceError("gone") from None
+            deleted = (last.headers or {}).get("KV-Operation") in ("DEL", "PURGE")
+            if deleted or last.data != value:
+                raise
+            return int(await self.kv.update(key, value, last=int(last.seq or 0)))
 
     async def _expire_unrenewed(self) -> None:
         """A lease none of whose renews was acknowledged for a whole TTL may be another's."""

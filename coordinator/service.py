@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
@@ -88,7 +87,7 @@ class Coordinator:
         )
         self.queue_group = queue_group
         self._budget_ping = budget_ping
-        self.member = f"{s.node_id}-{secrets.token_hex(4)}"  # this process, in the bucket
+        self.member = s.node_id  # this coordinator in the lease bucket, across its restarts
         self.fences = Fences(s.partitions) if leases is not None else None
         self.journal = Journal(
             bus,

@@ -59,7 +59,8 @@ class MemoryBucket:
         key = subject.removeprefix(LEASE_SUBJECTS + ".")
         if key not in self.keys:
             raise NotFoundError
-        return SimpleNamespace(headers=None, data=self.keys[key][0])
+        value, rev = self.keys[key]
+        return SimpleNamespace(headers=None, data=value, seq=rev)
 
     def owner(self, p: int) -> str | None:
         entry = self.keys.get(f"p.{p}")
@@ -96,6 +97,17 @@ class LeaseMachine(RuleBasedStateMachine):
         )  # fmt: skip
         self.members[name] = leases
         self.run(leases.tick())
+
+    @rule(name=NAMES)
+    def restart(self, name: str) -> None:
+        """Killed and started again before its leases expired: the new process takes its own
+        leases over at once (new epochs), the old one is gone."""
+        if name not in self.members or name in self.stalled:
+            return
+        del self.members[name]
+        self.join(name)
+        theirs = {p for p in range(P) if self.bucket.owner(p) == name}
+        assert theirs <= set(self.members[name].fences.held)
 
     @rule(name=NAMES)
     def tick(self, name: str) -> None:
