@@ -25,7 +25,7 @@ from coordinator.reconcile import (
     unrecorded_return,
 )
 from fleetbus.bus import Request, Stored
-from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
+from ledger.errors import FleetError, InvalidInput, NotOwner, RuleViolation, Unreachable
 from ledger.events import MAX_EVENT_BYTES, DecisionRecorded, Event
 from ledger.idempotency import check_same_terms
 from ledger.identity import NonceWindow, Principal, check_requester, verify_request
@@ -140,6 +140,8 @@ class Authorizer:
         before this coordinator has folded it, so the caller does not wait for the fold.
         ``who``: the principal that signed the request; it must be one that may ask."""
         journal = self.journal
+        if journal.fences is not None:  # another coordinator's mission: "not owner", at once
+            journal.fences.check(req.mission_id)
         await journal.wait_applied(req.after_seq)
         async with journal.lock(req.mission_id):
             reply = await self._decide(req, nonce, who)
@@ -158,6 +160,8 @@ class Authorizer:
         journal = self.journal
         mid, action = req.mission_id, req.request
         await journal.settle(mid)
+        if journal.fences is not None:  # lost while this waited: nothing reserved, nothing said
+            journal.fences.check(mid)
         state = journal.state(mid)
         if who is not None:  # refused before anything is written: nothing to answer from
             grant = state.grants.get(action.grant_id)
@@ -304,6 +308,9 @@ class Authorizer:
                 update={"allowed": False, "rule": exc.rule, "reason": str(exc)}
             )
             return denied, None
+        except NotOwner as exc:  # fenced: a newer owner's epoch is stored; nothing was written
+            self.journal.lost(req.mission_id, exc)
+            raise
         except Unreachable as exc:
             # Ambiguous: Redis may have run the script before the connection failed, and what
             # it committed has no lease. Decide and record nothing: a retry of this action
@@ -334,6 +341,10 @@ class Authorizer:
                 # that gave up or died with an append in flight, its successor), JetStream
                 # stores one decision and answers the others as duplicates of it
                 return await self.journal.append(events, subject, msg_id=decision_msg_id(events))
+            except NotOwner:
+                # another coordinator owns the mission now (fenced): nothing was stored, and
+                # what Redis holds is the new owner's to reconcile, never ours to give back
+                raise
             except InvalidInput:
                 # JetStream refused the message outright (not ambiguous): nothing is stored,
                 # so give back what Redis committed for it before failing the request

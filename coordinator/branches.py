@@ -54,6 +54,7 @@ class BranchRecorder:
         # a cold mission too: a worker may reserve on a branch grant of an idle mission
         missions = [m for m, s in journal.states.items() if s.mission is not None]
         missions += journal.cold
+        missions = [m for m in missions if journal.owns(m)]  # the others' owners record them
         if not missions:
             return set()
         unlist, self._unlist = self._unlist, {}

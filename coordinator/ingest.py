@@ -25,6 +25,7 @@ from ledger.errors import FleetError
 from ledger.events import DecisionRecorded, Event, RiskOpened, RiskTreated, read_message
 from ledger.identity import Principal, as_of, check_origins
 from ledger.mission import MissionState
+from ledger.partition import is_epoch_subject
 from ledger.protocol import ErrorBody, check_message, deadletter_subject
 from telemetry import Telemetry
 
@@ -196,6 +197,8 @@ def fold_message(
     that kept it out, if any. ``own``: the events of a message this coordinator appended
     itself (already checked)."""
     origins: Sequence[FleetError | None]
+    if is_epoch_subject(subject):  # a partition's fence (coordinator.leases): no event
+        return []
     try:
         if own is not None:
             events, origins = own, [None] * len(own)
@@ -247,7 +250,10 @@ def bulk_fold() -> Iterator[None]:
 
 
 def _mission_of(subject: str) -> str | None:
-    """The mission token of a ledger subject (``fleet.ledger.<mission>.<kind>``)."""
+    """The mission token of a ledger subject (``fleet.ledger.<mission>.<kind>``); None for an
+    epoch marker's (``fleet.ledger.epoch.<p>``, no mission's)."""
+    if is_epoch_subject(subject):
+        return None
     return subject.split(".")[2] if subject.count(".") >= 3 else None
 
 

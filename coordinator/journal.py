@@ -35,11 +35,14 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetbus.bus import Bus, Stored
+
+if TYPE_CHECKING:
+    from coordinator.leases import Fences
 from ledger.clock import Clock
-from ledger.errors import FleetError, InvalidInput, Unreachable
+from ledger.errors import Fenced, FleetError, InvalidInput, Unreachable
 from ledger.events import Event, bundle_json, make_event
 from ledger.identity import seal_message
 from ledger.mission import MissionState
@@ -75,9 +78,14 @@ class Journal:
         node_id: str,
         cut_timeout_s: float,
         seed: str | None = None,
+        fences: Fences | None = None,
     ) -> None:
-        """``seed``: the coordinator's principal; every event it appends is signed with it."""
+        """``seed``: the coordinator's principal; every event it appends is signed with it.
+        ``fences``: the partitions this coordinator owns; every append of a mission carries
+        its partition's stream fence, and one of a mission it does not own is refused
+        (``NotOwner``). None: no partitions (every mission is this coordinator's)."""
         self.bus, self.clock, self.telemetry = bus, clock, telemetry
+        self.fences = fences
         self.seed = seed
         # where each action's stored receipt is: a retry's answer names it, so a requester can
         # read and verify the signed receipt itself
@@ -186,6 +194,16 @@ class Journal:
         self.cold[mission_id] = seq
         return True
 
+    def lost(self, mission_id: str, exc: FleetError) -> None:
+        """A write of the mission was fenced (``exc``): stop serving its partition at once."""
+        if isinstance(exc, Fenced) and self.fences is not None:
+            self.fences.drop(self.fences.of(mission_id))
+
+    def owns(self, mission_id: str) -> bool:
+        """Whether this coordinator serves the mission's partition now (always, unpartitioned)."""
+        fences = self.fences
+        return fences is None or fences.of(mission_id) in fences.held
+
     def lock(self, mission_id: str) -> asyncio.Lock:
         """The mission's lock: its changes and decisions are serial."""
         lock = self._locks.get(mission_id)
@@ -292,12 +310,27 @@ class Journal:
                 events = [e if e.trace else e.model_copy(update={"trace": tc}) for e in events]
             # last: nothing may change a signed message; one signature covers all its events
             body = bundle_json(events) if self.seed is None else seal_message(events, self.seed)
+            headers = headers_of(span)
+            if self.fences is not None:
+                headers = {**(headers or {}), **self.fences.headers(last.mission_id)}
             if len(self._own) < OWN_CACHE_LIMIT:
                 self._own[body] = tuple(events)
+            msg_id = msg_id or str(last.event_id)
+            unsure = last.mission_id in self._unsure
             try:
-                seq = await self.bus.publish(
-                    subject, body, msg_id=msg_id or str(last.event_id), headers=headers_of(span)
-                )
+                seq = await self.bus.publish(subject, body, msg_id=msg_id, headers=headers)
+            except Fenced as exc:
+                self._own.pop(body, None)
+                stored = await self._stored_before(subject, msg_id) if unsure else None
+                if stored is None:
+                    if self.fences is None:
+                        raise
+                    p = self.fences.of(last.mission_id)
+                    self.fences.drop(p)
+                    raise Fenced(
+                        f"{exc.message}; partition {p} is no longer served here", partition=p
+                    ) from None
+                seq = stored  # our own earlier, ambiguous attempt was stored before the fence
             except InvalidInput:  # refused outright: nothing was stored
                 self._own.pop(body, None)
                 raise
@@ -310,6 +343,14 @@ class Journal:
             mid = last.mission_id
             self._appended[mid] = max(self._appended.get(mid, 0), int(seq))
         return seq
+
+    async def _stored_before(self, subject: str, msg_id: str) -> Stored | None:
+        """After an ambiguous attempt, a fence refusal may follow our own stored write (its
+        retry then meets the newer marker): the subject's last message, if it is ours."""
+        stored = await self.bus.last_on(subject)
+        if stored is None or (stored.headers or {}).get("Nats-Msg-Id") != msg_id:
+            return None
+        return Stored(stored.seq, duplicate=True)
 
     async def commit(self, events: list[Event], *, msg_id: str | None = None) -> Stored:
         """``append``, then wait until this coordinator has applied it."""

@@ -24,7 +24,7 @@ from coordinator.reconcile import follow
 from coordinator.unapplied import Unapplied
 from fleetbus.bus import Request
 from fleetbus.http import first_error
-from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation
+from ledger.errors import ErrorCode, FleetError, InvalidInput, NotOwner, Rule, RuleViolation
 from ledger.events import (
     GRANT_ISSUER_ROLE,
     MAX_EVENT_BYTES,
@@ -334,8 +334,17 @@ class Manager:
         """Apply one change under the mission's lock; raise the ``FleetError`` refusing it.
         ``who``: the principal that signed it, who is then the actor (a person it names must be
         itself, or one it acts for by a delegation bound in the mission)."""
+        fences = self.journal.fences
+        if fences is not None:  # another coordinator's mission: "not owner", nothing written
+            fences.check(req.mission_id)
         async with self.journal.lock(req.mission_id):
-            return await self._manage(req, who)
+            if fences is not None:  # lost while this waited
+                fences.check(req.mission_id)
+            try:
+                return await self._manage(req, who)
+            except NotOwner as exc:  # a write was fenced: its partition is not served here now
+                self.journal.lost(req.mission_id, exc)
+                raise
 
     async def _manage(self, req: ManageRequest, who: Principal | None) -> ManageReply:
         journal = self.journal

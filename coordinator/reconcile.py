@@ -171,6 +171,11 @@ class Reconciler:
         self._scanned = True  # what Redis holds was compared with the record (or not yet)
         self.branches = BranchRecorder(journal, budget, self.unapplied)
 
+    def rescan(self) -> None:
+        """Compare what Redis holds with the record again at the next sweep (a partition was
+        taken over: its missions are this coordinator's to reconcile now)."""
+        self._scanned = False
+
     async def find_undecided(self) -> None:
         """At start, from what Redis still holds: committed authorize reservations the ledger
         never recorded are settled like an ambiguous failure (a retry within the lease decides
@@ -187,6 +192,8 @@ class Reconciler:
         something of it."""
         journal = self.journal
         for mission_id in [*journal.states, *journal.cold]:
+            if not journal.owns(mission_id):  # another coordinator's to reconcile
+                continue
             async with journal.lock(mission_id):
                 try:
                     holding = await self.budget.holding(mission_id)
@@ -234,6 +241,8 @@ class Reconciler:
         returns how many were applied (those Redis cannot take now stay for the next pass)."""
         done = 0
         for mission_id, rid, until in self.unapplied.items():
+            if not self.journal.owns(mission_id):  # its owner follows its record
+                continue
             async with self.journal.lock(mission_id):
                 await self.journal.settle(mission_id)
                 try:
@@ -275,7 +284,7 @@ class Reconciler:
         ]
         if every_mission:  # nothing open on their record; Redis may hold what it never knew
             missions += journal.cold
-        for mission_id in missions:
+        for mission_id in [m for m in missions if journal.owns(m)]:
             async with journal.lock(mission_id):
                 expired += await self._sweep(mission_id)
         return expired
@@ -362,6 +371,8 @@ class Reconciler:
         journal = self.journal
         returned = 0
         for mission_id, rid, action_id in self.undecided.due(journal.clock.now()):
+            if not journal.owns(mission_id):  # lost since: the new owner's reconciliation
+                continue
             async with journal.lock(mission_id):
                 await journal.settle(mission_id)
                 state = journal.states.get(mission_id)

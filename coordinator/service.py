@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Self
@@ -23,6 +24,7 @@ from typing import Any, Self
 from coordinator.authorize import Authorizer
 from coordinator.ingest import Ingest
 from coordinator.journal import Journal
+from coordinator.leases import Fences, LeaseBucket, Leases, ensure_lease_bucket
 from coordinator.manage import Directory, Manager
 from coordinator.queries import Queries
 from coordinator.reconcile import Reconciler, Undecided
@@ -31,13 +33,14 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.snapshot_store import JetStreamSnapshots, SnapshotStore
 from coordinator.snapshots import Snapshotter
 from coordinator.unapplied import Unapplied
-from fleetbus.bus import Bus, JetStreamBus
+from fleetbus.bus import Bus, JetStreamBus, RequestHandler
 from fleetbus.http import HttpServer
 from fleetbus.identity import KeyStore, seed_of
 from ledger.clock import Clock, SystemClock
 from ledger.kernel import Kernel, decide
 from ledger.mission import MissionState
-from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT
+from ledger.partition import epoch_subject
+from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT, partition_subject
 from reservations import Budget, ReservationClient
 from telemetry import Telemetry
 
@@ -62,6 +65,7 @@ class Coordinator:
         principals: Directory | None = None,
         kernel: Kernel = decide,
         snapshots: SnapshotStore | None = None,
+        leases: LeaseBucket | None = None,
     ) -> None:
         """``telemetry``: default, built from the OTEL_* environment (off when none is set);
         ``budget_ping``: the readiness check of the budget store (default: none, ready);
@@ -71,7 +75,10 @@ class Coordinator:
         ``kernel``: what decides an action (default ``decide``; the controlled experiment alone
         passes one with a control switched off: no setting, variable or flag reaches it);
         ``snapshots``: where signed snapshots are kept (default: none, every start folds the
-        whole stream); they are taken only with the coordinator's key, which signs them."""
+        whole stream); they are taken only with the coordinator's key, which signs them;
+        ``leases``: the lease bucket (``coordinator.leases``); with it the coordinator serves
+        only the partitions it holds leases on, each write fenced by its epoch (default: none,
+        every mission is this coordinator's, unfenced: tests over in-memory fakes)."""
         self.settings = s = settings or CoordinatorSettings()
         self.bus, self.budget = bus, budget
         self.clock: Clock = clock or SystemClock()
@@ -80,6 +87,8 @@ class Coordinator:
         )
         self.queue_group = queue_group
         self._budget_ping = budget_ping
+        self.member = s.node_id  # this coordinator in the lease bucket, across its restarts
+        self.fences = Fences(s.partitions) if leases is not None else None
         self.journal = Journal(
             bus,
             self.clock,
@@ -87,6 +96,7 @@ class Coordinator:
             node_id=s.node_id,
             cut_timeout_s=s.cut_timeout_s,
             seed=seed_of(s.principal, s.identity_dir),
+            fences=self.fences,
         )
         self.board = RiskBoard(bus)
         self.ingest = Ingest(bus, self.journal, self.board, self.telemetry, principals=principals)
@@ -120,6 +130,16 @@ class Coordinator:
             log.info("snapshots off: the coordinator has no key to sign them")
         self._tasks: list[asyncio.Task[None]] = []
         self._health: HttpServer | None = None
+        self.leases: Leases | None = None
+        self._background: set[asyncio.Future[None]] = set()
+        self._started = False  # reconciled and serving: a takeover then serves at once
+        if leases is not None and self.fences is not None:
+            self.fences.dropped.append(self._dropped)
+            budget.fence_with(self.fences.epoch)  # every script carries the mission's epoch
+            self.leases = Leases(
+                leases, self.fences, me=self.member, ttl_s=s.partition_lease_s,
+                takeover=self._takeover, lost=self._lost,
+            )  # fmt: skip
 
     @classmethod
     async def from_settings(cls, settings: CoordinatorSettings | None = None, **kw: Any) -> Self:
@@ -134,7 +154,12 @@ class Coordinator:
             duplicate_window_s=s.duplicate_window_s,
             seed=seed_of(s.principal, s.identity_dir),
             directory=kw.get("principals"),
+            consumer=s.consumer,
         )
+        if "leases" not in kw:
+            kw["leases"] = await ensure_lease_bucket(
+                bus.js, ttl_s=s.partition_lease_s, replicas=s.stream_replicas
+            )
         budget = ReservationClient.from_url(s.redis_url, timeout_s=s.redis_timeout_s)
         if "snapshots" not in kw:
             kw["snapshots"] = await JetStreamSnapshots.ensure(
@@ -183,10 +208,15 @@ class Coordinator:
         if self.snapshotter is not None:
             restored = await self.snapshotter.restore(await self.bus.last_seq())
         await self.ingest.rebuild(restored)
-        await self.reconciler.find_undecided()
         await self.bus.consume(
             self.ingest.on_message, start_seq=self.journal.next_seq, refused=self.journal.refuse
         )
+        if self.leases is not None:  # takes this coordinator's share before reconciling it
+            await self.leases.start()
+        await self.reconciler.find_undecided()
+        self._started = True
+        for partition in sorted(self.fences.held if self.fences is not None else ()):
+            await self._serve_partition(partition)
         for subject, handler in (
             (AUTHORIZE_SUBJECT, self.authorizer.on_request),
             (MANAGE_SUBJECT, self.manager.on_request),
@@ -213,6 +243,8 @@ class Coordinator:
             elif not task.cancelled() and task.exception() is not None:
                 log.warning("coordinator stop: %s failed: %s", name, task.exception())
 
+        if self.leases is not None:  # handed over at once, not after the lease expires
+            await step("leases", self.leases.stop())
         for task in self._tasks:
             task.cancel()
         await step("background tasks", asyncio.gather(*self._tasks, return_exceptions=True))
@@ -222,10 +254,60 @@ class Coordinator:
         await step("Redis", self.budget.close())
         await step("telemetry", asyncio.to_thread(self.telemetry.shutdown))
 
+    # --- partitions (coordinator.leases) ------------------------------------------------------
+
+    async def _takeover(self, partition: int, epoch: int) -> int:
+        """Take ``partition`` over at ``epoch``: write the epoch where the fences read it (its
+        marker on the stream: every older owner's append is refused from now on), fold the
+        stream to it (everything older owners stored is applied), raise the stored epoch of
+        every mission of it in Redis (an older owner's next script on one is refused), then
+        serve. Returns the marker's sequence (every append of its missions expects it)."""
+        marker = json.dumps({"partition": partition, "epoch": epoch, "owner": self.member}).encode()
+        seq = await self.bus.publish(
+            epoch_subject(partition), marker, msg_id=f"epoch:{partition}:{epoch}"
+        )
+        await self.journal.wait_applied(seq, timeout=max(self.settings.cut_timeout_s, 10.0))
+        fences = self.fences
+        assert fences is not None
+        known = [*self.journal.states, *self.journal.cold]
+        await self.budget.raise_epochs([m for m in known if fences.of(m) == partition], epoch)
+        if self._started:  # else ``start`` serves it once it has reconciled
+            self.reconciler.rescan()
+            await self._serve_partition(partition)
+        return int(seq)
+
+    async def _serve_partition(self, partition: int) -> None:
+        for subject, handler in self._partitioned(partition):
+            await self.bus.serve(subject, handler, queue=self.queue_group)
+
+    def _partitioned(self, partition: int) -> list[tuple[str, RequestHandler]]:
+        """The request subjects only a partition's owner listens on."""
+        return [
+            (partition_subject(AUTHORIZE_SUBJECT, partition), self.authorizer.on_request),
+            (partition_subject(MANAGE_SUBJECT, partition), self.manager.on_request),
+        ]
+
+    async def _lost(self, partition: int) -> None:
+        """No longer served here: its subjects let go (the fences already refuse its writes)."""
+        log.info("partition %s handed over or lost", partition)
+        for subject, _ in self._partitioned(partition):
+            await self.bus.unserve(subject)
+
+    def _dropped(self, partition: int) -> None:
+        """A write of ``partition`` was fenced: let its subjects go now."""
+        task = asyncio.ensure_future(self._lost(partition))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _live(self) -> tuple[bool, dict[str, object]]:
         journal = self.journal  # in memory, and let go while idle (loaded back when read)
         missions = {"in_memory": len(journal.states), "cold": len(journal.cold)}
-        return True, {"status": "alive", "applied_seq": self.applied_seq, "missions": missions}
+        live: dict[str, object] = {"status": "alive", "applied_seq": self.applied_seq}
+        live["missions"] = missions
+        if self.fences is not None:  # which partitions this process serves, at which epoch
+            live["member"] = self.member
+            live["partitions"] = {str(p): h.epoch for p, h in sorted(self.fences.held.items())}
+        return True, live
 
     async def _ready(self) -> tuple[bool, dict[str, object]]:
         nats_ok = self.bus.connected

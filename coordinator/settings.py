@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from fleetbus.settings import FleetBaseSettings
+from ledger.partition import DEFAULT_PARTITIONS, MAX_PARTITIONS
+from ledger.protocol import CONSUMER
 
 
 class CoordinatorSettings(FleetBaseSettings):
@@ -24,6 +26,12 @@ class CoordinatorSettings(FleetBaseSettings):
     sweep_interval_s: float = Field(default=1.0, gt=0)
     redis_timeout_s: float = Field(default=1.0, gt=0)  # one reservation call (retried once)
     node_id: str = "coordinator"
+    # partitions (SPEC S6.5, docs/partitions.md): P, the same on every coordinator and client
+    # of a fleet; the lease on one (its TTL; renewed every third of it); the durable consumer's
+    # name (each coordinator of a partitioned fleet has its own)
+    partitions: int = Field(default=DEFAULT_PARTITIONS, ge=1, le=MAX_PARTITIONS)
+    partition_lease_s: float = Field(default=10.0, gt=0)
+    consumer: str = Field(default=CONSUMER, pattern=r"^[A-Za-z0-9_-]{1,64}$")
     # snapshots: once the stream has moved this many messages past the last, every mission
     # changed since (checked every interval, in the background)
     snapshot_every: int = Field(default=1000, ge=1)

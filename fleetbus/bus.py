@@ -27,9 +27,10 @@ from fleetbus.connection import connect as connect  # its home; callers import i
 from fleetbus.pipeline import Pipeline
 from fleetbus.pull import DurablePull, Refused
 from fleetbus.reader import read_until_end
-from ledger.errors import ComponentTimeout, InvalidInput, Unreachable
+from ledger.errors import ComponentTimeout, Fenced, InvalidInput, Unreachable
 from ledger.identity import Principal
 from ledger.protocol import (
+    CONSUMER,
     DEADLETTER_PREFIX,
     DEADLETTER_STREAM,
     FOLLOW_STREAM,
@@ -42,6 +43,8 @@ from ledger.protocol import (
 )
 
 log = logging.getLogger("fleetledger.bus")
+
+WRONG_LAST_SEQUENCE = 10071  # JetStream: an expected last (subject) sequence did not hold
 
 
 def cancel_requested() -> bool:
@@ -137,6 +140,11 @@ def failing_closed(subject: str, timeout: float) -> Iterator[None]:
     ) as exc:
         raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
     except nats.js.errors.APIError as exc:  # refused outright (size, limits): nothing stored
+        if exc.err_code == WRONG_LAST_SEQUENCE:  # a newer owner's epoch marker (S6.5)
+            raise Fenced(
+                f"fenced: JetStream refused {subject}: a newer owner took its partition over "
+                f"({exc.description or exc})"
+            ) from None
         raise InvalidInput(f"JetStream refused {subject}: {exc.description or exc}") from None
 
 
@@ -207,6 +215,10 @@ class Bus(Protocol):
         moment this returns: a request sent after it is answered, never "no responders"."""
         ...
 
+    async def unserve(self, subject: str) -> None:
+        """Stop answering requests on ``subject`` (those in hand are finished)."""
+        ...
+
     async def last_seq(self) -> int:
         """The ledger stream's last sequence now."""
         ...
@@ -218,6 +230,10 @@ class Bus(Protocol):
 
     async def message(self, seq: int) -> StreamMessage | None:
         """One message of the ledger stream by sequence (None if it was removed)."""
+        ...
+
+    async def last_on(self, subject: str) -> StreamMessage | None:
+        """The ledger stream's last message on ``subject`` (None if it has none)."""
         ...
 
     async def consume(
@@ -240,13 +256,19 @@ MAX_SERVING = 256  # requests in hand at once
 class JetStreamBus:
     """``Bus`` over nats-py: the ledger stream, its durable consumer and the risk bucket."""
 
-    def __init__(self, nc: Client, js: JetStreamContext, kv: KeyValue) -> None:
+    def __init__(
+        self, nc: Client, js: JetStreamContext, kv: KeyValue, *, consumer: str = CONSUMER
+    ) -> None:
+        """``consumer``: the name of this coordinator's durable (its own in a partitioned
+        fleet: each coordinator folds the whole stream)."""
         self.nc, self.js, self.kv = nc, js, kv
+        self.consumer = consumer
         self.pull: DurablePull | None = None
         self.pipeline = Pipeline(nc)  # concurrent appends share one write and the server's pass
         self._serving: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_SERVING)
         self._subs: list[Subscription] = []
+        self._served_on: dict[str, list[Subscription]] = {}
 
     @classmethod
     async def connect(
@@ -258,6 +280,7 @@ class JetStreamBus:
         duplicate_window_s: float = 120.0,
         seed: str | None = None,
         directory: Callable[[], Mapping[str, Principal]] | None = None,
+        consumer: str = CONSUMER,
     ) -> Self:
         """Connect (publishing nothing while disconnected), and create or update the streams
         and the risk bucket. ``directory``: what a refusal of ``seed`` means (``connect``)."""
@@ -266,7 +289,7 @@ class JetStreamBus:
         )
         js = nc.jetstream()
         await ensure_streams(js, replicas=replicas, duplicate_window_s=duplicate_window_s)
-        bus = cls(nc, js, await ensure_risk_bucket(js, replicas=replicas))
+        bus = cls(nc, js, await ensure_risk_bucket(js, replicas=replicas), consumer=consumer)
         await bus.pipeline.start()
         return bus
 
@@ -299,13 +322,21 @@ class JetStreamBus:
             self._serving.add(task)
             task.add_done_callback(self._served)
 
-        self._subs.append(await self.nc.subscribe(subject, queue=queue, cb=dispatch))
+        sub = await self.nc.subscribe(subject, queue=queue, cb=dispatch)
+        self._subs.append(sub)
+        self._served_on.setdefault(subject, []).append(sub)
         # The server registers the interest when it has read the SUB, and a PONG proves it read
         # what came before its PING. nats-py writes a PING to the socket at once but the SUB
         # from its pending buffer a moment later, so the first PONG can come before the SUB is
         # read (1-5% of starts here); the second PING follows the SUB out.
         await self.nc.flush()
         await self.nc.flush()
+
+    async def unserve(self, subject: str) -> None:
+        for sub in self._served_on.pop(subject, []):
+            self._subs.remove(sub)
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
 
     def _served(self, task: asyncio.Task[None]) -> None:
         self._serving.discard(task)
@@ -355,6 +386,15 @@ class JetStreamBus:
             return None
         return StreamMessage(seq, raw.subject or "", raw.data or b"", raw.headers)
 
+    async def last_on(self, subject: str) -> StreamMessage | None:
+        try:
+            raw = await self.js.get_last_msg(STREAM, subject)
+        except NotFoundError:
+            return None
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
+        return StreamMessage(int(raw.seq or 0), raw.subject or "", raw.data or b"", raw.headers)
+
     async def consume(
         self, handler: StreamHandler, *, start_seq: Callable[[], int], refused: Refused
     ) -> None:
@@ -371,7 +411,9 @@ class JetStreamBus:
                 )
             )
 
-        self.pull = DurablePull(self.nc, deliver, start_seq=start_seq, refused=refused)
+        self.pull = DurablePull(
+            self.nc, deliver, start_seq=start_seq, refused=refused, consumer=self.consumer
+        )
         await self.pull.start()
 
     async def close(self) -> None:

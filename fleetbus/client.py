@@ -11,9 +11,9 @@ import asyncio
 import contextlib
 import json
 import secrets
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import nats
 from nats.aio.client import Client
@@ -22,7 +22,7 @@ from opentelemetry.trace import Span
 
 from fleetbus.bus import publish_checked
 from fleetbus.connection import connect, refused_identity, refused_now
-from ledger.errors import ComponentTimeout, Rule, RuleViolation, Unreachable
+from ledger.errors import ComponentTimeout, ErrorCode, Rule, RuleViolation, Unreachable
 from ledger.events import DecisionRecorded, Event, LedgerMessage, bundle_json, read_message
 from ledger.identity import (
     Principal,
@@ -33,6 +33,7 @@ from ledger.identity import (
     sign_request,
 )
 from ledger.kernel import ActionRequest
+from ledger.partition import DEFAULT_PARTITIONS, check_partitions, partition_of
 from ledger.protocol import (
     ANONYMOUS,
     AUTHORIZE_SUBJECT,
@@ -46,6 +47,7 @@ from ledger.protocol import (
     ManageReply,
     ManageRequest,
     ViewRequest,
+    partition_subject,
     receipt_subject,
     reply_from_receipt,
     subject_of,
@@ -80,6 +82,13 @@ NO_COORDINATOR = (
     "no coordinator answers on NATS; is `fleetledger up` or `fleetledger coordinator run` "
     "running? (refused: fail closed)"
 )
+REDIRECT_WAIT_S = 0.1  # before asking a mission's partition again after "not owner"
+_REDIRECTED = {str(ErrorCode.NOT_OWNER), str(ErrorCode.FENCED)}
+R = TypeVar("R")
+
+
+class NoCoordinator(Unreachable):
+    """No coordinator listens on the subject asked (NATS: no responders)."""
 
 
 class FleetClient:
@@ -93,12 +102,17 @@ class FleetClient:
         telemetry: Telemetry | None = None,
         seed: str | None = None,
         principals: Callable[[], Mapping[str, Principal]] | None = None,
+        partitions: int = DEFAULT_PARTITIONS,
     ):
         """``telemetry``: default, this process's (from the OTEL_* environment; off if unset).
+        ``partitions``: the fleet's P (FLEET_PARTITIONS of its coordinators): authorize and
+        management requests go to their mission's partition subject (docs/partitions.md); a
+        client whose P is not the fleet's is redirected, one more round trip per request.
 
         With tracing on, every call is a PRODUCER span whose context travels in the NATS
         headers, so the coordinator's work continues the caller's trace."""
         self.nc = nc
+        self.partitions = check_partitions(partitions)
         self.telemetry = telemetry or process_telemetry()
         self.js = nc.jetstream()
         self.timeout = timeout
@@ -146,7 +160,7 @@ class FleetClient:
         except (nats.errors.Error, OSError) as exc:
             self._check_admitted()
             if isinstance(exc, nats.errors.NoRespondersError):
-                raise Unreachable(NO_COORDINATOR) from None
+                raise NoCoordinator(NO_COORDINATOR) from None
             if isinstance(exc, nats.errors.TimeoutError):
                 raise ComponentTimeout(
                     f"the coordinator did not answer within {self.timeout}s (fail closed)"
@@ -182,7 +196,7 @@ class FleetClient:
         )  # fmt: skip
         msg = await self._ask(subject, body, inbox, {**(headers or {}), **signed})
         if (msg.headers or {}).get("Status") == "503":  # no responders, as a subscription sees it
-            raise Unreachable(NO_COORDINATOR)
+            raise NoCoordinator(NO_COORDINATOR)
         return bytes(msg.data)
 
     async def _ask(
@@ -230,11 +244,15 @@ class FleetClient:
             },
         ) as span:
             headers = headers_of(span)
-            if self.seed is None:
-                raw = await self._request(MANAGE_SUBJECT, data, headers)
-            else:  # who asks: the coordinator takes no name on trust
-                raw = await self._signed_request(MANAGE_SUBJECT, data, headers)
-            reply = ManageReply.model_validate_json(raw)
+
+            async def send(subject: str) -> ManageReply:
+                if self.seed is None:
+                    raw = await self._request(subject, data, headers)
+                else:  # who asks: the coordinator takes no name on trust
+                    raw = await self._signed_request(subject, data, headers)
+                return ManageReply.model_validate_json(raw)
+
+            reply = await self._routed(MANAGE_SUBJECT, mission_id, send, lambda r: r.error)
             if reply.error is not None:
                 set_error(span, reply.error.message, reply.error.code)
         if reply.error is not None:
@@ -266,7 +284,11 @@ class FleetClient:
                 request=request,
                 trace=trace_context_of(span),  # the action.requested event continues it
             )
-            reply = await self._authorize_call(body, headers_of(span))
+            headers = headers_of(span)
+            reply = await self._routed(
+                AUTHORIZE_SUBJECT, mission_id,
+                lambda subject: self._authorize_call(body, headers, subject), lambda r: r.error,
+            )  # fmt: skip
             if span.is_recording():
                 _record_reply(span, reply)
         if reply.error is not None:
@@ -275,8 +297,34 @@ class FleetClient:
             self.last_seq = max(self.last_seq, reply.decision_seq)
         return reply
 
+    async def _routed(
+        self,
+        base: str,
+        mission_id: str,
+        send: Callable[[str], Awaitable[R]],
+        error_of: Callable[[R], ErrorBody | None],
+    ) -> R:
+        """Ask on the mission's partition subject (only its owner listens there). Nobody
+        listening (a takeover under way, or this client's P is not the fleet's): ask on
+        ``base``, where any coordinator decides or names the owner. "Not owner" (or fenced)
+        naming the partition: ask there once more, after a short wait (a takeover); if nobody
+        listens there yet, that "not owner" is the answer."""
+        subject = partition_subject(base, partition_of(mission_id, self.partitions))
+        try:
+            reply = await send(subject)
+        except NoCoordinator:
+            reply = await send(base)
+        error = error_of(reply)
+        if error is None or error.code not in _REDIRECTED or error.partition is None:
+            return reply
+        await asyncio.sleep(REDIRECT_WAIT_S)
+        try:
+            return await send(partition_subject(base, error.partition))
+        except NoCoordinator:  # nobody took it over yet: "not owner" is the answer
+            return reply
+
     async def _authorize_call(
-        self, body: AuthorizeRequest, headers: dict[str, str] | None
+        self, body: AuthorizeRequest, headers: dict[str, str] | None, to: str
     ) -> AuthorizeReply:
         """Send the request with the receipt subject as its reply subject, and take the first
         answer there: the stored receipt as the stream republishes it (durable before it can be
@@ -290,14 +338,14 @@ class FleetClient:
         data = body.model_dump_json().encode()
         if self.seed is not None:  # who asks: the coordinator checks the signer may ask
             signed = sign_request(
-                self.seed, AUTHORIZE_SUBJECT, data, datetime.now(UTC),
+                self.seed, to, data, datetime.now(UTC),
                 nonce=secrets.token_hex(12), reply=subject,
             )  # fmt: skip
             headers = {**headers, **signed} if headers else signed
-        msg = await self._ask(AUTHORIZE_SUBJECT, data, subject, headers)
+        msg = await self._ask(to, data, subject, headers)
         hdrs = msg.headers or {}
         if hdrs.get("Status") == "503":  # no responders, as a plain subscription sees it
-            raise Unreachable(NO_COORDINATOR)
+            raise NoCoordinator(NO_COORDINATOR)
         if hdrs.get("Nats-Stream") == STREAM and "Nats-Sequence" in hdrs:
             # the decision's bundle as stored: the action, its reservation, the receipt (last),
             # signed once as a whole: one verification

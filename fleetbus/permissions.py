@@ -6,13 +6,16 @@ no ``$JS.API.>``). Deny lists repeat the few things that must never be reachable
 line only.
 
 - coordinator: appends to the ledger, the dead letters and the risk board; manages its three
-  streams, the risk bucket and the snapshot bucket (its signed mission states: no one else
-  may write them); its own durable consumer ``coordinator`` (create, info, pull,
-  ack, delete) and read-only readers of the ledger; listens on the request subjects and answers
-  only the requests it received (``allow_responses``);
-- node: publishes its observations only (``fleet.ledger.<mission>.<observation kind>``), asks
-  for decisions, management and views, and reads what it follows through read-only readers:
-  the follow stream (other nodes' resource changes, grants) and the risk bucket;
+  streams, the risk bucket, the snapshot bucket (its signed mission states: no one else
+  may write them) and the lease bucket (the partitions' leases, docs/partitions.md: its keys,
+  stream info and last-message gets, nothing else of it); its own durable consumer
+  ``coordinator`` (create, info, pull, ack, delete) and read-only readers of the ledger;
+  listens on the request subjects (a partition's authorize subject too) and answers only the
+  requests it received (``allow_responses``);
+- node: publishes its observations only (``fleet.ledger.<mission>.<observation kind>``: never
+  a partition's epoch marker, ``fleet.ledger.epoch.<p>``), asks for decisions (on the
+  partition's subjects too), management and views, and reads what it follows through
+  read-only readers: the follow stream (other nodes' resource changes, grants) and the risk bucket;
 - human: asks; reads the ledger stream (replay, trace), the dead letters and the snapshots (a
   replay may start from one, verifying its signature) through read-only readers;
 - service (an orchestrator of Branches): asks; the coordinator records its branches from Redis;
@@ -41,6 +44,7 @@ from ledger.protocol import (
     DEADLETTER_STREAM,
     FOLLOW_STREAM,
     FOLLOWED_KINDS,
+    LEASE_BUCKET,
     MANAGE_SUBJECT,
     NODE_KIND_PREFIXES,
     RECEIPT_PREFIX,
@@ -56,7 +60,12 @@ RISK_SUBJECTS = f"$KV.{RISK_BUCKET}.>"
 SNAPSHOT_BUCKET = "fleet-snapshots"
 SNAPSHOT_STREAM = f"KV_{SNAPSHOT_BUCKET}"
 SNAPSHOT_SUBJECTS = f"$KV.{SNAPSHOT_BUCKET}.>"
-_REQUESTS = [AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT]
+LEASE_STREAM = f"KV_{LEASE_BUCKET}"
+# a partition's authorize and manage subjects too (``<subject>.<p>``, docs/partitions.md)
+_REQUESTS = [
+    AUTHORIZE_SUBJECT, f"{AUTHORIZE_SUBJECT}.*", MANAGE_SUBJECT, f"{MANAGE_SUBJECT}.*",
+    VIEW_SUBJECT,
+]  # fmt: skip
 
 
 def inbox_prefix(public_key: str) -> str:
@@ -80,7 +89,14 @@ def _own_answers(principal: Principal) -> list[str]:
 def _coordinator_publish() -> list[str]:
     stream_admin = [
         f"{API}.STREAM.{op}.{stream}"
-        for stream in (STREAM, DEADLETTER_STREAM, FOLLOW_STREAM, RISK_STREAM, SNAPSHOT_STREAM)
+        for stream in (
+            STREAM,
+            DEADLETTER_STREAM,
+            FOLLOW_STREAM,
+            RISK_STREAM,
+            SNAPSHOT_STREAM,
+            LEASE_STREAM,
+        )
         for op in ("CREATE", "UPDATE", "INFO")
     ]
     durable = [
@@ -94,6 +110,9 @@ def _coordinator_publish() -> list[str]:
         SNAPSHOT_SUBJECTS,
         *stream_admin,
         f"{API}.STREAM.MSG.GET.{STREAM}",  # a gap in delivery, a retry's stored receipt
+        f"$KV.{LEASE_BUCKET}.>",  # acquire, renew, hand over
+        f"{API}.STREAM.MSG.GET.{LEASE_STREAM}",  # who owns a partition
+        f"{API}.DIRECT.GET.{LEASE_STREAM}.>",  # nats-py's create of a key deleted before
         *durable,
         f"{API}.CONSUMER.CREATE.{STREAM}.{CONSUMER}.{SUBJECT_PREFIX}.>",  # with its filter
         f"$JS.ACK.{STREAM}.{CONSUMER}.>",
@@ -185,6 +204,7 @@ def write_server_config(path: Path, config: dict[str, Any]) -> None:
 
 
 __all__ = [
+    "LEASE_STREAM",
     "RISK_STREAM",
     "RISK_SUBJECTS",
     "SNAPSHOT_BUCKET",

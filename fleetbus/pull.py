@@ -39,12 +39,12 @@ ACK_DELAY_S = 0.05  # acknowledge a quiet consumer's last message this long afte
 API = "$JS.API"
 
 
-def durable_config(batch: int, start_seq: int) -> dict[str, Any]:
+def durable_config(batch: int, start_seq: int, name: str = CONSUMER) -> dict[str, Any]:
     """The coordinator's durable as it creates it (JetStream API JSON): explicit cumulative
     acks, every message of the ledger with its data, delivered until acknowledged."""
     config: dict[str, Any] = {
-        "durable_name": CONSUMER,
-        "name": CONSUMER,
+        "durable_name": name,
+        "name": name,
         "ack_policy": "all",  # explicit, cumulative: one ack covers a burst
         "deliver_policy": "all",
         "filter_subject": f"{SUBJECT_PREFIX}.>",
@@ -210,10 +210,12 @@ class DurablePull(ContinuousPull):
         *,
         start_seq: Callable[[], int],
         refused: Refused,
+        consumer: str = CONSUMER,
         batch: int = 512,
         expires_s: float = 5.0,
     ) -> None:
-        super().__init__(nc, handler, batch=batch, expires_s=expires_s)
+        """``consumer``: its name (each coordinator of a partitioned fleet has its own)."""
+        super().__init__(nc, handler, consumer=consumer, batch=batch, expires_s=expires_s)
         self._start_seq, self._refused = start_seq, refused
         self.problem: str | None = None
         self._checking = asyncio.Lock()
@@ -236,7 +238,7 @@ class DurablePull(ContinuousPull):
             elif "config" not in info:
                 return  # no answer to judge by (NATS away): judge on the next renewal
             else:
-                drift = consumer_drift(info["config"], durable_config(self.batch, 0))
+                drift = consumer_drift(info["config"], durable_config(self.batch, 0, self.consumer))
                 problem = "; ".join(drift) if drift else None
             was = self.problem
             self._refuse(problem)
@@ -245,7 +247,7 @@ class DurablePull(ContinuousPull):
                 await self._pull()
 
     async def _create(self) -> dict[str, Any]:
-        config = durable_config(self.batch, self._start_seq())
+        config = durable_config(self.batch, self._start_seq(), self.consumer)
         log.info("creating durable consumer %s from sequence %s", self.consumer, self._start_seq())
         body = {"stream_name": self.stream, "config": config, "action": "create"}
         filt = config["filter_subject"]

@@ -4,7 +4,9 @@
     ├── InvalidInput (ValueError)          bad input: malformed event, unknown kind, bad amount
     ├── RuleViolation                      a ledger invariant rejected it; names the `rule`
     ├── Unreachable (ConnectionError)      NATS, Redis, coordinator or judge unreachable
-    │   └── AuthRefused                    reachable, but it refused who we are (fail closed)
+    │   ├── AuthRefused                    reachable, but it refused who we are (fail closed)
+    │   └── NotOwner                       this coordinator does not own the mission's partition
+    │       └── Fenced                     a write refused: a newer owner's epoch fences it
     ├── ComponentTimeout (TimeoutError)    a component did not answer in time
     └── BinaryMissing (FileNotFoundError)  a server binary that a pip package should ship is absent
 
@@ -32,6 +34,8 @@ class ErrorCode(StrEnum):
     TIMEOUT = "FL-TIMEOUT"
     BINARY_MISSING = "FL-BINARY-MISSING"
     INTERNAL = "FL-INTERNAL"
+    NOT_OWNER = "FL-NOT-OWNER"  # another coordinator owns the mission's partition (S6.5)
+    FENCED = "FL-FENCED"  # a write carried a superseded partition epoch and was refused
 
 
 class Rule(StrEnum):
@@ -126,6 +130,32 @@ class AuthRefused(Unreachable):
     the principal, its key and the likely fix."""
 
     code = ErrorCode.AUTH_REFUSED
+
+
+class NotOwner(Unreachable):
+    """This coordinator does not own the mission's partition (SPEC S6.5): nothing was decided;
+    ask the owner the message names (clients retry once on the partition's subject)."""
+
+    code = ErrorCode.NOT_OWNER
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        owner: str | None = None,
+        partition: int | None = None,
+        code: ErrorCode | None = None,
+    ) -> None:
+        super().__init__(message, code=code)
+        self.owner = owner  # the partition's owner as last read, if any
+        self.partition = partition  # the mission's partition: where to ask
+
+
+class Fenced(NotOwner):
+    """A write (a stream append, a Redis script) carried a partition epoch lower than the one
+    the resource holds: a newer owner took the partition over; nothing was written."""
+
+    code = ErrorCode.FENCED
 
 
 class ComponentTimeout(FleetError, TimeoutError):

@@ -19,8 +19,10 @@ from ledger.errors import (
     BinaryMissing,
     ComponentTimeout,
     ErrorCode,
+    Fenced,
     FleetError,
     InvalidInput,
+    NotOwner,
     Rule,
     RuleViolation,
     Unreachable,
@@ -32,7 +34,8 @@ STREAM = "FLEET_LEDGER"
 SUBJECT_PREFIX = "fleet.ledger"
 DEADLETTER_STREAM = "FLEET_DEADLETTER"
 DEADLETTER_PREFIX = "fleet.deadletter"
-AUTHORIZE_SUBJECT = "fleet.v1.authorize"
+AUTHORIZE_SUBJECT = "fleet.v1.authorize"  # any coordinator; a partition's: ``.<p>`` (S6.5)
+LEASE_BUCKET = "FLEET_LEASES"  # the partitions' leases (coordinator.leases)
 MANAGE_SUBJECT = "fleet.v1.manage"
 VIEW_SUBJECT = "fleet.v1.view"
 RECEIPT_PREFIX = "fleet.v1.receipt"
@@ -49,6 +52,16 @@ ANONYMOUS = "_"  # the receipt owner of a client without a key (an open NATS)
 def event_subject(mission_id: str, kind: str) -> str:
     """`fleet.ledger.<mission>.<kind>`: consumers filter by mission (`...<mission>.>`) or kind."""
     return f"{SUBJECT_PREFIX}.{mission_id}.{kind}"
+
+
+def partition_subject(base: str, partition: int) -> str:
+    """Where a partition's requests of ``base`` (authorize, manage) go: only its owner listens
+    there; on ``base`` itself any coordinator answers (deciding, or naming the owner)."""
+    return f"{base}.{partition}"
+
+
+def authorize_subject(partition: int) -> str:
+    return partition_subject(AUTHORIZE_SUBJECT, partition)
 
 
 def receipt_stream_subject(mission_id: str, action_id: str, nonce: str | None = None) -> str:
@@ -165,12 +178,18 @@ class ErrorBody(BaseModel):
     message: str
     rule: str | None = None
     reason: str | None = None  # a rule violation's reason, without the rule's title
+    owner: str | None = None  # "not owner": the coordinator that owns the mission's partition
+    partition: int | None = None  # "not owner": the mission's partition (where to ask)
 
     @classmethod
     def of(cls, exc: FleetError) -> ErrorBody:
         if isinstance(exc, RuleViolation):
             return cls(code=str(exc.code), message=exc.message, rule=exc.rule.value,
                        reason=exc.reason)  # fmt: skip
+        if isinstance(exc, NotOwner):
+            return cls(
+                code=str(exc.code), message=exc.message, owner=exc.owner, partition=exc.partition
+            )
         return cls(code=str(exc.code), message=exc.message)
 
     def error(self) -> FleetError:
@@ -180,6 +199,9 @@ class ErrorBody(BaseModel):
             return RuleViolation(Rule(self.rule), reason)
         known = self.code in ErrorCode._value2member_map_
         code = ErrorCode(self.code) if known else ErrorCode.INTERNAL
+        if code in (ErrorCode.NOT_OWNER, ErrorCode.FENCED):
+            cls = Fenced if code is ErrorCode.FENCED else NotOwner
+            return cls(self.message, owner=self.owner, partition=self.partition, code=code)
         return _ERROR_CLASSES.get(code, FleetError)(self.message, code=code)
 
 

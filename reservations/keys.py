@@ -8,6 +8,8 @@
     fl:{<mission>}:holding          zset  reservation id -> reserve seq, while its money is
                                           counted (held, committed, expiring): the index
                                           reconciliation reads instead of scanning the keyspace
+    fl:{<mission>}:epoch            str   the highest partition epoch a coordinator wrote
+                                          with: every script refuses a lower one (``fenced``)
 
 ``parent`` is ``mission`` for a root grant; ``scopes`` is the grant chain leaf first, comma
 joined (the mission is implicit); ``blocked`` names the overrun reservation blocking the scope;
@@ -66,6 +68,16 @@ def branches_key(mission_id: str) -> str:
 
 def holding_key(mission_id: str) -> str:
     return f"fl:{{{mission_id}}}:holding"
+
+
+def epoch_key(mission_id: str) -> str:
+    return f"fl:{{{mission_id}}}:epoch"
+
+
+def mission_of_key(key: str) -> str:
+    """The mission whose hash tag ``key`` carries (every key of the schema has one)."""
+    start = key.index("{") + 1
+    return key[start : key.index("}", start)]
 
 
 def reservation_keys(mission_id: str, reservation_id: str, chain: Sequence[str]) -> list[str]:

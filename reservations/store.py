@@ -21,13 +21,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from importlib.resources import files
 from types import TracebackType
 from typing import Any, Protocol, Self
 
-from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation, Unreachable
+from ledger.errors import (
+    ErrorCode,
+    Fenced,
+    FleetError,
+    InvalidInput,
+    Rule,
+    RuleViolation,
+    Unreachable,
+)
 from ledger.money import check_micros, format_amount
 from reservations import keys as k
 from reservations.resp import RespAuthError, RespConnection, RespConnectionError, RespError
@@ -46,13 +54,20 @@ from reservations.results import (
     from_ms,
 )
 
-__all__ = ["MAX_LEASE_S", "Budget", "ReservationClient", "ReservationStore"]
+__all__ = [
+    "MAX_LEASE_S",
+    "SCRIPTS",
+    "Budget",
+    "ReservationClient",
+    "ReservationStore",
+    "script_source",
+]
 
 MAX_LEASE_S = 24 * 3600.0
 SWEEP_BATCH = 1000
-_SCRIPTS = (
+SCRIPTS = (
     "create_mission", "create_grant", "reserve", "commit", "settle", "release", "sweep",
-    "expire", "treat_overrun", "renew", "branches", "due",
+    "expire", "treat_overrun", "renew", "branches", "due", "fence",
 )  # fmt: skip
 _CHAINS_KEPT = 4096  # reservations whose grant chain a client remembers (oldest go first)
 _BACKOFF_S, _BACKOFF_CAP_S = 0.02, 0.5
@@ -116,6 +131,15 @@ class Budget(Protocol):
         self, mission_ids: Sequence[str], *, unlist: Mapping[str, Sequence[str]] | None = None
     ) -> list[BranchesResult]: ...
 
+    def fence_with(self, epoch_of: Callable[[str], int]) -> None:
+        """Write every mission with the partition epoch ``epoch_of`` gives (``NotOwner`` for
+        one not owned); each script refuses an epoch below the mission's stored one."""
+        ...
+
+    async def raise_epochs(self, missions: Sequence[str], epoch: int) -> None:
+        """Store ``epoch`` as each mission's (a takeover, before serving them)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -139,12 +163,22 @@ class ReservationStore(Budget, Protocol):
     async def ping(self) -> bool: ...
 
 
+def script_source(name: str) -> str:
+    """The Lua a script runs as: the fence (``_fence.lua``, docs/partitions.md), then its own."""
+    scripts = files("reservations").joinpath("scripts")
+    return scripts.joinpath("_fence.lua").read_text() + scripts.joinpath(f"{name}.lua").read_text()
+
+
 class _Script:
     """A Lua script and its SHA1, for EVALSHA (loaded with SCRIPT LOAD when Redis lost it)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.source = files("reservations").joinpath("scripts", f"{name}.lua").read_text()
+        scripts = files("reservations").joinpath("scripts")
+        # every script is fenced by the partition epoch (``_fence.lua``, docs/partitions.md)
+        self.source = (
+            scripts.joinpath("_fence.lua").read_text() + scripts.joinpath(f"{name}.lua").read_text()
+        )
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
 
@@ -235,11 +269,34 @@ class ReservationClient:
         self._conn = connection
         self._retries = retries
         self._script_wait_s = script_wait_s
-        self._scripts = {name: _Script(name) for name in _SCRIPTS}
+        self._scripts = {name: _Script(name) for name in SCRIPTS}
         self._may_load: bool | None = None  # learnt from Redis the first time it matters
         # (mission, reservation) -> grant chain, from this client's reserves and sweeps: the
         # keys a later call on it declares when its caller passes none
         self._chains: dict[tuple[str, str], tuple[str, ...]] = {}
+        # mission -> the partition epoch this client writes it with (a coordinator's fences;
+        # ``NotOwner`` for a mission it does not own); None: 0, unfenced (a Branch client)
+        self.epoch_of: Callable[[str], int] | None = None
+
+    def fence_with(self, epoch_of: Callable[[str], int]) -> None:
+        """Write every mission with the epoch ``epoch_of`` gives (the coordinator's leases)."""
+        self.epoch_of = epoch_of
+
+    def _fenced(
+        self, keys: Sequence[str], args: Sequence[Any], epoch: int | None = None
+    ) -> tuple[list[str], list[Any]]:
+        """The call's keys and arguments with the fence's: the mission's epoch key, and the
+        epoch (``epoch``, else ``epoch_of`` of the mission the first key names, else 0)."""
+        mission = k.mission_of_key(keys[0])
+        if epoch is None:
+            epoch = self.epoch_of(mission) if self.epoch_of is not None else 0
+        return [*keys, k.epoch_key(mission)], [*args, epoch]
+
+    async def raise_epochs(self, missions: Sequence[str], epoch: int) -> None:
+        """A takeover: store ``epoch`` as every mission's (pipelined) before serving them, so
+        an older owner's next script on any of them is refused."""
+        if missions:
+            await self._pipeline("fence", [([k.epoch_key(m)], []) for m in missions], epoch)
 
     @classmethod
     def from_url(
@@ -320,6 +377,8 @@ class ReservationClient:
             )
         if text.startswith("NOPERM"):
             return FleetError(f"Redis user {self._user!r} may not run {what}: {text}")
+        if "fenced: partition epoch" in text:  # ``_fence.lua``: a newer owner's epoch is stored
+            return Fenced(f"{what} refused: {text[text.index('fenced') :]}")
         return FleetError(f"{what} failed: {text}")
 
     async def _reads(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
@@ -348,7 +407,8 @@ class ReservationClient:
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
         """One script call (``_pipeline`` of one, without its loops: the hot path)."""
         script = self._scripts[name]
-        (reply,) = await self._commands((("EVALSHA", script.sha, len(keys), *keys, *args),))
+        fkeys, fargs = self._fenced(keys, args)
+        (reply,) = await self._commands((("EVALSHA", script.sha, len(fkeys), *fkeys, *fargs),))
         if isinstance(reply, RespError):
             if not _noscript(reply):
                 raise self._error(f"reservation script {name}", reply)
@@ -356,12 +416,16 @@ class ReservationClient:
         return list(reply)
 
     async def _pipeline(
-        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+        self,
+        name: str,
+        calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
+        epoch: int | None = None,
     ) -> list[Any]:
         """Many calls of one script in one write (EVALSHA); those Redis answered NOSCRIPT are
         sent again once it has the scripts (``_after_reload``); an error reply raises."""
         script = self._scripts[name]
-        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+        fenced = [self._fenced(keys, args, epoch) for keys, args in calls]
+        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in fenced]
         replies = await self._commands(commands)
         lost = [i for i, r in enumerate(replies) if _noscript(r)]
         if lost:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from reservations import (
     BranchesResult,
@@ -28,6 +28,12 @@ class IndependentCounters:
         self._grants: dict[tuple[str, str], tuple[int, str | None]] = {}
         self._made: set[str] = set()
         self._where: dict[tuple[str, str], str] = {}  # (mission, reservation) -> its counters
+
+    def fence_with(self, epoch_of: Callable[[str], int]) -> None:
+        """Unfenced: the experiment's counters live under ids of their own (one coordinator)."""
+
+    async def raise_epochs(self, missions: Sequence[str], epoch: int) -> None:
+        return None
 
     def _space(self, mission_id: str, leaf: str) -> str:
         return f"{mission_id}--{leaf}"

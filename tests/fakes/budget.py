@@ -8,7 +8,7 @@ ambiguous case: money moved, the answer lost). The sweep has the Lua scripts' tw
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -236,6 +236,12 @@ class FakeBudget:
         if self.down:
             raise Unreachable("fake Redis is down")
         return [BranchesResult(m, self.clock.now(), ()) for m in mission_ids]
+
+    def fence_with(self, epoch_of: Callable[[str], int]) -> None:
+        self.epoch_of = epoch_of
+
+    async def raise_epochs(self, missions: Sequence[str], epoch: int) -> None:
+        return None
 
     async def close(self) -> None:
         return None

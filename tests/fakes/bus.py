@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from fleetbus.bus import RequestHandler, Stored, StreamHandler, StreamMessage
 from fleetbus.pull import Refused
-from ledger.errors import ComponentTimeout, FleetError
+from ledger.errors import ComponentTimeout, Fenced, FleetError
 
 
 @dataclass
@@ -47,6 +47,7 @@ class FakeBus:
     ) -> Stored:
         if self.fail_next:
             raise self.fail_next.pop(0)
+        self._check_expected(subject, headers or {})  # before de-duplication, as R1 does
         if msg_id in self._ids:  # de-duplicated, as JetStream does within its window
             if self.lose_acks:
                 self.lose_acks -= 1
@@ -67,6 +68,9 @@ class FakeBus:
     async def serve(self, subject: str, handler: RequestHandler, *, queue: str) -> None:
         self.handlers[subject] = handler
 
+    async def unserve(self, subject: str) -> None:
+        self.handlers.pop(subject, None)
+
     async def request(self, subject: str, data: bytes, reply: str = "") -> FakeRequest:
         """Send a request to the served handler; return it with its answers."""
         req = FakeRequest(subject, data, reply)
@@ -82,6 +86,26 @@ class FakeBus:
 
     async def message(self, seq: int) -> StreamMessage | None:
         return self.messages[seq - 1] if 0 < seq <= len(self.messages) else None
+
+    def _check_expected(self, subject: str, headers: dict[str, str]) -> None:
+        """JetStream's expected last subject sequence: refused (10071) when it does not hold."""
+        expected = headers.get("Nats-Expected-Last-Subject-Sequence")
+        if expected is None:
+            return
+        on = headers.get("Nats-Expected-Last-Subject-Sequence-Subject", subject)
+        last = max((m.seq for m in self.messages if m.subject == on), default=0)
+        if last != int(expected):
+            raise Fenced(f"fenced: JetStream refused {subject}: wrong last sequence: {last}")
+
+    async def last_on(self, subject: str) -> StreamMessage | None:
+        """As JetStream's get of a subject's last message: every stored header, the message
+        id too."""
+        msg = next((m for m in reversed(self.messages) if m.subject == subject), None)
+        if msg is None:
+            return None
+        msg_id = next(i for i, seq in self._ids.items() if seq == msg.seq)
+        return StreamMessage(msg.seq, msg.subject, msg.data, {**(msg.headers or {}),
+                                                               "Nats-Msg-Id": msg_id})  # fmt: skip
 
     async def consume(
         self, handler: StreamHandler, *, start_seq: Callable[[], int], refused: Refused

@@ -23,14 +23,16 @@ from typing import Any
 
 import pytest
 
-from ledger.errors import InvalidInput, RuleViolation
+from ledger.errors import Fenced, InvalidInput, RuleViolation
 from reservations import MISSION_SCOPE, ReservationClient
 from reservations import keys as k
 from reservations.resp import RedisAddress, RespConnection
+from reservations.store import SCRIPTS as CLIENT_SCRIPTS
+from reservations.store import script_source
 
-SCRIPTS = {p.name.removesuffix(".lua"): p.read_text()
-           for p in files("reservations").joinpath("scripts").iterdir()
-           if p.name.endswith(".lua")}  # fmt: skip
+# each script as the client runs it (the fence prepended)
+SCRIPTS = {name: script_source(name) for name in CLIENT_SCRIPTS}
+FENCE = files("reservations").joinpath("scripts", "_fence.lua").read_text()
 BY_SHA = {hashlib.sha1(src.encode()).hexdigest(): name for name, src in SCRIPTS.items()}
 _ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _ids = itertools.count()
@@ -264,6 +266,10 @@ async def every_branch(client: ReservationClient) -> None:
     (after,) = await client.branches([mid], unlist={mid: ["r-branch"]})
     assert after.records == ()
     assert (await client.levels(mid, chain))[-1].scope == MISSION_SCOPE
+    # the fence: a takeover raises the mission's epoch; a script at a lower one is refused
+    await client.raise_epochs([mid], 2)
+    with pytest.raises(Fenced, match="fenced: partition epoch 1 is below 2"):
+        await client.reserve(mid, [], "r-late", 1, 30)
 
 
 async def sweep_of_a_lease_renewed_since(client: ReservationClient) -> None:
@@ -273,12 +279,14 @@ async def sweep_of_a_lease_renewed_since(client: ReservationClient) -> None:
     await client.create_mission(mid, 10)
     await client.reserve(mid, [], "r-renewed", 1, 30)
     sweep = client._scripts["sweep"]
-    await client.connection.call("EVALSHA", sweep.sha, 2, k.leases_key(mid),
-                                 k.reservation_key(mid, "r-renewed"), "r-renewed")  # fmt: skip
+    await client.connection.call("EVALSHA", sweep.sha, 3, k.leases_key(mid),
+                                 k.reservation_key(mid, "r-renewed"), k.epoch_key(mid),
+                                 "r-renewed", 0)  # fmt: skip
     assert (await client.reservation(mid, "r-renewed"))[2] == "held"  # type: ignore[index]
 
 
 async def test_every_script_declares_every_key_it_touches(client: ReservationClient, trace: Trace):
+    client.fence_with(lambda mission: 1)  # a coordinator's: the fence reads and writes too
     await every_branch(client)
     runs = await trace.runs()
     undeclared = sorted({(r.script, cmd, key) for r in runs for cmd, key in r.undeclared})
@@ -287,10 +295,12 @@ async def test_every_script_declares_every_key_it_touches(client: ReservationCli
     runs += await trace.runs()
     assert [r.undeclared for r in runs if r.undeclared] == []
     assert {r.script for r in runs} == set(SCRIPTS), "every script ran"
+    fence = set(re.findall(r"redis\.p?call\('([A-Z]+)'", FENCE))
     for name, source in SCRIPTS.items():  # and sent every command its source can send
-        can = set(re.findall(r"redis\.p?call\('([A-Z]+)'", source))
+        can = set(re.findall(r"redis\.p?call\('([A-Z]+)'", source.removeprefix(FENCE)))
         sent = {c[0] for r in runs if r.script == name for c in r.commands}
-        assert sent == can, name
+        assert sent - fence == can - fence and "GET" in sent, name
+    assert {c[0] for r in runs for c in r.commands} >= fence  # the fence's own, somewhere
 
 
 async def test_a_stale_declared_chain_writes_nothing_and_is_sent_again(

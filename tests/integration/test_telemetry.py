@@ -36,6 +36,7 @@ from ledger.authority import Authority
 from ledger.events import Event, EvidenceRegistered, make_event
 from ledger.ids import new_id
 from ledger.kernel import ActionRequest
+from ledger.partition import DEFAULT_PARTITIONS
 from ledger.protocol import CreateMission, IssueGrant, RecordEffect
 from telemetry import Telemetry
 from telemetry.projection import request_span_id, span_id_of
@@ -464,15 +465,21 @@ def test_trace_export_sends_a_range_and_refuses_a_bad_one_naming_it(
     app.command("noop")(lambda: None)
     again = OTLPReceiver().start()
     env = {"FLEET_NATS_URL": own_servers.nats_url, "OTEL_EXPORTER_OTLP_ENDPOINT": again.url}
+    # the first messages are the coordinator's epoch markers (one per partition it took over
+    # at start, docs/partitions.md): no events, no spans; the events follow them
+    first = DEFAULT_PARTITIONS + 1
     try:
         result = CliRunner().invoke(
-            app, ["trace", "export", "--from", "1", "--to", "3", "--json"], env=env
+            app,
+            ["trace", "export", "--from", str(first), "--to", str(first + 2), "--json"],
+            env=env,
         )
         assert result.exit_code == 0, result.output
         out = json.loads(result.stdout.strip().splitlines()[-1])
-        assert (out["from"], out["to"]) == (1, 3) and out["spans"] >= 3
+        assert (out["from"], out["to"]) == (first, first + 2) and out["spans"] >= 3
         again.wait_for(lambda r: len(r.spans) == out["spans"], 15)
-        assert {s.attributes["fleet.stream.seq"] for s in again.spans()} == {1, 2, 3}
+        seqs = {s.attributes["fleet.stream.seq"] for s in again.spans()}
+        assert seqs == {first, first + 1, first + 2}
     finally:
         again.stop()
     for args, problem in [

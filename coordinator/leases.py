@@ -1,0 +1,367 @@
+"""Partition leases (SPEC S6.5): which partitions this coordinator owns, at which epoch.
+
+Leases live in the NATS KV bucket ``FLEET_LEASES`` (bucket TTL = the lease, history 1): one
+key per partition (``p.<n>``, value the owner's id) and one per live coordinator (``m.<id>``).
+``create`` acquires (its revision is the partition's **epoch**, a monotonic fencing token),
+``update(last=revision)`` renews every TTL/3; a refused renew, or none acknowledged for a whole
+TTL, means the lease is lost and the partition stops being served at once. Each coordinator
+claims free partitions up to its fair share, ceil(P / live members), and hands extras over
+when more members appear (it stops serving, deletes its key; another acquires it). Takeover
+of a partition (``Takeover``, the coordinator's) writes the epoch where the fences read it
+(docs/partitions.md), folds the stream to its end, then serves.
+
+``plan`` is the pure part (tested without a server); ``Leases`` the KV adapter; ``Fences``
+what the journal reads before each append.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import nats
+from nats.js import JetStreamContext, api
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from ledger.errors import InvalidInput, NotOwner
+from ledger.partition import epoch_subject, partition_of
+from ledger.protocol import LEASE_BUCKET
+
+log = logging.getLogger("fleetledger.coordinator.leases")
+
+LEASE_STREAM = f"KV_{LEASE_BUCKET}"
+LEASE_SUBJECTS = f"$KV.{LEASE_BUCKET}"
+MEMBER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+PARTITION_KEY = "p."
+MEMBER_KEY = "m."
+EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+
+
+# --- the pure part -----------------------------------------------------------------------
+
+
+def fair_share(partitions: int, members: int) -> int:
+    """How many partitions one of ``members`` live coordinators may hold."""
+    return math.ceil(partitions / max(members, 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one tick does: partitions to hand over (release) and free ones to claim."""
+
+    release: tuple[int, ...] = ()
+    claim: tuple[int, ...] = ()
+
+
+def plan(partitions: int, me: str, members: Iterable[str], owners: Mapping[int, str]) -> Plan:
+    """From the bucket as read (live ``members``, partition -> ``owners``): release what this
+    coordinator holds past its fair share (its highest partitions), claim free partitions up to
+    it. Free ones are scanned from an offset of the member's rank, so members joining together
+    do not all race for partition 0."""
+    live = sorted(set(members) | {me})
+    share = fair_share(partitions, len(live))
+    held = sorted(p for p, owner in owners.items() if owner == me)
+    if len(held) > share:
+        return Plan(release=tuple(held[share:]))
+    start = live.index(me) * share % partitions
+    order = [(start + i) % partitions for i in range(partitions)]
+    free = [p for p in order if p not in owners]
+    return Plan(claim=tuple(free[: share - len(held)]))
+
+
+# --- what the journal reads --------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Held:
+    """A partition this coordinator owns: its epoch, and its epoch marker's stream sequence
+    (every append of its missions expects it as the marker subject's last)."""
+
+    epoch: int
+    marker_seq: int
+
+
+@dataclass
+class Fences:
+    """The partitions this coordinator serves now, read before every append of a mission."""
+
+    partitions: int
+    held: dict[int, Held] = field(default_factory=dict)
+    # who owns the rest, as last read from the bucket (named in a "not owner" answer)
+    owners: dict[int, str] = field(default_factory=dict)
+
+    dropped: list[Callable[[int], None]] = field(default_factory=list)
+
+    def drop(self, p: int, *, notify: bool = True) -> None:
+        """Stop serving ``p`` at once (a write of it was fenced, or its lease is gone); the
+        ``dropped`` listeners let its subjects go (``notify``: the leases await that
+        themselves)."""
+        if self.held.pop(p, None) is not None:
+            self.owners.pop(p, None)
+            for listener in self.dropped if notify else ():
+                listener(p)
+
+    def of(self, mission_id: str) -> int:
+        return partition_of(mission_id, self.partitions)
+
+    def check(self, mission_id: str) -> tuple[int, Held]:
+        """The mission's partition and its lease; ``NotOwner`` naming the owner if not ours."""
+        p = partition_of(mission_id, self.partitions)
+        held = self.held.get(p)
+        if held is None:
+            owner = self.owners.get(p)
+            raise NotOwner(
+                f"not owner: mission {mission_id} is in partition {p}, owned by "
+                f"{owner or 'no coordinator right now'}; ask the owner (its subject is the "
+                "partition's)",
+                owner=owner,
+                partition=p,
+            )
+        return p, held
+
+    def headers(self, mission_id: str) -> dict[str, str]:
+        """The stream fence of an append of ``mission_id``: refused (JetStream 10071) once a
+        newer owner's marker follows ours on the partition's marker subject."""
+        p, held = self.check(mission_id)
+        return {
+            EXPECTED_LAST_SUBJECT_SEQ: str(held.marker_seq),
+            EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: epoch_subject(p),
+        }
+
+    def epoch(self, mission_id: str) -> int:
+        """The epoch a Redis script of ``mission_id`` carries."""
+        return self.check(mission_id)[1].epoch
+
+
+# --- the KV adapter ----------------------------------------------------------------------
+
+# (partition, epoch) -> its epoch marker's stream sequence, once taken over and ready to serve
+Takeover = Callable[[int, int], Awaitable[int]]
+Lost = Callable[[int], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseBucket:
+    """The lease bucket: its KV handle (create, renew, delete) and the JetStream context its
+    stream is read through."""
+
+    js: JetStreamContext
+    kv: KeyValue
+
+
+async def ensure_lease_bucket(js: JetStreamContext, *, ttl_s: float, replicas: int) -> LeaseBucket:
+    """The lease bucket (created with a bucket TTL of ``ttl_s`` and history 1 if missing)."""
+    try:
+        return LeaseBucket(js, await js.key_value(LEASE_BUCKET))
+    except (NotFoundError, BucketNotFoundError):
+        config = api.KeyValueConfig(
+            bucket=LEASE_BUCKET, history=1, ttl=ttl_s, storage=api.StorageType.FILE,
+            replicas=replicas,
+        )  # fmt: skip
+        return LeaseBucket(js, await js.create_key_value(config))
+
+
+class Leases:
+    """This coordinator's leases in the bucket: registers, claims, renews, hands over."""
+
+    def __init__(
+        self,
+        bucket: LeaseBucket,
+        fences: Fences,
+        *,
+        me: str,
+        ttl_s: float,
+        takeover: Takeover,
+        lost: Lost,
+    ) -> None:
+        """``me``: this coordinator's id in the bucket, unique in the fleet and the same across
+        its restarts (``FLEET_NODE_ID``): a restarted coordinator takes its own leases over at
+        once instead of waiting for them to expire."""
+        if not MEMBER_ID.fullmatch(me):
+            raise InvalidInput(
+                f"coordinator id {me!r} cannot name a lease (FLEET_NODE_ID: letters, digits, "
+                "'_' and '-', at most 64)"
+            )
+        self.js, self.kv = bucket.js, bucket.kv
+        self.fences, self.me, self.ttl_s = fences, me, ttl_s
+        self.takeover, self.lost = takeover, lost
+        self._revs: dict[str, int] = {}  # key we hold -> its last revision
+        self._renewed: dict[str, float] = {}  # key -> when its last renew was acknowledged
+        self._task: asyncio.Task[None] | None = None
+        self.members: set[str] = set()
+
+    @property
+    def interval_s(self) -> float:
+        return self.ttl_s / 3
+
+    async def start(self) -> None:
+        """Register and take this coordinator's share before returning; then keep it."""
+        await self.tick()
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop renewing and give every lease back (another coordinator takes over at once)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for p in sorted(self.fences.held):
+            await self._release(p)
+        with contextlib.suppress(nats.errors.Error, OSError):
+            await self.kv.delete(MEMBER_KEY + self.me)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # NATS away: the expiry check below still stops serving in time
+                log.warning("lease tick failed", exc_info=True)
+                await self._expire_unrenewed()
+
+    async def tick(self) -> None:
+        """Renew what is held, read the bucket, hand over extras, claim free partitions."""
+        await self._renew(MEMBER_KEY + self.me)
+        for p in sorted(self.fences.held):
+            if not await self._renew(PARTITION_KEY + str(p)):
+                await self._lose(p)
+        members, owners = await self._read()
+        self.members = members
+        self.fences.owners = owners
+        for p in sorted(p for p, owner in owners.items() if owner == self.me):
+            if p not in self.fences.held:  # an earlier process of ours held it: take it over
+                await self._claim(p)
+        step = plan(self.fences.partitions, self.me, members, owners)
+        for p in step.release:
+            await self._release(p)
+        for p in step.claim:
+            await self._claim(p)
+
+    async def _renew(self, key: str) -> bool:
+        """Renew (or first create) ``key``; False if the bucket refused: it is not ours."""
+        value = self.me.encode()
+        rev = self._revs.get(key)
+        try:
+            if rev is None:
+                rev = await self._create(key, value)
+            else:
+                rev = await self.kv.update(key, value, last=rev)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            self._revs.pop(key, None)
+            self._renewed.pop(key, None)
+            return False
+        self._revs[key] = rev
+        self._renewed[key] = time.monotonic()
+        return True
+
+    async def _create(self, key: str, value: bytes) -> int:
+        """Acquire ``key``: create it, or take it from an earlier process of this coordinator
+        (same id: killed and restarted before its lease expired) at a new revision, which
+        fences that process as any older owner. ``KeyWrongLastSequenceError``: another's."""
+        try:
+            return int(await self.kv.create(key, value))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            try:
+                last = await self.js.get_last_msg(LEASE_STREAM, f"{LEASE_SUBJECTS}.{key}")
+            except NotFoundError:  # gone since: free for the next tick
+                raise nats.js.errors.KeyWrongLastSequenceError("gone") from None
+            deleted = (last.headers or {}).get("KV-Operation") in ("DEL", "PURGE")
+            if deleted or last.data != value:
+                raise
+            return int(await self.kv.update(key, value, last=int(last.seq or 0)))
+
+    async def _expire_unrenewed(self) -> None:
+        """A lease none of whose renews was acknowledged for a whole TTL may be another's."""
+        now = time.monotonic()
+        for p in sorted(self.fences.held):
+            key = PARTITION_KEY + str(p)
+            if now - self._renewed.get(key, 0.0) >= self.ttl_s:
+                await self._lose(p)
+
+    async def _read(self) -> tuple[set[str], dict[int, str]]:
+        """The bucket's live keys: one stream-info call lists them, one get per key reads its
+        owner (no watcher: an expired key leaves nothing a watcher would see). Only APIs of
+        the lease stream itself (``fleetbus.permissions``: the coordinator's)."""
+        info = await self.js.stream_info(LEASE_STREAM, subjects_filter=f"{LEASE_SUBJECTS}.>")
+        subjects = sorted((info.state.subjects or {}) if info.state else {})
+        got = await asyncio.gather(*(self._last(subject) for subject in subjects))
+        members: set[str] = set()
+        owners: dict[int, str] = {}
+        for subject, owner in zip(subjects, got, strict=True):
+            key = subject.removeprefix(LEASE_SUBJECTS + ".")
+            if not owner:  # deleted, purged or expired since listed
+                continue
+            if key.startswith(MEMBER_KEY):
+                members.add(key.removeprefix(MEMBER_KEY))
+            elif key.startswith(PARTITION_KEY) and key.removeprefix(PARTITION_KEY).isdigit():
+                owners[int(key.removeprefix(PARTITION_KEY))] = owner
+        return members, owners
+
+    async def _last(self, subject: str) -> str:
+        """The value of a key ('' when deleted or gone)."""
+        try:
+            msg = await self.js.get_last_msg(LEASE_STREAM, subject)
+        except NotFoundError:
+            return ""
+        if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+            return ""
+        return (msg.data or b"").decode()
+
+    async def _claim(self, p: int) -> None:
+        key = PARTITION_KEY + str(p)
+        if not await self._renew(key):
+            return  # another coordinator created it first
+        epoch = self._revs[key]
+        try:
+            marker_seq = await self.takeover(p, epoch)
+        except Exception:
+            log.warning("takeover of partition %s at epoch %s failed", p, epoch, exc_info=True)
+            await self._release(p)
+            return
+        if key not in self._revs:  # lost while taking over
+            return
+        self.fences.held[p] = Held(epoch, marker_seq)
+        self.fences.owners[p] = self.me
+        log.info("partition %s: owner at epoch %s", p, epoch)
+
+    async def _lose(self, p: int) -> None:
+        """Stop serving ``p`` at once (its lease is gone or was refused)."""
+        if p in self.fences.held:
+            log.warning("partition %s: lease lost; no longer served here", p)
+            self.fences.drop(p, notify=False)
+            await self.lost(p)
+
+    async def _release(self, p: int) -> None:
+        """Hand ``p`` over: stop serving first, then delete its key (if still ours)."""
+        key = PARTITION_KEY + str(p)
+        await self._lose(p)
+        rev = self._revs.pop(key, None)
+        self._renewed.pop(key, None)
+        if rev is not None:
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await self.kv.delete(key, last=rev)
+
+
+__all__ = [
+    "LEASE_BUCKET",
+    "LEASE_STREAM",
+    "LEASE_SUBJECTS",
+    "Fences",
+    "Held",
+    "LeaseBucket",
+    "Leases",
+    "Plan",
+    "ensure_lease_bucket",
+    "fair_share",
+    "plan",
+]

@@ -1,0 +1,2 @@
+-- Raise the mission's partition epoch (the prologue does it): a takeover, before serving.
+return 1
