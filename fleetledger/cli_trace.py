@@ -36,6 +36,7 @@ from fleetbus.identity import seed_of
 from fleetledger._cli import JsonOpt, err, fail, out
 from ledger.errors import ErrorCode, FleetError, InvalidInput, Unreachable
 from ledger.events import parse_events
+from ledger.partition import is_epoch_subject
 from ledger.protocol import STREAM, SUBJECT_PREFIX
 from telemetry.projection import Projection, span_id_of
 
@@ -133,6 +134,9 @@ class Follower:
     async def handle(self, msg: Msg) -> None:
         meta = msg.metadata
         seq = int(meta.sequence.stream)
+        if is_epoch_subject(msg.subject):  # a partition's fence: no event, nothing to project
+            self.seq = seq
+            return
         if seq < self.first:
             self.projection.index(msg.data)
         else:

@@ -39,6 +39,7 @@ from opentelemetry.util.types import AttributeValue
 
 from ledger.errors import FleetError
 from ledger.events import ActionRequested, DecisionRecorded, Event, parse_events
+from ledger.partition import is_epoch_subject
 from ledger.protocol import AUTHORIZE_SUBJECT
 from telemetry.conventions import (
     FLEET_COST_MICROS,
@@ -126,7 +127,10 @@ class Projection:
     def spans(
         self, seq: int, subject: str, data: bytes, stored_at: datetime | None
     ) -> list[ReadableSpan]:
-        """The spans of one stored message, one per event, in the message's order."""
+        """The spans of one stored message, one per event, in the message's order (an epoch
+        marker, a fence of no mission, has none and is not counted as unparsed)."""
+        if is_epoch_subject(subject):
+            return []
         events = self._events(data)
         if not events:
             return []

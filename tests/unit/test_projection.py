@@ -179,3 +179,10 @@ def test_a_message_that_holds_no_event_projects_nothing_and_is_counted() -> None
     projection = Projection()
     assert projection.spans(1, "fleet.ledger.m.x", b"{not json", STORED) == []
     assert projection.unparsed == 1
+
+
+def test_an_epoch_marker_is_no_event_and_not_unparsed() -> None:
+    projection = Projection()
+    marker = b'{"partition": 3, "epoch": 7, "owner": "c1"}'
+    assert projection.spans(9, "fleet.ledger.epoch.3", marker, STORED) == []
+    assert projection.unparsed == 0
