@@ -221,8 +221,24 @@ async def test_decisions_go_on_through_kill_of_the_ledger_leader_losing_and_doub
     assert gap < ACK_WAIT_S + 15
 
 
-@pytest.fixture
-def up_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def pulls_waiting(state: Path) -> int:
+    """Pull requests of the coordinator's durable consumer its leader holds now."""
+    most = 0
+    for node in ("nats-1", "nats-2", "nats-3"):
+        monitor = json.loads((state / f"{node}.json").read_text())["http"]
+        query = "accounts=true&consumers=true"
+        with urllib.request.urlopen(f"http://{monitor}/jsz?{query}", timeout=5) as resp:
+            jsz = json.loads(resp.read())
+        for account in jsz.get("account_details") or []:
+            for stream in account.get("stream_detail") or []:
+                for consumer in stream.get("consumer_detail") or []:
+                    if consumer.get("name") == "coordinator":
+                        most = max(most, int(consumer.get("num_waiting") or 0))
+    return most
+
+
+@pytest.fixture(scope="module")
+def up_cluster() -> Iterator[Path]:
     """`fleetledger up --nats-servers 3 --nodes 1` in its own process; its state dir."""
     import signal
     import tempfile
@@ -236,6 +252,10 @@ def up_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         try:
             wait_for(lambda: (state / "fleet.env").exists() or proc.poll() is not None, what="up")
             assert proc.poll() is None, proc.communicate()[1]
+            # Known gap (reported): the durable's first pull can reach the R3 consumer before
+            # it has a leader and be lost; it is renewed 5 s later, and a decision before then
+            # fails on its cut. Wait until a pull of the coordinator's is held.
+            wait_for(lambda: pulls_waiting(state) > 0, timeout=15, what="the coordinator's pull")
             yield state
         finally:
             proc.send_signal(signal.SIGINT)
