@@ -1,5 +1,8 @@
 """Connecting to NATS: the first connect, bounded; what a refusal of our key means; and a
 connection that knows whether the server refuses its key now (revoked since it connected).
+
+A NATS URL (FLEET_NATS_URL) names one server or, comma-separated, the servers of one cluster:
+the client connects to one of them and moves to another when that one dies (``nats_servers``).
 """
 
 from __future__ import annotations
@@ -20,12 +23,35 @@ from pydantic_settings import SettingsError
 from fleetbus.identity import KeyStore, auth_refused
 from fleetbus.permissions import inbox_prefix
 from fleetbus.settings import FleetBaseSettings, nats_tls_context
-from ledger.errors import AuthRefused, FleetError, Unreachable
+from ledger.errors import AuthRefused, FleetError, InvalidInput, Unreachable
 from ledger.identity import Principal, public_key
 
 log = logging.getLogger("fleetledger.bus")
 
 DEFAULT_PENDING = 2 * 1024 * 1024  # nats-py's own default reconnect buffer
+SCHEMES = ("nats", "tls", "ws", "wss")  # what nats-py connects with (none: nats)
+
+
+def nats_servers(url: str) -> list[str]:
+    """A NATS URL as nats-py's server pool: one URL, or several separated by commas (one
+    cluster's servers). ``InvalidInput`` naming an empty entry, a scheme nats-py does not speak,
+    or websocket URLs mixed with others (nats-py refuses that mix)."""
+    servers = [part.strip() for part in url.split(",")]
+    if not all(servers):
+        raise InvalidInput(
+            f"NATS URL {url!r} has an empty entry: give one URL, or several separated by commas"
+        )
+    schemes = set()
+    for server in servers:
+        scheme = server.partition("://")[0].lower() if "://" in server else "nats"
+        if scheme not in SCHEMES:
+            raise InvalidInput(
+                f"NATS URL {server!r}: the scheme must be one of {', '.join(SCHEMES)}"
+            )
+        schemes.add(scheme in ("ws", "wss"))
+    if len(schemes) > 1:
+        raise InvalidInput(f"NATS URL {url!r} mixes websocket and plain servers: use one kind")
+    return servers
 
 
 class Connection(Client):
@@ -51,6 +77,8 @@ async def connect(
 ) -> Client:
     """Connect, then let nats-py reconnect forever; unreachable at first -> ``Unreachable``;
     a server that answers and refuses who we are -> ``AuthRefused`` at once (no retries).
+    ``url``: one server, or a cluster's servers comma-separated (``nats_servers``): the first
+    connect tries each, and a reconnect moves to a live one.
 
     nats-py would retry the first connect forever too (with unlimited reconnects), so the
     first connect is bounded by a deadline instead. ``seed``: authenticate as the principal
@@ -63,6 +91,7 @@ async def connect(
     ``directory``: the fleet's principals, to say what a refusal means (default: the key
     store of this process's settings, FLEET_IDENTITY_DIR).
     """
+    servers = nats_servers(url)
     tls = nats_tls_context()
     last: list[Exception] = []
     refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -89,7 +118,7 @@ async def connect(
     nc = Connection()  # ours, not nats.connect's: a connect given up on is closed, not leaked
     connecting = asyncio.ensure_future(
         nc.connect(
-            url,
+            servers,
             name=name,
             allow_reconnect=True,
             max_reconnect_attempts=-1,
@@ -165,4 +194,11 @@ def refused_identity(
     return auth_refused(f"NATS at {url}", public, known, principal)
 
 
-__all__ = ["Connection", "auth_refusal", "connect", "refused_identity", "refused_now"]
+__all__ = [
+    "Connection",
+    "auth_refusal",
+    "connect",
+    "nats_servers",
+    "refused_identity",
+    "refused_now",
+]

@@ -1,7 +1,8 @@
 """The embedded fleet and the coordinator service: `up`, `demo`, `coordinator run|reset-consumer`.
 
-`up` runs NATS, Redis, a coordinator and node agents in the foreground and writes fleet.env once
-they are ready; `coordinator run` is the service as a deployment runs it (FLEET_* settings).
+`up` runs NATS (one server, or a 3-node cluster with ``--nats-servers 3``), Redis, a coordinator
+and node agents in the foreground and writes fleet.env once they are ready; `coordinator run` is
+the service as a deployment runs it (FLEET_* settings).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from fleetledger._cli import (
 from fleetledger.runtime import tune_gc
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
+    NATS_CLUSTER_SIZES,
     OPERATOR_PRINCIPAL,
     EmbeddedServers,
     fleet_keys,
@@ -54,8 +56,10 @@ def _servers_table(
     table.add_column("component")
     table.add_column("where")
     table.add_column("status")
-    if servers.nats is not None:
-        table.add_row("nats-server (JetStream)", servers.nats_url, literal("healthy", "green"))
+    clustered = len(servers.nats_nodes) > 1
+    for node, url in zip(servers.nats_nodes, servers.nats_url.split(","), strict=False):
+        what = f"nats-server {node.name} (JetStream R3)" if clustered else "nats-server (JetStream)"
+        table.add_row(what, url, literal("healthy", "green"))
     if servers.redis is not None:
         table.add_row("redis-server", servers.redis_address, literal("healthy", "green"))
     table.add_row("coordinator", f"http://127.0.0.1:{http_port}/readyz", literal("ready", "green"))
@@ -90,24 +94,37 @@ def up(
             "A node asks and records effects only for its agents."
         ),
     ] = None,
+    nats_servers: Annotated[
+        int,
+        typer.Option(
+            help="1: one nats-server; 3: a 3-node cluster on loopback (every stream and bucket "
+            "R3), which keeps deciding through one node's death."
+        ),
+    ] = 1,
 ) -> None:
     """Run the embedded fleet (NATS, Redis, a coordinator) in the foreground until Ctrl-C."""
     from coordinator.settings import CoordinatorSettings
     from fleetledger.cli_trace import follower_process
 
+    if nats_servers not in NATS_CLUSTER_SIZES:
+        fail(InvalidInput(
+            f"--nats-servers {nats_servers}: give 1 (one server) or 3 (a cluster that survives "
+            "one node's death)"
+        ))  # fmt: skip
     directory = (state_dir or default_state_dir()).absolute()  # redis-server runs elsewhere
     env_file = directory / ENV_FILE_NAME
     try:
         names = [f"node-{i}" for i in range(1, nodes + 1)]
         keys = fleet_keys(directory, names, agents=_node_agents(agent or [], names))
-        with err.status("starting nats-server and redis-server…"):
-            servers = EmbeddedServers(directory, keys=keys).start()
+        with err.status(f"starting {nats_servers} nats-server(s) and redis-server…"):
+            servers = EmbeddedServers(directory, keys=keys, nats_servers=nats_servers).start()
     except FleetError as exc:
         fail(exc)
     try:
         settings = CoordinatorSettings(
             nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0,
             principal=COORDINATOR_PRINCIPAL, identity_dir=keys.root,
+            stream_replicas=servers.stream_replicas,
         )  # fmt: skip
         sockets: list[Path] = []
 

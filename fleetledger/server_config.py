@@ -2,7 +2,9 @@
 
 One path makes them for every server we know of: the embedded fleet's (``EmbeddedServers``)
 and the ones a user runs (`fleetledger identity server-config`). nats-server: JetStream with
-``sync_interval: always``, one nkey user per unrevoked principal with its role's permissions.
+``sync_interval: always``, one nkey user per unrevoked principal with its role's permissions;
+as one node of a cluster, routes to its peers that authenticate with the cluster's own
+password (``NatsRoutes``).
 redis-server: ``default`` off and the ACL users of ``REDIS_USERS``, each password drawn once
 and kept 0600 in the key store; the ACL file holds only their SHA-256.
 """
@@ -74,6 +76,31 @@ class NatsServerTls:
         return block
 
 
+@dataclass(frozen=True)
+class NatsRoutes:
+    """One node's place in a nats-server cluster: the cluster's name, the port this node takes
+    routes on, every node's route port (its own too: nats-server skips a route to itself), and
+    the password each route presents and each node demands (a peer without it is refused)."""
+
+    name: str
+    port: int
+    peers: tuple[int, ...]
+    password: str
+    user: str = "route"
+
+    def config(self, host: str) -> dict[str, Any]:
+        # nats-server presents a route's credentials from its URL only (not from the block's
+        # own authorization), so every route URL carries them
+        who = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+        return {
+            "name": self.name,
+            "host": host,
+            "port": self.port,
+            "authorization": {"user": self.user, "password": self.password},
+            "routes": [f"nats-route://{who}@{url_host(host)}:{peer}" for peer in self.peers],
+        }
+
+
 def nats_config(
     *,
     port: int,
@@ -84,6 +111,8 @@ def nats_config(
     tls: NatsServerTls | None = None,
     extra_users: list[dict[str, Any]] | None = None,
     host: str = "127.0.0.1",
+    server_name: str | None = None,
+    cluster: NatsRoutes | None = None,
 ) -> dict[str, Any]:
     """nats-server's configuration: listening on ``host`` (loopback by default), its monitor
     too; JetStream on a file store that fsyncs every write before its PubAck
@@ -92,7 +121,9 @@ def nats_config(
     ledger that answers from acknowledged writes cannot afford that on one server. With
     ``principals``, only their nkeys may connect, each with its role's permissions
     (``extra_users``: nkey users outside the fleet's roles, as given: a benchmark's raw
-    baselines); with ``tls``, clients must speak TLS."""
+    baselines); with ``tls``, clients must speak TLS. With ``cluster``: one node of a JetStream
+    cluster (named ``server_name``; every node gets the same users and permissions). The
+    routes between nodes are authenticated, not encrypted: they stay on ``host``."""
     config: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -101,6 +132,10 @@ def nats_config(
     }
     if fsync_every_write:
         config["jetstream"]["sync_interval"] = "always"
+    if server_name is not None:
+        config["server_name"] = server_name
+    if cluster is not None:
+        config["cluster"] = cluster.config(host)
     if principals is not None:
         config["authorization"] = authorization(principals)
         config["authorization"]["users"] += extra_users or []
@@ -231,6 +266,7 @@ __all__ = [
     "REDIS_COORDINATOR",
     "REDIS_GATEWAY",
     "REDIS_USERS",
+    "NatsRoutes",
     "NatsServerTls",
     "distinct_ports",
     "listen_host",

@@ -1,4 +1,5 @@
-"""Embedded servers: nats-server (JetStream) and redis-server from their pip packages.
+"""Embedded servers: nats-server (JetStream, one or a 3-node cluster) and redis-server from
+their pip packages.
 
 One launcher serves `fleetledger up`, the demo and the pytest fixtures. Each server runs on a
 free loopback port with its data in a directory we own; we wait until it is healthy, and stop it
@@ -8,13 +9,16 @@ cleanly on exit, on Ctrl-C, and (on Linux) when the parent process dies (each on
 Their configuration files come from ``fleetledger.server_config`` (the one path that makes
 them, for a user's own servers too): Redis always runs with ACL users (``REDIS_USERS``),
 NATS with TLS when given certificates (``NatsServerTls``). With a key store, identity changes
-take effect while the fleet runs (``fleetledger.reload``).
+take effect while the fleet runs (``fleetledger.reload``). ``nats_servers=3``: three nodes joined
+by authenticated routes, each with its own JetStream store, the same users on each; start()
+returns once they elected a JetStream meta leader, and ``nats_url`` names all three.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -30,7 +34,9 @@ from urllib.parse import quote
 
 from fleetbus.identity import KeyStore, ensure_principals, write_private
 from fleetbus.permissions import write_server_config
+from fleetledger.nats_cluster import wait_meta_leader
 from fleetledger.processes import (
+    STARTUP_TIMEOUT_S,
     STOP_TIMEOUT_S,
     ManagedServer,
     find_nats_server,
@@ -55,6 +61,7 @@ from fleetledger.server_config import (
     REDIS_COORDINATOR,
     REDIS_GATEWAY,
     REDIS_USERS,
+    NatsRoutes,
     NatsServerTls,
     nats_config,
     redis_acl,
@@ -63,9 +70,13 @@ from fleetledger.server_config import (
 from ledger.errors import ComponentTimeout, FleetError, InvalidInput
 from ledger.identity import Principal, Role
 
+NATS_CLUSTER_SIZES = (1, 3)  # one server, or a cluster that outlives one node's death
+CLUSTER_NAME = "fleetledger"
+
 
 class EmbeddedServers:
-    """nats-server with JetStream and redis-server on free loopback ports.
+    """nats-server with JetStream (one, or a cluster of ``nats_servers``) and redis-server on
+    free loopback ports.
 
     Use as a context manager; `stop()` is idempotent and also registered with atexit.
     """
@@ -80,13 +91,21 @@ class EmbeddedServers:
         fsync_every_write: bool = True,
         nats_tls: NatsServerTls | None = None,
         extra_users: list[dict[str, Any]] | None = None,
+        nats_servers: int = 1,
     ) -> None:
         """``keys``: run nats-server with one nkey user per principal of that store and the
         least-privilege permissions of its role (``fleetbus.permissions``); none: open.
         ``fsync_every_write=False``: JetStream's default sync interval (benchmarks compare).
         ``nats_tls``: nats-server speaks TLS only (clients set ``FLEET_NATS_TLS__*``).
         Redis runs with the ACL users of ``REDIS_USERS``, their passwords kept in ``keys``'s
-        directory (else ``<state_dir>/identity``)."""
+        directory (else ``<state_dir>/identity``). ``nats_servers``: 1, or 3 for a cluster
+        (routes on loopback, authenticated with a password drawn for this run)."""
+        if nats_servers not in NATS_CLUSTER_SIZES:
+            raise InvalidInput(
+                f"{nats_servers} NATS servers: give 1 (one server) or 3 (a cluster that survives "
+                "one node's death)"
+            )
+        self.nats_servers = nats_servers
         self.keys = keys
         self.extra_users = extra_users
         self.fsync_every_write = fsync_every_write
@@ -97,24 +116,47 @@ class EmbeddedServers:
         )
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._secrets = keys if keys is not None else KeyStore(self.state_dir / "identity")
-        self.nats: ManagedServer | None = None
+        self.nats_nodes: list[ManagedServer] = []
         self.redis: ManagedServer | None = None
         self._want_nats = nats
         self._want_redis = redis
         self._stopped = False
-        self.nats_monitor_port = 0  # nats-server's HTTP monitoring port, once started
-        self._nats_ports = (0, 0)
+        self._route_password = secrets.token_urlsafe(32)
+        self._nats_ports: list[tuple[int, int, int]] = []  # (client, monitor, route) per node
         self._applied: list[Principal] = []  # the directory nats-server admits (reload)
         self._configured: Signature = None  # the directory file's signature it was read at
         self._watcher: DirectoryWatcher | None = None
         self._reload_lock = threading.Lock()
 
     @property
+    def nats(self) -> ManagedServer | None:
+        """The (first) nats-server."""
+        return self.nats_nodes[0] if self.nats_nodes else None
+
+    @property
+    def nats_monitor_port(self) -> int:
+        """The (first) nats-server's HTTP monitoring port; 0 before it started."""
+        return self._nats_ports[0][1] if self._nats_ports else 0
+
+    @property
     def nats_url(self) -> str:
-        if self.nats is None:
+        """Every nats-server, comma-separated (what FLEET_NATS_URL takes)."""
+        if not self.nats_nodes:
             raise FleetError("nats-server was not started")
         scheme = "tls" if self.nats_tls is not None else "nats"
-        return f"{scheme}://127.0.0.1:{self.nats.port}"
+        return ",".join(f"{scheme}://127.0.0.1:{node.port}" for node in self.nats_nodes)
+
+    @property
+    def stream_replicas(self) -> int:
+        """The replicas of every stream and bucket on these servers (FLEET_STREAM_REPLICAS)."""
+        return self.nats_servers
+
+    def node_named(self, server_name: str) -> ManagedServer:
+        """The nats-server named ``server_name`` (as JetStream names a stream's leader)."""
+        for node in self.nats_nodes:
+            if node.name == server_name:
+                return node
+        raise InvalidInput(f"no nats-server named {server_name!r} in this fleet")
 
     @property
     def redis_address(self) -> str:
@@ -141,7 +183,7 @@ class EmbeddedServers:
         atexit.register(self.stop)
         try:
             if self._want_nats:
-                self.nats = self._start_with_retries(self._nats_server)
+                self._start_nats()
                 if self.keys is not None:  # identity changes take effect while it runs
                     self._record_running()
                     self._watcher = DirectoryWatcher(
@@ -171,76 +213,124 @@ class EmbeddedServers:
         assert last is not None
         raise last
 
-    def _nats_server(self) -> ManagedServer:
-        binary = find_nats_server()
-        port, monitor = free_port(), free_port()
-        (self.state_dir / "jetstream").mkdir(exist_ok=True)
-        self._nats_ports = (port, monitor)
-        self.nats_monitor_port = monitor
-        self._write_nats_config()
-        argv = [str(binary), "-c", str(self._nats_conf)]
-        return ManagedServer(
-            "nats-server", argv, port, lambda: nats_healthy(monitor),
-            self.state_dir / "nats-server.log",
-        )  # fmt: skip
+    def _start_nats(self) -> None:
+        # Free ports can be taken between our probe and a node's bind; try fresh ones.
+        for attempt in range(3):
+            self._nats_ports = [(free_port(), free_port(), free_port()) for _ in self._names]
+            self.nats_nodes = [self._nats_node(i) for i in range(self.nats_servers)]
+            self._write_nats_config()
+            try:
+                for node in self.nats_nodes:
+                    node.start()
+                self.wait_nats_cluster()
+                return
+            except FleetError:
+                taken = any(
+                    not node.running and (tcp_open(node.port) or tcp_open(ports[2]))
+                    for node, ports in zip(self.nats_nodes, self._nats_ports, strict=True)
+                )
+                for node in self.nats_nodes:
+                    node.stop()
+                if not taken or attempt == 2:
+                    raise
 
     @property
-    def _nats_conf(self) -> Path:
-        return self.state_dir / "nats-server.json"
+    def _names(self) -> list[str]:
+        """The nodes' server names (a single server keeps nats-server's default)."""
+        if self.nats_servers == 1:
+            return ["nats-server"]
+        return [f"nats-{i}" for i in range(1, self.nats_servers + 1)]
+
+    def _nats_node(self, index: int) -> ManagedServer:
+        binary = find_nats_server()
+        name = self._names[index]
+        port, monitor, _ = self._nats_ports[index]
+        self._store(index).mkdir(parents=True, exist_ok=True)
+        return ManagedServer(
+            name, [str(binary), "-c", str(self._nats_conf(index))], port,
+            lambda: nats_healthy(monitor), self.state_dir / f"{name}.log",
+        )  # fmt: skip
+
+    def _store(self, index: int) -> Path:
+        if self.nats_servers == 1:
+            return self.state_dir / "jetstream"
+        return self.state_dir / self._names[index] / "jetstream"
+
+    def _nats_conf(self, index: int) -> Path:
+        return self.state_dir / f"{self._names[index]}.json"
+
+    def wait_nats_cluster(self, timeout: float = STARTUP_TIMEOUT_S) -> str | None:
+        """Wait until the running nodes elected one JetStream meta leader and each is healthy
+        (``fleetledger.nats_cluster``); its name. A single server: nothing to wait for."""
+        if self.nats_servers == 1:
+            return None
+        monitors = [ports[1] for ports in self._nats_ports]
+        return wait_meta_leader(list(zip(self.nats_nodes, monitors, strict=True)), timeout)
 
     def _write_nats_config(self) -> None:
-        """Write nats-server's configuration from the key store as it is now; keep the
-        principals it admits and the directory file's signature, taken before it was read (a
+        """Write each nats-server's configuration from the key store as it is now; keep the
+        principals they admit and the directory file's signature, taken before it was read (a
         change after that moment differs from it: the watcher applies it again)."""
-        port, monitor = self._nats_ports
         principals = None
         if self.keys is not None:
             self._configured = signature(self.keys.directory_path)
             principals = self.keys.principals()
-        write_server_config(
-            self._nats_conf,
-            nats_config(
-                port=port,
-                monitor=monitor,
-                store=self.state_dir / "jetstream",
-                principals=principals,
-                fsync_every_write=self.fsync_every_write,
-                tls=self.nats_tls,
-                extra_users=self.extra_users,
-            ),
-        )
+        routes = tuple(ports[2] for ports in self._nats_ports)
+        for index, (port, monitor, route) in enumerate(self._nats_ports):
+            cluster = None
+            if self.nats_servers > 1:
+                cluster = NatsRoutes(CLUSTER_NAME, route, routes, self._route_password)
+            write_server_config(
+                self._nats_conf(index),
+                nats_config(
+                    port=port, monitor=monitor, store=self._store(index), principals=principals,
+                    fsync_every_write=self.fsync_every_write, tls=self.nats_tls,
+                    extra_users=self.extra_users,
+                    server_name=self._names[index] if cluster is not None else None,
+                    cluster=cluster,
+                ),
+            )  # fmt: skip
         self._applied = principals or []
 
     def reload_identity(self) -> bool:
-        """Rewrite nats-server's configuration from the key store and signal a reload; once
-        the server reports it loaded, record the directory it admits (``running.json``).
-        nats-server closes the connections of every key it no longer admits. False: no
-        server runs now to reload (it reads the directory when it starts again)."""
+        """Rewrite the nats-servers' configuration from the key store and signal each running
+        one to reload; once each reports it loaded, record the directory they admit
+        (``running.json``). nats-server closes the connections of every key it no longer
+        admits. False: no server runs now to reload (it reads the directory when it starts
+        again)."""
         with self._reload_lock:
-            nats = self.nats
-            if self.keys is None or nats is None or nats.proc is None or not nats.running:
+            running = [
+                (node, ports[1])
+                for node, ports in zip(self.nats_nodes, self._nats_ports, strict=True)
+                if node.proc is not None and node.running
+            ]
+            if self.keys is None or not running:
                 return False
             self._write_nats_config()
             # nats-server's /varz says when it loaded its configuration last (to the
             # nanosecond, UTC): a load later than this signal is the new configuration
             signalled = datetime.now(UTC)
-            nats.proc.send_signal(signal.SIGHUP)
+            for node, _ in running:
+                assert node.proc is not None
+                node.proc.send_signal(signal.SIGHUP)
             deadline = time.monotonic() + STOP_TIMEOUT_S
-            while not loaded_after(self.nats_monitor_port, signalled):
-                if time.monotonic() > deadline:
-                    raise ComponentTimeout(
-                        f"nats-server did not reload {self._nats_conf} in {STOP_TIMEOUT_S:.0f}s; "
-                        f"last output:\n{nats._log_tail()}"
-                    )
-                time.sleep(0.01)
+            for node, monitor in running:
+                while not loaded_after(monitor, signalled):
+                    if time.monotonic() > deadline:
+                        raise ComponentTimeout(
+                            f"{node.name} did not reload {node.argv[-1]} in "
+                            f"{STOP_TIMEOUT_S:.0f}s; last output:\n{node._log_tail()}"
+                        )
+                    time.sleep(0.01)
             self._record_running()
             return True
 
     def _record_running(self) -> None:
-        if self.keys is None or self.nats is None or self.nats.proc is None:
+        nats = self.nats
+        if self.keys is None or nats is None or nats.proc is None:
             return
         write_running(self.keys, Running(
-            pid=os.getpid(), nats_pid=self.nats.proc.pid, nats_url=self.nats_url,
+            pid=os.getpid(), nats_pid=nats.proc.pid, nats_url=self.nats_url,
             applied=self._applied,
         ))  # fmt: skip
 
@@ -264,7 +354,7 @@ class EmbeddedServers:
             self._watcher.stop()
         if self.keys is not None:
             clear_running(self.keys, os.getpid())
-        for server in (self.redis, self.nats):
+        for server in (self.redis, *self.nats_nodes):
             if server is not None:
                 server.stop()
         if self._owns_dir:
@@ -275,7 +365,7 @@ class EmbeddedServers:
         """FLEET_* connection settings for a second terminal or a child process; its Redis URL
         connects as ``redis_user`` (default: a Branch client's rights, not the coordinator's)."""
         out: dict[str, str] = {}
-        if self.nats is not None:
+        if self.nats_nodes:
             out["FLEET_NATS_URL"] = self.nats_url
         if self.redis is not None:
             out["FLEET_REDIS_URL"] = self.redis_url_for(redis_user)
@@ -341,6 +431,7 @@ def write_env_file(path: Path, env: dict[str, str]) -> None:
 
 __all__ = [
     "COORDINATOR_PRINCIPAL",
+    "NATS_CLUSTER_SIZES",
     "OPERATOR_PRINCIPAL",
     "ORCHESTRATOR_PRINCIPAL",
     "REDIS_ADMIN",

@@ -48,6 +48,31 @@ class Rendered:
                 yield o["metadata"]["name"], o["spec"]
 
 
+def nats_conf(r: Rendered) -> str:
+    conf: str = r.one("ConfigMap", "-nats-config")["data"]["nats.conf"]
+    return conf
+
+
+ROUTE_PASSWORD = "route-secret-42"  # what the NATS routes' Secret holds in these tests
+
+
+def kubelet_env(container: dict[str, Any], **override: str) -> dict[str, str]:
+    """The container's environment as the kubelet gives it: each value, with ``$(NAME)`` of an
+    earlier variable expanded, a Secret's key as ROUTE_PASSWORD; ``override`` wins."""
+    env: dict[str, str] = {"POD_NAME": "nats-0"}  # the downward API's, for the first pod
+    for var in container.get("env") or []:
+        if var["name"] in override:
+            env[var["name"]] = override[var["name"]]
+        elif "value" in var:
+            value = var["value"]
+            for name, known in env.items():
+                value = value.replace(f"$({name})", known)
+            env[var["name"]] = value
+        elif "secretKeyRef" in var.get("valueFrom", {}):
+            env[var["name"]] = ROUTE_PASSWORD
+    return env
+
+
 def run_helm(
     python: Path, chart: Path, out: Path, scenarios: list[Path], base: Path | None = None
 ) -> dict[str, Any]:

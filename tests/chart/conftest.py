@@ -36,6 +36,7 @@ PRINCIPALS = {
     "web": "viewer",  # `fleetledger web` (web.enabled)
 }
 REDIS_SECRET = "fleetledger-redis"
+NATS_ROUTES_SECRET = "fleetledger-nats-routes"
 
 
 def _is_312(python: str) -> bool:
@@ -119,10 +120,11 @@ def identity_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def base_values(identity_export: Path) -> Path:
-    """What an operator passes besides a scenario: the exported identity values, and the name
-    of the Secret holding the bundled Redis's password."""
+    """What an operator passes besides a scenario: the exported identity values, and the names
+    of the Secrets holding the bundled Redis's password and the NATS routes' password."""
     values = json.loads((identity_export / "identity-values.json").read_text())
     values["redis"] = {"auth": {"existingSecret": REDIS_SECRET}}
+    values["nats"] = {"cluster": {"auth": {"existingSecret": NATS_ROUTES_SECRET}}}
     path = identity_export / "base-values.json"
     path.write_text(json.dumps(values))
     return path

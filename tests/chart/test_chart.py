@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +18,19 @@ import yaml
 
 from node_agent.daemon import NodeAgent
 from node_agent.settings import NodeSettings
-from tests.chart.chartlib import CHART, SCENARIOS, Rendered, run_helm
+from tests.chart.chartlib import (
+    CHART,
+    ROUTE_PASSWORD,
+    SCENARIOS,
+    Rendered,
+    kubelet_env,
+    nats_conf,
+    run_helm,
+)
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 NAMES = [s.name for s in SCENARIOS]
+NAMESPACE = "fleet"  # the namespace helm_render.py installs into
 ERROR = 3  # Helm's lint severity for errors (1 info, 2 warning)
 # Containers the chart itself defines and that serve something, so must have every probe.
 SERVING = {"coordinator", "node-agent", "judge", "nats", "redis", "jaeger"}
@@ -120,6 +130,14 @@ def test_an_upgrade_never_runs_two_coordinators_at_once(
     deployment = rendered[scenario].one("Deployment", "-coordinator")
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"].get("strategy") == {"type": "Recreate"}
+
+
+@pytest.mark.parametrize("count", [0, 2, 5])
+def test_schema_runs_one_nats_server_or_a_cluster_of_three(count: int) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    values["nats"]["replicas"] = count
+    with pytest.raises(jsonschema.ValidationError, match=f"{count} is not one of"):
+        jsonschema.validate(values, SCHEMA)
 
 
 def test_schema_requires_an_external_url_when_nats_is_not_deployed() -> None:
@@ -331,7 +349,10 @@ def test_bundled_nats_is_a_jetstream_statefulset_with_storage(
         "--config=/etc/nats/nats.conf"
     ]
     assert nats["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]
-    assert config_of(r, "fleetledger")["FLEET_NATS_URL"].endswith("-nats:4222")
+    single = rendered["single-nats-values.yaml"]
+    assert config_of(single, "fleetledger")["FLEET_NATS_URL"].endswith("-nats:4222")
+    assert "cluster" not in nats_conf(single)
+    assert config_of(single, "fleetledger")["FLEET_STREAM_REPLICAS"] == "1"
 
 
 def test_bundled_nats_config_is_accepted_by_nats_server_and_fsyncs_every_write(
@@ -343,15 +364,123 @@ def test_bundled_nats_config_is_accepted_by_nats_server_and_fsyncs_every_write(
 
     from fleetledger.processes import find_nats_server
 
-    conf = rendered["default-values.yaml"].one("ConfigMap", "-nats-config")["data"]["nats.conf"]
+    r = rendered["default-values.yaml"]
+    conf = nats_conf(r)
     assert "sync_interval: always" in conf
     path = tmp_path / "nats.conf"
     path.write_text(conf.replace("/data", str(tmp_path / "data")))
     checked = subprocess.run(
         [str(find_nats_server()), "-c", str(path), "-t"],
-        capture_output=True, text=True, timeout=30, env={"POD_NAME": "nats-0"}, check=False,
+        capture_output=True, text=True, timeout=30, check=False,
+        env=kubelet_env(named(r.one("StatefulSet", "-nats")["spec"]["template"]["spec"], "nats")),
     )  # fmt: skip
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_bundled_nats_is_a_three_server_cluster_routed_by_pod_name(
+    rendered: dict[str, Rendered],
+) -> None:
+    """Issue 26: three servers started together, routes to each pod of the StatefulSet through
+    the headless Service, authenticated with the password of its own Secret; the coordinator
+    makes R3 streams and its clients know every server."""
+    r = rendered["default-values.yaml"]
+    nats = r.one("StatefulSet", "-nats")
+    name, namespace = nats["metadata"]["name"], NAMESPACE
+    assert nats["spec"]["replicas"] == 3
+    assert nats["spec"]["podManagementPolicy"] == "Parallel"
+    container = named(nats["spec"]["template"]["spec"], "nats")
+    env = env_of(container)
+    assert env["NATS_ROUTE_PASSWORD"] == {
+        "secretKeyRef": {"name": "fleetledger-nats-routes", "key": "password"}
+    }
+    routes = [env[f"NATS_ROUTE_{i}"] for i in range(3)]
+    assert routes == [
+        f"nats-route://route:$(NATS_ROUTE_PASSWORD)@{name}-{i}.{name}-headless.{namespace}.svc:6222"
+        for i in range(3)
+    ]
+    conf = nats_conf(r)
+    assert "password: $NATS_ROUTE_PASSWORD" in conf and "ROUTE_PASSWORD)" not in conf
+    headless = r.one("Service", "-nats-headless")
+    assert {"name": "cluster", "port": 6222, "targetPort": "cluster", "protocol": "TCP"} in (
+        headless["spec"]["ports"]
+    )
+    assert headless["spec"]["publishNotReadyAddresses"] is True  # routes before readiness
+    config = config_of(r, "fleetledger")
+    assert config["FLEET_STREAM_REPLICAS"] == "3"
+    assert config["FLEET_NATS_URL"].split(",") == [
+        f"nats://{name}-{i}.{name}-headless.{namespace}.svc:4222" for i in range(3)
+    ]
+
+
+def test_bundled_nats_has_a_disruption_budget_and_spreads_over_nodes(
+    rendered: dict[str, Rendered],
+) -> None:
+    r = rendered["default-values.yaml"]
+    nats = r.one("StatefulSet", "-nats")
+    labels = nats["spec"]["template"]["metadata"]["labels"]
+    pdb = r.one("PodDisruptionBudget", "-nats")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    spread = nats["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = spread["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_network_policy_admits_routes_from_the_nats_servers_only(
+    rendered: dict[str, Rendered],
+) -> None:
+    r = rendered["web-values.yaml"]  # networkPolicy.enabled with the bundled NATS
+    policy = r.one("NetworkPolicy", "-nats")
+    labels = r.one("StatefulSet", "-nats")["spec"]["template"]["metadata"]["labels"]
+    routes = [rule for rule in policy["spec"]["ingress"] if {"port": 6222, "protocol": "TCP"}
+              in rule["ports"]]  # fmt: skip
+    assert len(routes) == 1
+    (peer,) = routes[0]["from"]
+    assert peer["podSelector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_charts_nats_conf_forms_a_three_server_cluster_under_nats_server(
+    rendered: dict[str, Rendered], tmp_path: Path
+) -> None:
+    """The rendered nats.conf, run by three real nats-servers (ports moved to free ones, the
+    routes' URLs as the kubelet expands them, pointed at loopback): they route to one another
+    with the Secret's password and elect a JetStream meta leader; a server without it is refused."""
+    from fleetledger.nats_cluster import wait_meta_leader
+    from fleetledger.processes import ManagedServer, find_nats_server, free_port, nats_healthy
+
+    r = rendered["default-values.yaml"]
+    container = named(r.one("StatefulSet", "-nats")["spec"]["template"]["spec"], "nats")
+    ports = [(free_port(), free_port(), free_port()) for _ in range(3)]
+    routes = {
+        f"NATS_ROUTE_{i}": f"nats-route://route:{ROUTE_PASSWORD}@127.0.0.1:{route}"
+        for i, (_, _, route) in enumerate(ports)
+    }
+    nodes = []
+    try:
+        for i, (port, monitor, route) in enumerate(ports):
+            conf = nats_conf(r).replace("/data", str(tmp_path / f"data-{i}"))
+            conf = conf.replace("port: 4222", f"port: {port}\nhost: 127.0.0.1", 1)
+            conf = conf.replace("http_port: 8222", f"http: 127.0.0.1:{monitor}")
+            conf = conf.replace("port: 6222", f"port: {route}\n  host: 127.0.0.1")
+            (tmp_path / f"nats-{i}.conf").write_text(conf)
+            env = kubelet_env(container, POD_NAME=f"nats-{i}", **routes)
+            node = ManagedServer(
+                f"nats-{i}", ["env", *(f"{k}={v}" for k, v in env.items()),
+                              str(find_nats_server()), "-c", str(tmp_path / f"nats-{i}.conf")],
+                port, lambda m=monitor: nats_healthy(m), tmp_path / f"nats-{i}.log",
+            )  # fmt: skip
+            nodes.append((node, monitor))
+            node.start()
+        assert wait_meta_leader(nodes, timeout=30) in {"nats-0", "nats-1", "nats-2"}
+        with socket.create_connection(("127.0.0.1", ports[0][2]), 5) as sock:
+            sock.settimeout(5)
+            assert sock.recv(4096).startswith(b"INFO ")
+            sock.sendall(b'CONNECT {"verbose":false,"name":"intruder"}\r\nPING\r\n')
+            assert sock.recv(4096).startswith(b"-ERR 'Authorization Violation'")
+    finally:
+        for node, _ in nodes:
+            node.stop()
 
 
 def test_bundled_nats_runs_the_nats_server_version_the_tests_run(

@@ -29,10 +29,11 @@ from ledger.errors import InvalidInput
 from ledger.identity import Role, public_key
 from ledger.protocol import AUTHORIZE_SUBJECT
 from reservations.store import ReservationClient
-from tests.chart.chartlib import CHART, Rendered, run_helm
-from tests.chart.conftest import PRINCIPALS, REDIS_SECRET
+from tests.chart.chartlib import CHART, Rendered, kubelet_env, nats_conf, run_helm
+from tests.chart.conftest import NATS_ROUTES_SECRET, PRINCIPALS, REDIS_SECRET
 
 DEFAULT = "default-values.yaml"
+SINGLE = "single-nats-values.yaml"
 
 
 def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -50,11 +51,6 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
 def pod(r: Rendered, kind: str, suffix: str) -> dict[str, Any]:
     spec: dict[str, Any] = r.one(kind, suffix)["spec"]["template"]["spec"]
     return spec
-
-
-def nats_conf(r: Rendered) -> str:
-    conf: str = r.one("ConfigMap", "-nats-config")["data"]["nats.conf"]
-    return conf
 
 
 def authorization_of(conf: str) -> Any:
@@ -98,9 +94,10 @@ def test_nats_server_accepts_the_rendered_config_with_authorization(
     conf = nats_conf(rendered[DEFAULT])
     path = tmp_path / "nats.conf"
     path.write_text(conf.replace("/data", str(tmp_path / "data")))
+    nats = named(pod(rendered[DEFAULT], "StatefulSet", "-nats"), "nats")
     checked = subprocess.run(
         [str(find_nats_server()), "-c", str(path), "-t"],
-        capture_output=True, text=True, timeout=30, env={"POD_NAME": "nats-0"}, check=False,
+        capture_output=True, text=True, timeout=30, env=kubelet_env(nats), check=False,
     )  # fmt: skip
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
@@ -109,10 +106,11 @@ def test_nats_server_accepts_the_rendered_config_with_authorization(
 def chart_nats(
     rendered: dict[str, Rendered], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """The real nats-server running the chart's own nats.conf (ports moved to free ones)."""
+    """The real nats-server running the chart's own nats.conf (ports moved to free ones), as
+    one server (its authorization is the cluster's too: one ConfigMap for every server)."""
     tmp = tmp_path_factory.mktemp("chart-nats")
     port, monitor = free_port(), free_port()
-    conf = nats_conf(rendered[DEFAULT]).replace("/data", str(tmp / "data"))
+    conf = nats_conf(rendered[SINGLE]).replace("/data", str(tmp / "data"))
     conf = conf.replace("port: 4222", f"port: {port}\nhost: 127.0.0.1")
     conf = conf.replace("http_port: 8222", f"http: 127.0.0.1:{monitor}")
     (tmp / "nats.conf").write_text(conf)
@@ -512,7 +510,12 @@ def refusals(
         "stale-authorization-values.yaml": {**stale, **redis},
         "no-redis-secret-values.yaml": exported,
         "no-fsgroup-values.yaml": no_group,
-    }
+        "no-nats-routes-secret-values.yaml": {**exported, **redis},
+        "more-replicas-than-servers-values.yaml": {
+            **exported, **redis, "nats": {"replicas": 1},
+            "coordinator": {"settings": {"streamReplicas": 3}},
+        },
+    }  # fmt: skip
     for name, values in cases.items():
         (tmp / name).write_text(json.dumps(values))
     report = run_helm(helm_python, CHART, tmp / "report.json", [tmp / n for n in cases])
@@ -527,6 +530,8 @@ def refusals(
         ("stale-authorization-values.yaml", "one user per unrevoked principal"),
         ("no-redis-secret-values.yaml", "redis.auth.existingSecret is empty"),
         ("no-fsgroup-values.yaml", "needs podSecurityContext.fsGroup"),
+        ("no-nats-routes-secret-values.yaml", "nats.cluster.auth.existingSecret is empty"),
+        ("more-replicas-than-servers-values.yaml", "streamReplicas 3 exceeds nats.replicas 1"),
     ],
 )
 def test_the_chart_refuses_to_render_identity_it_cannot_run(
@@ -565,7 +570,7 @@ def test_the_insecure_opt_out_drops_authorization_and_says_so(
 def test_notes_say_which_secrets_the_operator_must_create(rendered: dict[str, Rendered]) -> None:
     notes = rendered[DEFAULT].notes
     for name in ("fleetledger-coordinator-identity", "fleetledger-node-identity-node-a",
-                 "fleetledger-node-identity-node-b", REDIS_SECRET):  # fmt: skip
+                 "fleetledger-node-identity-node-b", REDIS_SECRET, NATS_ROUTES_SECRET):  # fmt: skip
         assert name in notes
     assert "identity-secrets.json" in notes
     assert "INSECURE" not in notes

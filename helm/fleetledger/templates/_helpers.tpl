@@ -61,7 +61,17 @@ app.kubernetes.io/component: {{ .component }}
 {{/* Where the services are: the chart's own, else the external URL from values. */}}
 {{- define "fleetledger.natsUrl" -}}
 {{- if .Values.nats.enabled }}
-{{- printf "nats://%s:4222" (include "fleetledger.component" (dict "root" . "component" "nats")) }}
+{{- $name := include "fleetledger.component" (dict "root" . "component" "nats") }}
+{{- if gt (int .Values.nats.replicas) 1 }}
+{{- /* every server by its pod's name: a client moves to a live one when its own dies */}}
+{{- $urls := list }}
+{{- range $i := until (int .Values.nats.replicas) }}
+{{- $urls = append $urls (printf "nats://%s-%d.%s-headless.%s.svc:4222" $name $i $name $.Release.Namespace) }}
+{{- end }}
+{{- join "," $urls }}
+{{- else }}
+{{- printf "nats://%s:4222" $name }}
+{{- end }}
 {{- else }}
 {{- required "nats.externalUrl is required when nats.enabled is false" .Values.nats.externalUrl }}
 {{- end }}
@@ -214,7 +224,10 @@ imagePullSecrets:
 
 {{/*
 The bundled nats-server's configuration: JetStream on /data, fsync per write by default
-(sync_interval: always), the server named after its pod.
+(sync_interval: always), the server named after its pod. With replicas > 1, one node of a
+cluster: routes to every pod of the StatefulSet (its own too: nats-server skips it), each URL
+from the container's env (NATS_ROUTE_<i>, which carries the routes' password from its Secret:
+nats.conf expands a variable as a whole value, never inside a string).
 */}}
 {{- define "fleetledger.natsConfig" -}}
 port: 4222
@@ -224,6 +237,23 @@ jetstream {
   store_dir: /data
   sync_interval: {{ .Values.nats.syncInterval }}
 }
+{{- if gt (int .Values.nats.replicas) 1 }}
+cluster {
+  name: {{ include "fleetledger.component" (dict "root" . "component" "nats") }}
+  port: {{ .Values.nats.cluster.port }}
+  {{- if .Values.nats.cluster.auth.enabled }}
+  authorization {
+    user: route
+    password: $NATS_ROUTE_PASSWORD
+  }
+  {{- end }}
+  routes: [
+    {{- range $i := until (int .Values.nats.replicas) }}
+    $NATS_ROUTE_{{ $i }}
+    {{- end }}
+  ]
+}
+{{- end }}
 {{- if .Values.identity.enabled }}
 # One nkey user per principal with its role's permissions, as `fleetledger identity
 # helm-values` rendered them from fleetbus/permissions.py (JSON is nats.conf syntax too;
@@ -269,6 +299,15 @@ principals' (re-run `fleetledger identity helm-values`), no coordinator principa
 {{- end }}
 {{- if and .Values.redis.enabled .Values.redis.auth.enabled (not .Values.redis.auth.existingSecret) }}
 {{- fail "redis.auth.existingSecret is empty: create a Secret with the coordinator's Redis password (kubectl create secret generic fleetledger-redis --from-literal=password=\"$(openssl rand -hex 32)\") and set redis.auth.existingSecret=fleetledger-redis (or redis.auth.enabled=false: INSECURE)" }}
+{{- end }}
+{{- if .Values.nats.enabled }}
+{{- $replicas := int .Values.nats.replicas }}
+{{- if gt (int .Values.coordinator.settings.streamReplicas) $replicas }}
+{{- fail (printf "coordinator.settings.streamReplicas %d exceeds nats.replicas %d: JetStream places each replica on its own server; set streamReplicas to %d (or nats.replicas=3)" (int .Values.coordinator.settings.streamReplicas) $replicas $replicas) }}
+{{- end }}
+{{- if and (gt $replicas 1) .Values.nats.cluster.auth.enabled (not .Values.nats.cluster.auth.existingSecret) }}
+{{- fail "nats.cluster.auth.existingSecret is empty: create a Secret with the NATS routes' password (kubectl create secret generic fleetledger-nats-routes --from-literal=password=\"$(openssl rand -hex 32)\") and set nats.cluster.auth.existingSecret=fleetledger-nats-routes (or nats.cluster.auth.enabled=false: INSECURE, any pod reaching the route port joins the cluster)" }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -359,4 +398,39 @@ agent must see its own node's seed only. Call with (dict "root" $ "principal" ".
   value: {{ .Values.redis.auth.username | quote }}
 - name: REDIS_PASSWORD
   valueFrom: {secretKeyRef: {name: {{ .Values.redis.auth.existingSecret | quote }}, key: {{ .Values.redis.auth.passwordKey | quote }}}}
+{{- end }}
+
+{{/*
+The bundled NATS's route env: the routes' password from its Secret, and one URL per pod of the
+StatefulSet (Kubernetes expands $(NATS_ROUTE_PASSWORD) in them; the password stays out of the
+ConfigMap and of the command line).
+*/}}
+{{- define "fleetledger.natsRouteEnv" -}}
+{{- $name := include "fleetledger.component" (dict "root" . "component" "nats") }}
+{{- $auth := .Values.nats.cluster.auth }}
+{{- if $auth.enabled }}
+- name: NATS_ROUTE_PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ $auth.existingSecret | quote }}, key: {{ $auth.passwordKey | quote }}}}
+{{- end }}
+{{- range $i := until (int .Values.nats.replicas) }}
+- name: {{ printf "NATS_ROUTE_%d" $i }}
+  value: {{ printf "nats-route://%s%s-%d.%s-headless.%s.svc:%d" (ternary "route:$(NATS_ROUTE_PASSWORD)@" "" $auth.enabled) $name $i $name $.Release.Namespace (int $.Values.nats.cluster.port) | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The bundled NATS's pod affinity: nats.affinity, else anti-affinity per nats.antiAffinity. */}}
+{{- define "fleetledger.natsAffinity" -}}
+{{- if .Values.nats.affinity }}
+{{- toYaml .Values.nats.affinity }}
+{{- else }}
+{{- $term := dict "labelSelector" (dict "matchLabels" (include "fleetledger.selectorLabels" (dict "root" . "component" "nats") | fromYaml)) "topologyKey" "kubernetes.io/hostname" }}
+podAntiAffinity:
+{{- if eq .Values.nats.antiAffinity "hard" }}
+  requiredDuringSchedulingIgnoredDuringExecution:
+    {{- list $term | toYaml | nindent 4 }}
+{{- else }}
+  preferredDuringSchedulingIgnoredDuringExecution:
+    {{- list (dict "weight" 100 "podAffinityTerm" $term) | toYaml | nindent 4 }}
+{{- end }}
+{{- end }}
 {{- end }}
