@@ -328,11 +328,27 @@ class Leases:
             log.warning("takeover of partition %s at epoch %s failed", p, epoch, exc_info=True)
             await self._release(p)
             return
-        if key not in self._revs:  # lost while taking over
+        if key not in self._revs or not await self._still_ours(key, epoch):
+            # lost while taking over (stalled past the TTL: another owner's epoch is newer,
+            # and its marker may precede ours): serve nothing of a superseded epoch
+            log.warning("partition %s: lease at epoch %s lost during its takeover", p, epoch)
+            self._revs.pop(key, None)
+            self._renewed.pop(key, None)
+            await self.lost(p)  # the takeover may have begun serving its subjects
             return
+        # no await from the check to here: held only while the bucket holds our epoch
         self.fences.held[p] = Held(epoch, marker_seq)
         self.fences.owners[p] = self.me
         log.info("partition %s: owner at epoch %s", p, epoch)
+
+    async def _still_ours(self, key: str, epoch: int) -> bool:
+        """Whether the bucket still holds ``key`` at ``epoch`` under our id (unreadable: no)."""
+        try:
+            last = await self.js.get_last_msg(LEASE_STREAM, f"{LEASE_SUBJECTS}.{key}")
+        except (nats.errors.Error, OSError, TimeoutError):  # NotFoundError too: expired
+            return False
+        deleted = (last.headers or {}).get("KV-Operation") in ("DEL", "PURGE")
+        return not deleted and int(last.seq or 0) == epoch and last.data == self.me.encode()
 
     async def _lose(self, p: int) -> None:
         """Stop serving ``p`` at once (its lease is gone or was refused)."""
