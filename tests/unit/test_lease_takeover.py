@@ -1,12 +1,16 @@
 """Leases under an adversary (docs/partitions.md): a member stalled in the middle of its own
 takeover, whose lease passes and is taken by another meanwhile, does not serve the partition
-when it resumes."""
+when it resumes; a member whose FLEET_PARTITIONS is not the fleet's is refused at start, and the
+running members neither count it nor hand partitions to it."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from coordinator.leases import Fences, LeaseBucket, Leases
+from ledger.errors import InvalidInput
 from tests.unit.test_lease_machine import MemoryBucket
 
 
@@ -54,3 +58,29 @@ async def test_a_member_whose_lease_was_taken_while_it_took_over_does_not_serve(
     assert a.lost == [0]  # and lets go of what its takeover began serving
     await a.leases.tick()
     assert 0 not in a.leases.fences.held and bucket.owner(0) == "b"
+
+
+async def test_a_coordinator_whose_partition_count_is_not_the_fleets_is_refused_at_start() -> None:
+    bucket = MemoryBucket()
+    running = Member(bucket, "a", 4)
+    await running.leases.start()
+    try:
+        wrong = Member(bucket, "b", 8)
+        with pytest.raises(InvalidInput, match="FLEET_PARTITIONS"):
+            await wrong.leases.start()
+        assert wrong.taken == [] and not wrong.leases.fences.held
+        assert "m.b" not in bucket.keys  # it left the bucket: nobody waits for it
+        await running.leases.tick()
+        assert sorted(running.leases.fences.held) == [0, 1, 2, 3]  # its share is not halved
+    finally:
+        await running.leases.stop()
+
+
+async def test_a_running_member_does_not_count_a_member_of_another_partition_count() -> None:
+    bucket = MemoryBucket()
+    running = Member(bucket, "a", 4)
+    await running.leases.tick()
+    # a member of another P registered anyway (an older release, or a start racing ours)
+    await bucket.create("m.z", b"z partitions=8")
+    await running.leases.tick()
+    assert sorted(running.leases.fences.held) == [0, 1, 2, 3]
