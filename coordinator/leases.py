@@ -41,6 +41,7 @@ LEASE_SUBJECTS = f"$KV.{LEASE_BUCKET}"
 MEMBER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PARTITION_KEY = "p."
 MEMBER_KEY = "m."
+MEMBER_P = " partitions="  # a member key's value: "<id> partitions=<P>" (its FLEET_PARTITIONS)
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 
@@ -203,8 +204,9 @@ class Leases:
         return self.ttl_s / 3
 
     async def start(self) -> None:
-        """Register and take this coordinator's share before returning; then keep it."""
-        await self.tick()
+        """Register and take this coordinator's share before returning; then keep it.
+        ``InvalidInput`` (and nothing taken) if a live member's P is not this one's."""
+        await self.tick(starting=True)
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
@@ -229,13 +231,26 @@ class Leases:
                 log.warning("lease tick failed", exc_info=True)
                 await self._expire_unrenewed()
 
-    async def tick(self) -> None:
-        """Renew what is held, read the bucket, hand over extras, claim free partitions."""
+    async def tick(self, *, starting: bool = False) -> None:
+        """Renew what is held, read the bucket, hand over extras, claim free partitions.
+        Members whose P is not ours are not counted (a start meeting one is refused)."""
         await self._renew(MEMBER_KEY + self.me)
         for p in sorted(self.fences.held):
             if not await self._renew(PARTITION_KEY + str(p)):
                 await self._lose(p)
-        members, owners = await self._read()
+        counts, owners = await self._read()
+        others = {m: n for m, n in counts.items() if n is not None and n != self.fences.partitions}
+        if others and starting:  # two P would put one mission in two owners' partitions
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await self.kv.delete(MEMBER_KEY + self.me)
+            raise InvalidInput(
+                f"FLEET_PARTITIONS is {self.fences.partitions} here but "
+                + ", ".join(f"{n} on coordinator {m}" for m, n in sorted(others.items()))
+                + ": it must be the same on every coordinator of a fleet (docs/partitions.md)"
+            )
+        if others:
+            log.error("coordinators %s run with another FLEET_PARTITIONS; not counted", others)
+        members = {m for m in counts if m not in others}
         self.members = members
         self.fences.owners = owners
         for p in sorted(p for p, owner in owners.items() if owner == self.me):
@@ -249,7 +264,7 @@ class Leases:
 
     async def _renew(self, key: str) -> bool:
         """Renew (or first create) ``key``; False if the bucket refused: it is not ours."""
-        value = self.me.encode()
+        value = self._value(key)
         rev = self._revs.get(key)
         try:
             if rev is None:
@@ -263,6 +278,12 @@ class Leases:
         self._revs[key] = rev
         self._renewed[key] = time.monotonic()
         return True
+
+    def _value(self, key: str) -> bytes:
+        """A partition key holds its owner's id; a member key also its P."""
+        if key.startswith(MEMBER_KEY):
+            return f"{self.me}{MEMBER_P}{self.fences.partitions}".encode()
+        return self.me.encode()
 
     async def _create(self, key: str, value: bytes) -> int:
         """Acquire ``key``: create it, or take it from an earlier process of this coordinator
@@ -288,21 +309,23 @@ class Leases:
             if now - self._renewed.get(key, 0.0) >= self.ttl_s:
                 await self._lose(p)
 
-    async def _read(self) -> tuple[set[str], dict[int, str]]:
-        """The bucket's live keys: one stream-info call lists them, one get per key reads its
-        owner (no watcher: an expired key leaves nothing a watcher would see). Only APIs of
-        the lease stream itself (``fleetbus.permissions``: the coordinator's)."""
+    async def _read(self) -> tuple[dict[str, int | None], dict[int, str]]:
+        """The bucket's live keys: each member with its P (None: not said), each partition with
+        its owner. One stream-info call lists them, one get per key reads its value (no
+        watcher: an expired key leaves nothing a watcher would see). Only APIs of the lease
+        stream itself (``fleetbus.permissions``: the coordinator's)."""
         info = await self.js.stream_info(LEASE_STREAM, subjects_filter=f"{LEASE_SUBJECTS}.>")
         subjects = sorted((info.state.subjects or {}) if info.state else {})
         got = await asyncio.gather(*(self._last(subject) for subject in subjects))
-        members: set[str] = set()
+        members: dict[str, int | None] = {}
         owners: dict[int, str] = {}
         for subject, owner in zip(subjects, got, strict=True):
             key = subject.removeprefix(LEASE_SUBJECTS + ".")
             if not owner:  # deleted, purged or expired since listed
                 continue
             if key.startswith(MEMBER_KEY):
-                members.add(key.removeprefix(MEMBER_KEY))
+                said = owner.partition(MEMBER_P)[2]
+                members[key.removeprefix(MEMBER_KEY)] = int(said) if said.isdigit() else None
             elif key.startswith(PARTITION_KEY) and key.removeprefix(PARTITION_KEY).isdigit():
                 owners[int(key.removeprefix(PARTITION_KEY))] = owner
         return members, owners
