@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import re
@@ -31,8 +32,8 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from ledger.errors import InvalidInput, NotOwner
-from ledger.partition import epoch_subject, partition_of
-from ledger.protocol import LEASE_BUCKET
+from ledger.partition import EPOCH_SUBJECT_PREFIX, epoch_subject, partition_of
+from ledger.protocol import LEASE_BUCKET, STREAM
 
 log = logging.getLogger("fleetledger.coordinator.leases")
 
@@ -159,15 +160,48 @@ class LeaseBucket:
 
 
 async def ensure_lease_bucket(js: JetStreamContext, *, ttl_s: float, replicas: int) -> LeaseBucket:
-    """The lease bucket (created with a bucket TTL of ``ttl_s`` and history 1 if missing)."""
+    """The lease bucket (created with a bucket TTL of ``ttl_s`` and history 1 if missing). A
+    bucket created again (deleted by an operator, or its store lost) starts its revisions
+    above every epoch the ledger's markers name: Redis stores those, and refuses a lower one
+    for good."""
     try:
         return LeaseBucket(js, await js.key_value(LEASE_BUCKET))
     except (NotFoundError, BucketNotFoundError):
+        above = await _highest_epoch(js) + 1
         config = api.KeyValueConfig(
             bucket=LEASE_BUCKET, history=1, ttl=ttl_s, storage=api.StorageType.FILE,
             replicas=replicas,
         )  # fmt: skip
-        return LeaseBucket(js, await js.create_key_value(config))
+        if above == 1:  # no epoch ever: nats-py's bucket as it makes it
+            return LeaseBucket(js, await js.create_key_value(config))
+        # nats-py's KV stream, with its first sequence (revision) above every epoch
+        await js.add_stream(
+            api.StreamConfig(
+                name=LEASE_STREAM, subjects=[f"{LEASE_SUBJECTS}.>"], allow_rollup_hdrs=True,
+                allow_msg_ttl=True, deny_delete=True, discard=api.DiscardPolicy.NEW,
+                duplicate_window=min(ttl_s, 120.0), max_age=ttl_s, max_consumers=-1,
+                max_msgs=-1, max_msgs_per_subject=1, num_replicas=replicas,
+                storage=api.StorageType.FILE, first_seq=above,
+            )
+        )  # fmt: skip
+        log.warning("lease bucket created again: epochs start above %s", above - 1)
+        return LeaseBucket(js, await js.key_value(LEASE_BUCKET))
+
+
+async def _highest_epoch(js: JetStreamContext) -> int:
+    """The highest epoch any partition's last marker on the ledger names (0: none)."""
+    try:
+        info = await js.stream_info(STREAM, subjects_filter=f"{EPOCH_SUBJECT_PREFIX}.*")
+    except NotFoundError:
+        return 0
+    highest = 0
+    for subject in (info.state.subjects or {}) if info.state else {}:
+        with contextlib.suppress(NotFoundError, ValueError, TypeError, KeyError):
+            marker = json.loads((await js.get_last_msg(STREAM, subject)).data or b"")
+            epoch = int(marker["epoch"])
+            if 0 < epoch < 2**62:  # a sequence JetStream can start at
+                highest = max(highest, epoch)
+    return highest
 
 
 class Leases:
