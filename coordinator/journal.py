@@ -311,7 +311,9 @@ class Journal:
             # last: nothing may change a signed message; one signature covers all its events
             body = bundle_json(events) if self.seed is None else seal_message(events, self.seed)
             headers = headers_of(span)
+            fenced_by = None  # the lease whose marker this append expects
             if self.fences is not None:
+                fenced_by = self.fences.check(last.mission_id)
                 headers = {**(headers or {}), **self.fences.headers(last.mission_id)}
             if len(self._own) < OWN_CACHE_LIMIT:
                 self._own[body] = tuple(events)
@@ -322,14 +324,18 @@ class Journal:
             except Fenced as exc:
                 self._own.pop(body, None)
                 stored = await self._stored_before(subject, msg_id) if unsure else None
-                if stored is None:
-                    if self.fences is None:
+                if self.fences is None or fenced_by is None:
+                    if stored is None:
                         raise
-                    p = self.fences.of(last.mission_id)
-                    self.fences.drop(p)
-                    raise Fenced(
-                        f"{exc.message}; partition {p} is no longer served here", partition=p
-                    ) from None
+                else:  # a newer owner's marker: that lease is over (a newer one of ours stays)
+                    p, held = fenced_by
+                    if self.fences.held.get(p) is held:
+                        self.fences.drop(p)
+                    if stored is None:
+                        raise Fenced(
+                            f"{exc.message}; partition {p} is no longer served here",
+                            partition=p,
+                        ) from None
                 seq = stored  # our own earlier, ambiguous attempt was stored before the fence
             except InvalidInput:  # refused outright: nothing was stored
                 self._own.pop(body, None)
