@@ -229,8 +229,11 @@ class Leases:
         self.fences, self.me, self.ttl_s = fences, me, ttl_s
         self.takeover, self.lost = takeover, lost
         self._revs: dict[str, int] = {}  # key we hold -> its last revision
-        self._renewed: dict[str, float] = {}  # key -> when its last renew was acknowledged
+        # key -> when its last acknowledged renew was sent (the server's TTL runs from no
+        # later than that)
+        self._renewed: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         self.members: set[str] = set()
 
     @property
@@ -242,13 +245,15 @@ class Leases:
         ``InvalidInput`` (and nothing taken) if a live member's P is not this one's."""
         await self.tick(starting=True)
         self._task = asyncio.create_task(self._run())
+        self._watch = asyncio.create_task(self._watchdog())
 
     async def stop(self) -> None:
         """Stop renewing and give every lease back (another coordinator takes over at once)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for p in sorted(self.fences.held):
             await self._release(p)
         with contextlib.suppress(nats.errors.Error, OSError):
@@ -300,6 +305,7 @@ class Leases:
         """Renew (or first create) ``key``; False if the bucket refused: it is not ours."""
         value = self._value(key)
         rev = self._revs.get(key)
+        sent = time.monotonic()
         try:
             if rev is None:
                 rev = await self._create(key, value)
@@ -310,7 +316,7 @@ class Leases:
             self._renewed.pop(key, None)
             return False
         self._revs[key] = rev
-        self._renewed[key] = time.monotonic()
+        self._renewed[key] = sent
         return True
 
     def _value(self, key: str) -> bytes:
@@ -335,12 +341,30 @@ class Leases:
                 raise
             return int(await self.kv.update(key, value, last=int(last.seq or 0)))
 
+    @property
+    def serve_s(self) -> float:
+        """How long after its last acknowledged renew was sent a lease is still served: half a
+        renew interval short of the TTL, so it stops before the server can expire it."""
+        return self.ttl_s - self.interval_s / 2
+
+    async def _watchdog(self) -> None:
+        """Stop serving what was not renewed in time, whatever the renews are doing (a NATS
+        that stops answering holds a renew for its whole timeout, longer than a short TTL)."""
+        while True:
+            await asyncio.sleep(self.interval_s / 4)
+            try:
+                await self._expire_unrenewed()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("lease expiry check failed", exc_info=True)
+
     async def _expire_unrenewed(self) -> None:
-        """A lease none of whose renews was acknowledged for a whole TTL may be another's."""
+        """A lease without an acknowledged renew for ``serve_s`` may soon be another's."""
         now = time.monotonic()
         for p in sorted(self.fences.held):
             key = PARTITION_KEY + str(p)
-            if now - self._renewed.get(key, 0.0) >= self.ttl_s:
+            if now - self._renewed.get(key, 0.0) >= self.serve_s:
                 await self._lose(p)
 
     async def _read(self) -> tuple[dict[str, int | None], dict[int, str]]:

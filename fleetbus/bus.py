@@ -333,10 +333,13 @@ class JetStreamBus:
         await self.nc.flush()
 
     async def unserve(self, subject: str) -> None:
+        """Stop serving ``subject``: drained, not dropped, so a request this process already
+        received (one a paused owner finds on resuming) is still answered (by now, "not
+        owner"), and later ones go to whoever serves it next."""
         for sub in self._served_on.pop(subject, []):
             self._subs.remove(sub)
             with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
+                await sub.drain()  # type: ignore[no-untyped-call]
 
     def _served(self, task: asyncio.Task[None]) -> None:
         self._serving.discard(task)

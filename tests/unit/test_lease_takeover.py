@@ -84,3 +84,35 @@ async def test_a_running_member_does_not_count_a_member_of_another_partition_cou
     await bucket.create("m.z", b"z partitions=8")
     await running.leases.tick()
     assert sorted(running.leases.fences.held) == [0, 1, 2, 3]
+
+
+async def test_an_owner_whose_nats_stops_answering_stops_serving_before_its_lease_expires() -> None:
+    # The cluster fault checker's finding: renews that hang (NATS partitioned away) held the
+    # expiry check behind them; a 2 s lease was served 5.7 s. The server's TTL runs from when
+    # the last acknowledged renew was sent: serving stops before it can expire.
+    import asyncio
+    import time
+
+    bucket = MemoryBucket()
+    owner = Member(bucket, "a", 2)
+    owner.leases.ttl_s = 0.6
+    await owner.leases.start()
+    try:
+        assert sorted(owner.leases.fences.held) == [0, 1]
+        renewed = max(owner.leases._renewed.values())
+        hung = asyncio.Event()
+
+        async def hang(*_: Any, **__: Any) -> int:
+            await hung.wait()  # never answered
+            return 0
+
+        bucket.update = hang  # type: ignore[method-assign]
+        async with asyncio.timeout(5):  # before: served until the hung renew gave up
+            while owner.leases.fences.held:
+                await asyncio.sleep(0.01)  # polling what it serves
+        stopped = time.monotonic() - renewed
+        assert stopped < owner.leases.ttl_s, f"served {stopped:.2f}s past a 0.6 s lease"
+        assert sorted(owner.lost) == [0, 1]
+    finally:
+        hung.set()
+        await owner.leases.stop()
