@@ -156,7 +156,7 @@ REDIS_USERS: dict[str, str] = {
     REDIS_ADMIN: "allkeys allchannels +@all",
     REDIS_COORDINATOR: (
         "resetkeys ~fl:* resetchannels -@all +@read +@write +@transaction +ping +time "
-        "+evalsha +script|load +script|exists -@dangerous"
+        "+evalsha +script|load +script|exists -@dangerous +wait"
     ),
     REDIS_BRANCH: (
         "resetkeys ~fl:* resetchannels -@all +ping +evalsha +time +hmget +hset +hincrby +zadd +zrem"
