@@ -137,3 +137,72 @@ async def test_acknowledged_reservations_lost_on_failover_are_rebuilt_from_the_l
                 assert co.reconciler.rebuilds >= 1
         finally:
             await co.stop()
+
+
+async def test_a_redis_back_without_its_data_is_rebuilt_and_what_it_holds_unrecorded_is_kept(
+    tmp_path: Path,
+) -> None:
+    """Redis loses one mission's keys and the state marker (a restart without its data) and
+    holds, for another, a committed reservation the record never got: at the coordinator's
+    next connection every call is refused until both are rebuilt from the ledger; the lost one
+    is written back, the unrecorded one kept, counted and made undecided."""
+    with EmbeddedServers(tmp_path / "fleet") as own:
+        settings = CoordinatorSettings(
+            nats_url=own.nats_url, redis_url=own.redis_url, http_port=0,
+            sweep_interval_s=3600, lease_s=30,
+        )  # fmt: skip
+        co = await Coordinator.from_settings(settings)
+        await co.start()
+        lost, extra = mission_id(), mission_id()
+        try:
+            async with (
+                await FleetClient.connect(own.nats_url) as client,
+                ReservationClient.from_url(own.redis_url_for(REDIS_ADMIN)) as admin,
+            ):
+                for mid in (lost, extra):
+                    await make_mission(client, mid, CEILING)
+                    await make_grant(client, mid, "g", ["pay"], CEILING)
+                    for i in range(3):
+                        assert (await decide(client, mid, f"a{i}"))[0]
+                await admin.reserve_committed(extra, ["g"], "r-a9", COST, 30)  # never recorded
+                wiped = await admin.connection.call("KEYS", f"fl:{{{lost}}}:*")
+                await admin.connection.call("DEL", "fl:state", *wiped)
+                await admin.connection.call("CLIENT", "KILL", "USER", REDIS_COORDINATOR)
+                allowed, refusals = await decide(client, lost, "a3")
+                assert allowed
+                assert any("holds no state marker" in r for r in refusals), refusals
+                await caught_up(co, client)
+                for mid, more in ((lost, 0), (extra, COST)):
+                    level = await admin.level(mid, "mission")
+                    assert level.committed == co.states[mid].level("mission").committed + more
+                assert (await admin.levels(lost, ["g"]))[0].committed == 4 * COST
+                assert await admin.holding(extra) == {
+                    **{f"r-a{i}": "committed" for i in range(3)},
+                    "r-a9": "committed",
+                }
+                assert co.reconciler.rebuilds == 2  # the first start's (no marker) and this
+                await co.sweep_once()  # the rescan: Redis's unrecorded one is undecided now
+                assert (extra, "r-a9") in co.reconciler.undecided
+        finally:
+            await co.stop()
+
+
+async def test_with_wait_a_write_no_replica_acknowledged_is_ambiguous(
+    sentinels: SentinelSet,
+) -> None:
+    """``wait_replicas=1``: a reservation the replica took is admitted as before; one it did
+    not acknowledge in time (replica stopped) raises ``Unreachable`` (ran on the primary, may
+    be lost), and the same call once the replica is back answers the reservation held."""
+    url = sentinels.url(REDIS_COORDINATOR)
+    async with ReservationClient.from_url(url, wait_replicas=1, wait_timeout_ms=200) as client:
+        await client.create_mission("m1", CEILING)
+        await client.reserve_committed("m1", [], "r1", COST, 60)
+        os.kill(sentinels.servers["replica"].pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(Unreachable, match="0 of the 1 replicas"):
+                await client.reserve_committed("m1", [], "r2", COST, 60)
+        finally:
+            os.kill(sentinels.servers["replica"].pid, signal.SIGCONT)
+        reserved, _ = await client.reserve_committed("m1", [], "r2", COST, 60)
+        assert reserved.replayed  # it had run: the retry finds it
+        assert (await client.level("m1", "mission")).committed == 2 * COST
