@@ -206,3 +206,44 @@ async def test_with_wait_a_write_no_replica_acknowledged_is_ambiguous(
         reserved, _ = await client.reserve_committed("m1", [], "r2", COST, 60)
         assert reserved.replayed  # it had run: the retry finds it
         assert (await client.level("m1", "mission")).committed == 2 * COST
+
+
+async def test_a_rebuild_keeps_what_a_branch_did_in_redis_before_the_record_has_it(
+    tmp_path: Path,
+) -> None:
+    """A Branch's reservation is recorded committed; its worker then settles it in Redis (the
+    record follows at the next sweep). The state is lost meanwhile: the rebuild keeps Redis's
+    settle (further than the record, same terms) instead of counting it committed again."""
+    with EmbeddedServers(tmp_path / "fleet") as own:
+        settings = CoordinatorSettings(
+            nats_url=own.nats_url, redis_url=own.redis_url, http_port=0,
+            sweep_interval_s=3600, lease_s=30,
+        )  # fmt: skip
+        co = await Coordinator.from_settings(settings)
+        await co.start()
+        mid = mission_id()
+        try:
+            async with (
+                await FleetClient.connect(own.nats_url) as client,
+                ReservationClient.from_url(own.redis_url_for(REDIS_ADMIN)) as admin,
+                ReservationClient.from_url(own.redis_url_for(REDIS_BRANCH)) as branch,
+            ):
+                await make_mission(client, mid, CEILING)
+                await make_grant(client, mid, "g", ["pay"], CEILING)
+                await branch.reserve(mid, ["g"], "b1", 3 * COST, 30, branch=True)
+                await branch.commit(mid, "b1", chain=["g"])
+                await co.sweep_once()  # records the Branch's reserve and commit
+                assert co.states[mid].level("mission").committed == 3 * COST
+                await branch.settle(mid, "b1", COST, chain=["g"])  # not recorded yet
+                await admin.connection.call("DEL", "fl:state")
+                await admin.connection.call("CLIENT", "KILL", "USER", REDIS_COORDINATOR)
+                assert (await decide(client, mid, "a1"))[0]
+                assert co.reconciler.rebuilds == 2
+                found = await admin.reservation(mid, "b1")
+                assert found is not None and found[2] == "settled"
+                level = await admin.level(mid, "mission")
+                assert (level.reserved, level.committed, level.settled) == (0, COST, COST)
+                await co.sweep_once()  # the record follows Redis: settled for 100
+                assert co.states[mid].level("mission").settled == COST
+        finally:
+            await co.stop()
