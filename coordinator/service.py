@@ -338,10 +338,12 @@ class Coordinator:
                 budget_ok = await self._budget_ping()
         caught_up = self.applied_seq >= self.ingest.ready_seq
         refused = self.journal.refused  # the durable consumer is not ours: name what changed
-        ok = nats_ok and budget_ok and caught_up and refused is None
+        # Redis's money state lost (a failover, no state marker): nothing admitted until rebuilt
+        lost = self.budget.state_lost if isinstance(self.budget, Rebuildable) else None
+        ok = nats_ok and budget_ok and caught_up and refused is None and lost is None
         return ok, {
             "nats": nats_ok,
-            "redis": budget_ok,
+            "redis": budget_ok if lost is None else f"rebuilding from the ledger: {lost}",
             "caught_up": caught_up,
             "consumer": "own" if refused is None else f"refused: {refused}",
             "applied_seq": self.applied_seq,
