@@ -18,8 +18,8 @@ import itertools
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from importlib.resources import files
 from datetime import UTC, datetime, timedelta
+from importlib.resources import files
 from typing import Any
 
 import pytest
