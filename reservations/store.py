@@ -14,6 +14,11 @@ one this client learnt from its own reserve or sweep, or none; a script that fin
 chain stored writes nothing and answers it, and the call is sent once more with those keys.
 The sweep and the branch read find their reservation ids first (``due.lua``, ``ZRANGE``), then
 run with those reservations' keys declared.
+
+The coordinator's client watches for a Redis that may not hold what was written (a Sentinel
+failover, a missing state marker: ``watch_state``); until every mission is rebuilt from the
+ledger (``rebuild``, ``rebuilt``) every other call raises ``Unreachable`` naming why. With
+``wait_replicas`` every write is followed by ``WAIT`` (docs/reservations.md).
 """
 
 from __future__ import annotations
