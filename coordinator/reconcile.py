@@ -16,6 +16,10 @@ ledger still counts, and what is left to reconcile is always Redis holding too m
 - The sweeper expires held reservations whose lease passed in two steps: Redis marks them
   expiring (still counted), the ledger records budget.expired, then Redis frees them; one the
   record never knew (a branch's) is recorded reserved and expired first, never freed silently.
+- After a Redis failover (asynchronous replication may lose acknowledged reservations) or a
+  Redis that came back without its data, every owned mission's money state is rebuilt in
+  Redis from the ledger before anything more is admitted (``rebuild_redis``); what Redis
+  holds beyond the record is kept and counted, and becomes undecided at the rescan that follows.
 - Branch reservations (``reservations.Branch``: made by an orchestrator's workers, listed in
   Redis until recorded) are recorded from Redis's own answer, transitions in Redis's order,
   whether or not their worker lived to report them. A committed one whose heartbeat stopped
@@ -38,7 +42,7 @@ from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
 from ledger.events import MAX_BUNDLE_EVENTS, BudgetExpired, BudgetReleased, Event
 from ledger.mission import ReservationState
 from ledger.protocol import AUTHORIZE_RESERVATION_PREFIX  # authorize reserves r-<action id>
-from reservations import Budget
+from reservations import Budget, Rebuildable
 from telemetry import Telemetry
 from telemetry.conventions import FLEET_RESERVATION_OUTCOME
 
@@ -170,6 +174,53 @@ class Reconciler:
         self.lease_s, self.sweep_interval_s = lease_s, sweep_interval_s
         self._scanned = True  # what Redis holds was compared with the record (or not yet)
         self.branches = BranchRecorder(journal, budget, self.unapplied)
+        self._rebuilding = asyncio.Lock()
+        self.rebuilds = 0  # rebuilds of Redis's state from the ledger done (tests read it)
+
+    async def rebuild_redis(self) -> bool:
+        """If Redis may not hold what was written (a failover, a lost state marker), rebuild
+        every owned mission's money state in it from the ledger, each under its lock with its
+        state settled (no authorize of it between Redis and the stream), then admit again and
+        compare what Redis holds with the record at the next sweep (its unrecorded
+        reservations become undecided). True if a rebuild ran. Raises ``FleetError`` while
+        Redis or the stream cannot answer (every call stays refused; the sweep tries again)."""
+        budget = self.budget
+        if not isinstance(budget, Rebuildable):
+            return False
+        async with self._rebuilding:  # one at a time: a second caller finds it done
+            if await budget.check_state() is None:
+                return False
+            while (why := budget.state_lost) is not None:
+                losses = budget.losses
+                log.warning("rebuilding the missions' money in Redis from the ledger: %s", why)
+                missions = await self._rebuild_missions(budget)
+                if await budget.rebuilt(losses):
+                    log.warning("Redis rebuilt from the ledger: %d missions", missions)
+            self.rebuilds += 1
+            self.rescan()
+            return True
+
+    async def _rebuild_missions(self, budget: Rebuildable) -> int:
+        journal, done = self.journal, 0
+        for mission_id in [*journal.states, *journal.cold]:
+            if not journal.owns(mission_id):  # its owner rebuilds it
+                continue
+            async with journal.lock(mission_id):
+                await journal.settle(mission_id)
+                state = journal.state(mission_id)
+                if state.mission is None:
+                    continue
+                kept, unrecorded = await budget.rebuild(mission_id, state)
+                done += 1
+            if kept or unrecorded:
+                log.warning(
+                    "mission %s rebuilt in Redis; Redis was ahead of the record for %d "
+                    "reservations and held %d it never recorded: kept and counted",
+                    mission_id,
+                    kept,
+                    unrecorded,
+                )
+        return done
 
     def rescan(self) -> None:
         """Compare what Redis holds with the record again at the next sweep (a partition was
@@ -181,7 +232,12 @@ class Reconciler:
         never recorded are settled like an ambiguous failure (a retry within the lease decides
         it; else it is returned); reservations the ledger records as resolved are made to
         follow the record. If Redis cannot say, both are tried again each sweep round until it
-        can (a coordinator started while Redis was down must not keep what nobody recorded)."""
+        can (a coordinator started while Redis was down must not keep what nobody recorded).
+        A Redis that lost the state (no state marker) is rebuilt from the ledger first."""
+        try:
+            await self.rebuild_redis()
+        except FleetError as exc:  # Redis down at start: every call refused until the sweep
+            log.warning("rebuilding Redis from the ledger postponed: %s", exc.message)
         await self._scan()
 
     async def _scan(self) -> None:
@@ -267,6 +323,7 @@ class Reconciler:
         reserving and appending): it is recorded reserved and expired, then freed.
         """
         journal = self.journal
+        await self.rebuild_redis()
         if not self._scanned:
             await self._scan()
         await self.follow_ledger()

@@ -37,11 +37,12 @@ from fleetbus.bus import Bus, JetStreamBus, RequestHandler
 from fleetbus.http import HttpServer
 from fleetbus.identity import KeyStore, seed_of
 from ledger.clock import Clock, SystemClock
+from ledger.errors import FleetError
 from ledger.kernel import Kernel, decide
 from ledger.mission import MissionState
 from ledger.partition import epoch_subject
 from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT, partition_subject
-from reservations import Budget, ReservationClient
+from reservations import Budget, Rebuildable, ReservationClient
 from telemetry import Telemetry
 
 log = logging.getLogger("fleetledger.coordinator")
@@ -133,6 +134,9 @@ class Coordinator:
         self.leases: Leases | None = None
         self._background: set[asyncio.Future[None]] = set()
         self._started = False  # reconciled and serving: a takeover then serves at once
+        self._rebuild: asyncio.Future[None] | None = None
+        if isinstance(budget, Rebuildable):  # a failover or a lost Redis: rebuilt, then served
+            budget.watch_state(self._rebuild_soon)
         if leases is not None and self.fences is not None:
             self.fences.dropped.append(self._dropped)
             budget.fence_with(self.fences.epoch)  # every script carries the mission's epoch
@@ -160,7 +164,10 @@ class Coordinator:
             kw["leases"] = await ensure_lease_bucket(
                 bus.js, ttl_s=s.partition_lease_s, replicas=s.stream_replicas
             )
-        budget = ReservationClient.from_url(s.redis_url, timeout_s=s.redis_timeout_s)
+        budget = ReservationClient.from_url(
+            s.redis_url, timeout_s=s.redis_timeout_s, wait_replicas=s.redis_wait_replicas,
+            wait_timeout_ms=s.redis_wait_timeout_ms,
+        )  # fmt: skip
         if "snapshots" not in kw:
             kw["snapshots"] = await JetStreamSnapshots.ensure(
                 bus.nc, bus.js, replicas=s.stream_replicas
@@ -245,6 +252,8 @@ class Coordinator:
 
         if self.leases is not None:  # handed over at once, not after the lease expires
             await step("leases", self.leases.stop())
+        if self._rebuild is not None:
+            self._rebuild.cancel()
         for task in self._tasks:
             task.cancel()
         await step("background tasks", asyncio.gather(*self._tasks, return_exceptions=True))
@@ -293,6 +302,18 @@ class Coordinator:
         for subject, _ in self._partitioned(partition):
             await self.bus.unserve(subject)
 
+    def _rebuild_soon(self) -> None:
+        """A call found Redis's state lost: rebuild it now, not at the next sweep."""
+        if not self._started or (self._rebuild is not None and not self._rebuild.done()):
+            return
+        self._rebuild = asyncio.ensure_future(self._rebuild_now())
+
+    async def _rebuild_now(self) -> None:
+        try:
+            await self.reconciler.rebuild_redis()
+        except FleetError as exc:  # the sweep tries again
+            log.warning("rebuilding Redis from the ledger failed: %s", exc.message)
+
     def _dropped(self, partition: int) -> None:
         """A write of ``partition`` was fenced: let its subjects go now."""
         task = asyncio.ensure_future(self._lost(partition))
@@ -317,10 +338,12 @@ class Coordinator:
                 budget_ok = await self._budget_ping()
         caught_up = self.applied_seq >= self.ingest.ready_seq
         refused = self.journal.refused  # the durable consumer is not ours: name what changed
-        ok = nats_ok and budget_ok and caught_up and refused is None
+        # Redis's money state lost (a failover, no state marker): nothing admitted until rebuilt
+        lost = self.budget.state_lost if isinstance(self.budget, Rebuildable) else None
+        ok = nats_ok and budget_ok and caught_up and refused is None and lost is None
         return ok, {
             "nats": nats_ok,
-            "redis": budget_ok,
+            "redis": budget_ok if lost is None else f"rebuilding from the ledger: {lost}",
             "caught_up": caught_up,
             "consumer": "own" if refused is None else f"refused: {refused}",
             "applied_seq": self.applied_seq,

@@ -25,6 +25,10 @@ class CoordinatorSettings(FleetBaseSettings):
     cut_timeout_s: float = Field(default=2.0, gt=0)  # how long to wait to reach a sender's cut
     sweep_interval_s: float = Field(default=1.0, gt=0)
     redis_timeout_s: float = Field(default=1.0, gt=0)  # one reservation call (retried once)
+    # money writes followed by WAIT N <timeout> (docs/reservations.md); fewer acknowledgements
+    # are ambiguous (undecided until reconciled); 0: asynchronous replication only
+    redis_wait_replicas: int = Field(default=0, ge=0, le=16)
+    redis_wait_timeout_ms: int = Field(default=100, gt=0, le=60_000)
     node_id: str = "coordinator"
     # partitions (SPEC S6.5, docs/partitions.md): P, the same on every coordinator and client
     # of a fleet; the lease on one (its TTL; renewed every third of it); the durable consumer's

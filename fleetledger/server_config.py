@@ -156,7 +156,7 @@ REDIS_USERS: dict[str, str] = {
     REDIS_ADMIN: "allkeys allchannels +@all",
     REDIS_COORDINATOR: (
         "resetkeys ~fl:* resetchannels -@all +@read +@write +@transaction +ping +time "
-        "+evalsha +script|load +script|exists -@dangerous"
+        "+evalsha +script|load +script|exists -@dangerous +wait"
     ),
     REDIS_BRANCH: (
         "resetkeys ~fl:* resetchannels -@all +ping +evalsha +time +hmget +hset +hincrby +zadd +zrem"
@@ -198,6 +198,34 @@ def redis_files(
         acl: redis_acl(dict(passwords)).encode(),
         directory / REDIS_CONF: ("\n".join(lines) + "\n").encode(),
     }
+
+
+REDIS_SERVICE = "fleet"  # the Sentinels' name for the embedded fleet's primary
+
+
+def redis_replication_lines(admin_password: str, primary_port: int | None) -> list[str]:
+    """``redis.conf`` lines of a server of a Sentinel set: it authenticates to its primary as
+    the admin user (any member may become a replica after a failover); ``primary_port``: a
+    replica of that primary from the start."""
+    lines = [f"masteruser {REDIS_ADMIN}", f"masterauth {admin_password}"]
+    if primary_port is not None:
+        lines.append(f"replicaof 127.0.0.1 {primary_port}")
+    return lines
+
+
+def redis_sentinel_conf(
+    *, port: int, primary_port: int, admin_password: str, directory: Path, quorum: int = 2
+) -> bytes:
+    """A Sentinel's configuration on loopback: it watches ``REDIS_SERVICE`` (the primary on
+    ``primary_port``) as the admin user; a primary is down after 1 s unanswered."""
+    return ("\n".join([
+        f"port {port}", "bind 127.0.0.1", f"dir {_quoted(directory)}",
+        f"sentinel monitor {REDIS_SERVICE} 127.0.0.1 {primary_port} {quorum}",
+        f"sentinel down-after-milliseconds {REDIS_SERVICE} 1000",
+        f"sentinel failover-timeout {REDIS_SERVICE} 5000",
+        f"sentinel auth-user {REDIS_SERVICE} {REDIS_ADMIN}",
+        f"sentinel auth-pass {REDIS_SERVICE} {admin_password}",
+    ]) + "\n").encode()  # fmt: skip
 
 
 def redis_passwords(keys: KeyStore) -> dict[str, str]:
@@ -265,6 +293,7 @@ __all__ = [
     "REDIS_CONF",
     "REDIS_COORDINATOR",
     "REDIS_GATEWAY",
+    "REDIS_SERVICE",
     "REDIS_USERS",
     "NatsRoutes",
     "NatsServerTls",
@@ -276,6 +305,8 @@ __all__ = [
     "redis_acl",
     "redis_files",
     "redis_passwords",
+    "redis_replication_lines",
+    "redis_sentinel_conf",
     "services_env",
     "url_host",
     "write_files",

@@ -12,6 +12,9 @@ NATS with TLS when given certificates (``NatsServerTls``). With a key store, ide
 take effect while the fleet runs (``fleetledger.reload``). ``nats_servers=3``: three nodes joined
 by authenticated routes, each with its own JetStream store, the same users on each; start()
 returns once they elected a JetStream meta leader, and ``nats_url`` names all three.
+``redis="sentinel"``: a Redis primary, its replica and three Sentinels (quorum 2) from the same
+binary, every server with the ACL users; start() returns once every Sentinel sees the replica
+and the other two, and ``redis_url_for`` gives ``redis+sentinel://`` URLs.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -31,6 +35,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
+
+import hiredis
 
 from fleetbus.identity import KeyStore, ensure_principals, write_private
 from fleetbus.permissions import write_server_config
@@ -60,17 +66,23 @@ from fleetledger.server_config import (
     REDIS_BRANCH,
     REDIS_COORDINATOR,
     REDIS_GATEWAY,
+    REDIS_SERVICE,
     REDIS_USERS,
     NatsRoutes,
     NatsServerTls,
     nats_config,
     redis_acl,
+    redis_replication_lines,
+    redis_sentinel_conf,
+    write_files,
     write_redis_config,
 )
 from ledger.errors import ComponentTimeout, FleetError, InvalidInput
 from ledger.identity import Principal, Role
 
 NATS_CLUSTER_SIZES = (1, 3)  # one server, or a cluster that outlives one node's death
+REDIS_TOPOLOGIES = ("single", "sentinel")
+SENTINELS = 3
 CLUSTER_NAME = "fleetledger"
 
 
@@ -86,7 +98,7 @@ class EmbeddedServers:
         state_dir: Path | None = None,
         *,
         nats: bool = True,
-        redis: bool = True,
+        redis: bool | str = True,
         keys: KeyStore | None = None,
         fsync_every_write: bool = True,
         nats_tls: NatsServerTls | None = None,
@@ -99,7 +111,14 @@ class EmbeddedServers:
         ``nats_tls``: nats-server speaks TLS only (clients set ``FLEET_NATS_TLS__*``).
         Redis runs with the ACL users of ``REDIS_USERS``, their passwords kept in ``keys``'s
         directory (else ``<state_dir>/identity``). ``nats_servers``: 1, or 3 for a cluster
-        (routes on loopback, authenticated with a password drawn for this run)."""
+        (routes on loopback, authenticated with a password drawn for this run). ``redis``:
+        True or ``"single"`` (one redis-server), ``"sentinel"`` (a primary, a replica and
+        three Sentinels), False (none)."""
+        if redis not in (True, False, *REDIS_TOPOLOGIES):
+            raise InvalidInput(
+                f"Redis topology {redis!r}: give single (one redis-server) or sentinel (a "
+                "primary, its replica and three Sentinels)"
+            )
         if nats_servers not in NATS_CLUSTER_SIZES:
             raise InvalidInput(
                 f"{nats_servers} NATS servers: give 1 (one server) or 3 (a cluster that survives "
@@ -119,7 +138,10 @@ class EmbeddedServers:
         self.nats_nodes: list[ManagedServer] = []
         self.redis: ManagedServer | None = None
         self._want_nats = nats
-        self._want_redis = redis
+        self._want_redis = redis is not False
+        self.redis_topology = "sentinel" if redis == "sentinel" else "single"
+        self.redis_replica: ManagedServer | None = None
+        self.sentinels: list[ManagedServer] = []
         self._stopped = False
         self._route_password = secrets.token_urlsafe(32)
         self._nats_ports: list[tuple[int, int, int]] = []  # (client, monitor, route) per node
@@ -163,6 +185,9 @@ class EmbeddedServers:
         """Where Redis listens, without credentials: what may be printed."""
         if self.redis is None:
             raise FleetError("redis-server was not started")
+        if self.sentinels:
+            hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+            return f"redis+sentinel://{hosts}/{REDIS_SERVICE}"
         return f"redis://127.0.0.1:{self.redis.port}/0"
 
     @property
@@ -177,7 +202,8 @@ class EmbeddedServers:
                 f"no Redis user {user!r}; the embedded fleet has {sorted(REDIS_USERS)}"
             )
         password = quote(self._secrets.redis_password(user), safe="")
-        return self.redis_address.replace("redis://", f"redis://{user}:{password}@", 1)
+        scheme = "redis+sentinel://" if self.sentinels else "redis://"
+        return self.redis_address.replace(scheme, f"{scheme}{user}:{password}@", 1)
 
     def start(self) -> Self:
         atexit.register(self.stop)
@@ -192,6 +218,8 @@ class EmbeddedServers:
                     self._watcher.start()
             if self._want_redis:
                 self.redis = self._start_with_retries(self._redis_server)
+                if self.redis_topology == "sentinel":
+                    self._start_sentinel_set(self.redis.port)
         except BaseException:
             self.stop()
             raise
@@ -334,17 +362,54 @@ class EmbeddedServers:
             applied=self._applied,
         ))  # fmt: skip
 
-    def _redis_server(self) -> ManagedServer:
+    def _redis_server(self, name: str = "redis", primary_port: int | None = None) -> ManagedServer:
+        """A redis-server in its own directory (the single one's: the state directory); in a
+        Sentinel set each authenticates to its primary, the replica follows ``primary_port``."""
         binary = find_redis_server()
         port = free_port()
-        data = self.state_dir / "redis"
+        home = self.state_dir if name == "redis" else self.state_dir / name
+        data = self.state_dir / name
         data.mkdir(exist_ok=True)
-        conf = write_redis_config(self.state_dir, self._secrets, port=port, data=data)
+        conf = write_redis_config(home, self._secrets, port=port, data=data)
         admin = self._secrets.redis_password(REDIS_ADMIN)
+        if self.redis_topology == "sentinel":
+            extra = redis_replication_lines(admin, primary_port)
+            write_files({conf: conf.read_bytes() + ("\n".join(extra) + "\n").encode()})
         return ManagedServer(
-            "redis-server", [str(binary), str(conf)], port,
-            lambda: redis_healthy(port, REDIS_ADMIN, admin), self.state_dir / "redis-server.log",
+            f"redis-server ({name})" if name != "redis" else "redis-server",
+            [str(binary), str(conf)], port, lambda: redis_healthy(port, REDIS_ADMIN, admin),
+            self.state_dir / f"{name}-server.log",
         )  # fmt: skip
+
+    def _start_sentinel_set(self, primary_port: int) -> None:
+        self.redis_replica = self._start_with_retries(
+            lambda: self._redis_server("redis-replica", primary_port)
+        )
+        binary, admin = find_redis_server(), self._secrets.redis_password(REDIS_ADMIN)
+        for i in range(SENTINELS):
+
+            def build(i: int = i) -> ManagedServer:
+                port, home = free_port(), self.state_dir / f"sentinel-{i}"
+                home.mkdir(exist_ok=True)
+                conf = home / "sentinel.conf"  # the Sentinel rewrites it with what it learns
+                body = redis_sentinel_conf(
+                    port=port, primary_port=primary_port, admin_password=admin, directory=home
+                )
+                write_files({conf: body})
+                return ManagedServer(
+                    f"redis-sentinel {i}", [str(binary), str(conf), "--sentinel"], port,
+                    lambda: tcp_open(port), self.state_dir / f"sentinel-{i}.log",
+                )  # fmt: skip
+
+            self.sentinels.append(self._start_with_retries(build))
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not all(_sentinel_sees_all(s.port) for s in self.sentinels):
+            if time.monotonic() > deadline:
+                raise ComponentTimeout(
+                    f"the Sentinels did not see the replica and each other within "
+                    f"{STARTUP_TIMEOUT_S:.0f}s (logs in {self.state_dir})"
+                )
+            time.sleep(0.1)  # polling the Sentinels' own view
 
     def stop(self) -> None:
         if self._stopped:
@@ -354,7 +419,7 @@ class EmbeddedServers:
             self._watcher.stop()
         if self.keys is not None:
             clear_running(self.keys, os.getpid())
-        for server in (self.redis, *self.nats_nodes):
+        for server in (*self.sentinels, self.redis_replica, self.redis, *self.nats_nodes):
             if server is not None:
                 server.stop()
         if self._owns_dir:
@@ -381,6 +446,42 @@ class EmbeddedServers:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _sentinel_sees_all(port: int) -> bool:
+    """The Sentinel on ``port`` knows a replica of the service and the other Sentinels (else a
+    failover finds none to promote, or no quorum)."""
+    reader = hiredis.Reader(encoding="utf-8")
+    asks = [("SENTINEL", "REPLICAS", REDIS_SERVICE), ("SENTINEL", "SENTINELS", REDIS_SERVICE)]
+    try:
+        with socket.create_connection(("127.0.0.1", port), 0.5) as sock:
+            sock.settimeout(0.5)
+            sock.sendall(b"".join(_resp_command(a) for a in asks))
+            replies: list[Any] = []
+            while len(replies) < len(asks):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return False
+                reader.feed(chunk)
+                while (reply := reader.gets()) is not False:
+                    replies.append(reply)
+    except OSError:
+        return False
+    replicas, sentinels = replies
+    return (
+        isinstance(replicas, list)
+        and bool(replicas)
+        and isinstance(sentinels, list)
+        and (len(sentinels) == SENTINELS - 1)
+    )
+
+
+def _resp_command(args: Sequence[str]) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
 
 
 COORDINATOR_PRINCIPAL = "coordinator"

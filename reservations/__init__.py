@@ -24,7 +24,7 @@ from reservations.results import (
     SettleResult,
     SweepResult,
 )
-from reservations.store import Budget, ReservationClient, ReservationStore
+from reservations.store import Budget, Rebuildable, ReservationClient, ReservationStore
 
 __all__ = [
     "MISSION_SCOPE",
@@ -39,6 +39,7 @@ __all__ = [
     "ExpiringResult",
     "Level",
     "OverrunTreatedResult",
+    "Rebuildable",
     "ReleaseResult",
     "ReservationClient",
     "ReservationStore",

@@ -26,7 +26,15 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
 
-__all__ = ["RedisAddress", "RespAuthError", "RespConnection", "RespConnectionError", "RespError"]
+__all__ = [
+    "STATE_MARKER_KEY",
+    "RedisAddress",
+    "RespAuthError",
+    "RespConnection",
+    "RespConnectionError",
+    "RespError",
+    "RespStateLost",
+]
 
 
 class RespError(Exception):
@@ -37,6 +45,12 @@ class RespConnectionError(ConnectionError):
     """The connection could not be made, or was lost with calls in flight."""
 
 
+class RespStateLost(RespConnectionError):
+    """The Redis connected to may not hold what was written to it (a failover to another
+    primary, or a Redis without the state marker): nothing was sent; the coordinator rebuilds
+    its missions' state from the ledger first (docs/reservations.md)."""
+
+
 class RespAuthError(RespConnectionError):
     """Redis refused the connection's set-up (its credentials, or its database): sending the
     same again cannot help."""
@@ -44,6 +58,9 @@ class RespAuthError(RespConnectionError):
 
 _CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 _TRUE = {"1", "true", "yes", "on"}
+# written by a coordinator's rebuild: a Redis without it (new, or restarted without its data)
+# or with another value holds other state than the coordinator wrote
+STATE_MARKER_KEY = "fl:state"
 _UNAUTHENTICATED = "ERR Protocol error: unauthenticated"  # then Redis closes the connection
 # a replica's refusal of a write, as a command's reply or inside a script's error
 _READONLY = "READONLY You can't write against a read only replica"
@@ -261,6 +278,26 @@ class RespConnection:
         self._connecting_loop: asyncio.AbstractEventLoop | None = None
         self.primary: tuple[str, int] | None = None  # Sentinel: the primary connected to last
         self.failovers = 0  # Sentinel: times the primary named was another than the last one
+        # the coordinator's (``watch_state``): every (re)connect also reads the state marker;
+        # a failover or a missing or other marker sets ``lost_state`` (why) and counts a loss;
+        # until ``mark_rebuilt`` only ``gated=False`` calls (the rebuild's) are sent
+        self.watch_state = False
+        self.marker: str | None = None
+        self.lost_state: str | None = None
+        self.losses = 0
+
+    def lose_state(self, why: str) -> None:
+        """Redis may not hold what was written: refuse gated calls until ``mark_rebuilt``."""
+        self.lost_state, self.losses = why, self.losses + 1
+
+    def mark_rebuilt(self, losses: int, marker: str) -> bool:
+        """The state was rebuilt after loss number ``losses`` and ``marker`` written: gated
+        calls go again, unless another loss came meanwhile (False: rebuild again)."""
+        self.marker = marker
+        if self.losses != losses:
+            return False
+        self.lost_state = None
+        return True
 
     @classmethod
     def from_url(
@@ -329,6 +366,12 @@ class RespConnection:
                 primary = (str(named[0]), int(named[1]))
                 if self.primary is not None and primary != self.primary:
                     self.failovers += 1
+                    if self.watch_state:
+                        self.lose_state(
+                            f"the Sentinels named a new primary {primary[0]}:{primary[1]} "
+                            f"(was {self.primary[0]}:{self.primary[1]}; replication is "
+                            "asynchronous, so acknowledged writes may be lost)"
+                        )
                 self.primary = primary
                 return primary
             else:
@@ -371,6 +414,8 @@ class RespConnection:
             setup.append(("AUTH", a.username, a.password) if a.username else ("AUTH", a.password))
         if a.db:
             setup.append(("SELECT", a.db))
+        if self.watch_state:  # in the same write as the set-up: no round trip of its own
+            setup.append(("GET", STATE_MARKER_KEY))
         try:
             replies = await self._send(protocol, setup, self._connect_timeout_s) if setup else []
         except BaseException:
@@ -380,7 +425,23 @@ class RespConnection:
             if isinstance(reply, RespError):  # wrong password, unknown db: not as configured
                 protocol.fail(RespConnectionError(str(reply)))
                 raise RespAuthError(f"Redis refused the connection set-up: {reply}")
+        if self.watch_state:
+            self._check_marker(replies[-1])
         return protocol
+
+    def _check_marker(self, seen: str | None) -> None:
+        if seen is None and self.lost_state is None:
+            self.lose_state(
+                f"Redis at {self.where} holds no state marker ({STATE_MARKER_KEY}): it is new, "
+                "or restarted without its data"
+            )
+        elif seen is not None and self.marker is not None and seen != self.marker:
+            self.lose_state(
+                f"Redis at {self.where} holds another state marker than the one written "
+                "(restarted from older data, or replaced)"
+            )
+        elif seen is not None and self.marker is None:
+            self.marker = seen
 
     async def _send(
         self, protocol: _Protocol, commands: Sequence[Sequence[Any]], timeout_s: float
@@ -417,9 +478,12 @@ class RespConnection:
             )
         return replies
 
-    async def call_many(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    async def call_many(
+        self, commands: Sequence[Sequence[Any]], *, gated: bool = True
+    ) -> list[Any]:
         """Run ``commands`` in one write; their replies in order, error replies as
-        ``RespError`` values."""
+        ``RespError`` values. ``gated``: refused (``RespStateLost``, nothing sent) while the
+        state is lost (``watch_state``), checked once connected, before the write."""
         protocol = self._protocol
         if (
             protocol is None
@@ -427,6 +491,8 @@ class RespConnection:
             or (protocol.loop is not asyncio.get_running_loop())
         ):
             protocol = await self._connected()
+        if gated and self.lost_state is not None:
+            raise RespStateLost(self.lost_state)
         return await self._send(protocol, commands, self._timeout_s)
 
     async def call(self, *args: Any) -> Any:

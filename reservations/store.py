@@ -14,18 +14,24 @@ one this client learnt from its own reserve or sweep, or none; a script that fin
 chain stored writes nothing and answers it, and the call is sent once more with those keys.
 The sweep and the branch read find their reservation ids first (``due.lua``, ``ZRANGE``), then
 run with those reservations' keys declared.
+
+The coordinator's client watches for a Redis that may not hold what was written (a Sentinel
+failover, a missing state marker: ``watch_state``); until every mission is rebuilt from the
+ledger (``rebuild``, ``rebuilt``) every other call raises ``Unreachable`` naming why. With
+``wait_replicas`` every write is followed by ``WAIT`` (docs/reservations.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import secrets
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from importlib.resources import files
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, runtime_checkable
 
 from ledger.errors import (
     ErrorCode,
@@ -36,9 +42,18 @@ from ledger.errors import (
     RuleViolation,
     Unreachable,
 )
+from ledger.mission import MissionState
 from ledger.money import check_micros, format_amount
 from reservations import keys as k
-from reservations.resp import RespAuthError, RespConnection, RespConnectionError, RespError
+from reservations.rebuild import rebuild_call
+from reservations.resp import (
+    STATE_MARKER_KEY,
+    RespAuthError,
+    RespConnection,
+    RespConnectionError,
+    RespError,
+    RespStateLost,
+)
 from reservations.results import (
     BranchesResult,
     BranchRecord,
@@ -58,6 +73,7 @@ __all__ = [
     "MAX_LEASE_S",
     "SCRIPTS",
     "Budget",
+    "Rebuildable",
     "ReservationClient",
     "ReservationStore",
     "script_source",
@@ -67,8 +83,9 @@ MAX_LEASE_S = 24 * 3600.0
 SWEEP_BATCH = 1000
 SCRIPTS = (
     "create_mission", "create_grant", "reserve", "commit", "settle", "release", "sweep",
-    "expire", "treat_overrun", "renew", "branches", "due", "fence",
+    "expire", "treat_overrun", "renew", "branches", "due", "fence", "rebuild",
 )  # fmt: skip
+_READ_ONLY = frozenset({"due"})  # scripts that write nothing: no WAIT after them
 _CHAINS_KEPT = 4096  # reservations whose grant chain a client remembers (oldest go first)
 _BACKOFF_S, _BACKOFF_CAP_S = 0.02, 0.5
 _HOLDING = ("held", "committed", "expiring")  # Redis states whose amount is still counted
@@ -161,6 +178,27 @@ class ReservationStore(Budget, Protocol):
     async def committed_ids(self, mission_id: str) -> list[str]: ...
 
     async def ping(self) -> bool: ...
+
+
+@runtime_checkable
+class Rebuildable(Protocol):
+    """A store whose state can be lost under the coordinator (a Redis failover, a restart
+    without data) and rebuilt from the ledger (``ReservationClient``; in-memory fakes cannot
+    lose theirs). While lost, every other call raises ``Unreachable`` naming why."""
+
+    def watch_state(self, on_lost: Callable[[], None] | None = None) -> None: ...
+
+    @property
+    def state_lost(self) -> str | None: ...
+
+    @property
+    def losses(self) -> int: ...
+
+    async def check_state(self) -> str | None: ...
+
+    async def rebuild(self, mission_id: str, state: MissionState) -> tuple[int, int]: ...
+
+    async def rebuilt(self, losses: int) -> bool: ...
 
 
 def script_source(name: str) -> str:
@@ -261,12 +299,20 @@ class ReservationClient:
     """Async Redis client for mission-wide budget reservations (docs/reservations.md)."""
 
     def __init__(
-        self, connection: RespConnection, *, retries: int = 1, script_wait_s: float = 5.0
-    ) -> None:
+        self, connection: RespConnection, *, retries: int = 1, script_wait_s: float = 5.0,
+        wait_replicas: int = 0, wait_timeout_ms: int = 100,
+    ) -> None:  # fmt: skip
         """``retries``: how many times a call whose connection failed is sent again.
         ``script_wait_s``: how long a user that may not load the scripts (a Branch client)
-        waits for a coordinator to load them after Redis lost them (a restart)."""
+        waits for a coordinator to load them after Redis lost them (a restart).
+        ``wait_replicas``: every script that writes is followed, in the same write, by
+        ``WAIT wait_replicas wait_timeout_ms``; fewer replicas acknowledging it is ambiguous
+        (``Unreachable``: it ran on the primary and may be lost on a failover)."""
+        if wait_replicas < 0 or wait_timeout_ms <= 0:
+            raise InvalidInput("wait_replicas is 0 or more and wait_timeout_ms above 0")
         self._conn = connection
+        self._wait = (wait_replicas, wait_timeout_ms)
+        self._on_lost: Callable[[], None] | None = None
         self._retries = retries
         self._script_wait_s = script_wait_s
         self._scripts = {name: _Script(name) for name in SCRIPTS}
@@ -308,13 +354,71 @@ class ReservationClient:
         retries: int = 1,
         ssl_context: ssl.SSLContext | None = None,
         script_wait_s: float = 5.0,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 100,
     ) -> Self:
         """A client on ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``; user and
         password and the database in the URL) with short timeouts and a bounded retry."""
         conn = RespConnection.from_url(
             url, ssl_context=ssl_context, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s
         )
-        return cls(conn, retries=retries, script_wait_s=script_wait_s)
+        return cls(
+            conn, retries=retries, script_wait_s=script_wait_s, wait_replicas=wait_replicas,
+            wait_timeout_ms=wait_timeout_ms,
+        )  # fmt: skip
+
+    # --- a lost state and its rebuild (docs/reservations.md) --------------------------------
+
+    def watch_state(self, on_lost: Callable[[], None] | None = None) -> None:
+        """The coordinator's: check at every (re)connect that Redis holds what was written (no
+        failover, the state marker as written); once it may not, refuse every call but the
+        rebuild's until ``rebuilt``. ``on_lost`` is called when a call is refused so."""
+        self._conn.watch_state = True
+        self._on_lost = on_lost
+
+    @property
+    def state_lost(self) -> str | None:
+        """Why Redis may not hold what was written (None: it does, as far as is known)."""
+        return self._conn.lost_state
+
+    @property
+    def losses(self) -> int:
+        """How many times the state was found lost (``rebuilt`` takes the count it rebuilt)."""
+        return self._conn.losses
+
+    async def check_state(self) -> str | None:
+        """Connect (reading the state marker) and return ``state_lost``."""
+        await self._commands((("PING",),), gated=False)
+        return self._conn.lost_state
+
+    async def rebuild(self, mission_id: str, state: MissionState) -> tuple[int, int]:
+        """Write the mission's levels and reservations as ``state`` (the ledger's) holds them,
+        atomically (``rebuild.lua``), keeping what Redis holds beyond the record. Returns how
+        many reservations kept Redis's further state, and how many the record does not know
+        were kept. Sent while the state is lost; fenced by the mission's epoch."""
+        k.check_id(mission_id, what="mission id")
+        index = k.holding_key(mission_id)
+        for _ in range(3):
+            (listed,) = await self._reads([("ZRANGE", index, 0, -1)], gated=False)
+            unrecorded = sorted({_s(r) for r in listed} - set(state.reservations))
+            keys, args = rebuild_call(mission_id, state, unrecorded)
+            (reply,) = await self._pipeline("rebuild", [(keys, args)], gated=False)
+            if _s(reply[0]) == "ok":
+                return int(reply[4]), int(reply[5])
+        raise Unreachable(
+            f"rebuilding mission {mission_id} in Redis: its holding index kept changing "
+            "under the rebuild; nothing is admitted until it is rebuilt"
+        )
+
+    async def rebuilt(self, losses: int) -> bool:
+        """Every mission is rebuilt after loss number ``losses``: write the state marker (or
+        adopt the one another coordinator wrote) and admit again. False if another loss came
+        meanwhile (rebuild again)."""
+        token = secrets.token_hex(8)
+        _, seen = await self._reads(
+            [("SET", STATE_MARKER_KEY, token, "NX"), ("GET", STATE_MARKER_KEY)], gated=False
+        )
+        return self._conn.mark_rebuilt(losses, _s(seen))
 
     @property
     def connection(self) -> RespConnection:
@@ -329,7 +433,7 @@ class ReservationClient:
 
     async def ping(self) -> bool:
         """True if Redis answers; raises ``Unreachable`` if it cannot be reached."""
-        (reply,) = await self._reads((("PING",),))
+        (reply,) = await self._reads((("PING",),), gated=False)  # reachable, even rebuilding
         return bool(reply == "PONG")
 
     async def close(self) -> None:
@@ -381,34 +485,61 @@ class ReservationClient:
             return Fenced(f"{what} refused: {text[text.index('fenced') :]}")
         return FleetError(f"{what} failed: {text}")
 
-    async def _reads(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    async def _reads(self, commands: Sequence[Sequence[Any]], *, gated: bool = True) -> list[Any]:
         """Read commands; an error reply raises ``FleetError``."""
-        replies = await self._commands(commands)
+        replies = await self._commands(commands, gated=gated)
         for reply in replies:
             if isinstance(reply, RespError):
                 raise self._error("reading reservations from Redis", reply)
         return replies
 
-    async def _commands(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    async def _commands(
+        self, commands: Sequence[Sequence[Any]], *, gated: bool = True, wait: bool = False
+    ) -> list[Any]:
         """Send ``commands`` again after a lost connection or a timeout (the connection was
         reset, so no late reply can answer them), with backoff; then ``Unreachable``. Safe
         because every command we send is idempotent by reservation id, or a read. Refused
-        credentials are not sent again."""
+        credentials are not sent again, nor anything while the state is lost (``gated``).
+        ``wait``: writes, followed by ``WAIT`` when ``wait_replicas`` is set."""
+        replicas, wait_ms = self._wait
+        if wait and replicas:
+            commands = [*commands, ("WAIT", replicas, wait_ms)]
         attempt = 0
         while True:
             try:
-                return await self._conn.call_many(commands)
+                replies = await self._conn.call_many(commands, gated=gated)
+            except RespStateLost as exc:
+                if self._on_lost is not None:
+                    self._on_lost()
+                raise Unreachable(
+                    f"Redis at {self._conn.where}: {exc}; the coordinator rebuilds its "
+                    "missions' money in Redis from the ledger before it admits anything; "
+                    "nothing was admitted (fail closed)"
+                ) from exc
             except (RespConnectionError, TimeoutError, OSError) as exc:
                 if attempt >= self._retries or isinstance(exc, RespAuthError):
                     raise self._unreachable(exc) from exc
                 await asyncio.sleep(min(_BACKOFF_CAP_S, _BACKOFF_S * 2**attempt))
                 attempt += 1
+                continue
+            if wait and replicas:
+                acked = replies.pop()
+                if isinstance(acked, RespError) or int(acked) < replicas:
+                    raise Unreachable(
+                        f"Redis at {self._conn.where} ran the write but {acked} of the "
+                        f"{replicas} replicas asked for acknowledged it within {wait_ms} ms "
+                        "(FLEET_REDIS_WAIT_REPLICAS): a failover may lose it; undecided until "
+                        "reconciled (fail closed)"
+                    )
+            return replies
 
     async def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
         """One script call (``_pipeline`` of one, without its loops: the hot path)."""
         script = self._scripts[name]
         fkeys, fargs = self._fenced(keys, args)
-        (reply,) = await self._commands((("EVALSHA", script.sha, len(fkeys), *fkeys, *fargs),))
+        (reply,) = await self._commands(
+            (("EVALSHA", script.sha, len(fkeys), *fkeys, *fargs),), wait=name not in _READ_ONLY
+        )
         if isinstance(reply, RespError):
             if not _noscript(reply):
                 raise self._error(f"reservation script {name}", reply)
@@ -420,16 +551,19 @@ class ReservationClient:
         name: str,
         calls: Sequence[tuple[Sequence[str], Sequence[Any]]],
         epoch: int | None = None,
+        *,
+        gated: bool = True,
     ) -> list[Any]:
         """Many calls of one script in one write (EVALSHA); those Redis answered NOSCRIPT are
         sent again once it has the scripts (``_after_reload``); an error reply raises."""
         script = self._scripts[name]
         fenced = [self._fenced(keys, args, epoch) for keys, args in calls]
         commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in fenced]
-        replies = await self._commands(commands)
+        wait = name not in _READ_ONLY
+        replies = await self._commands(commands, gated=gated, wait=wait)
         lost = [i for i, r in enumerate(replies) if _noscript(r)]
         if lost:
-            again = await self._after_reload([commands[i] for i in lost])
+            again = await self._after_reload([commands[i] for i in lost], gated=gated, wait=wait)
             for i, reply in zip(lost, again, strict=True):
                 replies[i] = reply
         for reply in replies:
@@ -437,7 +571,9 @@ class ReservationClient:
                 raise self._error(f"reservation script {name}", reply)
         return replies
 
-    async def _after_reload(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    async def _after_reload(
+        self, commands: Sequence[Sequence[Any]], *, gated: bool = True, wait: bool = False
+    ) -> list[Any]:
         """Redis lost the scripts (a restart empties its script cache, or SCRIPT FLUSH): load
         them all if this user may (the coordinator's), and send ``commands`` again. A user that
         may not (a Branch client: EVALSHA only, never Lua of its own) waits for a coordinator
@@ -448,8 +584,8 @@ class ReservationClient:
         pending = list(range(len(commands)))
         delay = _BACKOFF_S
         while True:
-            await self._load_scripts()
-            replies = await self._commands([commands[i] for i in pending])
+            await self._load_scripts(gated=gated)
+            replies = await self._commands([commands[i] for i in pending], gated=gated, wait=wait)
             still = []
             for i, reply in zip(pending, replies, strict=True):
                 if _noscript(reply):
@@ -468,13 +604,13 @@ class ReservationClient:
             await asyncio.sleep(delay)  # waiting for another client to load them
             delay = min(delay * 2, _BACKOFF_CAP_S)
 
-    async def _load_scripts(self) -> None:
+    async def _load_scripts(self, *, gated: bool = True) -> None:
         """SCRIPT LOAD every script in one write, unless this user may not (learnt from its
         first NOPERM: a Branch client's ACL has EVALSHA, not SCRIPT)."""
         if self._may_load is False:
             return
         replies = await self._commands(
-            [("SCRIPT", "LOAD", s.source) for s in self._scripts.values()]
+            [("SCRIPT", "LOAD", s.source) for s in self._scripts.values()], gated=gated
         )
         refused = [r for r in replies if isinstance(r, RespError)]
         if refused and all(_denied(r) for r in refused):

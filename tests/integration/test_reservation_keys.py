@@ -18,12 +18,16 @@ import itertools
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from importlib.resources import files
 from typing import Any
 
 import pytest
 
+from ledger.authority import Authority
 from ledger.errors import Fenced, InvalidInput, RuleViolation
+from ledger.events import GrantSpec
+from ledger.mission import Grant, Mission, MissionState, Reservation, ReservationState
 from reservations import MISSION_SCOPE, ReservationClient
 from reservations import keys as k
 from reservations.resp import RedisAddress, RespConnection
@@ -266,10 +270,33 @@ async def every_branch(client: ReservationClient) -> None:
     (after,) = await client.branches([mid], unlist={mid: ["r-branch"]})
     assert after.records == ()
     assert (await client.levels(mid, chain))[-1].scope == MISSION_SCOPE
+    # rebuild: the ledger's held one written back, one Redis moved further kept (r-rc:
+    # committed there, held on this record), a settled one and its block, the rest unrecorded
+    await client.rebuild(mid, rebuild_state(mid))
     # the fence: a takeover raises the mission's epoch; a script at a lower one is refused
     await client.raise_epochs([mid], 2)
     with pytest.raises(Fenced, match="fenced: partition epoch 1 is below 2"):
         await client.reserve(mid, [], "r-late", 1, 30)
+
+
+def rebuild_state(mid: str) -> MissionState:
+    """A ledger's state of ``every_branch``'s mission, for ``rebuild``."""
+    now = datetime.now(UTC)
+    state = MissionState(mid)
+    state.mission = Mission(mid, "p", "o", 1_000_000, now, None, None, frozenset(), frozenset())
+    for gid, parent, budget in (("g1", None, 600_000), ("g2", "g1", 300_000)):
+        spec = GrantSpec(grant_id=gid, parent_id=parent, holder="a", purpose="p", owner="o",
+                         authority=Authority.of(["pay"]), budget=budget)  # fmt: skip
+        state.grants[gid] = Grant(spec=spec, issued_at=now)
+    scopes = ("g2", "g1", MISSION_SCOPE)
+    lease = now + timedelta(seconds=30)
+    state.reservations = {
+        "r-rb-held": Reservation("r-rb-held", scopes, 5, lease),
+        "r-rc": Reservation("r-rc", scopes, 1_000, lease),
+        "r-rb-set": Reservation("r-rb-set", scopes, 5, lease, ReservationState.OVERRUN, 9),
+    }
+    state.blocked_scopes = {"g2": "r-rb-set"}
+    return state
 
 
 async def sweep_of_a_lease_renewed_since(client: ReservationClient) -> None:
