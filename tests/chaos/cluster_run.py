@@ -51,9 +51,10 @@ class ClusterRunResult:
         s = self.history.summary()
         answers = [op for op in self.history.of("authorize") if op.result in ("ok", "denied")]
         refusals: dict[str, int] = {}
-        for op in self.history.ops:
-            if op.code in ("FL-FENCED", "FL-NOT-OWNER"):
-                refusals[op.code] = refusals.get(op.code, 0) + 1
+        for op in self.history.ops:  # an unknown outcome keeps its error code in the detail
+            code = op.detail.get("code") or op.code
+            if code in ("FL-FENCED", "FL-NOT-OWNER"):
+                refusals[code] = refusals.get(code, 0) + 1
         times = failovers(self.record, self.done)
         return {
             "faults": s["faults"],

@@ -19,7 +19,9 @@ Pure, like ``history.check``: they take what the run collected and touch no serv
   reports it; (c) a coordinator never reports an epoch of a partition lower than another
   coordinator reported for it more than ``grace_s`` earlier. The grace is what a resumed or
   cut-off owner may still *report* before it notices (its renew tick, at most one lease TTL);
-  it is no grace for writes: those are judged by the stream and Redis checks with none.
+  it is no grace for writes: those are judged by the stream and Redis checks with none. A
+  report up to ``known_s`` (a JetStream request's timeout and a second) past the grace is
+  tagged as issue 26's known finding ``KNOWN_HANG`` (``test_lease_hang``), longer ones are not.
 """
 
 from __future__ import annotations

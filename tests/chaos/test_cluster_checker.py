@@ -3,14 +3,15 @@
 and pauses of owners, the stream leader and Redis; judged by ``history.check`` and the cluster
 checks of ``tests.chaos.fencing`` (no write from a superseded epoch, one owner per partition).
 
-One run per module. ``FLEET_CHAOS_SEED`` replays a schedule (default: the fixed seed 26, and
-``FLEET_CHAOS_RANDOM=1`` adds nothing here: ``make chaos`` passes a fresh seed, printed first);
-``FLEET_CHAOS_SECONDS`` sets how long the operations run (75 s here; ``make chaos`` 600).
+One run per seed: the fixed seed 26 and a fresh one, printed (``FLEET_CHAOS_SEED`` runs that
+seed alone: a replay of its schedule, the timing of real processes still varies);
+``FLEET_CHAOS_SECONDS`` sets how long the operations run (60 s here; ``make chaos`` 600).
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -23,26 +24,33 @@ import pytest_asyncio
 from tests.chaos.cluster_run import ClusterRunResult, run_cluster_chaos
 from tests.chaos.history import Violation, by_check
 
-SEED = int(os.environ.get("FLEET_CHAOS_SEED") or 26)
-SECONDS = float(os.environ.get("FLEET_CHAOS_SECONDS") or 75)
+# a fixed seed, and a fresh one each run (printed, and in the test ids): FLEET_CHAOS_SEED
+# replays one seed alone
+SEEDS = (
+    [int(os.environ["FLEET_CHAOS_SEED"])]
+    if os.environ.get("FLEET_CHAOS_SEED")
+    else [26, random.SystemRandom().randrange(2**32)]
+)
+SECONDS = float(os.environ.get("FLEET_CHAOS_SECONDS") or 60)
 TIMEOUT = int(SECONDS * 1.5 + 240)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT)]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def run() -> AsyncIterator[ClusterRunResult]:
+@pytest_asyncio.fixture(scope="module", loop_scope="session", params=SEEDS, ids=str)
+async def run(request: pytest.FixtureRequest) -> AsyncIterator[ClusterRunResult]:
+    seed = int(request.param)
     keep = os.environ.get("FLEET_CHAOS_KEEP")
-    state = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="fl-chaos-net-", dir="/tmp"))
+    state = Path(keep) / str(seed) if keep else Path(tempfile.mkdtemp(prefix="fl-chaos-net-"))
     state.mkdir(parents=True, exist_ok=True)
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    result = await run_cluster_chaos(SEED, SECONDS, state, log=say)
+    result = await run_cluster_chaos(seed, SECONDS, state, log=say)
     say(result.header())
     for v in result.violations:
-        say(f"chaos cluster seed={SEED} violation: {v}")
+        say(f"chaos cluster seed={seed} violation: {v}")
     yield result
     if not keep:
         shutil.rmtree(state, ignore_errors=True)
