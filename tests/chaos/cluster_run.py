@@ -46,6 +46,13 @@ class ClusterRunResult:
     redis_samples: int
     wall_s: float
     record: Record
+    coordinators: list[str]
+
+    @property
+    def coordinator_writes(self) -> int:
+        """Mission messages the stream check judged (written by a coordinator)."""
+        mine = set(self.coordinators)
+        return sum(1 for w in self.record.written if w.node_ids & mine)
 
     def figures(self) -> dict[str, Any]:
         s = self.history.summary()
@@ -62,6 +69,7 @@ class ClusterRunResult:
             "refusals": refusals,
             "results": s["results"],
             "markers": len(self.record.markers),
+            "coordinator_writes": self.coordinator_writes,
             "healthz_samples": len(self.record.samples),
             "failover_s": {
                 "n": len(times),
@@ -170,6 +178,7 @@ async def run_cluster_chaos(
             samples,
             time.monotonic() - started,
             record,
+            cluster.coordinator_names,
         )
     finally:
         for w in workers:
