@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from pydantic import ValidationError
 
 from coordinator.journal import Journal
+from coordinator.leases import Held
 from coordinator.manage import Directory
 from coordinator.reconcile import (
     Undecided,
@@ -160,8 +161,9 @@ class Authorizer:
         journal = self.journal
         mid, action = req.mission_id, req.request
         await journal.settle(mid)
+        lease = None  # the lease this is decided under: appended under it only
         if journal.fences is not None:  # lost while this waited: nothing reserved, nothing said
-            journal.fences.check(mid)
+            lease = journal.fences.check(mid)[1]
         state = journal.state(mid)
         if who is not None:  # refused before anything is written: nothing to answer from
             grant = state.grants.get(action.grant_id)
@@ -210,8 +212,9 @@ class Authorizer:
         )  # fmt: skip
         events.append(receipt)
         seq = await self._record(
-            mid, events, receipt_stream_subject(mid, action.action_id, nonce), reservation_id
-        )
+            mid, events, receipt_stream_subject(mid, action.action_id, nonce), reservation_id,
+            lease,
+        )  # fmt: skip
         if seq.duplicate:  # another attempt's decision for this action is stored: it stands
             return await self._answer_stored(req, seq, reservation_id)
         if returned:  # on the record now: Redis follows it (else the reconciler makes it)
@@ -328,7 +331,12 @@ class Authorizer:
         return decision, reserved
 
     async def _record(
-        self, mission_id: str, events: list[Event], subject: str, reservation_id: str | None
+        self,
+        mission_id: str,
+        events: list[Event],
+        subject: str,
+        reservation_id: str | None,
+        lease: Held | None = None,
     ) -> Stored:
         """Append the decision's message. A failed publish is ambiguous (the server may have
         stored it): never give the money back then; retry with the same message id (JetStream
@@ -340,7 +348,9 @@ class Authorizer:
                 # one message id per action's decision: however many attempts (a coordinator
                 # that gave up or died with an append in flight, its successor), JetStream
                 # stores one decision and answers the others as duplicates of it
-                return await self.journal.append(events, subject, msg_id=decision_msg_id(events))
+                return await self.journal.append(
+                    events, subject, msg_id=decision_msg_id(events), lease=lease
+                )
             except NotOwner:
                 # another coordinator owns the mission now (fenced): nothing was stored, and
                 # what Redis holds is the new owner's to reconcile, never ours to give back

@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any
 from fleetbus.bus import Bus, Stored
 
 if TYPE_CHECKING:
-    from coordinator.leases import Fences
+    from coordinator.leases import Fences, Held
 from ledger.clock import Clock
-from ledger.errors import Fenced, FleetError, InvalidInput, Unreachable
+from ledger.errors import Fenced, FleetError, InvalidInput, NotOwner, Unreachable
 from ledger.events import Event, bundle_json, make_event
 from ledger.identity import seal_message
 from ledger.mission import MissionState
@@ -288,11 +288,19 @@ class Journal:
         )
 
     async def append(
-        self, events: list[Event], subject: str | None = None, *, msg_id: str | None = None
+        self,
+        events: list[Event],
+        subject: str | None = None,
+        *,
+        msg_id: str | None = None,
+        lease: Held | None = None,
     ) -> Stored:
         """Publish ``events`` as one stream message and wait for its PubAck; return its
         sequence. Its id is ``msg_id``, by default the last event's, so a retried append is
-        de-duplicated (``Stored.duplicate``: the sequence is the earlier message's)."""
+        de-duplicated (``Stored.duplicate``: the sequence is the earlier message's).
+        ``lease``: the partition's lease the events were decided under (``Fences.check``);
+        ``NotOwner`` if it was replaced since (by a newer one of ours: the state decided on
+        may predate what another owner wrote in between)."""
         last = events[-1]
         subject = subject or subject_of(last)
         with sending_span(
@@ -311,7 +319,15 @@ class Journal:
             # last: nothing may change a signed message; one signature covers all its events
             body = bundle_json(events) if self.seed is None else seal_message(events, self.seed)
             headers = headers_of(span)
+            fenced_by = None  # the lease whose marker this append expects
             if self.fences is not None:
+                fenced_by = self.fences.check(last.mission_id)
+                if lease is not None and fenced_by[1] is not lease:
+                    raise NotOwner(
+                        f"not owner: partition {fenced_by[0]} was taken over again since this "
+                        "was decided; nothing was stored, ask again",
+                        owner=self.node_id, partition=fenced_by[0],
+                    )  # fmt: skip
                 headers = {**(headers or {}), **self.fences.headers(last.mission_id)}
             if len(self._own) < OWN_CACHE_LIMIT:
                 self._own[body] = tuple(events)
@@ -322,14 +338,18 @@ class Journal:
             except Fenced as exc:
                 self._own.pop(body, None)
                 stored = await self._stored_before(subject, msg_id) if unsure else None
-                if stored is None:
-                    if self.fences is None:
+                if self.fences is None or fenced_by is None:
+                    if stored is None:
                         raise
-                    p = self.fences.of(last.mission_id)
-                    self.fences.drop(p)
-                    raise Fenced(
-                        f"{exc.message}; partition {p} is no longer served here", partition=p
-                    ) from None
+                else:  # a newer owner's marker: that lease is over (a newer one of ours stays)
+                    p, held = fenced_by
+                    if self.fences.held.get(p) is held:
+                        self.fences.drop(p)
+                    if stored is None:
+                        raise Fenced(
+                            f"{exc.message}; partition {p} is no longer served here",
+                            partition=p,
+                        ) from None
                 seq = stored  # our own earlier, ambiguous attempt was stored before the fence
             except InvalidInput:  # refused outright: nothing was stored
                 self._own.pop(body, None)
@@ -352,9 +372,11 @@ class Journal:
             return None
         return Stored(stored.seq, duplicate=True)
 
-    async def commit(self, events: list[Event], *, msg_id: str | None = None) -> Stored:
+    async def commit(
+        self, events: list[Event], *, msg_id: str | None = None, lease: Held | None = None
+    ) -> Stored:
         """``append``, then wait until this coordinator has applied it."""
-        seq = await self.append(events, msg_id=msg_id)
+        seq = await self.append(events, msg_id=msg_id, lease=lease)
         await self.wait_applied(seq)
         return seq
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import re
@@ -31,8 +32,8 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from ledger.errors import InvalidInput, NotOwner
-from ledger.partition import epoch_subject, partition_of
-from ledger.protocol import LEASE_BUCKET
+from ledger.partition import EPOCH_SUBJECT_PREFIX, epoch_subject, partition_of
+from ledger.protocol import LEASE_BUCKET, STREAM
 
 log = logging.getLogger("fleetledger.coordinator.leases")
 
@@ -41,6 +42,7 @@ LEASE_SUBJECTS = f"$KV.{LEASE_BUCKET}"
 MEMBER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PARTITION_KEY = "p."
 MEMBER_KEY = "m."
+MEMBER_P = " partitions="  # a member key's value: "<id> partitions=<P>" (its FLEET_PARTITIONS)
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 
@@ -158,15 +160,48 @@ class LeaseBucket:
 
 
 async def ensure_lease_bucket(js: JetStreamContext, *, ttl_s: float, replicas: int) -> LeaseBucket:
-    """The lease bucket (created with a bucket TTL of ``ttl_s`` and history 1 if missing)."""
+    """The lease bucket (created with a bucket TTL of ``ttl_s`` and history 1 if missing). A
+    bucket created again (deleted by an operator, or its store lost) starts its revisions
+    above every epoch the ledger's markers name: Redis stores those, and refuses a lower one
+    for good."""
     try:
         return LeaseBucket(js, await js.key_value(LEASE_BUCKET))
     except (NotFoundError, BucketNotFoundError):
+        above = await _highest_epoch(js) + 1
         config = api.KeyValueConfig(
             bucket=LEASE_BUCKET, history=1, ttl=ttl_s, storage=api.StorageType.FILE,
             replicas=replicas,
         )  # fmt: skip
-        return LeaseBucket(js, await js.create_key_value(config))
+        if above == 1:  # no epoch ever: nats-py's bucket as it makes it
+            return LeaseBucket(js, await js.create_key_value(config))
+        # nats-py's KV stream, with its first sequence (revision) above every epoch
+        await js.add_stream(
+            api.StreamConfig(
+                name=LEASE_STREAM, subjects=[f"{LEASE_SUBJECTS}.>"], allow_rollup_hdrs=True,
+                allow_msg_ttl=True, deny_delete=True, discard=api.DiscardPolicy.NEW,
+                duplicate_window=min(ttl_s, 120.0), max_age=ttl_s, max_consumers=-1,
+                max_msgs=-1, max_msgs_per_subject=1, num_replicas=replicas,
+                storage=api.StorageType.FILE, first_seq=above,
+            )
+        )  # fmt: skip
+        log.warning("lease bucket created again: epochs start above %s", above - 1)
+        return LeaseBucket(js, await js.key_value(LEASE_BUCKET))
+
+
+async def _highest_epoch(js: JetStreamContext) -> int:
+    """The highest epoch any partition's last marker on the ledger names (0: none)."""
+    try:
+        info = await js.stream_info(STREAM, subjects_filter=f"{EPOCH_SUBJECT_PREFIX}.*")
+    except NotFoundError:
+        return 0
+    highest = 0
+    for subject in (info.state.subjects or {}) if info.state else {}:
+        with contextlib.suppress(NotFoundError, ValueError, TypeError, KeyError):
+            marker = json.loads((await js.get_last_msg(STREAM, subject)).data or b"")
+            epoch = int(marker["epoch"])
+            if 0 < epoch < 2**62:  # a sequence JetStream can start at
+                highest = max(highest, epoch)
+    return highest
 
 
 class Leases:
@@ -203,8 +238,9 @@ class Leases:
         return self.ttl_s / 3
 
     async def start(self) -> None:
-        """Register and take this coordinator's share before returning; then keep it."""
-        await self.tick()
+        """Register and take this coordinator's share before returning; then keep it.
+        ``InvalidInput`` (and nothing taken) if a live member's P is not this one's."""
+        await self.tick(starting=True)
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
@@ -229,13 +265,26 @@ class Leases:
                 log.warning("lease tick failed", exc_info=True)
                 await self._expire_unrenewed()
 
-    async def tick(self) -> None:
-        """Renew what is held, read the bucket, hand over extras, claim free partitions."""
+    async def tick(self, *, starting: bool = False) -> None:
+        """Renew what is held, read the bucket, hand over extras, claim free partitions.
+        Members whose P is not ours are not counted (a start meeting one is refused)."""
         await self._renew(MEMBER_KEY + self.me)
         for p in sorted(self.fences.held):
             if not await self._renew(PARTITION_KEY + str(p)):
                 await self._lose(p)
-        members, owners = await self._read()
+        counts, owners = await self._read()
+        others = {m: n for m, n in counts.items() if n is not None and n != self.fences.partitions}
+        if others and starting:  # two P would put one mission in two owners' partitions
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await self.kv.delete(MEMBER_KEY + self.me)
+            raise InvalidInput(
+                f"FLEET_PARTITIONS is {self.fences.partitions} here but "
+                + ", ".join(f"{n} on coordinator {m}" for m, n in sorted(others.items()))
+                + ": it must be the same on every coordinator of a fleet (docs/partitions.md)"
+            )
+        if others:
+            log.error("coordinators %s run with another FLEET_PARTITIONS; not counted", others)
+        members = {m for m in counts if m not in others}
         self.members = members
         self.fences.owners = owners
         for p in sorted(p for p, owner in owners.items() if owner == self.me):
@@ -249,7 +298,7 @@ class Leases:
 
     async def _renew(self, key: str) -> bool:
         """Renew (or first create) ``key``; False if the bucket refused: it is not ours."""
-        value = self.me.encode()
+        value = self._value(key)
         rev = self._revs.get(key)
         try:
             if rev is None:
@@ -263,6 +312,12 @@ class Leases:
         self._revs[key] = rev
         self._renewed[key] = time.monotonic()
         return True
+
+    def _value(self, key: str) -> bytes:
+        """A partition key holds its owner's id; a member key also its P."""
+        if key.startswith(MEMBER_KEY):
+            return f"{self.me}{MEMBER_P}{self.fences.partitions}".encode()
+        return self.me.encode()
 
     async def _create(self, key: str, value: bytes) -> int:
         """Acquire ``key``: create it, or take it from an earlier process of this coordinator
@@ -288,21 +343,23 @@ class Leases:
             if now - self._renewed.get(key, 0.0) >= self.ttl_s:
                 await self._lose(p)
 
-    async def _read(self) -> tuple[set[str], dict[int, str]]:
-        """The bucket's live keys: one stream-info call lists them, one get per key reads its
-        owner (no watcher: an expired key leaves nothing a watcher would see). Only APIs of
-        the lease stream itself (``fleetbus.permissions``: the coordinator's)."""
+    async def _read(self) -> tuple[dict[str, int | None], dict[int, str]]:
+        """The bucket's live keys: each member with its P (None: not said), each partition with
+        its owner. One stream-info call lists them, one get per key reads its value (no
+        watcher: an expired key leaves nothing a watcher would see). Only APIs of the lease
+        stream itself (``fleetbus.permissions``: the coordinator's)."""
         info = await self.js.stream_info(LEASE_STREAM, subjects_filter=f"{LEASE_SUBJECTS}.>")
         subjects = sorted((info.state.subjects or {}) if info.state else {})
         got = await asyncio.gather(*(self._last(subject) for subject in subjects))
-        members: set[str] = set()
+        members: dict[str, int | None] = {}
         owners: dict[int, str] = {}
         for subject, owner in zip(subjects, got, strict=True):
             key = subject.removeprefix(LEASE_SUBJECTS + ".")
             if not owner:  # deleted, purged or expired since listed
                 continue
             if key.startswith(MEMBER_KEY):
-                members.add(key.removeprefix(MEMBER_KEY))
+                said = owner.partition(MEMBER_P)[2]
+                members[key.removeprefix(MEMBER_KEY)] = int(said) if said.isdigit() else None
             elif key.startswith(PARTITION_KEY) and key.removeprefix(PARTITION_KEY).isdigit():
                 owners[int(key.removeprefix(PARTITION_KEY))] = owner
         return members, owners
@@ -328,11 +385,27 @@ class Leases:
             log.warning("takeover of partition %s at epoch %s failed", p, epoch, exc_info=True)
             await self._release(p)
             return
-        if key not in self._revs:  # lost while taking over
+        if key not in self._revs or not await self._still_ours(key, epoch):
+            # lost while taking over (stalled past the TTL: another owner's epoch is newer,
+            # and its marker may precede ours): serve nothing of a superseded epoch
+            log.warning("partition %s: lease at epoch %s lost during its takeover", p, epoch)
+            self._revs.pop(key, None)
+            self._renewed.pop(key, None)
+            await self.lost(p)  # the takeover may have begun serving its subjects
             return
+        # no await from the check to here: held only while the bucket holds our epoch
         self.fences.held[p] = Held(epoch, marker_seq)
         self.fences.owners[p] = self.me
         log.info("partition %s: owner at epoch %s", p, epoch)
+
+    async def _still_ours(self, key: str, epoch: int) -> bool:
+        """Whether the bucket still holds ``key`` at ``epoch`` under our id (unreadable: no)."""
+        try:
+            last = await self.js.get_last_msg(LEASE_STREAM, f"{LEASE_SUBJECTS}.{key}")
+        except (nats.errors.Error, OSError, TimeoutError):  # NotFoundError too: expired
+            return False
+        deleted = (last.headers or {}).get("KV-Operation") in ("DEL", "PURGE")
+        return not deleted and int(last.seq or 0) == epoch and last.data == self.me.encode()
 
     async def _lose(self, p: int) -> None:
         """Stop serving ``p`` at once (its lease is gone or was refused)."""

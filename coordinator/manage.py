@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from coordinator.journal import Journal
+from coordinator.leases import Held
 from coordinator.reconcile import follow
 from coordinator.unapplied import Unapplied
 from fleetbus.bus import Request
@@ -101,6 +102,7 @@ class Context:
     state: MissionState
     now: datetime
     who: Principal | None = None  # the signer, when requests are signed
+    lease: Held | None = None  # the partition's lease it is decided under (appended under it)
 
 
 Handler = Callable[["Manager", Context, Any], Awaitable[Change]]
@@ -349,11 +351,13 @@ class Manager:
     async def _manage(self, req: ManageRequest, who: Principal | None) -> ManageReply:
         journal = self.journal
         await journal.settle(req.mission_id)
+        # lost while this waited: "not owner"; else what follows is appended under this lease
+        lease = journal.fences.check(req.mission_id)[1] if journal.fences is not None else None
         state = journal.state(req.mission_id)
         if who is not None:
             args = check_acting_as(who, req.op, req.args, state.roles, mission_id=req.mission_id)
             req = req.model_copy(update={"actor": who.name, "args": args})
-        ctx = Context(req, state, journal.clock.now(), who)
+        ctx = Context(req, state, journal.clock.now(), who, lease)
         op = HANDLERS[req.op]
         args = req.args if op.prepare is None else op.prepare(ctx)
         try:
@@ -391,7 +395,7 @@ class Manager:
         if effect is not None:
             since = ctx.state.actions[effect.action_id].status.value
             msg_id = f"effect:{mid}:{effect.action_id}:{since}"
-        seq = await journal.commit(events, msg_id=msg_id)
+        seq = await journal.commit(events, msg_id=msg_id, lease=ctx.lease)
         if change.follow is not None:
             await self._follow(mid, change.follow)  # what the record holds, whichever stood
         if seq.duplicate and effect is not None:

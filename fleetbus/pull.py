@@ -37,6 +37,8 @@ Refused = Callable[[str | None], None]  # a reason the durable is refused, or No
 ACK_EVERY = 64
 ACK_DELAY_S = 0.05  # acknowledge a quiet consumer's last message this long after it
 API = "$JS.API"
+NO_RESPONDERS = "503"  # a pull nobody took
+PULL_AGAIN_S = 0.2  # after a 503, the next pull (a consumer's leader is elected in ~1-5 s)
 
 
 def durable_config(batch: int, start_seq: int, name: str = CONSUMER) -> dict[str, Any]:
@@ -113,6 +115,8 @@ class ContinuousPull:
         self._sub: Subscription | None = None
         self._inbox = ""
         self._refill: asyncio.Task[None] | None = None
+        self._again: asyncio.Task[None] | None = None  # a pull sent again after a 503
+        self.untaken = 0  # pulls nobody took (503), each sent again PULL_AGAIN_S later
         self._acker: asyncio.Task[None] | None = None
         self._last: Msg | None = None  # the newest applied message not yet acknowledged
         self.stopped = False  # deliveries are dropped (the consumer is not what we made)
@@ -154,6 +158,11 @@ class ContinuousPull:
                 pending = msg.headers.get("Nats-Pending-Messages") if msg.headers else None
                 self._outstanding -= int(pending) if pending else self._outstanding
                 self._outstanding = max(self._outstanding, 0)
+            elif status == NO_RESPONDERS:  # nobody took the pull (an R3 consumer electing its
+                self._outstanding = 0  # leader, or not made yet): ask again soon, not at renewal
+                self.untaken += 1
+                if self._again is None or self._again.done():
+                    self._again = asyncio.create_task(self._pull_again())
             await self.on_status(status, msg.headers or {})
             return  # 100 (heartbeat) and friends carry no data
         self._outstanding -= 1
@@ -162,6 +171,11 @@ class ContinuousPull:
         await self._handler(msg)
         await self.acked(msg)
         if self._outstanding <= self.batch // 2:
+            await self._pull()
+
+    async def _pull_again(self) -> None:
+        await asyncio.sleep(PULL_AGAIN_S)
+        with contextlib.suppress(Exception):
             await self._pull()
 
     async def admit(self, msg: Msg) -> bool:
@@ -185,7 +199,7 @@ class ContinuousPull:
         await self._ack()
 
     async def stop(self) -> None:
-        for task in (self._refill, self._acker):
+        for task in (self._refill, self._acker, self._again):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -26,7 +26,6 @@ import pytest
 
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
-from fleetbus.bus import RISK_BUCKET
 from fleetbus.client import FleetClient
 from fleetbus.connection import connect
 from fleetbus.permissions import SNAPSHOT_BUCKET
@@ -37,7 +36,14 @@ from ledger.errors import AuthRefused, FleetError
 from ledger.events import DecisionRecorded, read_message
 from ledger.kernel import ActionRequest
 from ledger.partition import is_epoch_subject
-from ledger.protocol import DEADLETTER_STREAM, FOLLOW_STREAM, STREAM, CreateMission, IssueGrant
+from ledger.protocol import (
+    DEADLETTER_STREAM,
+    FOLLOW_STREAM,
+    RISK_BUCKET,
+    STREAM,
+    CreateMission,
+    IssueGrant,
+)
 from tests.integration.test_node_people import cli, settings, terminal_env, wait_for
 
 MISSION = "cluster"
@@ -51,6 +57,22 @@ def cluster(tmp_path: Path) -> Iterator[EmbeddedServers]:
         yield running
 
 
+def pulls_waiting(state: Path) -> int:
+    """Pull requests of the coordinator's durable consumer its leader holds now."""
+    most = 0
+    for node in ("nats-1", "nats-2", "nats-3"):
+        monitor = json.loads((state / f"{node}.json").read_text())["http"]
+        query = "accounts=true&consumers=true"
+        with urllib.request.urlopen(f"http://{monitor}/jsz?{query}", timeout=5) as resp:
+            jsz = json.loads(resp.read())
+        for account in jsz.get("account_details") or []:
+            for stream in account.get("stream_detail") or []:
+                for consumer in stream.get("consumer_detail") or []:
+                    if consumer.get("name") == "coordinator":
+                        most = max(most, int(consumer.get("num_waiting") or 0))
+    return most
+
+
 @pytest.fixture
 async def coordinator(cluster: EmbeddedServers) -> AsyncIterator[Coordinator]:
     """A coordinator as `fleetledger up --nats-servers 3` runs it: every stream and bucket R3."""
@@ -60,6 +82,9 @@ async def coordinator(cluster: EmbeddedServers) -> AsyncIterator[Coordinator]:
     )  # fmt: skip
     running = await Coordinator.from_settings(settings)
     await running.start()
+    async with asyncio.timeout(15):  # its first pull held (see ``up_cluster``)
+        while pulls_waiting(cluster.state_dir) == 0:
+            await asyncio.sleep(0.05)
     yield running
     await running.stop()
 
@@ -222,22 +247,6 @@ async def test_decisions_go_on_through_kill_of_the_ledger_leader_losing_and_doub
     # it), 30 s when a delivery to the coordinator died with the consumer's leader (JetStream
     # redelivers it after the durable's ack_wait, fleetbus.pull.durable_config)
     assert gap < ACK_WAIT_S + 15
-
-
-def pulls_waiting(state: Path) -> int:
-    """Pull requests of the coordinator's durable consumer its leader holds now."""
-    most = 0
-    for node in ("nats-1", "nats-2", "nats-3"):
-        monitor = json.loads((state / f"{node}.json").read_text())["http"]
-        query = "accounts=true&consumers=true"
-        with urllib.request.urlopen(f"http://{monitor}/jsz?{query}", timeout=5) as resp:
-            jsz = json.loads(resp.read())
-        for account in jsz.get("account_details") or []:
-            for stream in account.get("stream_detail") or []:
-                for consumer in stream.get("consumer_detail") or []:
-                    if consumer.get("name") == "coordinator":
-                        most = max(most, int(consumer.get("num_waiting") or 0))
-    return most
 
 
 @pytest.fixture(scope="module")

@@ -366,3 +366,40 @@ async def _holds_all(port: int) -> bool:
 async def _settled(a: int, b: int) -> bool:
     ha, hb = await held(a), await held(b)
     return len(ha) == len(hb) == P // 2 and not ha & hb
+
+
+async def test_a_lease_bucket_deleted_and_created_again_keeps_epochs_above_the_old_ones(
+    own_servers: EmbeddedServers,
+) -> None:
+    """A new bucket's revisions start at 1 again: epochs below those Redis stores for every
+    mission refused every takeover's epoch raise (``fenced``), for good."""
+    settings = CoordinatorSettings(
+        nats_url=own_servers.nats_url, redis_url=own_servers.redis_url, http_port=0,
+        partitions=P, partition_lease_s=LEASE_S,
+    )  # fmt: skip
+    nc = await nats.connect(own_servers.nats_url)
+    js = nc.jetstream()
+    kv = await js.create_key_value(bucket="FLEET_LEASES", history=1, ttl=LEASE_S)
+    for _ in range(50):  # a bucket that has lived a while: its revisions are high
+        await kv.put("pad", b"x")
+    mid = missions_per_partition()[0]
+    try:
+        first = await Coordinator.from_settings(settings)
+        await first.start()
+        async with await FleetClient.connect(own_servers.nats_url, partitions=P) as fleet:
+            await make_mission(fleet, mid)
+            await make_grant(fleet, mid, "g", ["credit.issue"], 600_000)
+            await fleet.authorize(mid, request("b1", "g", "credit.issue", 10))
+        await first.stop()
+        await js.delete_key_value("FLEET_LEASES")  # an operator's `nats kv rm`, or a lost store
+        second = await Coordinator.from_settings(settings)
+        await second.start()
+        try:
+            assert second.fences is not None and sorted(second.fences.held) == list(range(P))
+            async with await FleetClient.connect(own_servers.nats_url, partitions=P) as fleet:
+                reply = await fleet.authorize(mid, request("b2", "g", "credit.issue", 10))
+            assert reply.decision is not None and reply.decision.allowed
+        finally:
+            await second.stop()
+    finally:
+        await nc.close()

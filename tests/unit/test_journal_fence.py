@@ -63,3 +63,16 @@ async def test_a_refusal_after_an_ambiguous_attempt_that_was_stored_answers_that
     again = await journal.append(events, msg_id="decision:x")  # the retry meets the fence
     assert (int(again), again.duplicate) == (first, True)  # it is our own stored write
     assert len([m for m in bus.messages if m.seq == first]) == 1
+
+
+async def test_a_refusal_answered_by_our_own_stored_write_still_drops_the_partition() -> None:
+    bus = FakeBus()
+    journal, fences, p = await journal_owning(bus)
+    events = evidence(journal, 1)
+    bus.lose_acks = 1
+    with pytest.raises(ComponentTimeout):
+        await journal.append(events, msg_id="decision:y")
+    await bus.publish(epoch_subject(p), b"{}", msg_id=f"epoch:{p}:2")  # a newer owner's
+    assert (await journal.append(events, msg_id="decision:y")).duplicate
+    # the refusal proves a newer owner: nothing more is decided here for its partition
+    assert p not in fences.held and not journal.owns(MID)

@@ -1,0 +1,86 @@
+"""Leases under an adversary (docs/partitions.md): a member stalled in the middle of its own
+takeover, whose lease passes and is taken by another meanwhile, does not serve the partition
+when it resumes; a member whose FLEET_PARTITIONS is not the fleet's is refused at start, and the
+running members neither count it nor hand partitions to it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from coordinator.leases import Fences, LeaseBucket, Leases
+from ledger.errors import InvalidInput
+from tests.unit.test_lease_machine import MemoryBucket
+
+
+class Member:
+    """One coordinator's leases over the shared in-memory bucket, recording its takeovers and
+    the partitions it stopped serving."""
+
+    def __init__(self, bucket: MemoryBucket, name: str, partitions: int) -> None:
+        self.taken: list[tuple[int, int]] = []
+        self.lost: list[int] = []
+        self.during: Any = None  # awaited inside the next takeover (a stall)
+        shared: Any = bucket
+        self.leases = Leases(
+            LeaseBucket(js=shared, kv=shared), Fences(partitions), me=name, ttl_s=3.0,
+            takeover=self._takeover, lost=self._lost,
+        )  # fmt: skip
+
+    async def _takeover(self, p: int, epoch: int) -> int:
+        self.taken.append((p, epoch))
+        during, self.during = self.during, None
+        if during is not None:
+            await during()
+        return epoch
+
+    async def _lost(self, p: int) -> None:
+        self.lost.append(p)
+
+
+async def test_a_member_whose_lease_was_taken_while_it_took_over_does_not_serve() -> None:
+    bucket = MemoryBucket()
+    a, b = Member(bucket, "a", 1), Member(bucket, "b", 1)
+
+    async def stalled() -> None:
+        # a SIGSTOP between a's create of the lease and the end of its takeover, longer than
+        # the TTL: a's key expires and b takes the partition over at a newer epoch
+        del bucket.keys["p.0"]
+        await b.leases.tick()
+
+    a.during = stalled
+    await a.leases.tick()
+    assert 0 in b.leases.fences.held and bucket.owner(0) == "b"
+    (_, a_epoch), (_, b_epoch) = a.taken[0], b.taken[0]
+    assert a_epoch < b_epoch
+    assert 0 not in a.leases.fences.held  # resumed: it serves nothing of a superseded epoch
+    assert a.lost == [0]  # and lets go of what its takeover began serving
+    await a.leases.tick()
+    assert 0 not in a.leases.fences.held and bucket.owner(0) == "b"
+
+
+async def test_a_coordinator_whose_partition_count_is_not_the_fleets_is_refused_at_start() -> None:
+    bucket = MemoryBucket()
+    running = Member(bucket, "a", 4)
+    await running.leases.start()
+    try:
+        wrong = Member(bucket, "b", 8)
+        with pytest.raises(InvalidInput, match="FLEET_PARTITIONS"):
+            await wrong.leases.start()
+        assert wrong.taken == [] and not wrong.leases.fences.held
+        assert "m.b" not in bucket.keys  # it left the bucket: nobody waits for it
+        await running.leases.tick()
+        assert sorted(running.leases.fences.held) == [0, 1, 2, 3]  # its share is not halved
+    finally:
+        await running.leases.stop()
+
+
+async def test_a_running_member_does_not_count_a_member_of_another_partition_count() -> None:
+    bucket = MemoryBucket()
+    running = Member(bucket, "a", 4)
+    await running.leases.tick()
+    # a member of another P registered anyway (an older release, or a start racing ours)
+    await bucket.create("m.z", b"z partitions=8")
+    await running.leases.tick()
+    assert sorted(running.leases.fences.held) == [0, 1, 2, 3]
