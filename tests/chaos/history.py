@@ -143,9 +143,10 @@ class Violation:
     mission: str
     what: str
     finding: int | None = None  # the issue 15 finding this is an instance of, if known
+    issue: int = 15  # the issue whose finding it is
 
     def __str__(self) -> str:
-        tag = f" [issue 15 finding {self.finding}]" if self.finding else ""
+        tag = f" [issue {self.issue} finding {self.finding}]" if self.finding else ""
         return f"{self.check} {self.mission}: {self.what}{tag}"
 
 

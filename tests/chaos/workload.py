@@ -567,7 +567,7 @@ async def redis_sampler(
 
 
 async def read_stream(nats_url: str, mission: str) -> list[Message]:
-    nc = await nats.connect(nats_url, connect_timeout=2)
+    nc = await nats.connect(nats_url.split(","), connect_timeout=2)
     out: list[Message] = []
     try:
         js = nc.jetstream()
@@ -596,7 +596,7 @@ async def read_stream(nats_url: str, mission: str) -> list[Message]:
 
 
 async def read_deadletters(nats_url: str, mission: str) -> list[dict[str, Any]]:
-    nc = await nats.connect(nats_url, connect_timeout=2)
+    nc = await nats.connect(nats_url.split(","), connect_timeout=2)
     out: list[dict[str, Any]] = []
     try:
         js = nc.jetstream()
