@@ -362,10 +362,14 @@ class Leases:
     async def _expire_unrenewed(self) -> None:
         """A lease without an acknowledged renew for ``serve_s`` may soon be another's."""
         now = time.monotonic()
-        for p in sorted(self.fences.held):
-            key = PARTITION_KEY + str(p)
-            if now - self._renewed.get(key, 0.0) >= self.serve_s:
-                await self._lose(p)
+        renewed = self._renewed
+        expired = [p for p in sorted(self.fences.held)
+                   if now - renewed.get(PARTITION_KEY + str(p), 0.0) >= self.serve_s]  # fmt: skip
+        for p in expired:  # every one stops being served at once; letting its subjects go
+            if p in self.fences.held:  # (which needs NATS, perhaps away) comes after
+                log.warning("partition %s: lease not renewed in time; no longer served here", p)
+                self.fences.drop(p, notify=False)
+        await asyncio.gather(*(self.lost(p) for p in expired))
 
     async def _read(self) -> tuple[dict[str, int | None], dict[int, str]]:
         """The bucket's live keys: each member with its P (None: not said), each partition with

@@ -251,6 +251,7 @@ class Bus(Protocol):
 STREAM_SUBJECTS = f"{SUBJECT_PREFIX}.>"
 PUBLISH_TIMEOUT_S = 2.0
 MAX_SERVING = 256  # requests in hand at once
+UNSERVE_S = 1.0  # a drain of a subscription let go, at most (NATS may be away)
 
 
 class JetStreamBus:
@@ -338,8 +339,12 @@ class JetStreamBus:
         owner"), and later ones go to whoever serves it next."""
         for sub in self._served_on.pop(subject, []):
             self._subs.remove(sub)
-            with contextlib.suppress(nats.errors.Error):
-                await sub.drain()  # type: ignore[no-untyped-call]
+            try:
+                async with asyncio.timeout(UNSERVE_S):
+                    await sub.drain()  # type: ignore[no-untyped-call]
+            except (nats.errors.Error, TimeoutError):  # NATS away: at least stop reading it
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
 
     def _served(self, task: asyncio.Task[None]) -> None:
         self._serving.discard(task)

@@ -51,11 +51,6 @@ async def owner(servers: EmbeddedServers) -> AsyncIterator[Coordinator]:
     await running.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 26: a lease tick blocked on an unanswered request checks for expiry only "
-    "after the request's 5 s timeout (coordinator/leases.py, Leases._run)",
-)
 async def test_an_owner_whose_nats_stops_answering_stops_serving_within_its_lease(
     owner: Coordinator, servers: EmbeddedServers
 ) -> None:
