@@ -35,8 +35,8 @@ from fleetledger.servers import EmbeddedServers
 from ledger.authority import Authority
 from ledger.errors import AuthRefused, FleetError
 from ledger.events import DecisionRecorded, read_message
-from ledger.partition import is_epoch_subject
 from ledger.kernel import ActionRequest
+from ledger.partition import is_epoch_subject
 from ledger.protocol import DEADLETTER_STREAM, FOLLOW_STREAM, STREAM, CreateMission, IssueGrant
 from tests.integration.test_node_people import cli, settings, terminal_env, wait_for
 
