@@ -10,8 +10,9 @@ coordinators' CPU (sum of their processes' user + system seconds) per decision. 
 coordinators, R1): kill -9 of the owner of a mission's partition, then asking until a good
 decision; split into lease expiry (kill -> the new owner's epoch marker, its stream timestamp)
 and takeover + catch-up (marker -> the first good decision); the killed coordinator is restarted
-before the next kill. Every decision acknowledged is checked on the record at the end (lost or
-doubled: 0). Ends with one JSON line of figures.
+before the next kill. Not yet measured: the stream-leader kill gap, fence conflicts, stale writes
+of a SIGSTOPped owner, acknowledged decisions checked against the stream (docs/scale.md).
+Ends with one JSON line of figures.
 """
 
 from __future__ import annotations
@@ -204,7 +205,8 @@ async def failover(kills: int, acked: list[str]) -> dict[str, Any]:
             for k in range(kills):
                 mission = missions[k % P]
                 part = partition_of(mission, P)
-                owner = next(n for n, port in enumerate(ports, 1) if part in await held(port))
+                owners = [n for n, port in enumerate(ports, 1) if part in await held(port)]
+                owner = owners[0]
                 procs[owner].kill()  # kill -9
                 killed = time.time()
                 procs[owner].wait(5)
@@ -262,7 +264,6 @@ async def main(quick: bool) -> dict[str, Any]:
     err.print("failover: kill -9 of a partition's owner…")
     figures.update(await failover(10 if quick else 20, acked))
     figures["acked_decisions"] = len(acked)
-    figures["acked_doubled"] = len(acked) - len(set(acked))
     figures["loadavg_end"] = os.getloadavg()[0]
     Console().print(table)
     return figures

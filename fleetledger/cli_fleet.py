@@ -37,6 +37,7 @@ from fleetledger._cli import (
     run,
     write_person_file,
 )
+from fleetledger.processes import _die_with_parent
 from fleetledger.runtime import tune_gc
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
@@ -290,6 +291,7 @@ async def _start_coordinators(
         proc = subprocess.Popen(
             [sys.executable, "-m", "fleetledger", "coordinator", "run"], env=env,
             stdout=subprocess.DEVNULL, start_new_session=True,  # Ctrl-C reaches us alone
+            preexec_fn=_die_with_parent,  # and a kill -9 of `up` stops it too
         )  # fmt: skip
         started.append((proc, port))
     try:
