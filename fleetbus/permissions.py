@@ -8,8 +8,10 @@ line only.
 - coordinator: appends to the ledger, the dead letters and the risk board; manages its three
   streams, the risk bucket, the snapshot bucket (its signed mission states: no one else
   may write them) and the lease bucket (the partitions' leases, docs/partitions.md: its keys,
-  stream info and last-message gets, nothing else of it); its own durable consumer
-  ``coordinator`` (create, info, pull, ack, delete) and read-only readers of the ledger;
+  stream info and last-message gets, nothing else of it); the fleet's durable consumers
+  (``COORDINATOR_DURABLES``: ``coordinator`` and ``coordinator-1`` to ``coordinator-32``, one
+  per coordinator of a partitioned fleet, its FLEET_CONSUMER: create, info, pull, ack, delete)
+  and read-only readers of the ledger;
   listens on the request subjects (a partition's authorize subject too) and answers only the
   requests it received (``allow_responses``);
 - node: publishes its observations only (``fleet.ledger.<mission>.<observation kind>``: never
@@ -62,6 +64,11 @@ SNAPSHOT_STREAM = f"KV_{SNAPSHOT_BUCKET}"
 SNAPSHOT_SUBJECTS = f"$KV.{SNAPSHOT_BUCKET}.>"
 LEASE_STREAM = f"KV_{LEASE_BUCKET}"
 # a partition's authorize and manage subjects too (``<subject>.<p>``, docs/partitions.md)
+# The durables coordinators may own, named one by one: a subject token matches whole or not at
+# all (no ``coordinator-*`` prefix match), and ``*`` would let a coordinator ack or delete any
+# consumer of the ledger (a person's reader) and make a mistyped FLEET_CONSUMER a stray durable.
+MAX_COORDINATORS = 32
+COORDINATOR_DURABLES = (CONSUMER, *(f"{CONSUMER}-{i}" for i in range(1, MAX_COORDINATORS + 1)))
 _REQUESTS = [
     AUTHORIZE_SUBJECT, f"{AUTHORIZE_SUBJECT}.*", MANAGE_SUBJECT, f"{MANAGE_SUBJECT}.*",
     VIEW_SUBJECT,
@@ -100,8 +107,14 @@ def _coordinator_publish() -> list[str]:
         for op in ("CREATE", "UPDATE", "INFO")
     ]
     durable = [
-        f"{API}.CONSUMER.{op}.{STREAM}.{CONSUMER}"
-        for op in ("CREATE", "INFO", "MSG.NEXT", "DELETE")
+        subject
+        for name in COORDINATOR_DURABLES
+        for subject in (
+            *(f"{API}.CONSUMER.{op}.{STREAM}.{name}" for op in ("CREATE", "INFO", "MSG.NEXT")),
+            f"{API}.CONSUMER.DELETE.{STREAM}.{name}",
+            f"{API}.CONSUMER.CREATE.{STREAM}.{name}.{SUBJECT_PREFIX}.>",  # with its filter
+            f"$JS.ACK.{STREAM}.{name}.>",
+        )
     ]
     return [
         f"{SUBJECT_PREFIX}.>",
@@ -114,8 +127,6 @@ def _coordinator_publish() -> list[str]:
         f"{API}.STREAM.MSG.GET.{LEASE_STREAM}",  # who owns a partition
         f"{API}.DIRECT.GET.{LEASE_STREAM}.>",  # nats-py's create of a key deleted before
         *durable,
-        f"{API}.CONSUMER.CREATE.{STREAM}.{CONSUMER}.{SUBJECT_PREFIX}.>",  # with its filter
-        f"$JS.ACK.{STREAM}.{CONSUMER}.>",
         *reader(STREAM, f"{SUBJECT_PREFIX}.>"),  # the fold at start
         *reader(DEADLETTER_STREAM, f"{DEADLETTER_PREFIX}.>"),
         *reader(SNAPSHOT_STREAM, SNAPSHOT_SUBJECTS),  # the snapshots, at start
@@ -154,14 +165,20 @@ def _viewer_publish() -> list[str]:
     return [VIEW_SUBJECT, f"{API}.STREAM.INFO.{STREAM}"]
 
 
-# Second line for everyone but the coordinator: its durable consumer under any subject form,
-# the nameless create (its body may name any consumer), and acking for anyone.
+# Second line for everyone but the coordinator: its durables under any subject form, the
+# nameless create (its body may name any consumer), and acking for anyone.
 _NEVER = [
     f"{API}.CONSUMER.CREATE.{STREAM}",
     f"{API}.CONSUMER.DURABLE.CREATE.{STREAM}.>",
-    f"{API}.CONSUMER.*.{STREAM}.{CONSUMER}",
-    f"{API}.CONSUMER.*.{STREAM}.{CONSUMER}.>",
-    f"{API}.CONSUMER.MSG.NEXT.{STREAM}.{CONSUMER}",
+    *(
+        subject
+        for name in COORDINATOR_DURABLES
+        for subject in (
+            f"{API}.CONSUMER.*.{STREAM}.{name}",
+            f"{API}.CONSUMER.*.{STREAM}.{name}.>",
+            f"{API}.CONSUMER.MSG.NEXT.{STREAM}.{name}",
+        )
+    ),
     "$JS.ACK.>",
 ]
 
@@ -204,7 +221,9 @@ def write_server_config(path: Path, config: dict[str, Any]) -> None:
 
 
 __all__ = [
+    "COORDINATOR_DURABLES",
     "LEASE_STREAM",
+    "MAX_COORDINATORS",
     "RISK_STREAM",
     "RISK_SUBJECTS",
     "SNAPSHOT_BUCKET",

@@ -1,20 +1,28 @@
 """The embedded fleet and the coordinator service: `up`, `demo`, `coordinator run|reset-consumer`.
 
 `up` runs NATS (one server, or a 3-node cluster with ``--nats-servers 3``), Redis, a coordinator
-and node agents in the foreground and writes fleet.env once they are ready; `coordinator run` is
-the service as a deployment runs it (FLEET_* settings).
+(or N of them sharing the partitions, ``--coordinators N``: the one in this process and N-1
+`coordinator run` processes) and node agents in the foreground and writes fleet.env once they are
+ready; `coordinator run` is the service as a deployment runs it (FLEET_* settings).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.table import Table
 from rich.text import Text
 
@@ -29,6 +37,7 @@ from fleetledger._cli import (
     run,
     write_person_file,
 )
+from fleetledger.processes import _die_with_parent
 from fleetledger.runtime import tune_gc
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
@@ -49,8 +58,11 @@ if TYPE_CHECKING:
 coordinator_app = typer.Typer(help="Run the coordinator service.", no_args_is_help=True)
 
 
+MAX_COORDINATORS = 8  # of the embedded fleet; a deployment may run up to 32 (permissions)
+
+
 def _servers_table(
-    servers: EmbeddedServers, env_file: Path, sockets: list[Path], http_port: int
+    servers: EmbeddedServers, env_file: Path, sockets: list[Path], http_ports: list[int]
 ) -> Table:
     table = Table(title="Embedded fleet", title_justify="left")
     table.add_column("component")
@@ -62,7 +74,9 @@ def _servers_table(
         table.add_row(what, url, literal("healthy", "green"))
     if servers.redis is not None:
         table.add_row("redis-server", servers.redis_address, literal("healthy", "green"))
-    table.add_row("coordinator", f"http://127.0.0.1:{http_port}/readyz", literal("ready", "green"))
+    for i, port in enumerate(http_ports, start=1):
+        name = "coordinator" if len(http_ports) == 1 else f"coordinator-{i}"
+        table.add_row(name, f"http://127.0.0.1:{port}/readyz", literal("ready", "green"))
     for i, sock in enumerate(sockets, start=1):
         table.add_row(f"node agent node-{i}", str(sock), literal("listening", "green"))
     table.add_row("settings", str(env_file), "written")
@@ -101,8 +115,15 @@ def up(
             "R3), which keeps deciding through one node's death."
         ),
     ] = 1,
+    coordinators: Annotated[
+        int,
+        typer.Option(
+            help=f"Coordinators sharing the missions' partitions (1 to {MAX_COORDINATORS}): "
+            "this process's and N-1 `coordinator run` processes; any takes over a dead one's."
+        ),
+    ] = 1,
 ) -> None:
-    """Run the embedded fleet (NATS, Redis, a coordinator) in the foreground until Ctrl-C."""
+    """Run the embedded fleet (NATS, Redis, coordinators) in the foreground until Ctrl-C."""
     from coordinator.settings import CoordinatorSettings
     from fleetledger.cli_trace import follower_process
 
@@ -110,6 +131,11 @@ def up(
         fail(InvalidInput(
             f"--nats-servers {nats_servers}: give 1 (one server) or 3 (a cluster that survives "
             "one node's death)"
+        ))  # fmt: skip
+    if not 1 <= coordinators <= MAX_COORDINATORS:
+        fail(InvalidInput(
+            f"--coordinators {coordinators}: give 1 to {MAX_COORDINATORS} (coordinators sharing "
+            "the partitions)"
         ))  # fmt: skip
     directory = (state_dir or default_state_dir()).absolute()  # redis-server runs elsewhere
     env_file = directory / ENV_FILE_NAME
@@ -125,10 +151,15 @@ def up(
             nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0,
             principal=COORDINATOR_PRINCIPAL, identity_dir=keys.root,
             stream_replicas=servers.stream_replicas,
+            node_id="coordinator-1" if coordinators > 1 else "coordinator",
         )  # fmt: skip
         sockets: list[Path] = []
+        others: list[tuple[subprocess.Popen[bytes], int]] = []
 
         async def ready(coordinator: Coordinator) -> None:
+            others.extend(await _start_coordinators(settings, coordinators - 1))
+            if others:  # fleet.env says ready: every partition with its one owner, shared out
+                await _until_shared(coordinator, [port for _, port in others])
             sockets.extend(
                 await _start_nodes(servers.nats_url, directory, nodes, node_agents, keys.root)
             )
@@ -141,7 +172,8 @@ def up(
             }
             write_person_file(directory, OPERATOR_PRINCIPAL, keys.root)
             write_env_file(env_file, env)  # last: a fleet.env says the fleet is ready
-            out.print(_servers_table(servers, env_file, sockets, coordinator.http_port))
+            ports = [coordinator.http_port, *(port for _, port in others)]
+            out.print(_servers_table(servers, env_file, sockets, ports))
             err.print(
                 Text.assemble(
                     "In another terminal: ",
@@ -155,7 +187,10 @@ def up(
         # with OTEL_* set: the event spans, projected from the stream as the coordinator's
         who = {"FLEET_PRINCIPAL": COORDINATOR_PRINCIPAL, "FLEET_IDENTITY_DIR": str(keys.root)}
         with follower_process({"FLEET_NATS_URL": servers.nats_url, **who}):
-            run(lambda: _serve_coordinator(settings, ready, node_agents))
+            try:
+                run(lambda: _serve_coordinator(settings, ready, node_agents))
+            finally:
+                _stop_coordinators([proc for proc, _ in others])
     finally:
         servers.stop()
         env_file.unlink(missing_ok=True)
@@ -186,7 +221,12 @@ def coordinator_run() -> None:
     from coordinator.settings import CoordinatorSettings
     from fleetledger.cli_trace import follower_process
 
-    settings = CoordinatorSettings()
+    try:
+        settings = CoordinatorSettings()
+    except ValidationError as exc:  # a FLEET_* value out of range: name it, exit 2
+        fail(InvalidInput(_setting_error(exc)))
+    except SettingsError as exc:  # a FLEET_* value that is not even parsed (JSON of a field)
+        fail(InvalidInput(f"invalid setting: {exc}"))
     with follower_process():  # with OTEL_* set: the event spans, projected from the stream
         run(lambda: _serve_coordinator(settings))
 
@@ -210,6 +250,114 @@ def coordinator_reset_consumer() -> None:
         print("removed; the coordinator recreates it" if removed else "no durable consumer")
 
     run(reset)
+
+
+def _setting_error(exc: ValidationError) -> str:
+    """Each problem as ``FLEET_<NAME>=<value>: <why>`` (the variable a person sets)."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        name = "FLEET_" + "__".join(str(part) for part in error["loc"]).upper()
+        given = error.get("input")
+        shown = f"={given!r}" if isinstance(given, str | int | float) else ""
+        problems.append(f"{name}{shown}: {error['msg']}")
+    return "invalid setting: " + "; ".join(problems)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _start_coordinators(
+    first: CoordinatorSettings, count: int
+) -> list[tuple[subprocess.Popen[bytes], int]]:
+    """``count`` more coordinators of the fleet as `coordinator run` processes, each with its
+    own node id, durable and health port, the same principal, partitions and lease; ready
+    (``/readyz`` 200) before this returns. Each stops with the fleet (SIGTERM, hands over)."""
+    started: list[tuple[subprocess.Popen[bytes], int]] = []
+    for i in range(2, count + 2):
+        port = _free_port()
+        own = {
+            "FLEET_NATS_URL": first.nats_url, "FLEET_REDIS_URL": first.redis_url,
+            "FLEET_HTTP_PORT": str(port), "FLEET_NODE_ID": f"coordinator-{i}",
+            "FLEET_CONSUMER": f"coordinator-{i}", "FLEET_PRINCIPAL": first.principal or "",
+            "FLEET_IDENTITY_DIR": str(first.identity_dir or ""),
+            "FLEET_STREAM_REPLICAS": str(first.stream_replicas),
+            "FLEET_PARTITIONS": str(first.partitions),
+            "FLEET_PARTITION_LEASE_S": str(first.partition_lease_s),
+        }  # fmt: skip
+        env = {**os.environ, **{k: v for k, v in own.items() if v}}  # no principal: open NATS
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetledger", "coordinator", "run"], env=env,
+            stdout=subprocess.DEVNULL, start_new_session=True,  # Ctrl-C reaches us alone
+            preexec_fn=_die_with_parent,  # and a kill -9 of `up` stops it too
+        )  # fmt: skip
+        started.append((proc, port))
+    try:
+        for proc, port in started:
+            await _until_ready(proc, port)
+    except FleetError:
+        _stop_coordinators([proc for proc, _ in started])
+        raise
+    return started
+
+
+async def _until_ready(proc: subprocess.Popen[bytes], port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise Unreachable(f"a coordinator (health port {port}) exited with {proc.returncode}")
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /readyz HTTP/1.0\r\n\r\n")
+            status = await reader.readline()
+            writer.close()
+            if b" 200 " in status:
+                return
+        except OSError:
+            pass
+        await asyncio.sleep(0.1)
+    raise Unreachable(f"a coordinator (health port {port}) was not ready in {timeout:.0f} s")
+
+
+async def _held(port: int) -> set[int]:
+    """The partitions the coordinator behind ``port`` serves (its /healthz)."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /healthz HTTP/1.0\r\n\r\n")
+        data = await reader.read()
+        writer.close()
+        return {int(p) for p in json.loads(data.split(b"\r\n\r\n", 1)[1]).get("partitions", {})}
+    except (OSError, ValueError):
+        return set()
+
+
+async def _until_shared(coordinator: Coordinator, ports: list[int], timeout: float = 60) -> None:
+    """Until every partition has one owner and none holds more than its fair share (a joining
+    coordinator is handed partitions over a few lease ticks; till then some answer not owner)."""
+    total = coordinator.settings.partitions
+    share = -(-total // (len(ports) + 1))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        own = set(coordinator.fences.held) if coordinator.fences is not None else set()
+        sets = [own, *[await _held(port) for port in ports]]
+        if sum(map(len, sets)) == total == len(set().union(*sets)) and max(map(len, sets)) <= share:
+            return
+        await asyncio.sleep(0.1)
+    raise Unreachable(f"the coordinators did not share the {total} partitions in {timeout:.0f} s")
+
+
+def _stop_coordinators(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 async def _start_nodes(
