@@ -331,6 +331,8 @@ class Leases:
         fences that process as any older owner. ``KeyWrongLastSequenceError``: another's."""
         try:
             return int(await self.kv.create(key, value))
+        except nats.js.errors.KeyNotFoundError:  # nats-py: refused, and the key gone since
+            raise nats.js.errors.KeyWrongLastSequenceError("gone") from None  # (next tick)
         except nats.js.errors.KeyWrongLastSequenceError:
             try:
                 last = await self.js.get_last_msg(LEASE_STREAM, f"{LEASE_SUBJECTS}.{key}")

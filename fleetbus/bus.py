@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,6 +46,7 @@ from ledger.protocol import (
 log = logging.getLogger("fleetledger.bus")
 
 WRONG_LAST_SEQUENCE = 10071  # JetStream: an expected last (subject) sequence did not hold
+STREAM_NAME_IN_USE = 10058  # JetStream: a stream of that name exists (another created it)
 
 
 def cancel_requested() -> bool:
@@ -93,11 +95,40 @@ async def ensure_streams(
         ],
     )
     for config in (ledger, dead, follow):
+        await _ensure_stream(js, config)
+
+
+ENSURE_WITHIN_S = 60.0  # a fresh cluster's meta leader may answer slowly, or not yet
+
+
+async def _ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> None:
+    """Create or update one stream; concurrent coordinators (a deployment's replicas start at
+    once) and a cluster still electing its meta leader are waited for and tried again, up to
+    ``ENSURE_WITHIN_S``, then ``Unreachable`` naming the stream."""
+    deadline = time.monotonic() + ENSURE_WITHIN_S
+    delay = 0.2
+    while True:
         try:
-            await js.stream_info(config.name or "")
-            await js.update_stream(config)
-        except NotFoundError:
-            await js.add_stream(config)
+            try:
+                await js.stream_info(config.name or "")
+                await js.update_stream(config)
+            except NotFoundError:
+                await js.add_stream(config)
+            return
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                nats.js.errors.ServiceUnavailableError) as exc:  # fmt: skip
+            problem = type(exc).__name__
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != STREAM_NAME_IN_USE:  # another made it meanwhile: look again
+                raise
+            problem = "created meanwhile by another"
+        if time.monotonic() + delay > deadline:
+            raise Unreachable(
+                f"JetStream did not create or update stream {config.name} within "
+                f"{ENSURE_WITHIN_S:g}s ({problem}); is the NATS cluster up, with a meta leader?"
+            )
+        await asyncio.sleep(delay)  # backoff before asking again
+        delay = min(delay * 2, 2.0)
 
 
 async def ensure_risk_bucket(js: JetStreamContext, *, replicas: int = 1) -> KeyValue:

@@ -167,9 +167,7 @@ KNOWN_HANG = 1
 REQUEST_TIMEOUT_S = 5.0
 
 
-def check_owners(
-    rec: Record, grace_s: float, known_s: float = 0.0
-) -> list[Violation]:
+def check_owners(rec: Record, grace_s: float, known_s: float = 0.0) -> list[Violation]:
     out: list[Violation] = []
     marker_owner = {(m.partition, m.epoch): m.owner for m in rec.markers}
     holders: dict[tuple[int, int], set[str]] = defaultdict(set)

@@ -1,8 +1,7 @@
-"""Found by bench/scale.py (reported, not fixed: coordinator/fleetbus are not this change's):
-two coordinators started at once on a fresh 3-node cluster both create the R3 streams, and
-both exit with a ``nats: timeout`` traceback from ``fleetbus.bus.ensure_streams``; a
-deployment's replicas start at once, so each should wait and retry, and never print a
-traceback."""
+"""Found by bench/scale.py: two coordinators started at once on a fresh 3-node cluster both
+create the R3 streams, and both exited with a ``nats: timeout`` traceback from
+``fleetbus.bus.ensure_streams`` (then a ``KeyNotFoundError`` from a lease's ``create`` racing the
+other's); a deployment's replicas start at once: each waits and tries again, and both serve."""
 
 from __future__ import annotations
 
@@ -56,3 +55,5 @@ async def test_two_coordinators_started_at_once_on_a_fresh_cluster_both_serve(
             for p in procs:
                 p.kill()
                 p.wait(10)
+                if p.stderr is not None:
+                    p.stderr.close()
