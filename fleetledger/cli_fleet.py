@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 coordinator_app = typer.Typer(help="Run the coordinator service.", no_args_is_help=True)
 
 
+REDIS_TOPOLOGIES = ("single", "sentinel")
 MAX_COORDINATORS = 8  # of the embedded fleet; a deployment may run up to 32 (permissions)
 
 
@@ -122,6 +123,13 @@ def up(
             "this process's and N-1 `coordinator run` processes; any takes over a dead one's."
         ),
     ] = 1,
+    redis: Annotated[
+        str,
+        typer.Option(
+            help="single: one redis-server; sentinel: a primary, its replica and three "
+            "Sentinels (the coordinators follow a failover and rebuild Redis from the ledger)."
+        ),
+    ] = "single",
 ) -> None:
     """Run the embedded fleet (NATS, Redis, coordinators) in the foreground until Ctrl-C."""
     from coordinator.settings import CoordinatorSettings
@@ -131,6 +139,10 @@ def up(
         fail(InvalidInput(
             f"--nats-servers {nats_servers}: give 1 (one server) or 3 (a cluster that survives "
             "one node's death)"
+        ))  # fmt: skip
+    if redis not in REDIS_TOPOLOGIES:
+        fail(InvalidInput(
+            f"--redis {redis!r}: give one of {', '.join(REDIS_TOPOLOGIES)}"
         ))  # fmt: skip
     if not 1 <= coordinators <= MAX_COORDINATORS:
         fail(InvalidInput(
@@ -142,8 +154,10 @@ def up(
     try:
         names = [f"node-{i}" for i in range(1, nodes + 1)]
         keys = fleet_keys(directory, names, agents=_node_agents(agent or [], names))
-        with err.status(f"starting {nats_servers} nats-server(s) and redis-server…"):
-            servers = EmbeddedServers(directory, keys=keys, nats_servers=nats_servers).start()
+        with err.status(f"starting {nats_servers} nats-server(s) and redis-server ({redis})…"):
+            servers = EmbeddedServers(
+                directory, keys=keys, nats_servers=nats_servers, redis=redis
+            ).start()
     except FleetError as exc:
         fail(exc)
     try:
