@@ -234,6 +234,8 @@ class Leases:
         self._renewed: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()  # the next tick now, not at the next interval
+        self._renewing: float | None = None  # when the renew in flight was sent
         self.members: set[str] = set()
 
     @property
@@ -261,14 +263,17 @@ class Leases:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(TimeoutError):  # a tick every interval, or at once when
+                async with asyncio.timeout(self.interval_s):  # the watchdog let leases go
+                    await self._wake.wait()
+            self._wake.clear()
             try:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
             except Exception:  # NATS away: the expiry check below still stops serving in time
                 log.warning("lease tick failed", exc_info=True)
-                await self._expire_unrenewed()
+                await self._expire_unrenewed(failed=True)
 
     async def tick(self, *, starting: bool = False) -> None:
         """Renew what is held, read the bucket, hand over extras, claim free partitions.
@@ -305,16 +310,19 @@ class Leases:
         """Renew (or first create) ``key``; False if the bucket refused: it is not ours."""
         value = self._value(key)
         rev = self._revs.get(key)
-        sent = time.monotonic()
+        sent = self._renewing = time.monotonic()
         try:
             if rev is None:
                 rev = await self._create(key, value)
             else:
                 rev = await self.kv.update(key, value, last=rev)
         except nats.js.errors.KeyWrongLastSequenceError:
+            self._renewing = None
             self._revs.pop(key, None)
             self._renewed.pop(key, None)
             return False
+        finally:
+            self._renewing = None
         self._revs[key] = rev
         self._renewed[key] = sent
         return True
@@ -361,8 +369,13 @@ class Leases:
             except Exception:
                 log.warning("lease expiry check failed", exc_info=True)
 
-    async def _expire_unrenewed(self) -> None:
-        """A lease without an acknowledged renew for ``serve_s`` may soon be another's."""
+    async def _expire_unrenewed(self, *, failed: bool = False) -> None:
+        """A lease without an acknowledged renew for ``serve_s`` may soon be another's. Judged
+        while a renew is in flight (NATS not answering); a process that was not running at all
+        (frozen, or its event loop blocked) renews at once on resuming instead, and a renew
+        that finds its lease taken lets it go (the fences refuse what it writes meanwhile)."""
+        if self._renewing is None and not failed:  # (``failed``: after a failed tick)
+            return
         now = time.monotonic()
         renewed = self._renewed
         expired = [p for p in sorted(self.fences.held)
@@ -371,6 +384,8 @@ class Leases:
             if p in self.fences.held:  # (which needs NATS, perhaps away) comes after
                 log.warning("partition %s: lease not renewed in time; no longer served here", p)
                 self.fences.drop(p, notify=False)
+        if expired:  # a frozen process's leases may still be ours: ask again at once
+            self._wake.set()
         await asyncio.gather(*(self.lost(p) for p in expired))
 
     async def _read(self) -> tuple[dict[str, int | None], dict[int, str]]:
