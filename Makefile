@@ -52,7 +52,9 @@ chaos: $(STAMP)
 	@seed=$${FLEET_CHAOS_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
 	echo "chaos: FLEET_CHAOS_SEED=$$seed"; \
 	FLEET_CHAOS_SECONDS=$${FLEET_CHAOS_SECONDS:-600} FLEET_CHAOS_SEED=$$seed \
-	$(BIN)/python -m pytest -q -s -rxXf tests/chaos/test_cluster_checker.py tests/chaos/test_checker.py
+	$(BIN)/python -m pytest -q -s -rxXf -m chaoscluster tests/chaos/test_cluster_checker.py \
+	&& FLEET_CHAOS_SECONDS=$${FLEET_CHAOS_SECONDS:-600} FLEET_CHAOS_SEED=$$seed \
+	$(BIN)/python -m pytest -q -s -rxXf tests/chaos/test_checker.py
 
 # A real local judge (`python -m fleetledger.judge_server PORT`, docs/judge.md) and the opt-in
 # `realmodel` tests that run it: llama-cpp-python built ONCE from its sdist

@@ -34,7 +34,7 @@ SEEDS = (
 SECONDS = float(os.environ.get("FLEET_CHAOS_SECONDS") or 60)
 TIMEOUT = int(SECONDS * 1.5 + 240)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIMEOUT)]
+pytestmark = [pytest.mark.slow, pytest.mark.chaoscluster, pytest.mark.timeout(TIMEOUT)]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session", params=SEEDS, ids=str)

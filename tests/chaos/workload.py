@@ -795,10 +795,12 @@ async def collect(
             # recorded is applied in Redis a pass later): read until neither moved
             held = await read_redis(cluster.redis_url, m)
             for _ in range(10):
-                before = await _view(fleet, m)
+                # a view may time out once while coordinators settle after the last heal
+                # (a takeover, a rebuild): asked again, as a client would
+                before = await _until(f"view {m}", lambda m=m: _view(fleet, m), 30)
                 messages = await read_stream(cluster.nats_url, m)
                 redis = await read_redis(cluster.redis_url, m)
-                view = await _view(fleet, m)
+                view = await _until(f"view {m}", lambda m=m: _view(fleet, m), 30)
                 now = datetime.now(UTC)
                 quiet = {**(before or {}), "applied_seq": 0}
                 same_view = quiet == {**(view or {}), "applied_seq": 0}
