@@ -202,7 +202,7 @@ class Journal:
     def owns(self, mission_id: str) -> bool:
         """Whether this coordinator serves the mission's partition now (always, unpartitioned)."""
         fences = self.fences
-        return fences is None or fences.of(mission_id) in fences.held
+        return fences is None or fences.serving(fences.of(mission_id)) is not None
 
     def lock(self, mission_id: str) -> asyncio.Lock:
         """The mission's lock: its changes and decisions are serial."""

@@ -101,11 +101,28 @@ class Fences:
     owners: dict[int, str] = field(default_factory=dict)
 
     dropped: list[Callable[[int], None]] = field(default_factory=list)
+    # partition -> the monotonic time its lease stops being served unless renewed again (its
+    # last acknowledged renew plus ``Leases.serve_s``); absent: no deadline (no leases kept)
+    fresh_until: dict[int, float] = field(default_factory=dict)
+
+    def serving(self, p: int) -> Held | None:
+        """``p``'s lease if it is held and was renewed recently enough to be served now. A
+        process that was stopped or blocked past its lease holds it still, but claims nothing
+        until a renew says it is still its (another may own it by then)."""
+        held = self.held.get(p)
+        if held is None or time.monotonic() >= self.fresh_until.get(p, math.inf):
+            return None
+        return held
+
+    def served(self) -> dict[int, Held]:
+        """Every partition served now (``serving``)."""
+        return {p: h for p in sorted(self.held) if (h := self.serving(p)) is not None}
 
     def drop(self, p: int, *, notify: bool = True) -> None:
         """Stop serving ``p`` at once (a write of it was fenced, or its lease is gone); the
         ``dropped`` listeners let its subjects go (``notify``: the leases await that
         themselves)."""
+        self.fresh_until.pop(p, None)
         if self.held.pop(p, None) is not None:
             self.owners.pop(p, None)
             for listener in self.dropped if notify else ():
@@ -117,9 +134,9 @@ class Fences:
     def check(self, mission_id: str) -> tuple[int, Held]:
         """The mission's partition and its lease; ``NotOwner`` naming the owner if not ours."""
         p = partition_of(mission_id, self.partitions)
-        held = self.held.get(p)
+        held = self.serving(p)
         if held is None:
-            owner = self.owners.get(p)
+            owner = self.owners.get(p) if p not in self.held else None
             raise NotOwner(
                 f"not owner: mission {mission_id} is in partition {p}, owned by "
                 f"{owner or 'no coordinator right now'}; ask the owner (its subject is the "
@@ -325,6 +342,8 @@ class Leases:
             self._renewing = None
         self._revs[key] = rev
         self._renewed[key] = sent
+        if key.startswith(PARTITION_KEY):
+            self.fences.fresh_until[int(key.removeprefix(PARTITION_KEY))] = sent + self.serve_s
         return True
 
     def _value(self, key: str) -> bytes:
@@ -374,10 +393,12 @@ class Leases:
         while a renew is in flight (NATS not answering); a process that was not running at all
         (frozen, or its event loop blocked) renews at once on resuming instead, and a renew
         that finds its lease taken lets it go (the fences refuse what it writes meanwhile)."""
-        if self._renewing is None and not failed:  # (``failed``: after a failed tick)
-            return
         now = time.monotonic()
         renewed = self._renewed
+        if self._renewing is None and not failed:  # (``failed``: after a failed tick)
+            if any(self.fences.serving(p) is None for p in self.fences.held):
+                self._wake.set()  # stopped or blocked past a lease: renew now, serve after
+            return
         expired = [p for p in sorted(self.fences.held)
                    if now - renewed.get(PARTITION_KEY + str(p), 0.0) >= self.serve_s]  # fmt: skip
         for p in expired:  # every one stops being served at once; letting its subjects go

@@ -327,7 +327,7 @@ class Coordinator:
         live["missions"] = missions
         if self.fences is not None:  # which partitions this process serves, at which epoch
             live["member"] = self.member
-            live["partitions"] = {str(p): h.epoch for p, h in sorted(self.fences.held.items())}
+            live["partitions"] = {str(p): h.epoch for p, h in self.fences.served().items()}
         return True, live
 
     async def _ready(self) -> tuple[bool, dict[str, object]]:

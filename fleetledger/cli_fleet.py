@@ -354,7 +354,7 @@ async def _until_shared(coordinator: Coordinator, ports: list[int], timeout: flo
     share = -(-total // (len(ports) + 1))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        own = set(coordinator.fences.held) if coordinator.fences is not None else set()
+        own = set(coordinator.fences.served()) if coordinator.fences is not None else set()
         sets = [own, *[await _held(port) for port in ports]]
         if sum(map(len, sets)) == total == len(set().union(*sets)) and max(map(len, sets)) <= share:
             return
