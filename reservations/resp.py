@@ -460,6 +460,9 @@ class RespConnection:
         except TimeoutError:
             # the late replies would be matched to the next callers: drop the connection
             protocol.fail(RespConnectionError("a Redis call timed out; connection reset"))
+            for f in futures:  # this call's later commands failed with it: retrieved here
+                if f.done() and not f.cancelled():
+                    f.exception()
             raise
         except BaseException:
             for f in futures:  # mark the rest retrieved, or drop them (their replies skip)

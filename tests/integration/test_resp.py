@@ -54,6 +54,28 @@ async def test_a_timed_out_call_resets_the_connection_so_no_reply_goes_astray(
         await conn.close()
 
 
+async def test_a_timed_out_batch_leaves_no_unretrieved_error_behind(redis_url: str) -> None:
+    """Cluster checker finding (issue 26): a batch timed out while Redis was paused left the
+    connection-reset error set on its later commands' futures, unretrieved; asyncio logged
+    "Future exception was never retrieved" for each of them."""
+    import gc
+
+    loop = asyncio.get_running_loop()
+    seen: list[dict[str, object]] = []
+    before = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: seen.append(context))
+    conn = RespConnection.from_url(redis_url, timeout_s=0.05)
+    try:
+        with pytest.raises(TimeoutError):
+            await conn.call_many([("DEBUG", "SLEEP", "0.3"), ("ECHO", "a"), ("ECHO", "b")])
+        gc.collect()
+        await asyncio.sleep(0)
+        assert [c.get("message") for c in seen] == []
+    finally:
+        loop.set_exception_handler(before)
+        await conn.close()
+
+
 @pytest.mark.parametrize("form", ["path", "query"])
 async def test_the_database_in_the_url_is_selected(redis_url: str, form: str) -> None:
     base = redis_url.rsplit("/", 1)[0]
