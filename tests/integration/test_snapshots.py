@@ -104,7 +104,10 @@ async def snapshotted(fleet: Fleet) -> tuple[int, int]:
         # a round once the stream is ``every`` past the mark: the last stands within that
         await until(lambda: snapshotter.mark > seq - co.settings.snapshot_every)
         mark = snapshotter.mark
-        last = await build(fleet, "m-a", range(MISSION_EVENTS, MISSION_EVENTS + 5))
+        # a tail that stays short of the next round: with the mark up to ``every`` - 1 behind,
+        # five more could cross it, and a snapshot taken after them leaves no tail at all
+        tail = min(5, snapshotter.every - 1 - (seq - mark))
+        last = await build(fleet, "m-a", range(MISSION_EVENTS, MISSION_EVENTS + tail))
         await co.wait_applied(last)
     finally:
         await co.stop()
