@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
+from fleetbus.permissions import COORDINATOR_DURABLES
 from node_agent.daemon import NodeAgent
 from node_agent.settings import NodeSettings
 from tests.chart.chartlib import (
@@ -81,7 +82,7 @@ def test_lint_reports_a_broken_template_as_an_error(helm_python: Path, tmp_path:
 def test_scenario_renders_with_the_helm_library(
     rendered: dict[str, Rendered], scenario: str
 ) -> None:
-    assert rendered[scenario].of("Deployment"), "no coordinator Deployment rendered"
+    assert rendered[scenario].one("StatefulSet", "-coordinator"), "no coordinator rendered"
 
 
 # --- values.schema.json ---------------------------------------------------------------------
@@ -110,26 +111,60 @@ def test_schema_rejects_a_misspelled_key() -> None:
         jsonschema.validate({"coordinator": {"replica": 2}}, SCHEMA)
 
 
-def test_schema_refuses_a_second_coordinator_replica() -> None:
-    """Two coordinators would both consume the stream and both decide (missions are not
-    partitioned between replicas): the values say so before anything renders."""
+@pytest.mark.parametrize(("count", "why"), [
+    (0, "0 is less than the minimum of 1"), (33, "33 is greater than the maximum of 32"),
+])  # fmt: skip
+def test_schema_takes_one_to_32_coordinators(count: int, why: str) -> None:
+    """Each coordinator is its own durable consumer, coordinator-1 to coordinator-32 (all the
+    coordinator's NATS permissions allow): the values say so before anything renders."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    values["coordinator"]["replicas"] = 2
-    with pytest.raises(jsonschema.ValidationError, match="2 is greater than the maximum of 1"):
+    values["coordinator"]["replicas"] = 3
+    jsonschema.validate(values, SCHEMA)
+    values["coordinator"]["replicas"] = count
+    with pytest.raises(jsonschema.ValidationError, match=why):
         jsonschema.validate(values, SCHEMA)
 
 
 @pytest.mark.parametrize("scenario", NAMES)
-def test_an_upgrade_never_runs_two_coordinators_at_once(
+def test_each_coordinator_pod_is_its_own_permitted_durable_and_lease_holder(
     rendered: dict[str, Rendered], scenario: str
 ) -> None:
-    """Found (review): one replica is not one coordinator. The Deployment rolled with the
-    default RollingUpdate (maxSurge 25%, so one more pod), so every upgrade or changed setting
-    started the new coordinator beside the old one: both in the request queue group, both
-    pulling the one durable consumer, both deciding. The old one stops before the new starts."""
-    deployment = rendered[scenario].one("Deployment", "-coordinator")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"].get("strategy") == {"type": "Recreate"}
+    """Found (review): one replica was not one coordinator. The Deployment rolled with the
+    default RollingUpdate (maxSurge 25%), so an upgrade started a new coordinator beside the
+    old, both pulling the one durable consumer (each missing what the other took). Now pod i of
+    the StatefulSet (ordinals from 1) is the durable coordinator-<i>, of the names the
+    coordinator's NATS permissions allow, and the lease holder of its own name: two pods never
+    share a consumer, and the fences keep them from deciding for one mission."""
+    workload = rendered[scenario].one("StatefulSet", "-coordinator")
+    spec = workload["spec"]
+    assert spec["ordinals"] == {"start": 1}
+    assert spec["updateStrategy"] == {"type": "RollingUpdate"}
+    container = named(spec["template"]["spec"], "coordinator")
+    index = next(e for e in container["env"] if e["name"] == "POD_INDEX")
+    assert index["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    )
+    name = workload["metadata"]["name"]
+    pods = range(spec["ordinals"]["start"], spec["ordinals"]["start"] + spec["replicas"])
+    envs = [kubelet_env(container, POD_NAME=f"{name}-{i}", POD_INDEX=str(i)) for i in pods]
+    consumers = [env["FLEET_CONSUMER"] for env in envs]
+    assert set(consumers) <= set(COORDINATOR_DURABLES)
+    assert len(set(consumers)) == len({env["FLEET_NODE_ID"] for env in envs}) == len(envs)
+
+
+def test_the_coordinators_spread_over_nodes_when_there_are_several(
+    rendered: dict[str, Rendered],
+) -> None:
+    one = rendered["default-values.yaml"].one("StatefulSet", "-coordinator")["spec"]
+    assert one["replicas"] == 1 and "affinity" not in one["template"]["spec"]
+    three = rendered["coordinators-values.yaml"].one("StatefulSet", "-coordinator")["spec"]
+    assert three["replicas"] == 3
+    terms = three["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = terms["requiredDuringSchedulingIgnoredDuringExecution"]  # antiAffinity: hard
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= (
+        three["template"]["metadata"]["labels"].items()
+    )
 
 
 @pytest.mark.parametrize("count", [0, 2, 5])
@@ -206,7 +241,7 @@ def test_coordinator_probes_its_health_endpoints_on_all_interfaces(
     rendered: dict[str, Rendered],
 ) -> None:
     r = rendered["default-values.yaml"]
-    spec = r.one("Deployment", "-coordinator")["spec"]["template"]["spec"]
+    spec = r.one("StatefulSet", "-coordinator")["spec"]["template"]["spec"]
     c = named(spec, "coordinator")
     assert config_of(r, "fleetledger")["FLEET_HTTP_HOST"] == "0.0.0.0"
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
@@ -253,7 +288,7 @@ def test_workloads_carry_a_config_checksum_annotation(
     rendered: dict[str, Rendered], scenario: str
 ) -> None:
     r = rendered[scenario]
-    for workload in (r.one("Deployment", "-coordinator"), r.node_agent()):
+    for workload in (r.one("StatefulSet", "-coordinator"), r.node_agent()):
         annotations = workload["spec"]["template"]["metadata"]["annotations"]
         assert len(annotations["checksum/config"]) == 64
 
@@ -261,7 +296,7 @@ def test_workloads_carry_a_config_checksum_annotation(
 def test_coordinator_has_a_pod_disruption_budget(rendered: dict[str, Rendered]) -> None:
     r = rendered["default-values.yaml"]
     pdb = r.one("PodDisruptionBudget", "-coordinator")
-    labels = r.one("Deployment", "-coordinator")["spec"]["template"]["metadata"]["labels"]
+    labels = r.one("StatefulSet", "-coordinator")["spec"]["template"]["metadata"]["labels"]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
@@ -517,9 +552,25 @@ def test_external_dependencies_replace_the_bundled_ones(rendered: dict[str, Rend
     assert config["RAY_ADDRESS"] == "ray://ray-head.ray.svc:10001"
 
 
+@pytest.mark.parametrize(("url", "ok"), [
+    ("redis+sentinel://s1.data:26379,s2.data:26379,s3.data:26379/fleet", True),
+    ("rediss://redis.data.svc:6380/0", True), ("sentinel://s1.data:26379/fleet", False),
+])  # fmt: skip
+def test_an_external_redis_may_be_a_sentinel_managed_primary(url: str, ok: bool) -> None:
+    """Redis failover in the chart: its Sentinels' URL (the coordinators follow a failover and
+    rebuild the money state from the ledger); a scheme the coordinator does not read is refused
+    before anything renders."""
+    values = {"redis": {"enabled": False, "externalUrl": url}}
+    if ok:
+        jsonschema.validate(values, SCHEMA)
+    else:
+        with pytest.raises(jsonschema.ValidationError, match="does not match"):
+            jsonschema.validate(values, SCHEMA)
+
+
 def test_credentials_come_from_the_existing_secret(rendered: dict[str, Rendered]) -> None:
     r = rendered["external-deps-values.yaml"]
-    spec = r.one("Deployment", "-coordinator")["spec"]["template"]["spec"]
+    spec = r.one("StatefulSet", "-coordinator")["spec"]["template"]["spec"]
     env = env_of(named(spec, "coordinator"))
     secret = {"name": "fleetledger-credentials", "key": "redis-url"}
     assert env["FLEET_REDIS_URL"] == {"secretKeyRef": secret}
@@ -535,7 +586,7 @@ def test_traces_go_to_the_bundled_jaeger_by_default(rendered: dict[str, Rendered
 
 def test_extra_env_and_extra_containers_reach_the_pods(rendered: dict[str, Rendered]) -> None:
     external = rendered["external-deps-values.yaml"]
-    spec = external.one("Deployment", "-coordinator")["spec"]["template"]["spec"]
+    spec = external.one("StatefulSet", "-coordinator")["spec"]["template"]["spec"]
     assert env_of(named(spec, "coordinator"))["FLEET_SWEEP_INTERVAL_S"] == "0.5"
     plain = node_agent_pod(rendered["plain-sidecar-values.yaml"])
     assert "debug-shell" in [c["name"] for c in plain["containers"]]

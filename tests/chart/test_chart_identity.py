@@ -207,7 +207,7 @@ async def test_under_the_chart_config_a_key_outside_the_directory_cannot_connect
 
 
 def test_coordinator_pod_runs_as_the_coordinator_principal(rendered: dict[str, Rendered]) -> None:
-    spec = pod(rendered[DEFAULT], "Deployment", "-coordinator")
+    spec = pod(rendered[DEFAULT], "StatefulSet", "-coordinator")
     env = env_of(named(spec, "coordinator"))
     assert env["FLEET_PRINCIPAL"] == "coordinator"
     assert env["FLEET_IDENTITY_DIR"] == "/etc/fleetledger/identity"
@@ -398,7 +398,7 @@ def chart_redis(
 
     server = ManagedServer("redis-server", argv, port, answers, tmp / "redis.log")
     server.start()
-    coordinator = pod(r, "Deployment", "-coordinator")
+    coordinator = pod(r, "StatefulSet", "-coordinator")
     url_template = env_of(named(coordinator, "coordinator"))["FLEET_REDIS_URL"]
     host = re.search(r"@([^:/]+):6379", url_template)
     assert host, url_template
@@ -422,7 +422,7 @@ def raw(port: str, *commands: bytes) -> bytes:
 def test_the_coordinator_url_takes_its_password_from_the_secret(
     rendered: dict[str, Rendered],
 ) -> None:
-    env = env_of(named(pod(rendered[DEFAULT], "Deployment", "-coordinator"), "coordinator"))
+    env = env_of(named(pod(rendered[DEFAULT], "StatefulSet", "-coordinator"), "coordinator"))
     assert env["REDIS_PASSWORD"] == {"secretKeyRef": {"name": REDIS_SECRET, "key": "password"}}
     assert env["FLEET_REDIS_URL"].startswith("redis://coordinator:$(REDIS_PASSWORD)@")
     assert "FLEET_REDIS_URL" not in rendered[DEFAULT].one("ConfigMap", "fleetledger")["data"]

@@ -418,14 +418,17 @@ ConfigMap and of the command line).
 {{- end }}
 {{- end }}
 
-{{/* The bundled NATS's pod affinity: nats.affinity, else anti-affinity per nats.antiAffinity. */}}
-{{- define "fleetledger.natsAffinity" -}}
-{{- if .Values.nats.affinity }}
-{{- toYaml .Values.nats.affinity }}
+{{/* The pods of a component spread over Kubernetes nodes (topology kubernetes.io/hostname):
+its values' "affinity" when set, else a pod anti-affinity on its own pods, "soft" (preferred)
+or "hard" (required) as its "antiAffinity" says. Call with (dict "root" $ "component" NAME
+"values" ITS_VALUES). */}}
+{{- define "fleetledger.spreadAffinity" -}}
+{{- if .values.affinity }}
+{{- toYaml .values.affinity }}
 {{- else }}
-{{- $term := dict "labelSelector" (dict "matchLabels" (include "fleetledger.selectorLabels" (dict "root" . "component" "nats") | fromYaml)) "topologyKey" "kubernetes.io/hostname" }}
+{{- $term := dict "labelSelector" (dict "matchLabels" (include "fleetledger.selectorLabels" (dict "root" .root "component" .component) | fromYaml)) "topologyKey" "kubernetes.io/hostname" }}
 podAntiAffinity:
-{{- if eq .Values.nats.antiAffinity "hard" }}
+{{- if eq .values.antiAffinity "hard" }}
   requiredDuringSchedulingIgnoredDuringExecution:
     {{- list $term | toYaml | nindent 4 }}
 {{- else }}
