@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import re
@@ -32,7 +31,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from ledger.errors import InvalidInput, NotOwner
-from ledger.partition import EPOCH_SUBJECT_PREFIX, epoch_subject, partition_of
+from ledger.partition import EPOCH_SUBJECT_PREFIX, epoch_subject, marker_epoch, partition_of
 from ledger.protocol import LEASE_BUCKET, STREAM
 
 log = logging.getLogger("fleetledger.coordinator.leases")
@@ -213,9 +212,8 @@ async def _highest_epoch(js: JetStreamContext) -> int:
         return 0
     highest = 0
     for subject in (info.state.subjects or {}) if info.state else {}:
-        with contextlib.suppress(NotFoundError, ValueError, TypeError, KeyError):
-            marker = json.loads((await js.get_last_msg(STREAM, subject)).data or b"")
-            epoch = int(marker["epoch"])
+        with contextlib.suppress(NotFoundError):
+            epoch = marker_epoch((await js.get_last_msg(STREAM, subject)).data or b"")
             if 0 < epoch < 2**62:  # a sequence JetStream can start at
                 highest = max(highest, epoch)
     return highest

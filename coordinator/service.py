@@ -24,7 +24,13 @@ from typing import Any, Self
 from coordinator.authorize import Authorizer
 from coordinator.ingest import Ingest
 from coordinator.journal import Journal
-from coordinator.leases import Fences, LeaseBucket, Leases, ensure_lease_bucket
+from coordinator.leases import (
+    EXPECTED_LAST_SUBJECT_SEQ,
+    Fences,
+    LeaseBucket,
+    Leases,
+    ensure_lease_bucket,
+)
 from coordinator.manage import Directory, Manager
 from coordinator.queries import Queries
 from coordinator.reconcile import Reconciler, Undecided
@@ -37,10 +43,10 @@ from fleetbus.bus import Bus, JetStreamBus, RequestHandler
 from fleetbus.http import HttpServer
 from fleetbus.identity import KeyStore, seed_of
 from ledger.clock import Clock, SystemClock
-from ledger.errors import FleetError
+from ledger.errors import Fenced, FleetError
 from ledger.kernel import Kernel, decide
 from ledger.mission import MissionState
-from ledger.partition import epoch_subject
+from ledger.partition import epoch_subject, marker_epoch
 from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT, partition_subject
 from reservations import Budget, Rebuildable, ReservationClient
 from telemetry import Telemetry
@@ -271,10 +277,22 @@ class Coordinator:
         stream to it (everything older owners stored is applied), raise the stored epoch of
         every mission of it in Redis (an older owner's next script on one is refused), then
         serve. Returns the marker's sequence (every append of its missions expects it)."""
+        subject = epoch_subject(partition)
+        last = await self.bus.last_on(subject)
+        stands = marker_epoch(last.data) if last is not None else 0
+        if stands >= epoch:  # a newer owner's marker: ours would follow it and fence that owner
+            raise Fenced(
+                f"fenced: partition {partition}: a marker of epoch {stands} already stands; the "
+                f"takeover at epoch {epoch} is superseded",
+                partition=partition,
+            )
         marker = json.dumps({"partition": partition, "epoch": epoch, "owner": self.member}).encode()
+        # stored only while the marker we read is still the last: one written by a newer owner
+        # meanwhile refuses ours (``Fenced``), so a takeover that stalled stores nothing late
         seq = await self.bus.publish(
-            epoch_subject(partition), marker, msg_id=f"epoch:{partition}:{epoch}"
-        )
+            subject, marker, msg_id=f"epoch:{partition}:{epoch}",
+            headers={EXPECTED_LAST_SUBJECT_SEQ: str(last.seq if last is not None else 0)},
+        )  # fmt: skip
         await self.journal.wait_applied(seq, timeout=max(self.settings.cut_timeout_s, 10.0))
         fences = self.fences
         assert fences is not None

@@ -7,6 +7,7 @@ that routes requests by partition computes the same function over the same P. Pu
 from __future__ import annotations
 
 import hashlib
+import json
 
 from ledger.errors import InvalidInput
 
@@ -46,6 +47,16 @@ def is_epoch_subject(subject: str) -> bool:
     return head == EPOCH_SUBJECT_PREFIX and tail.isdigit()
 
 
+def marker_epoch(data: bytes) -> int:
+    """The epoch a stored epoch marker names (``{"partition", "epoch", "owner"}``); 0 for
+    bytes that name none (only coordinators may write markers: nothing above a real one)."""
+    try:
+        epoch = json.loads(data)["epoch"]
+    except (ValueError, TypeError, KeyError):
+        return 0
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch > 0 else 0
+
+
 __all__ = [
     "DEFAULT_PARTITIONS",
     "EPOCH_SUBJECT_PREFIX",
@@ -53,5 +64,6 @@ __all__ = [
     "check_partitions",
     "epoch_subject",
     "is_epoch_subject",
+    "marker_epoch",
     "partition_of",
 ]

@@ -23,7 +23,7 @@ from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from fleetbus.client import FleetClient
 from fleetledger.servers import EmbeddedServers
-from ledger.errors import ComponentTimeout, ErrorCode, NotOwner, Unreachable
+from ledger.errors import ComponentTimeout, ErrorCode, Fenced, NotOwner, Unreachable
 from ledger.partition import epoch_subject, partition_of
 from ledger.protocol import (
     AUTHORIZE_SUBJECT,
@@ -123,6 +123,31 @@ async def test_a_newer_owners_marker_refuses_the_old_owners_appends(
         assert again.value.code is ErrorCode.NOT_OWNER
         ok = await fleet.authorize(by_partition[other_p], request("y1", "g", "credit.issue", 10))
         assert ok.decision is not None and ok.decision.allowed  # other partitions unaffected
+
+
+async def test_a_marker_written_late_by_a_superseded_takeover_is_refused(
+    one: Coordinator, own_servers: EmbeddedServers
+) -> None:
+    """Found (issue 26, docs/partitions.md "Known limits"): a coordinator that took a lease and
+    stalled before writing its epoch marker wrote it on resuming after a newer owner's, so the
+    newer owner's next append (expecting its own marker last) was refused once and it dropped
+    the partition. A takeover's marker now expects the marker subject's last message to be the
+    one it read, and none of an epoch at or above its own: the late one stores nothing."""
+    assert one.fences is not None
+    p = 2
+    mid = missions_per_partition()[p]
+    current = one.fences.held[p]
+    async with await FleetClient.connect(own_servers.nats_url, partitions=P) as fleet:
+        await make_mission(fleet, mid)
+        await make_grant(fleet, mid, "g", ["credit.issue"], 600_000)
+        before = (await fleet.js.stream_info(STREAM)).state.last_seq
+        with pytest.raises(Fenced, match=f"epoch {current.epoch} already stands"):
+            await one._takeover(p, current.epoch - 1)  # the stalled takeover resuming
+        assert (await fleet.js.stream_info(STREAM)).state.last_seq == before  # nothing stored
+        assert (await markers(fleet.nc))[p] == current.epoch
+        assert one.fences.held[p] is current
+        reply = await fleet.authorize(mid, request("after-late", "g", "credit.issue", 10))
+        assert reply.decision is not None and reply.decision.allowed
 
 
 # --- coordinators as processes ------------------------------------------------------------

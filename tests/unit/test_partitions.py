@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from coordinator.leases import Fences, Held, fair_share, plan
 from ledger.errors import InvalidInput, NotOwner
-from ledger.partition import epoch_subject, is_epoch_subject, partition_of
+from ledger.partition import epoch_subject, is_epoch_subject, marker_epoch, partition_of
 
 IDS = st.from_regex(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,40}$", fullmatch=True)
 
@@ -50,6 +50,17 @@ def test_an_epoch_marker_subject_is_no_missions_subject() -> None:
     assert is_epoch_subject(epoch_subject(3))
     assert not is_epoch_subject("fleet.ledger.epoch.mission.created")  # a mission named epoch
     assert not is_epoch_subject("fleet.ledger.m-1.decision.recorded")
+
+
+@pytest.mark.parametrize(("data", "epoch"), [
+    (b'{"partition": 3, "epoch": 41, "owner": "c1"}', 41), (b'{"epoch": 0}', 0),
+    (b'{"epoch": -5}', 0), (b'{"epoch": true}', 0), (b'{"epoch": "9"}', 0), (b"[]", 0),
+    (b"", 0), (b"not json", 0), (b'{"owner": "c1"}', 0),
+])  # fmt: skip
+def test_a_marker_names_its_epoch_or_none(data: bytes, epoch: int) -> None:
+    """A takeover refuses to write its marker after one of an epoch at or above its own; bytes
+    that name no epoch (0) stand above none."""
+    assert marker_epoch(data) == epoch
 
 
 def test_one_coordinator_alone_claims_every_partition() -> None:
