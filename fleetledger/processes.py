@@ -171,9 +171,11 @@ class ManagedServer:
     healthy: Callable[[], bool]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _log_from: int = field(default=0, repr=False)
 
     def start(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
         log = self.log_path.open("ab")
+        self._log_from = log.tell()  # what this start writes (``bind_refused`` reads it)
         try:
             self.proc = subprocess.Popen(
                 list(self.argv),
@@ -205,6 +207,22 @@ class ManagedServer:
             f"{self.name} on port {self.port} was not healthy after {timeout:.0f}s; "
             f"last output:\n{self._log_tail()}"
         )
+
+    def bind_refused(self) -> bool:
+        """Whether this start ended because a port of ours was taken when the server bound it
+        (its own words in its log: nats-server and redis-server both say "address already in
+        use"). A free port can be taken between our probe and the bind, also by another
+        process's outgoing connection (no listener a probe would find): start again on fresh
+        ports."""
+        if self.running:
+            return False
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self._log_from)
+                said = log.read(1 << 20)
+        except OSError:
+            return False
+        return b"address already in use" in said.lower()
 
     def _log_tail(self, lines: int = 15) -> str:
         try:

@@ -235,7 +235,7 @@ class EmbeddedServers:
                 return server
             except FleetError as exc:
                 last = exc
-                if tcp_open(server.port):
+                if server.bind_refused():
                     continue
                 raise
         assert last is not None
@@ -253,10 +253,7 @@ class EmbeddedServers:
                 self.wait_nats_cluster()
                 return
             except FleetError:
-                taken = any(
-                    not node.running and (tcp_open(node.port) or tcp_open(ports[2]))
-                    for node, ports in zip(self.nats_nodes, self._nats_ports, strict=True)
-                )
+                taken = any(node.bind_refused() for node in self.nats_nodes)
                 for node in self.nats_nodes:
                     node.stop()
                 if not taken or attempt == 2:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,9 +15,9 @@ import pytest
 import redis
 
 from fleetbus.identity import KeyStore
-from fleetledger.processes import find_nats_server, find_redis_server
+from fleetledger.processes import ManagedServer, find_nats_server, find_redis_server, tcp_open
 from fleetledger.servers import REDIS_BRANCH, REDIS_USERS, EmbeddedServers, write_env_file
-from ledger.errors import BinaryMissing, ErrorCode, InvalidInput
+from ledger.errors import BinaryMissing, ErrorCode, FleetError, InvalidInput
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
@@ -179,3 +180,35 @@ def test_embedded_jetstream_fsyncs_every_write_before_acknowledging_it(
     with urllib.request.urlopen(url, timeout=5) as resp:
         config = json.load(resp)["jetstream"]["config"]
     assert config["sync_always"] is True
+
+
+@pytest.mark.parametrize("server", ["nats-server", "redis-server"])
+def test_a_port_taken_without_a_listener_is_seen_as_taken_so_the_start_retries(
+    tmp_path: Path, server: str
+) -> None:
+    """Found (bench/scale.py beside a chaos run): a 3-node cluster failed to start with "bind:
+    address already in use" and no retry. The retry asked whether the port answered a
+    connection, but a port held by another process's outgoing connection (or a bound socket
+    that does not listen) answers nothing. The server's own words in its log decide now."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))  # bound, not listening: nothing answers a probe
+    port = held.getsockname()[1]
+    try:
+        if server == "nats-server":
+            argv = [str(find_nats_server()), "-a", "127.0.0.1", "-p", str(port)]
+        else:
+            argv = [str(find_redis_server()), "--port", str(port), "--bind", "127.0.0.1",
+                    "--save", "", "--dir", str(tmp_path)]  # fmt: skip
+        managed = ManagedServer(server, argv, port, lambda: False, tmp_path / f"{server}.log")
+        with pytest.raises(FleetError, match="exited"):
+            managed.start(timeout=20)
+        assert managed.bind_refused()
+        assert not tcp_open(port)  # what the old check asked: it saw no one there
+    finally:
+        held.close()
+    fine = ManagedServer("nats-server", [str(find_nats_server()), "-p", "-1"], 0,
+                         lambda: False, tmp_path / "other.log")  # fmt: skip
+    (tmp_path / "other.log").write_text("[FTL] Error: bad configuration\n")
+    fine.proc = subprocess.Popen(["false"])  # exited for another reason: not a taken port
+    fine.proc.wait()
+    assert not fine.bind_refused()
