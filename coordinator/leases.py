@@ -30,7 +30,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from ledger.errors import InvalidInput, NotOwner
+from ledger.errors import Fenced, InvalidInput, NotOwner
 from ledger.partition import EPOCH_SUBJECT_PREFIX, epoch_subject, marker_epoch, partition_of
 from ledger.protocol import LEASE_BUCKET, STREAM
 
@@ -213,9 +213,8 @@ async def _highest_epoch(js: JetStreamContext) -> int:
     highest = 0
     for subject in (info.state.subjects or {}) if info.state else {}:
         with contextlib.suppress(NotFoundError):
-            epoch = marker_epoch((await js.get_last_msg(STREAM, subject)).data or b"")
-            if 0 < epoch < 2**62:  # a sequence JetStream can start at
-                highest = max(highest, epoch)
+            last = await js.get_last_msg(STREAM, subject)
+            highest = max(highest, marker_epoch(last.data or b""))
     return highest
 
 
@@ -445,6 +444,10 @@ class Leases:
         epoch = self._revs[key]
         try:
             marker_seq = await self.takeover(p, epoch)
+        except Fenced as exc:  # a newer owner's marker stands: nothing of ours was stored
+            log.info("takeover of partition %s at epoch %s refused: %s", p, epoch, exc.message)
+            await self._release(p)
+            return
         except Exception:
             log.warning("takeover of partition %s at epoch %s failed", p, epoch, exc_info=True)
             await self._release(p)

@@ -51,6 +51,7 @@ from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT, par
 from reservations import Budget, Rebuildable, ReservationClient
 from telemetry import Telemetry
 
+MARKER_TRIES = 3  # reads of the last marker before a takeover gives up writing its own
 log = logging.getLogger("fleetledger.coordinator")
 
 Ping = Callable[[], Awaitable[bool]]
@@ -277,22 +278,7 @@ class Coordinator:
         stream to it (everything older owners stored is applied), raise the stored epoch of
         every mission of it in Redis (an older owner's next script on one is refused), then
         serve. Returns the marker's sequence (every append of its missions expects it)."""
-        subject = epoch_subject(partition)
-        last = await self.bus.last_on(subject)
-        stands = marker_epoch(last.data) if last is not None else 0
-        if stands >= epoch:  # a newer owner's marker: ours would follow it and fence that owner
-            raise Fenced(
-                f"fenced: partition {partition}: a marker of epoch {stands} already stands; the "
-                f"takeover at epoch {epoch} is superseded",
-                partition=partition,
-            )
-        marker = json.dumps({"partition": partition, "epoch": epoch, "owner": self.member}).encode()
-        # stored only while the marker we read is still the last: one written by a newer owner
-        # meanwhile refuses ours (``Fenced``), so a takeover that stalled stores nothing late
-        seq = await self.bus.publish(
-            subject, marker, msg_id=f"epoch:{partition}:{epoch}",
-            headers={EXPECTED_LAST_SUBJECT_SEQ: str(last.seq if last is not None else 0)},
-        )  # fmt: skip
+        seq = await self._write_marker(partition, epoch)
         await self.journal.wait_applied(seq, timeout=max(self.settings.cut_timeout_s, 10.0))
         fences = self.fences
         assert fences is not None
@@ -302,6 +288,36 @@ class Coordinator:
             self.reconciler.rescan()
             await self._serve_partition(partition)
         return int(seq)
+
+    async def _write_marker(self, partition: int, epoch: int) -> int:
+        """Store the partition's epoch marker right after the last one, read first, which must
+        name a lower epoch (``Nats-Expected-Last-Subject-Sequence``): a takeover that stalled
+        after taking its lease and resumes after a newer owner's marker stores nothing (it
+        would stand last and refuse that owner's next append). A lower one written between our
+        read and our write (an older takeover resuming) is read again, a few times; its
+        sequence, or ``Fenced`` naming why not."""
+        subject = epoch_subject(partition)
+        marker = json.dumps({"partition": partition, "epoch": epoch, "owner": self.member}).encode()
+        for _ in range(MARKER_TRIES):
+            last = await self.bus.last_on(subject)
+            stands = marker_epoch(last.data) if last is not None else 0
+            if stands >= epoch:
+                raise Fenced(
+                    f"partition {partition}: a marker of epoch {stands} already stands; the "
+                    f"takeover at epoch {epoch} is superseded",
+                    partition=partition,
+                )
+            expect = {EXPECTED_LAST_SUBJECT_SEQ: str(last.seq if last is not None else 0)}
+            with contextlib.suppress(Fenced):  # refused: another marker came in between
+                stored = await self.bus.publish(
+                    subject, marker, msg_id=f"epoch:{partition}:{epoch}", headers=expect
+                )
+                return int(stored)
+        raise Fenced(
+            f"partition {partition}: other markers kept coming while epoch {epoch} was written "
+            f"({MARKER_TRIES} tries); the takeover is given up",
+            partition=partition,
+        )
 
     async def _serve_partition(self, partition: int) -> None:
         for subject, handler in self._partitioned(partition):

@@ -14,6 +14,7 @@ from ledger.errors import InvalidInput
 DEFAULT_PARTITIONS = 16
 MAX_PARTITIONS = 1024
 EPOCH_SUBJECT_PREFIX = "fleet.ledger.epoch"  # one marker subject per partition (stream fence)
+MAX_EPOCH = 2**62  # an epoch is a lease revision: a JetStream sequence, below this
 
 
 def check_partitions(partitions: int) -> int:
@@ -49,17 +50,21 @@ def is_epoch_subject(subject: str) -> bool:
 
 def marker_epoch(data: bytes) -> int:
     """The epoch a stored epoch marker names (``{"partition", "epoch", "owner"}``); 0 for
-    bytes that name none (only coordinators may write markers: nothing above a real one)."""
+    bytes that name none, or one no lease revision can be (only coordinators may write markers:
+    a broken one stands above none, and cannot block a partition's takeovers for good)."""
     try:
         epoch = json.loads(data)["epoch"]
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):
         return 0
-    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch > 0 else 0
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 < epoch < MAX_EPOCH:
+        return 0
+    return epoch
 
 
 __all__ = [
     "DEFAULT_PARTITIONS",
     "EPOCH_SUBJECT_PREFIX",
+    "MAX_EPOCH",
     "MAX_PARTITIONS",
     "check_partitions",
     "epoch_subject",

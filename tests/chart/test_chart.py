@@ -619,6 +619,32 @@ def test_every_rendered_object_validates_against_the_kubernetes_schemas(
     assert helm_report["renders"][scenario]["kube_errors"] == []
 
 
+def test_a_long_release_name_still_gets_its_statefulsets_pods(
+    helm_python: Path, base_values: Path, tmp_path: Path
+) -> None:
+    """Found (review): a StatefulSet labels each pod controller-revision-hash=<set name>-<10
+    characters>, at most 63, so a set named past 52 characters never gets a pod (the
+    coordinators' and the NATS servers'; kubernetes/kubernetes#64023). Names stop at 52, and
+    the NATS routes name the pods as they are."""
+    scenario = tmp_path / "long-values.yaml"
+    scenario.write_text(json.dumps({"fullnameOverride": "a-release-name-long-enough-" + "x" * 30}))
+    report = run_helm(helm_python, CHART, tmp_path / "report.json", [scenario], base_values)
+    result = report["renders"]["long-values.yaml"]
+    assert "error" not in result, result.get("error")
+    r = Rendered(result["manifest"], result["hooks"])
+    sets = r.of("StatefulSet")
+    assert len(sets) == 2
+    for workload in sets:
+        assert len(f"{workload['metadata']['name']}-0123456789") <= 63
+    nats = next(w for w in sets if "nats" in w["spec"]["template"]["metadata"]["labels"].get(
+        "app.kubernetes.io/component", ""))  # fmt: skip
+    name = nats["metadata"]["name"]
+    env = kubelet_env(named(nats["spec"]["template"]["spec"], "nats"))
+    assert f"{name}-0.{nats['spec']['serviceName']}." in env["NATS_ROUTE_0"]  # the pods' names
+    names = [o["metadata"]["name"] for o in r.objects]
+    assert len(set(zip(names, (o["kind"] for o in r.objects), strict=True))) == len(names)
+
+
 def test_kubernetes_validation_reports_an_unknown_field(
     helm_python: Path, base_values: Path, tmp_path: Path
 ) -> None:

@@ -56,10 +56,15 @@ def test_an_epoch_marker_subject_is_no_missions_subject() -> None:
     (b'{"partition": 3, "epoch": 41, "owner": "c1"}', 41), (b'{"epoch": 0}', 0),
     (b'{"epoch": -5}', 0), (b'{"epoch": true}', 0), (b'{"epoch": "9"}', 0), (b"[]", 0),
     (b"", 0), (b"not json", 0), (b'{"owner": "c1"}', 0),
+    (b'{"epoch": %d}' % (2**62 - 1), 2**62 - 1),
+    (b'{"epoch": %d}' % 2**62, 0), (b'{"epoch": %d}' % 2**70, 0),
+    (b'{"epoch": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 0),
 ])  # fmt: skip
 def test_a_marker_names_its_epoch_or_none(data: bytes, epoch: int) -> None:
     """A takeover refuses to write its marker after one of an epoch at or above its own; bytes
-    that name no epoch (0) stand above none."""
+    that name no epoch, or one no lease revision can be (review: 2**62 + 1 would have refused
+    every later takeover of the partition; deep nesting raised RecursionError), stand above
+    none."""
     assert marker_epoch(data) == epoch
 
 

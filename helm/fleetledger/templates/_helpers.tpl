@@ -18,9 +18,13 @@
 {{- end }}
 {{- end }}
 
-{{/* A component's name: <fullname>-<component>, e.g. "fleet-fleetledger-coordinator". */}}
+{{/* A component's name: <fullname>-<component>, e.g. "fleet-fleetledger-coordinator"; at most
+52 characters, the full name cut so that the component stays (names stay distinct): a
+StatefulSet labels each pod controller-revision-hash=<its name>-<10-character hash>, a label
+value of at most 63, so a longer set name never gets a pod. */}}
 {{- define "fleetledger.component" -}}
-{{- printf "%s-%s" (include "fleetledger.fullname" .root) .component | trunc 63 | trimSuffix "-" }}
+{{- $room := sub 51 (len .component) | int }}
+{{- printf "%s-%s" (include "fleetledger.fullname" .root | trunc $room | trimSuffix "-") .component }}
 {{- end }}
 
 {{- define "fleetledger.chart" -}}
