@@ -56,9 +56,26 @@ def nats_servers(url: str) -> list[str]:
 
 class Connection(Client):
     """nats-py's client, knowing whether the server refuses its key right now: set by the
-    server's refusal, cleared once it is admitted again (a revoked key stays refused)."""
+    server's refusal, cleared once it is admitted again (a revoked key stays refused); and
+    whose read loop survives the PONG of a flush given up on (``_process_pong``)."""
 
     refused: bool = False
+
+    async def _process_pong(self) -> None:
+        """A PONG answers the oldest PING outstanding (the server answers them in order).
+        nats-py 2.16 sets its future's result even when the flush waiting on it gave up (timed
+        out, or cancelled: ``Bus.unserve`` bounds a drain while NATS is away), and the
+        ``InvalidStateError`` ends its read loop: the connection, still "connected", reads
+        nothing more, every request times out, and only its stale-connection check (three
+        ping intervals, 6 min) would reconnect it (cluster checker, seed 26: no coordinator
+        served again after a heal). The PING is still taken off in order; only a live waiter
+        is woken."""
+        if self._pongs:
+            future = self._pongs.pop(0)
+            if not future.done():
+                future.set_result(True)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
 
 
 def refused_now(nc: Client) -> bool:
