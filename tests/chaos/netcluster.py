@@ -294,8 +294,9 @@ class ClusterNemesis:
         nc = self.watch.nc
         if nc is None:
             return fallback
-        try:
-            info = await nc.jetstream().stream_info(STREAM, timeout=1)
+        try:  # (nats-py's stream_info takes no timeout: passing one made every leader fault
+            async with asyncio.timeout(1):  # hit a random server, review of 2026-12-03)
+                info = await nc.jetstream().stream_info(STREAM)
         except Exception:  # no leader right now
             return fallback
         leader = info.cluster.leader if info.cluster is not None else None
