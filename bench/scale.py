@@ -10,9 +10,14 @@ coordinators' CPU (sum of their processes' user + system seconds) per decision. 
 coordinators, R1): kill -9 of the owner of a mission's partition, then asking until a good
 decision; split into lease expiry (kill -> the new owner's epoch marker, its stream timestamp)
 and takeover + catch-up (marker -> the first good decision); the killed coordinator is restarted
-before the next kill. Not yet measured: the stream-leader kill gap, fence conflicts, stale writes
-of a SIGSTOPped owner, acknowledged decisions checked against the stream (docs/scale.md).
-Ends with one JSON line of figures.
+before the next kill; then SIGSTOP of an owner holding a request (answered by the new owner on
+the client's retry) and SIGCONT after the takeover: what the stale owner does with the request
+it held must store nothing. Every run ends with an audit of its whole stream (``audit``):
+acknowledged decisions missing from it (lost) or recorded twice (doubled), and stale writes: a
+coordinator's append whose fence (``Nats-Expected-Last-Subject-Sequence``) is not its
+partition's marker at the point it was stored, or that carries none. Not yet measured: the
+stream-leader kill gap, fence conflicts seen by clients (docs/scale.md). Ends with one JSON line
+of figures.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -30,13 +36,17 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from nats.aio.msg import Msg
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.authorize import cpu_seconds, pct, set_up
+from coordinator.leases import EXPECTED_LAST_SUBJECT_SEQ
+from fleetbus.bus import connect
 from fleetbus.client import FleetClient
 from fleetbus.permissions import inbox_prefix
+from fleetbus.reader import read_until_end
 from fleetledger.processes import free_port
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
@@ -45,9 +55,10 @@ from fleetledger.servers import (
     fleet_keys,
 )
 from ledger.errors import FleetError
+from ledger.events import DecisionRecorded, read_message
 from ledger.kernel import ActionRequest
-from ledger.partition import epoch_subject, partition_of
-from ledger.protocol import STREAM
+from ledger.partition import epoch_subject, is_epoch_subject, partition_of
+from ledger.protocol import NODE_KIND_PREFIXES, STREAM, SUBJECT_PREFIX
 
 err = Console(stderr=True)
 P = 16
@@ -122,10 +133,51 @@ async def ask(client: FleetClient, mission: str, n: int, tag: str, acked: list[s
     return out
 
 
+async def audit(url: str, seed: str, acked: list[str]) -> dict[str, int]:
+    """The run's whole stream against what clients were told: ``acked`` decisions (mission/action)
+    it does not record (lost) or records more than once (doubled), and stale writes: a
+    coordinator's append (decision state, not a node's observation) whose expected marker is not
+    its partition's latest marker before it, or that names none."""
+    recorded: dict[str, int] = {}
+    marker: dict[int, int] = {}  # partition -> its latest epoch marker's sequence so far
+    stale = appends = 0
+
+    async def visit(msg: Msg) -> None:
+        nonlocal stale, appends
+        seq = int(msg.metadata.sequence.stream)
+        if is_epoch_subject(msg.subject):
+            marker[int(msg.subject.rsplit(".", 1)[1])] = seq
+            return
+        events = read_message(msg.data).events
+        last = events[-1]
+        if last.kind.startswith(NODE_KIND_PREFIXES):
+            return  # a node's observation: not fenced (only coordinators decide)
+        appends += 1
+        fence = (msg.headers or {}).get(EXPECTED_LAST_SUBJECT_SEQ)
+        if fence is None or int(fence) != marker.get(partition_of(last.mission_id, P)):
+            stale += 1
+        for event in events:
+            if isinstance(event.payload, DecisionRecorded):
+                key = f"{event.mission_id}/{event.payload.action_id}"
+                recorded[key] = recorded.get(key, 0) + 1
+
+    nc = await connect(url, name="bench-scale-audit", seed=seed)
+    try:
+        await read_until_end(nc, STREAM, f"{SUBJECT_PREFIX}.>", visit)
+    finally:
+        await nc.close()
+    return {
+        "lost": sum(1 for key in acked if key not in recorded),
+        "doubled": sum(1 for key in acked if recorded.get(key, 0) > 1),
+        "stale_writes": stale, "coordinator_appends": appends,
+    }  # fmt: skip
+
+
 async def configuration(
     coordinators: int, nats_servers: int, quick: bool, acked: list[str]
 ) -> dict[str, float]:
     n_seq, per = (150, 40) if quick else (1000, 300)
+    mine: list[str] = []  # this configuration's acknowledged decisions
     state = Path(tempfile.mkdtemp(prefix="fl-scale-", dir="/tmp"))
     keys = fleet_keys(state, [])
     procs: list[Any] = []
@@ -150,21 +202,24 @@ async def configuration(
             for c, m in zip(clients, missions, strict=True):
                 await set_up(c, (m,))
             await asyncio.gather(
-                *(ask(c, m, 5, "w", acked) for c, m in zip(clients, missions, strict=True))
+                *(ask(c, m, 5, "w", mine) for c, m in zip(clients, missions, strict=True))
             )
-            lat = await ask(clients[0], missions[0], n_seq, "q", acked)
+            lat = await ask(clients[0], missions[0], n_seq, "q", mine)
             before = sum(cpu_seconds(p.pid) for p in procs)
             t = time.perf_counter()
             await asyncio.gather(
-                *(ask(c, m, per, "t", acked) for c, m in zip(clients, missions, strict=True))
+                *(ask(c, m, per, "t", mine) for c, m in zip(clients, missions, strict=True))
             )
             rate = CONCURRENT * per / (time.perf_counter() - t)
             cpu = sum(cpu_seconds(p.pid) for p in procs) - before
             for c in clients:
                 await c.close()
+            checked = await audit(servers.nats_url, keys.seed(COORDINATOR_PRINCIPAL), mine)
+            acked.extend(mine)
             return {
                 "p50_ms": statistics.median(lat) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3,
                 "per_s": rate, "cpu_ms_per_decision": cpu / (CONCURRENT * per) * 1e3,
+                **checked,
             }  # fmt: skip
     finally:
         for p in procs:
@@ -179,7 +234,8 @@ async def marker_time(js: Any, partition: int) -> float:
     return float(msg.time.timestamp())
 
 
-async def failover(kills: int, acked: list[str]) -> dict[str, Any]:
+async def failover(kills: int, stops: int, acked: list[str]) -> dict[str, Any]:
+    mine: list[str] = []  # this run's acknowledged decisions
     state = Path(tempfile.mkdtemp(prefix="fl-scale-f-", dir="/tmp"))
     keys = fleet_keys(state, [])
     procs: dict[int, Any] = {}
@@ -218,7 +274,7 @@ async def failover(kills: int, acked: list[str]) -> dict[str, Any]:
                     except FleetError:  # no owner yet: fail closed, ask again
                         await asyncio.sleep(0.02)
                 good = time.time()
-                acked.append(f"{mission}/k{k}")
+                mine.append(f"{mission}/k{k}")
                 stamp = await marker_time(nc.jetstream(), part)
                 total.append(good - killed)
                 lease.append(max(0.0, stamp - killed))
@@ -226,8 +282,27 @@ async def failover(kills: int, acked: list[str]) -> dict[str, Any]:
                 err.print(f"  kill {k + 1}: {good - killed:.2f}s (lease {stamp - killed:.2f}s)")
                 procs[owner] = start(servers, keys, owner, ports[owner - 1])
                 await until_shared(ports)
+            for k in range(stops):  # an owner stopped with requests in hand, resumed later
+                mission = missions[(kills + k) % P]
+                part = partition_of(mission, P)
+                owners = [n for n, port in enumerate(ports, 1) if part in await held(port)]
+                owner = owners[0]
+                procs[owner].send_signal(signal.SIGSTOP)
+                while True:  # the same action until the new owner decides it
+                    try:
+                        reply = await client.authorize(mission, req(f"z{k}"))
+                        if reply.decision is not None and reply.decision.allowed:
+                            break
+                    except FleetError:
+                        await asyncio.sleep(0.02)
+                mine.append(f"{mission}/z{k}")
+                procs[owner].send_signal(signal.SIGCONT)  # it acts on what it held: refused
+                await until_shared(ports)
+                err.print(f"  stop {k + 1}: owner c{owner} resumed after its takeover")
             await client.close()
             await nc.close()
+            checked = await audit(servers.nats_url, keys.seed(COORDINATOR_PRINCIPAL), mine)
+            acked.extend(mine)
     finally:
         for p in procs.values():
             p.kill()
@@ -237,7 +312,8 @@ async def failover(kills: int, acked: list[str]) -> dict[str, Any]:
         "kills": kills, "failover_p50_s": statistics.median(total),
         "failover_p99_s": pct(total, 0.99), "lease_expiry_p50_s": statistics.median(lease),
         "takeover_and_catch_up_p50_s": statistics.median(rest),
-        "takeover_and_catch_up_p99_s": pct(rest, 0.99),
+        "takeover_and_catch_up_p99_s": pct(rest, 0.99), "stops": stops,
+        **{f"failover_{key}": value for key, value in checked.items()},
     }  # fmt: skip
 
 
@@ -262,8 +338,16 @@ async def main(quick: bool) -> dict[str, Any]:
             figures[f"c3_{r}_cpu_ms_per_decision"] / figures[f"c1_{r}_cpu_ms_per_decision"]
         )
     err.print("failover: kill -9 of a partition's owner…")
-    figures.update(await failover(10 if quick else 20, acked))
+    figures.update(await failover(10 if quick else 20, 3 if quick else 10, acked))
     figures["acked_decisions"] = len(acked)
+    for key in ("lost", "doubled", "stale_writes"):  # over every run's stream
+        runs = [k for k in figures if k.endswith(f"_{key}") and k != f"total_{key}"]
+        figures[f"total_{key}"] = sum(figures[k] for k in runs)
+    err.print(
+        f"audited {len(acked):,} acknowledged decisions against their streams: lost "
+        f"{figures['total_lost']}, doubled {figures['total_doubled']}, stale writes "
+        f"{figures['total_stale_writes']}"
+    )
     figures["loadavg_end"] = os.getloadavg()[0]
     Console().print(table)
     return figures
