@@ -15,9 +15,10 @@ the client's retry) and SIGCONT after the takeover: what the stale owner does wi
 it held must store nothing. Every run ends with an audit of its whole stream (``audit``):
 acknowledged decisions missing from it (lost) or recorded twice (doubled), and stale writes: a
 coordinator's append whose fence (``Nats-Expected-Last-Subject-Sequence``) is not its
-partition's marker at the point it was stored, or that carries none. Not yet measured: the
-stream-leader kill gap, fence conflicts seen by clients (docs/scale.md). Ends with one JSON line
-of figures.
+partition's marker at the point it was stored, or that carries none. While clients ask again
+they count what they were answered (by error code) and, when told "not owner" or "fenced", how
+long from that answer to a good decision. Last, kill -9 of the ledger stream's leader on a
+3-node cluster (R3): the gap to the next good decision. Ends with one JSON line of figures.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +56,7 @@ from fleetledger.servers import (
     EmbeddedServers,
     fleet_keys,
 )
-from ledger.errors import FleetError
+from ledger.errors import FleetError, NotOwner
 from ledger.events import DecisionRecorded, read_message
 from ledger.kernel import ActionRequest
 from ledger.partition import epoch_subject, is_epoch_subject, partition_of
@@ -236,6 +238,8 @@ async def marker_time(js: Any, partition: int) -> float:
 
 async def failover(kills: int, stops: int, acked: list[str]) -> dict[str, Any]:
     mine: list[str] = []  # this run's acknowledged decisions
+    refusals: Counter[str] = Counter()  # what clients were answered while asking again
+    retried: list[float] = []
     state = Path(tempfile.mkdtemp(prefix="fl-scale-f-", dir="/tmp"))
     keys = fleet_keys(state, [])
     procs: dict[int, Any] = {}
@@ -266,14 +270,20 @@ async def failover(kills: int, stops: int, acked: list[str]) -> dict[str, Any]:
                 procs[owner].kill()  # kill -9
                 killed = time.time()
                 procs[owner].wait(5)
+                fenced_at: float | None = None  # the first "not owner"/"fenced" answer
                 while True:
                     try:
                         reply = await client.authorize(mission, req(f"k{k}"))
                         if reply.decision is not None and reply.decision.allowed:
                             break
-                    except FleetError:  # no owner yet: fail closed, ask again
+                    except FleetError as exc:  # no owner yet: fail closed, ask again
+                        refusals[str(exc.code)] += 1
+                        if isinstance(exc, NotOwner) and fenced_at is None:
+                            fenced_at = time.time()
                         await asyncio.sleep(0.02)
                 good = time.time()
+                if fenced_at is not None:  # told "not owner", asked again: how long till good
+                    retried.append(good - fenced_at)
                 mine.append(f"{mission}/k{k}")
                 stamp = await marker_time(nc.jetstream(), part)
                 total.append(good - killed)
@@ -313,7 +323,67 @@ async def failover(kills: int, stops: int, acked: list[str]) -> dict[str, Any]:
         "failover_p99_s": pct(total, 0.99), "lease_expiry_p50_s": statistics.median(lease),
         "takeover_and_catch_up_p50_s": statistics.median(rest),
         "takeover_and_catch_up_p99_s": pct(rest, 0.99), "stops": stops,
+        "refusals": dict(refusals), "not_owner_rounds": len(retried),
+        "not_owner_to_good_p50_s": statistics.median(retried) if retried else None,
+        "not_owner_to_good_max_s": max(retried) if retried else None,
         **{f"failover_{key}": value for key, value in checked.items()},
+    }  # fmt: skip
+
+
+async def leader_kills(kills: int, acked: list[str]) -> dict[str, Any]:
+    """kill -9 of the ledger stream's leader on a 3-node cluster (R3) under one coordinator:
+    the gap from the kill to the next good decision (the same action asked again), each killed
+    node restarted and the cluster whole again before the next; then the stream's audit."""
+    mine: list[str] = []
+    state = Path(tempfile.mkdtemp(prefix="fl-scale-l-", dir="/tmp"))
+    keys = fleet_keys(state, [])
+    gaps: list[float] = []
+    proc: Any = None
+    try:
+        with EmbeddedServers(state, keys=keys, nats_servers=3) as servers:
+            port = free_port()
+            proc = start(servers, keys, 1, port)
+            await until_shared([port])
+            nc = await connect(servers.nats_url, name="bench-scale-leader",
+                               seed=keys.seed(COORDINATOR_PRINCIPAL))  # fmt: skip
+            client = await FleetClient.connect(
+                servers.nats_url, seed=keys.seed(OPERATOR_PRINCIPAL), principals=keys.directory,
+                partitions=P, timeout=1,
+            )  # fmt: skip
+            (mission,) = spread(1, "l")
+            await set_up(client, (mission,))
+            for k in range(kills):
+                await ask(client, mission, 5, f"w{k}-", mine)  # decisions flow, then it dies
+                info = await nc.jetstream().stream_info(STREAM)
+                assert info.cluster is not None and info.cluster.leader is not None
+                node = servers.node_named(info.cluster.leader)
+                node.kill()
+                killed = time.monotonic()
+                while True:
+                    try:
+                        reply = await client.authorize(mission, req(f"L{k}"))
+                        if reply.decision is not None and reply.decision.allowed:
+                            break
+                    except FleetError:  # no leader yet: fail closed, ask again
+                        await asyncio.sleep(0.02)
+                gaps.append(time.monotonic() - killed)
+                mine.append(f"{mission}/L{k}")
+                err.print(f"  leader kill {k + 1} ({node.name}): {gaps[-1]:.2f}s to a decision")
+                node.start()
+                servers.wait_nats_cluster()
+            await client.close()
+            await nc.close()
+            checked = await audit(servers.nats_url, keys.seed(COORDINATOR_PRINCIPAL), mine)
+            acked.extend(mine)
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait(10)
+        shutil.rmtree(state, ignore_errors=True)
+    return {
+        "leader_kills": kills, "leader_kill_gap_p50_s": statistics.median(gaps),
+        "leader_kill_gap_max_s": max(gaps),
+        **{f"leader_{key}": value for key, value in checked.items()},
     }  # fmt: skip
 
 
@@ -339,6 +409,8 @@ async def main(quick: bool) -> dict[str, Any]:
         )
     err.print("failover: kill -9 of a partition's owner…")
     figures.update(await failover(10 if quick else 20, 3 if quick else 10, acked))
+    err.print("kill -9 of the ledger stream's leader (R3, one coordinator)…")
+    figures.update(await leader_kills(3 if quick else 10, acked))
     figures["acked_decisions"] = len(acked)
     for key in ("lost", "doubled", "stale_writes"):  # over every run's stream
         runs = [k for k in figures if k.endswith(f"_{key}") and k != f"total_{key}"]
