@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -37,7 +33,12 @@ from fleetledger._cli import (
     run,
     write_person_file,
 )
-from fleetledger.processes import _die_with_parent
+from fleetledger.coordinators import (
+    MAX_COORDINATORS,
+    start_coordinators,
+    stop_coordinators,
+    until_shared,
+)
 from fleetledger.runtime import tune_gc
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
@@ -59,7 +60,6 @@ coordinator_app = typer.Typer(help="Run the coordinator service.", no_args_is_he
 
 
 REDIS_TOPOLOGIES = ("single", "sentinel")
-MAX_COORDINATORS = 8  # of the embedded fleet; a deployment may run up to 32 (permissions)
 
 
 def _servers_table(
@@ -135,19 +135,10 @@ def up(
     from coordinator.settings import CoordinatorSettings
     from fleetledger.cli_trace import follower_process
 
-    if nats_servers not in NATS_CLUSTER_SIZES:
-        fail(InvalidInput(
-            f"--nats-servers {nats_servers}: give 1 (one server) or 3 (a cluster that survives "
-            "one node's death)"
-        ))  # fmt: skip
+    _check_topology(nats_servers, coordinators)
     if redis not in REDIS_TOPOLOGIES:
         fail(InvalidInput(
             f"--redis {redis!r}: give one of {', '.join(REDIS_TOPOLOGIES)}"
-        ))  # fmt: skip
-    if not 1 <= coordinators <= MAX_COORDINATORS:
-        fail(InvalidInput(
-            f"--coordinators {coordinators}: give 1 to {MAX_COORDINATORS} (coordinators sharing "
-            "the partitions)"
         ))  # fmt: skip
     directory = (state_dir or default_state_dir()).absolute()  # redis-server runs elsewhere
     env_file = directory / ENV_FILE_NAME
@@ -171,9 +162,9 @@ def up(
         others: list[tuple[subprocess.Popen[bytes], int]] = []
 
         async def ready(coordinator: Coordinator) -> None:
-            others.extend(await _start_coordinators(settings, coordinators - 1))
+            others.extend(await start_coordinators(settings, coordinators - 1))
             if others:  # fleet.env says ready: every partition with its one owner, shared out
-                await _until_shared(coordinator, [port for _, port in others])
+                await until_shared(coordinator, [port for _, port in others])
             sockets.extend(
                 await _start_nodes(servers.nats_url, directory, nodes, node_agents, keys.root)
             )
@@ -204,7 +195,7 @@ def up(
             try:
                 run(lambda: _serve_coordinator(settings, ready, node_agents))
             finally:
-                _stop_coordinators([proc for proc, _ in others])
+                stop_coordinators([proc for proc, _ in others])
     finally:
         servers.stop()
         env_file.unlink(missing_ok=True)
@@ -215,11 +206,24 @@ def up(
 def demo(
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
     no_ray: Annotated[bool, typer.Option("--no-ray", help="Skip the Ray branch race.")] = False,
+    nats_servers: Annotated[
+        int, typer.Option(help="1: one nats-server; 3: a 3-node cluster (R3), as `up` runs it.")
+    ] = 1,
+    coordinators: Annotated[
+        int,
+        typer.Option(
+            help=f"Coordinators sharing the partitions (1 to {MAX_COORDINATORS}), as `up` runs "
+            "them: the mission runs unchanged against them."
+        ),
+    ] = 1,
 ) -> None:
     """Start the embedded fleet, run the README's scripted mission, print what was stopped."""
     from fleetledger.demo import expected, run_demo
 
-    figures = run(lambda: run_demo(err if as_json else out, err, ray_branches=not no_ray), as_json)
+    _check_topology(nats_servers, coordinators)
+    shape = {"nats_servers": nats_servers, "coordinators": coordinators}
+    out_to = err if as_json else out
+    figures = run(lambda: run_demo(out_to, err, ray_branches=not no_ray, **shape), as_json)
     if as_json:
         print(json.dumps(figures))
     problems = expected(figures)
@@ -227,6 +231,20 @@ def demo(
         err.print(literal("the demo did not behave as scripted: ", "red") + "; ".join(problems))
         raise typer.Exit(1)
     err.print(literal("demo complete", "green") + ": every step behaved as scripted")
+
+
+def _check_topology(nats_servers: int, coordinators: int) -> None:
+    """Exit 2 naming the option when the fleet's shape is not one the embedded fleet runs."""
+    if nats_servers not in NATS_CLUSTER_SIZES:
+        fail(InvalidInput(
+            f"--nats-servers {nats_servers}: give 1 (one server) or 3 (a cluster that survives "
+            "one node's death)"
+        ))  # fmt: skip
+    if not 1 <= coordinators <= MAX_COORDINATORS:
+        fail(InvalidInput(
+            f"--coordinators {coordinators}: give 1 to {MAX_COORDINATORS} (coordinators sharing "
+            "the partitions)"
+        ))  # fmt: skip
 
 
 @coordinator_app.command("run")
@@ -275,103 +293,6 @@ def _setting_error(exc: ValidationError) -> str:
         shown = f"={given!r}" if isinstance(given, str | int | float) else ""
         problems.append(f"{name}{shown}: {error['msg']}")
     return "invalid setting: " + "; ".join(problems)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def _start_coordinators(
-    first: CoordinatorSettings, count: int
-) -> list[tuple[subprocess.Popen[bytes], int]]:
-    """``count`` more coordinators of the fleet as `coordinator run` processes, each with its
-    own node id, durable and health port, the same principal, partitions and lease; ready
-    (``/readyz`` 200) before this returns. Each stops with the fleet (SIGTERM, hands over)."""
-    started: list[tuple[subprocess.Popen[bytes], int]] = []
-    for i in range(2, count + 2):
-        port = _free_port()
-        own = {
-            "FLEET_NATS_URL": first.nats_url, "FLEET_REDIS_URL": first.redis_url,
-            "FLEET_HTTP_PORT": str(port), "FLEET_NODE_ID": f"coordinator-{i}",
-            "FLEET_CONSUMER": f"coordinator-{i}", "FLEET_PRINCIPAL": first.principal or "",
-            "FLEET_IDENTITY_DIR": str(first.identity_dir or ""),
-            "FLEET_STREAM_REPLICAS": str(first.stream_replicas),
-            "FLEET_PARTITIONS": str(first.partitions),
-            "FLEET_PARTITION_LEASE_S": str(first.partition_lease_s),
-        }  # fmt: skip
-        env = {**os.environ, **{k: v for k, v in own.items() if v}}  # no principal: open NATS
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetledger", "coordinator", "run"], env=env,
-            stdout=subprocess.DEVNULL, start_new_session=True,  # Ctrl-C reaches us alone
-            preexec_fn=_die_with_parent,  # and a kill -9 of `up` stops it too
-        )  # fmt: skip
-        started.append((proc, port))
-    try:
-        for proc, port in started:
-            await _until_ready(proc, port)
-    except FleetError:
-        _stop_coordinators([proc for proc, _ in started])
-        raise
-    return started
-
-
-async def _until_ready(proc: subprocess.Popen[bytes], port: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise Unreachable(f"a coordinator (health port {port}) exited with {proc.returncode}")
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"GET /readyz HTTP/1.0\r\n\r\n")
-            status = await reader.readline()
-            writer.close()
-            if b" 200 " in status:
-                return
-        except OSError:
-            pass
-        await asyncio.sleep(0.1)
-    raise Unreachable(f"a coordinator (health port {port}) was not ready in {timeout:.0f} s")
-
-
-async def _held(port: int) -> set[int]:
-    """The partitions the coordinator behind ``port`` serves (its /healthz)."""
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /healthz HTTP/1.0\r\n\r\n")
-        data = await reader.read()
-        writer.close()
-        return {int(p) for p in json.loads(data.split(b"\r\n\r\n", 1)[1]).get("partitions", {})}
-    except (OSError, ValueError):
-        return set()
-
-
-async def _until_shared(coordinator: Coordinator, ports: list[int], timeout: float = 60) -> None:
-    """Until every partition has one owner and none holds more than its fair share (a joining
-    coordinator is handed partitions over a few lease ticks; till then some answer not owner)."""
-    total = coordinator.settings.partitions
-    share = -(-total // (len(ports) + 1))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        own = set(coordinator.fences.served()) if coordinator.fences is not None else set()
-        sets = [own, *[await _held(port) for port in ports]]
-        if sum(map(len, sets)) == total == len(set().union(*sets)) and max(map(len, sets)) <= share:
-            return
-        await asyncio.sleep(0.1)
-    raise Unreachable(f"the coordinators did not share the {total} partitions in {timeout:.0f} s")
-
-
-def _stop_coordinators(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 async def _start_nodes(

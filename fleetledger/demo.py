@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
 import tempfile
 import time
 from contextlib import nullcontext
@@ -28,6 +29,7 @@ from coordinator.settings import CoordinatorSettings
 from fleetbus.client import FleetClient
 from fleetbus.identity import KeyStore
 from fleetledger.cli_trace import export_stream
+from fleetledger.coordinators import start_coordinators, stop_coordinators, until_shared
 from fleetledger.demo_sessions import DEMO_NODE
 from fleetledger.demo_story import MISSION, PEOPLE, RACE, Steps, coordinator_race, scripted_mission
 from fleetledger.render import team_view
@@ -77,29 +79,47 @@ class _Clients:
         await self.fleet.close()
 
 
-async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> dict[str, Any]:
-    """Start the embedded fleet, run the scripted mission, print tables, return the figures."""
+async def run_demo(
+    out: Console,
+    err: Console,
+    *,
+    ray_branches: bool = True,
+    nats_servers: int = 1,
+    coordinators: int = 1,
+) -> dict[str, Any]:
+    """Start the embedded fleet, run the scripted mission, print tables, return the figures.
+    ``nats_servers`` 3: on a 3-node cluster; ``coordinators`` N: this process's and N-1
+    `coordinator run` processes sharing the partitions (as `up` runs them)."""
     figures: dict[str, Any] = {}
     directory = Path(tempfile.mkdtemp(prefix="fleetledger-demo-"))
     # the secure default: every process connects with its own key and its role's permissions
     keys = fleet_keys(directory, [*NODES, DEMO_NODE], people=PEOPLE)
-    with err.status("starting nats-server and redis-server…"):
-        servers = EmbeddedServers(directory, keys=keys).start()
+    with err.status(f"starting {nats_servers} nats-server(s) and redis-server…"):
+        servers = EmbeddedServers(directory, keys=keys, nats_servers=nats_servers).start()
+    others: list[subprocess.Popen[bytes]] = []
     try:
         settings = CoordinatorSettings(
             nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0,
             principal=COORDINATOR_PRINCIPAL, identity_dir=keys.root,
+            stream_replicas=servers.stream_replicas,
+            node_id="coordinator-1" if coordinators > 1 else "coordinator",
             evict_after_s=IDLE_S,  # the demo lets an idle mission go from memory soon
         )  # fmt: skip
         coordinator = await Coordinator.from_settings(settings)
-        with err.status("starting the coordinator…"):
+        with err.status(f"starting {coordinators} coordinator(s)…"):
             await coordinator.start()
+            started = await start_coordinators(
+                settings, coordinators - 1, log=directory / "coordinators.log"
+            )
+            others.extend(proc for proc, _ in started)
+            if started:  # every partition with its one owner, shared out
+                await until_shared(coordinator, [port for _, port in started])
         clients = await _Clients.connect(servers, keys)
         try:
             await asyncio.gather(*(w.start() for w in clients.watchers))
             err.print(
                 f"fleet up: NATS {servers.nats_url}, Redis {servers.redis_address}, "
-                f"coordinator, {len(NODES)} node agents watching risks"
+                f"{coordinators} coordinator(s), {len(NODES)} node agents watching risks"
             )
             figures.update(await _mission(out, clients))
             figures.update(await _sessions(out, servers, keys))
@@ -126,6 +146,7 @@ async def run_demo(out: Console, err: Console, *, ray_branches: bool = True) -> 
             await coordinator.stop()
             process_telemetry().force_flush(5_000)
     finally:
+        stop_coordinators(others)
         servers.stop()
         shutil.rmtree(directory, ignore_errors=True)
     return figures

@@ -52,3 +52,32 @@ def test_demo_ray_race_shows_naive_overspend_and_ours_none() -> None:
     assert figures["naive_admitted"] == 4 and figures["naive_spend"] == "2.00"
     assert figures["ray_admitted"] == 1 and figures["ray_spend"] == "0.50"
     assert figures["ray_ledger_settled"] == "0.50"  # the branch's transitions are in the record
+
+
+def test_the_demo_runs_unchanged_against_three_coordinators_on_a_three_node_cluster() -> None:
+    """Issue 26's done-when: the scripted mission, the sessions, the race and the idle mission
+    behave as scripted on `up`'s clustered shape (3 nats-servers, R3, 3 coordinators sharing
+    the partitions, the mission's requests routed to its partition's owner)."""
+    figures, told = run_demo_output("--no-ray", "--coordinators", "3", "--nats-servers", "3")
+    assert "3 coordinator(s)" in told and told.count("nats://") >= 3
+    assert figures["steps_as_scripted"] is True
+    assert figures["coordinator_race_admitted"] == 1
+    assert figures["nodes_blocked_locally"] == 3
+    assert figures["session_false_done_refused"] is True
+    assert figures["idle_mission_let_go"] is True and figures["idle_mission_same_view"] is True
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--coordinators", "9"], "--coordinators 9: give 1 to 8"),
+    (["--nats-servers", "2"], "--nats-servers 2: give 1 (one server) or 3"),
+])  # fmt: skip
+def test_the_demo_refuses_a_fleet_shape_it_cannot_run_naming_it(
+    args: list[str], named: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetledger", "demo", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert named in " ".join(done.stderr.split())
+    assert "Traceback" not in done.stderr
