@@ -49,6 +49,7 @@ from fleetbus.bus import connect
 from fleetbus.client import FleetClient
 from fleetbus.permissions import inbox_prefix
 from fleetbus.reader import read_until_end
+from fleetledger.coordinators import held
 from fleetledger.processes import free_port
 from fleetledger.servers import (
     COORDINATOR_PRINCIPAL,
@@ -84,17 +85,6 @@ def start(servers: EmbeddedServers, keys: Any, n: int, port: int) -> Any:
         [sys.executable, "-m", "fleetledger", "coordinator", "run"], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-
-
-async def held(port: int) -> set[int]:
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /healthz HTTP/1.0\r\n\r\n")
-        data = await reader.read()
-        writer.close()
-        return {int(p) for p in json.loads(data.split(b"\r\n\r\n", 1)[1]).get("partitions", {})}
-    except (OSError, ValueError):
-        return set()
 
 
 async def until_shared(ports: list[int], timeout: float = 90) -> None:

@@ -81,7 +81,7 @@ async def _until_ready(proc: subprocess.Popen[bytes], port: int, timeout: float 
     raise Unreachable(f"a coordinator (health port {port}) was not ready in {timeout:.0f} s")
 
 
-async def _held(port: int) -> set[int]:
+async def held(port: int) -> set[int]:
     """The partitions the coordinator behind ``port`` serves (its /healthz)."""
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -101,7 +101,7 @@ async def until_shared(coordinator: Coordinator, ports: list[int], timeout: floa
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         own = set(coordinator.fences.served()) if coordinator.fences is not None else set()
-        sets = [own, *[await _held(port) for port in ports]]
+        sets = [own, *[await held(port) for port in ports]]
         if sum(map(len, sets)) == total == len(set().union(*sets)) and max(map(len, sets)) <= share:
             return
         await asyncio.sleep(0.1)
@@ -121,4 +121,6 @@ def stop_coordinators(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait(5)
 
 
-__all__ = ["MAX_COORDINATORS", "start_coordinators", "stop_coordinators", "until_shared"]
+__all__ = [
+    "MAX_COORDINATORS", "held", "start_coordinators", "stop_coordinators", "until_shared",
+]  # fmt: skip
