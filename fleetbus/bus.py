@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -46,6 +47,10 @@ from ledger.protocol import (
 log = logging.getLogger("fleetledger.bus")
 
 WRONG_LAST_SEQUENCE = 10071  # JetStream: an expected last (subject) sequence did not hold
+# JetStream on a replicated stream: an expected last subject sequence it cannot check now,
+# because another write that matches it is still being replicated; nothing stored
+NOT_CHECKED_YET = 10164
+NOT_CHECKED_FIRST_S, NOT_CHECKED_MAX_S = 0.001, 0.05  # its retries' pause: doubling, jittered
 STREAM_NAME_IN_USE = 10058  # JetStream: a stream of that name exists (another created it)
 
 
@@ -171,6 +176,11 @@ def failing_closed(subject: str, timeout: float) -> Iterator[None]:
     ) as exc:
         raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
     except nats.js.errors.APIError as exc:  # refused outright (size, limits): nothing stored
+        if exc.err_code == NOT_CHECKED_YET:  # still so after the retries (``JetStreamBus``)
+            raise ComponentTimeout(
+                f"JetStream could not check the fence of {subject} in {timeout}s (other writes "
+                "of its partition still replicating); nothing was stored, ask again"
+            ) from None
         if exc.err_code == WRONG_LAST_SEQUENCE:  # a newer owner's epoch marker (S6.5)
             raise Fenced(
                 f"fenced: JetStream refused {subject}: a newer owner took its partition over "
@@ -332,13 +342,28 @@ class JetStreamBus:
     async def publish(
         self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
     ) -> Stored:
+        sent = {**(headers or {}), "Nats-Msg-Id": msg_id}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PUBLISH_TIMEOUT_S
+        pause = NOT_CHECKED_FIRST_S
         with failing_closed(subject, PUBLISH_TIMEOUT_S):
-            ack = await self.pipeline.publish(
-                subject,
-                data,
-                headers={**(headers or {}), "Nats-Msg-Id": msg_id},
-                timeout=PUBLISH_TIMEOUT_S,
-            )
+            while True:
+                left = deadline - loop.time()
+                try:
+                    ack = await self.pipeline.publish(
+                        subject, data, headers=sent, timeout=max(left, 0.001)
+                    )
+                    break
+                except nats.js.errors.APIError as exc:
+                    # a replicated stream checks a fence only once the writes it orders against
+                    # are stored: concurrent appends of one partition's missions (each expects
+                    # its marker) are refused meanwhile, not fenced; nothing was stored, so the
+                    # same message (its id) goes again shortly, the callers spread by jitter
+                    wait = pause * random.uniform(0.5, 1.5)
+                    if exc.err_code != NOT_CHECKED_YET or wait >= deadline - loop.time():
+                        raise
+                    await asyncio.sleep(wait)
+                    pause = min(pause * 2, NOT_CHECKED_MAX_S)
         return Stored(int(ack.seq), bool(ack.duplicate))
 
     async def put_risk(self, key: str, value: bytes) -> None:

@@ -24,18 +24,20 @@ from pathlib import Path
 import nats
 import pytest
 
+from coordinator.leases import EXPECTED_LAST_SUBJECT_SEQ, EXPECTED_LAST_SUBJECT_SEQ_SUBJECT
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
+from fleetbus.bus import JetStreamBus
 from fleetbus.client import FleetClient
 from fleetbus.connection import connect
 from fleetbus.permissions import SNAPSHOT_BUCKET
 from fleetbus.pull import durable_config
 from fleetledger.servers import EmbeddedServers
 from ledger.authority import Authority
-from ledger.errors import AuthRefused, FleetError
+from ledger.errors import AuthRefused, Fenced, FleetError
 from ledger.events import DecisionRecorded, read_message
 from ledger.kernel import ActionRequest
-from ledger.partition import is_epoch_subject
+from ledger.partition import epoch_subject, is_epoch_subject
 from ledger.protocol import (
     DEADLETTER_STREAM,
     FOLLOW_STREAM,
@@ -318,3 +320,34 @@ def test_up_refuses_a_nats_server_count_other_than_one_or_three(tmp_path: Path) 
     assert done.returncode == 2, done.stderr
     assert "--nats-servers 2: give 1" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "s").exists()  # refused before anything started
+
+
+async def test_concurrent_appends_fenced_by_one_partitions_marker_are_all_stored_on_r3(
+    cluster: EmbeddedServers,
+) -> None:
+    """Found (cluster checker, seed 1461948104: an identical effect retry refused "FL-INPUT
+    JetStream refused ...: wrong last sequence"): on a replicated stream JetStream checks an
+    expected last subject sequence only once the writes matching it are stored, and refuses the
+    others meanwhile (err_code 10164, nothing stored). Concurrent appends of one partition's
+    missions, each expecting the partition's marker, were refused as bad input but one. The bus
+    sends such a message again until it is checked: all are stored, in one stream order."""
+    bus = await JetStreamBus.connect(cluster.nats_url, name="test-fence-r3", replicas=3)
+    try:
+        marker = await bus.publish(epoch_subject(0), b'{"epoch": 1}', msg_id="epoch:0:1")
+        fence = {
+            EXPECTED_LAST_SUBJECT_SEQ: str(marker),
+            EXPECTED_LAST_SUBJECT_SEQ_SUBJECT: epoch_subject(0),
+        }
+        stored = await asyncio.gather(*(
+            bus.publish(f"fleet.ledger.m{i}.effect.observed", b"{}", msg_id=f"m{i}", headers=fence)
+            for i in range(40)
+        ))  # fmt: skip
+        assert len({int(s) for s in stored}) == 40 and not any(s.duplicate for s in stored)
+        # a newer marker still fences them: refused as such, not as bad input
+        await bus.publish(epoch_subject(0), b'{"epoch": 2}', msg_id="epoch:0:2")
+        with pytest.raises(Fenced):
+            await bus.publish(
+                "fleet.ledger.m0.effect.observed", b"{}", msg_id="late", headers=fence
+            )
+    finally:
+        await bus.close()
