@@ -39,6 +39,7 @@ class SpanSink:
         self.requests = 0  # export calls made (batches sent, retries included)
         self._sending = asyncio.Lock()  # one batch in flight: spans leave in stream order
         self._soon: asyncio.Task[None] | None = None
+        self._lingering = False  # a linger is still waiting: what is added goes with it
 
     def add(self, spans: Sequence[ReadableSpan]) -> bool:
         """Buffer ``spans``; True when a full batch is waiting for ``send``."""
@@ -46,12 +47,18 @@ class SpanSink:
         return len(self.pending) >= self.batch
 
     def send_soon(self) -> None:
-        """Send what is buffered ``linger_s`` from now (once: later spans join that batch)."""
-        if self.pending and (self._soon is None or self._soon.done()):
+        """Send what is buffered ``linger_s`` from now (once: later spans join that batch,
+        while its timer runs; once it is sending, a new timer starts: spans added as a send
+        finishes are never left waiting for the next message)."""
+        if self.pending and not self._lingering:
+            self._lingering = True
             self._soon = asyncio.create_task(self._linger())
 
     async def _linger(self) -> None:
-        await asyncio.sleep(self.linger_s)  # a timer: spans arriving meanwhile go along
+        try:
+            await asyncio.sleep(self.linger_s)  # a timer: spans arriving meanwhile go along
+        finally:
+            self._lingering = False
         await asyncio.shield(self.send())  # once sending, a batch is not abandoned mid-export
 
     async def send(self) -> None:
