@@ -65,19 +65,25 @@ class Ingest:
         started = time.perf_counter()
         last = await self.bus.last_seq()
         journal = self.journal
-        start, skip = 1, {}
+        start, skip, stale = 1, {}, set()
         if restored is not None:
             journal.states.update(restored.states)
             journal.receipts.update(restored.receipts)
             now = time.monotonic()  # restored, not yet read: idle from now on
             journal.used.update(dict.fromkeys(restored.states, now))
-            start, skip = restored.seq + 1, restored.seqs
+            start, skip, stale = restored.seq + 1, restored.seqs, set(restored.stale)
             journal.applied_seq = restored.seq
+            for mission in stale:  # another's at the mark: folded from the stream when read
+                journal.disown(mission, b"")
+            journal.risky.update(restored.risky)
         self.folded = 0
         with bulk_fold():
             async for msg in self.bus.history(last, start=start):
                 # a subject names its message's mission (``check_message`` refuses others)
-                if msg.seq > skip.get(_mission_of(msg.subject) or "", 0):
+                mission = _mission_of(msg.subject) or ""
+                if mission in stale:
+                    journal.disown(mission, msg.data)
+                elif msg.seq > skip.get(mission, 0):
                     self._apply(msg)
                     self.folded += 1
                 journal.applied_seq = msg.seq
@@ -110,6 +116,11 @@ class Ingest:
 
     async def _ingest(self, msg: StreamMessage) -> None:
         mission = _mission_of(msg.subject)
+        if mission is not None and not self.journal.folds(mission):  # another's: not folded
+            self.journal.disown(mission, msg.data)
+            self.journal.applied_seq = msg.seq
+            self.journal.progressed()
+            return
         if mission is not None:  # in use; a cold one is loaded: its message folds into all of it
             await self.journal.warm(mission)
         applied = self._apply(msg)
@@ -151,7 +162,7 @@ class Ingest:
         dead-lettered then): the state a restart folding the whole stream would give it."""
         states: dict[str, MissionState] = {}
         receipts: Receipts = {}
-        async for msg in self.bus.history(upto):
+        async for msg in self.bus.history(upto, mission=mission):  # its subjects only
             if _mission_of(msg.subject) != mission:
                 continue
             for event, problem in self._fold(states, msg, own=None):

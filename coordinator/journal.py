@@ -20,6 +20,12 @@
   (``refold``), as a restart would. ``state`` of a cold mission fails closed rather than answer
   from an empty one. Nothing else is kept per mission once it is cold: its lock lives only
   while someone holds or awaits it.
+- Another's missions (partitioned coordinators, SPEC S6.5): a message of a mission whose
+  partition this coordinator neither serves nor is taking over is not folded (``disown``; its
+  owner folds it): the mission goes cold with no snapshot to load (a negative mark, new each
+  time), and is folded from the stream, its messages only, when read (``refold``). So a
+  coordinator's fold costs what its own partitions hold, and a state in memory is always
+  whole up to ``applied_seq``.
 - Refused: while the durable consumer is not the coordinator's own (``refuse``), nothing is
   decided: every wait for the fold fails closed naming what changed.
 """
@@ -96,7 +102,14 @@ class Journal:
         # missions let go from memory -> the sequence their snapshot stands at; ``reload``
         # reads one back (set by the snapshotter; without it nothing is let go), ``refold``
         # folds it from the stream when its snapshot is not to be trusted (set by ingest)
+        # (a negative mark: another's mission, folded from the stream when read; ``disown``)
         self.cold: dict[str, int] = {}
+        self._stale = itertools.count(1)
+        # partitions being taken over: their messages are folded already (``folds``)
+        self.taking: set[int] = set()
+        # another's missions whose skipped messages may hold a risk event: whoever takes
+        # their partition over folds them and writes their risks to the board
+        self.risky: set[str] = set()
         self.reload: Reload | None = None
         self.refold: Reload | None = None
         # mission in memory -> when it was last read or changed (monotonic)
@@ -128,8 +141,8 @@ class Journal:
             return state
         if mission_id in self.cold:
             raise Unreachable(
-                f"mission {mission_id} was let go from memory while idle and is not loaded "
-                "again yet; nothing is decided on it until it is"
+                f"mission {mission_id} is not in memory (idle, or another coordinator's) and "
+                "is not loaded again yet; nothing is decided on it until it is"
             )
         return MissionState(mission_id)
 
@@ -153,6 +166,9 @@ class Journal:
 
     async def _load(self, mission_id: str) -> None:
         seq = self.cold[mission_id]
+        if seq < 0:  # another's mission when last seen: no snapshot covers it
+            await self._refold(mission_id, seq)
+            return
         if self.reload is None:
             raise Unreachable(f"mission {mission_id} is cold and nothing can load it")
         try:
@@ -176,6 +192,43 @@ class Journal:
             self.states[mission_id], self.receipts[mission_id] = state, receipts
             del self.cold[mission_id]
         self.touch(mission_id)
+
+    async def _refold(self, mission_id: str, mark: int) -> None:
+        """Load a mission disowned at ``mark`` from its messages on the stream, unless it was
+        disowned again meanwhile (a message the fold did not reach: ``warm`` loads again)."""
+        if self.refold is None:
+            raise Unreachable(f"mission {mission_id} is another's and nothing can fold it")
+        upto = self.applied_seq  # every message of it up to here is on the stream
+        try:
+            state, receipts = await self.refold(mission_id, upto)
+        except FleetError as exc:
+            raise Unreachable(
+                f"mission {mission_id} cannot be folded from the stream: {exc.message}"
+            ) from None
+        if self.cold.get(mission_id) == mark:
+            self.states[mission_id], self.receipts[mission_id] = state, receipts
+            del self.cold[mission_id]
+        elif not self.folds(mission_id):  # its owner's messages keep coming: not loaded here
+            raise Unreachable(f"mission {mission_id} is another coordinator's now")
+        self.touch(mission_id)
+
+    def folds(self, mission_id: str) -> bool:
+        """Whether ingest folds the mission's messages: it is served here, or being taken
+        over (``owns``, ``taking``)."""
+        fences = self.fences
+        return fences is None or self.owns(mission_id) or fences.of(mission_id) in self.taking
+
+    def disown(self, mission_id: str, data: bytes) -> None:
+        """A message of another's mission (``folds`` is False), not folded: the mission goes
+        cold with a fresh negative mark (a load under way is not kept: it missed this), so
+        it is folded from the stream when read. Nothing of it stays in memory."""
+        self._own.pop(data, None)
+        if b"risk." in data:  # a risk event, perhaps: the next owner writes it to the board
+            self.risky.add(mission_id)
+        self.states.pop(mission_id, None)
+        self.receipts.pop(mission_id, None)
+        self.used.pop(mission_id, None)
+        self.cold[mission_id] = -next(self._stale)
 
     def evict(self, mission_id: str, seq: int) -> bool:
         """Let the mission's state go from memory: its snapshot at ``seq`` holds all of it

@@ -27,12 +27,16 @@ class Queries:
             return
         try:  # read what was stored before the request, not just what is folded (a requester
             # holding a receipt republished by the stream must see it in the view)
-            await self.journal.wait_applied(await self.journal.bus.last_seq())
-            await self.journal.warm(req.mission_id)  # a cold mission is loaded back
+            journal = self.journal
+            await journal.wait_applied(await journal.bus.last_seq())
+            if journal.folds(req.mission_id) or journal.refold is None:
+                await journal.warm(req.mission_id)  # a cold mission is loaded back
+                state = journal.states.get(req.mission_id)
+            else:  # another's (its owner folds it): its messages read, kept nowhere
+                state = (await journal.refold(req.mission_id, journal.applied_seq))[0]
         except FleetError as exc:
             await msg.respond(_error(exc))
             return
-        state = self.journal.states.get(req.mission_id)
         if state is None or state.mission is None:
             err = InvalidInput(f"mission {req.mission_id} does not exist", code=ErrorCode.NOT_FOUND)
             await msg.respond(_error(err))

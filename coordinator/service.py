@@ -277,9 +277,18 @@ class Coordinator:
         marker on the stream: every older owner's append is refused from now on), fold the
         stream to it (everything older owners stored is applied), raise the stored epoch of
         every mission of it in Redis (an older owner's next script on one is refused), then
-        serve. Returns the marker's sequence (every append of its missions expects it)."""
-        seq = await self._write_marker(partition, epoch)
-        await self.journal.wait_applied(seq, timeout=max(self.settings.cut_timeout_s, 10.0))
+        serve. Returns the marker's sequence (every append of its missions expects it).
+        Its messages are folded from the marker on (``Journal.taking``); its missions folded
+        by their older owners alone are folded from the stream when read, and those whose
+        skipped messages may hold a risk event are folded now and put on the board."""
+        self.journal.taking.add(partition)
+        try:
+            seq = await self._write_marker(partition, epoch)
+            await self.journal.wait_applied(seq, timeout=max(self.settings.cut_timeout_s, 10.0))
+            await self._board_risky(partition)
+        except BaseException:
+            self.journal.taking.discard(partition)
+            raise
         fences = self.fences
         assert fences is not None
         known = [*self.journal.states, *self.journal.cold]
@@ -288,6 +297,19 @@ class Coordinator:
             self.reconciler.rescan()
             await self._serve_partition(partition)
         return int(seq)
+
+    async def _board_risky(self, partition: int) -> None:
+        """The partition's missions whose messages, folded by others only, may hold a risk
+        event: folded here and their risks written to the board (an owner that died between
+        its fold and its put, or no owner at all, left them off)."""
+        journal, fences = self.journal, self.fences
+        assert fences is not None
+        for mission in [m for m in journal.risky if fences.of(m) == partition]:
+            await journal.warm(mission)  # fails the takeover if it cannot be read: retried
+            state = journal.states.get(mission)
+            if state is not None:
+                await self.board.put_all([state])
+            journal.risky.discard(mission)
 
     async def _write_marker(self, partition: int, epoch: int) -> int:
         """Store the partition's epoch marker right after the last one, read first, which must
@@ -333,6 +355,7 @@ class Coordinator:
     async def _lost(self, partition: int) -> None:
         """No longer served here: its subjects let go (the fences already refuse its writes)."""
         log.info("partition %s handed over or lost", partition)
+        self.journal.taking.discard(partition)
         for subject, _ in self._partitioned(partition):
             await self.bus.unserve(subject)
 

@@ -57,6 +57,10 @@ class Restored:
     seqs: dict[str, int]  # mission -> the sequence its snapshot stands at
     states: dict[str, MissionState] = field(default_factory=dict)
     receipts: dict[str, Receipts] = field(default_factory=dict)  # mission -> its receipts
+    # another coordinator's missions at the mark (``Journal.disown``): folded from the stream
+    # when read; those of them whose skipped messages may hold a risk event
+    stale: list[str] = field(default_factory=list)
+    risky: list[str] = field(default_factory=list)
 
 
 # --- the signed form (pure) --------------------------------------------------------------------
@@ -123,7 +127,11 @@ def _mark(stored: Mapping[str, bytes], *, signer: str, last: int) -> Restored:
         raise InvalidInput(f"the snapshots stand at {seq}, past the stream's end {last}: reset?")
     try:
         mark = json.loads(body)
-        return Restored(seq=seq, digest=str(mark["digest"]), seqs=dict(mark["missions"]))
+        return Restored(
+            seq=seq, digest=str(mark["digest"]), seqs=dict(mark["missions"]),
+            stale=[str(m) for m in mark.get("stale", [])],
+            risky=[str(m) for m in mark.get("risky", [])],
+        )  # fmt: skip
     except (ValueError, KeyError, TypeError):
         raise InvalidInput("the snapshot mark's body is not a mark") from None
 
@@ -306,6 +314,11 @@ class Snapshotter:
         were snapshotted."""
         journal, wanted = self.journal, None if only is None else set(only)
         mark = journal.applied_seq
+        # another's at the mark: no snapshot of ours covers it (an older one is let go)
+        stale = {m for m, at in journal.cold.items() if at < 0}
+        risky = sorted(journal.risky)
+        for mission in stale:
+            self._taken.pop(mission, None)
         changed = [
             m for m, s in journal.states.items()
             if (wanted is None or m in wanted)
@@ -313,7 +326,11 @@ class Snapshotter:
         ]  # fmt: skip
         taken = 0
         for mission in changed:
-            state = journal.states[mission]
+            state = journal.states.get(mission)
+            if state is None:  # disowned since the mark: its snapshot would not cover it
+                self._taken.pop(mission, None)
+                stale.add(mission)
+                continue
             seq, count = journal.applied_seq, len(state.applied)  # what the dump stands at
             body = mission_body(state, _receipts(journal, state))
             key = MISSION_PREFIX + mission
@@ -326,6 +343,8 @@ class Snapshotter:
             return taken
         missions = {m: at for m, (at, _) in self._taken.items()}
         marked = {"missions": missions, "digest": await self._digest(mark)}
+        if stale or risky:
+            marked.update(stale=sorted(stale), risky=risky)
         value = seal("mark", MARK_KEY, mark, json.dumps(marked).encode(), self.seed)
         await self.store.put(MARK_KEY, value)
         self.mark = mark

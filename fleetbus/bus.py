@@ -42,6 +42,7 @@ from ledger.protocol import (
     RISK_BUCKET,
     STREAM,
     SUBJECT_PREFIX,
+    mission_filter,
 )
 
 log = logging.getLogger("fleetledger.bus")
@@ -264,9 +265,11 @@ class Bus(Protocol):
         """The ledger stream's last sequence now."""
         ...
 
-    def history(self, upto: int, start: int = 1) -> AsyncIterator[StreamMessage]:
+    def history(
+        self, upto: int, start: int = 1, *, mission: str | None = None
+    ) -> AsyncIterator[StreamMessage]:
         """The ledger stream in order, from sequence ``start`` (its first message by default)
-        to sequence ``upto``."""
+        to sequence ``upto``; ``mission``: that mission's messages only (read by subject)."""
         ...
 
     async def message(self, seq: int) -> StreamMessage | None:
@@ -415,7 +418,9 @@ class JetStreamBus:
             raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
         return int(info.state.last_seq)
 
-    async def history(self, upto: int, start: int = 1) -> AsyncIterator[StreamMessage]:
+    async def history(
+        self, upto: int, start: int = 1, *, mission: str | None = None
+    ) -> AsyncIterator[StreamMessage]:
         if upto < max(start, 1):
             return
         got: asyncio.Queue[StreamMessage | None] = asyncio.Queue()
@@ -427,9 +432,8 @@ class JetStreamBus:
 
         async def read() -> None:
             try:
-                await read_until_end(
-                    self.nc, STREAM, STREAM_SUBJECTS, each, upto=upto, start_seq=start
-                )
+                subjects = STREAM_SUBJECTS if mission is None else mission_filter(mission)
+                await read_until_end(self.nc, STREAM, subjects, each, upto=upto, start_seq=start)
             finally:
                 await got.put(None)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from fleetbus.bus import RequestHandler, Stored, StreamHandler, StreamMessage
 from fleetbus.pull import Refused
 from ledger.errors import ComponentTimeout, Fenced, FleetError
+from ledger.protocol import mission_filter
 
 
 @dataclass
@@ -80,9 +81,12 @@ class FakeBus:
     async def last_seq(self) -> int:
         return len(self.messages)
 
-    async def history(self, upto: int, start: int = 1) -> AsyncIterator[StreamMessage]:
+    async def history(
+        self, upto: int, start: int = 1, *, mission: str | None = None
+    ) -> AsyncIterator[StreamMessage]:
         for msg in self.messages[max(start, 1) - 1 : upto]:
-            yield msg
+            if mission is None or msg.subject.startswith(mission_filter(mission)[:-1]):
+                yield msg
 
     async def message(self, seq: int) -> StreamMessage | None:
         return self.messages[seq - 1] if 0 < seq <= len(self.messages) else None
