@@ -1,5 +1,7 @@
 """Queries: view requests over NATS answered with a projection of the applied state, once
-it includes everything the stream held when the request came (a linearizable read)."""
+it includes everything the stream held when the request came (a linearizable read). Clients
+ask a mission's partition subject, where its owner answers from memory; a coordinator asked
+of another's mission (on the plain subject) reads that mission's messages from the stream."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from ledger.protocol import ErrorBody, ViewRequest
 class Queries:
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
+        self.read_from_stream = 0  # views of another's mission (its messages read, not kept)
 
     async def on_request(self, msg: Request) -> None:
         try:
@@ -33,6 +36,7 @@ class Queries:
                 await journal.warm(req.mission_id)  # a cold mission is loaded back
                 state = journal.states.get(req.mission_id)
             else:  # another's (its owner folds it): its messages read, kept nowhere
+                self.read_from_stream += 1
                 state = (await journal.refold(req.mission_id, journal.applied_seq))[0]
         except FleetError as exc:
             await msg.respond(_error(exc))

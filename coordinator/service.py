@@ -350,6 +350,7 @@ class Coordinator:
         return [
             (partition_subject(AUTHORIZE_SUBJECT, partition), self.authorizer.on_request),
             (partition_subject(MANAGE_SUBJECT, partition), self.manager.on_request),
+            (partition_subject(VIEW_SUBJECT, partition), self.queries.on_request),
         ]
 
     async def _lost(self, partition: int) -> None:

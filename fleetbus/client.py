@@ -87,6 +87,11 @@ _REDIRECTED = {str(ErrorCode.NOT_OWNER), str(ErrorCode.FENCED)}
 R = TypeVar("R")
 
 
+def _view_error(data: dict[str, Any]) -> ErrorBody | None:
+    """A view answer's error, if it is one."""
+    return ErrorBody.model_validate(data["error"]) if "error" in data else None
+
+
 class NoCoordinator(Unreachable):
     """No coordinator listens on the subject asked (NATS: no responders)."""
 
@@ -392,8 +397,14 @@ class FleetClient:
     async def view(self, mission_id: str, role: str = "operator") -> MissionView:
         """The mission's view for ``role``; its fields a role does not see are unset (``wire``
         gives it back as the coordinator sent it)."""
-        body = ViewRequest.model_validate({"mission_id": mission_id, "role": role})
-        data = json.loads(await self._request(VIEW_SUBJECT, body.model_dump_json().encode()))
+        asked = ViewRequest.model_validate({"mission_id": mission_id, "role": role})
+        body = asked.model_dump_json()
+
+        async def send(subject: str) -> dict[str, Any]:
+            return dict(json.loads(await self._request(subject, body.encode())))
+
+        # its owner answers from memory; any other coordinator reads the mission's messages
+        data = await self._routed(VIEW_SUBJECT, mission_id, send, _view_error)
         if "error" in data:
             raise ErrorBody.model_validate(data["error"]).error()
         return MissionView.model_validate(data)

@@ -63,7 +63,7 @@ SNAPSHOT_BUCKET = "fleet-snapshots"
 SNAPSHOT_STREAM = f"KV_{SNAPSHOT_BUCKET}"
 SNAPSHOT_SUBJECTS = f"$KV.{SNAPSHOT_BUCKET}.>"
 LEASE_STREAM = f"KV_{LEASE_BUCKET}"
-# a partition's authorize and manage subjects too (``<subject>.<p>``, docs/partitions.md)
+# a partition's authorize, manage and view subjects too (``<subject>.<p>``, docs/partitions.md)
 # The durables coordinators may own, named one by one: a subject token matches whole or not at
 # all (no ``coordinator-*`` prefix match), and ``*`` would let a coordinator ack or delete any
 # consumer of the ledger (a person's reader) and make a mistyped FLEET_CONSUMER a stray durable.
@@ -71,7 +71,7 @@ MAX_COORDINATORS = 32
 COORDINATOR_DURABLES = (CONSUMER, *(f"{CONSUMER}-{i}" for i in range(1, MAX_COORDINATORS + 1)))
 _REQUESTS = [
     AUTHORIZE_SUBJECT, f"{AUTHORIZE_SUBJECT}.*", MANAGE_SUBJECT, f"{MANAGE_SUBJECT}.*",
-    VIEW_SUBJECT,
+    VIEW_SUBJECT, f"{VIEW_SUBJECT}.*",
 ]  # fmt: skip
 
 
@@ -162,7 +162,7 @@ def _service_publish() -> list[str]:
 
 
 def _viewer_publish() -> list[str]:
-    return [VIEW_SUBJECT, f"{API}.STREAM.INFO.{STREAM}"]
+    return [VIEW_SUBJECT, f"{VIEW_SUBJECT}.*", f"{API}.STREAM.INFO.{STREAM}"]
 
 
 # Second line for everyone but the coordinator: its durables under any subject form, the

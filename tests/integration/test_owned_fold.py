@@ -96,8 +96,14 @@ async def test_each_coordinator_folds_only_its_own_missions_and_views_read_the_r
             assert state == owner.journal.states[mid]
             assert receipts == owner.journal.receipts[mid]
             assert mid not in other.journal.states  # and keeps nothing of it
-            for _ in range(6):  # a view asked of either one (a queue group) says the same
-                view = await fleet.view(mid)
+            view = await fleet.view(mid)  # asked of its owner (its partition's subject)
+            assert [d.allowed for d in view.decisions] == [True]
+        assert [co.queries.read_from_stream for co in pair] == [0, 0]
+    # a client that does not know P asks the plain subject too: whoever answers says the same
+    async with await FleetClient.connect(own_servers.nats_url) as unaware:
+        for _ in range(3):
+            for mid in by_partition.values():
+                view = await unaware.view(mid)
                 assert [d.allowed for d in view.decisions] == [True]
 
 

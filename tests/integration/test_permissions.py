@@ -55,7 +55,7 @@ def jetstream_subjects() -> list[str]:
 CORE = ["fleet.ledger.m1.item.captured", "fleet.ledger.m1.risk.opened",
         "fleet.ledger.m1.decision.recorded.a1", "fleet.ledger.m1.budget.reserved",
         "fleet.deadletter.m1", "$KV.fleet-risks.m1.r1", "$KV.fleet-snapshots.m.m1",
-        "fleet.v1.authorize", "fleet.v1.manage", "fleet.v1.view"]  # fmt: skip
+        "fleet.v1.authorize", "fleet.v1.manage", "fleet.v1.view", "fleet.v1.view.3"]  # fmt: skip
 
 
 def reader_of(s: str, names: tuple[str, ...] = ("x1", "coordinator")) -> set[str]:
@@ -65,7 +65,7 @@ def reader_of(s: str, names: tuple[str, ...] = ("x1", "coordinator")) -> set[str
     }
 
 
-REQUESTS = {"fleet.v1.authorize", "fleet.v1.manage", "fleet.v1.view"}
+REQUESTS = {"fleet.v1.authorize", "fleet.v1.manage", "fleet.v1.view", "fleet.v1.view.3"}
 # What each role may reach of the probes above: written out here, apart from the tables.
 MAY_PUBLISH: dict[str, set[str]] = {
     "coordinator": {
@@ -100,7 +100,7 @@ MAY_PUBLISH: dict[str, set[str]] = {
     # an orchestrator appends nothing: it asks `budget.record` and the coordinator records
     "orch": {*REQUESTS},
     # `fleetledger web` reads views and which missions the ledger holds: it writes nothing
-    "web": {"fleet.v1.view", f"{API}.STREAM.INFO.{LEDGER}"},
+    "web": {"fleet.v1.view", "fleet.v1.view.3", f"{API}.STREAM.INFO.{LEDGER}"},
 }
 
 

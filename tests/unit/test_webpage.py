@@ -216,7 +216,7 @@ VIEWER = Principal(
 
 def test_a_viewer_may_ask_for_views_only() -> None:
     allowed = permissions(VIEWER)["publish"]["allow"]
-    assert allowed == [VIEW_SUBJECT, f"$JS.API.STREAM.INFO.{STREAM}"]
+    assert allowed == [VIEW_SUBJECT, f"{VIEW_SUBJECT}.*", f"$JS.API.STREAM.INFO.{STREAM}"]
     with pytest.raises(RuleViolation) as info:
         check_acting_as(VIEWER, "risk.open", {}, mission_id=MID)
     assert info.value.rule is Rule.PRODUCER_PERMISSION and "reads views only" in str(info.value)
