@@ -62,13 +62,16 @@ class SpanSink:
         await asyncio.shield(self.send())  # once sending, a batch is not abandoned mid-export
 
     async def send(self) -> None:
-        """Export what is buffered, retrying (with backoff) until the exporter says SUCCESS."""
+        """Export what is buffered, retrying (with backoff) until the exporter says SUCCESS.
+        Spans added while it exports are not its: they wait for their own linger (``send_soon``
+        started it) or the next full batch, so a trickle into a slow receiver still goes out a
+        linger at a time, not one request per export."""
         async with self._sending:
-            await self._send()
+            await self._send(len(self.pending))
 
-    async def _send(self) -> None:
-        while self.pending:
-            batch, delay = self.pending[: self.batch], _BACKOFF_S
+    async def _send(self, count: int) -> None:
+        while count > 0 and self.pending:
+            batch, delay = self.pending[: min(self.batch, count)], _BACKOFF_S
             while await self._export(batch) != SpanExportResult.SUCCESS:
                 self.retries += 1
                 log.warning(
@@ -78,6 +81,7 @@ class SpanSink:
                 delay = min(_BACKOFF_CAP_S, delay * 2)
             del self.pending[: len(batch)]
             self.exported += len(batch)
+            count -= len(batch)
 
     async def _export(self, batch: list[ReadableSpan]) -> SpanExportResult:
         self.requests += 1

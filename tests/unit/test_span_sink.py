@@ -34,3 +34,40 @@ async def test_spans_added_while_a_lingering_send_finishes_are_sent_too() -> Non
             while len(exporter.get_finished_spans()) < added or sink.pending:
                 await asyncio.sleep(0.001)
         assert len(exporter.get_finished_spans()) == added, trial  # each once
+
+
+class SlowExporter(InMemorySpanExporter):
+    """An exporter whose every request takes ``delay`` seconds (a loaded receiver)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay, self.requests = delay, 0
+
+    def export(self, spans):  # type: ignore[no-untyped-def]
+        import time
+
+        self.requests += 1
+        time.sleep(self.delay)  # in the sink's worker thread, as the OTLP exporter blocks
+        return super().export(spans)
+
+
+async def test_a_trickle_into_a_slow_receiver_is_sent_a_linger_at_a_time() -> None:
+    """Found in CI (a loaded machine): spans added while a lingered batch was being exported
+    were sent at once after it, by the same send, so a trickle went out one request per export
+    (a slow receiver: 32 requests for 200 spans), not one per linger."""
+    linger, added, every = 0.2, 120, 0.01
+    exporter = SlowExporter(delay=0.1)
+    sink = SpanSink(exporter, linger_s=linger)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for n in range(added):
+        sink.add([span(n)])
+        sink.send_soon()  # caught up after each message, as the follower is
+        await asyncio.sleep(every)
+    elapsed = loop.time() - started
+    async with asyncio.timeout(5):
+        while len(exporter.get_finished_spans()) < added:
+            await asyncio.sleep(0.01)
+    assert len(exporter.get_finished_spans()) == added
+    # one request per linger at most (each starts with the first span after the last send)
+    assert exporter.requests <= elapsed / linger + 2, (exporter.requests, elapsed)
