@@ -183,9 +183,17 @@ async def _stream_end(nc: Client) -> int | None:
         return None
 
 
-async def follow(nc: Client, exporter: SpanExporter, *, first: int | None = None) -> None:
+FOLLOW_PARENT_ENV = "FLEET_FOLLOW_PARENT"  # the pid that started a follower (follower_process)
+PARENT_CHECK_S = 1.0
+
+
+async def follow(
+    nc: Client, exporter: SpanExporter, *, first: int | None = None, parent: int | None = None
+) -> None:
     """Project the stream as it grows, from ``first`` (default: its end now; all of it if it
-    is yet to be created), until cancelled. Says when it is ready, on stdout."""
+    is yet to be created), until cancelled, or with ``parent`` until that process is no longer
+    this one's parent (it died, even by kill -9: an orphan is re-parented). Says when it is
+    ready, on stdout."""
     from fleetbus.reader import Reader
 
     end = await _stream_end(nc)
@@ -197,7 +205,11 @@ async def follow(nc: Client, exporter: SpanExporter, *, first: int | None = None
     reader = Reader(nc, follower.handle, stream=STREAM, filter_subject=f"{SUBJECT_PREFIX}.>")
     await reader.start()
     try:
-        await asyncio.Event().wait()
+        if parent is None:
+            await asyncio.Event().wait()
+        while os.getppid() == parent:
+            await asyncio.sleep(PARENT_CHECK_S)
+        log.warning("the span follower's coordinator (pid %d) is gone: stopping", parent)
     finally:
         reader.stopped = True
         await reader.stop()
@@ -210,7 +222,8 @@ async def follow(nc: Client, exporter: SpanExporter, *, first: int | None = None
 def follower_process(env: Mapping[str, str] | None = None) -> Iterator[None]:
     """With tracing configured (``OTEL_*``), a `fleetledger trace follow` child process of the
     same environment (plus ``env``: where the fleet is, as whom) while the block runs: the
-    coordinator's event spans, off its hot path."""
+    coordinator's event spans, off its hot path. It stops by itself once this process is gone
+    (killed -9, the block's end never ran)."""
     from telemetry.setup import tracing_configured
 
     if not tracing_configured():
@@ -218,8 +231,9 @@ def follower_process(env: Mapping[str, str] | None = None) -> Iterator[None]:
         return
     cmd = [sys.executable, "-m", "fleetledger", "trace", "follow"]
     child = subprocess.Popen(
-        cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, text=True
-    )
+        cmd, env={**os.environ, **(env or {}), FOLLOW_PARENT_ENV: str(os.getpid())},
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     assert child.stdout is not None
     # once it follows from the stream's end, every event the coordinator records is projected
     if not child.stdout.readline():
@@ -286,8 +300,11 @@ async def _project(
         task = asyncio.current_task()
         assert task is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        parent = os.environ.get(FOLLOW_PARENT_ENV, "")
         with contextlib.suppress(asyncio.CancelledError):
-            await follow(nc, exporter, first=first)
+            await follow(
+                nc, exporter, first=first, parent=int(parent) if parent.isdigit() else None
+            )
         return {}
     finally:
         exporter.shutdown()

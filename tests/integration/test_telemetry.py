@@ -703,3 +703,68 @@ async def test_the_request_spans_of_a_burst_of_decisions_export_again_identical(
         await nc.close()
         again.stop()
     tel.shutdown()
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _state(int(entry.name)) not in ("", "Z"):
+            with contextlib.suppress(OSError, IndexError):
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(stat[1]) == pid:
+                    out.append(int(entry.name))
+    return out
+
+
+def _state(pid: int) -> str:
+    """A process's state letter ('' once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def test_a_coordinator_killed_9_leaves_no_span_follower_behind(
+    tmp_path: Path, receiver: OTLPReceiver
+) -> None:
+    """Found: the `trace follow` of a coordinator killed -9 (the chart tests' replicas; a crash
+    outside a pod) ran on for good, an orphan retrying a NATS that was gone (six left by two CI
+    runs). The follower stops once the process that started it is no longer its parent."""
+    import time
+
+    import httpx
+
+    from fleetledger.processes import free_port
+
+    with EmbeddedServers(tmp_path / "servers") as servers:
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_METRICS_EXPORTER": "none",
+            "FLEET_NATS_URL": servers.nats_url, "FLEET_REDIS_URL": servers.redis_url,
+            "FLEET_HTTP_PORT": str(port),
+        }  # fmt: skip
+        co = subprocess.Popen(
+            [sys.executable, "-m", "fleetledger", "coordinator", "run"], env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while True:  # ready: its follower said it follows (the coordinator waits for that)
+                assert co.poll() is None, "the coordinator exited"
+                assert time.monotonic() < deadline, "the coordinator did not become ready"
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                        break
+                time.sleep(0.05)
+            (follower,) = _children(co.pid)
+            co.kill()  # kill -9: nothing of the coordinator's own cleanup runs
+            co.wait(10)
+            deadline = time.monotonic() + 10
+            while _state(follower) not in ("", "Z"):
+                assert time.monotonic() < deadline, "the span follower outlived its coordinator"
+                time.sleep(0.05)
+        finally:
+            if co.poll() is None:
+                co.kill()
+                co.wait(10)
