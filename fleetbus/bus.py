@@ -433,7 +433,9 @@ class JetStreamBus:
         async def read() -> None:
             try:
                 subjects = STREAM_SUBJECTS if mission is None else mission_filter(mission)
-                await read_until_end(self.nc, STREAM, subjects, each, upto=upto, start_seq=start)
+                await read_until_end(
+                    self.nc, STREAM, subjects, each, upto=upto, start_seq=start, ask_leader=True
+                )
             finally:
                 await got.put(None)
 

@@ -18,6 +18,8 @@ from nats.aio.msg import Msg
 from fleetbus.pull import API, ContinuousPull, Handler
 
 READER_INACTIVE_S = 30.0  # a reader nobody pulls from is removed by the server
+CREATE_ATTEMPTS = 3  # a reader's creation unanswered in 2 s is tried again (a new random peer)
+NO_MESSAGE_FOUND = 10037  # JetStream's err_code: no message at or after the sequence asked
 
 
 class Reader(ContinuousPull):
@@ -69,9 +71,16 @@ class Reader(ContinuousPull):
             config["deliver_policy"] = "last_per_subject"
         elif self.start_time is not None:
             config.update(deliver_policy="by_start_time", opt_start_time=_rfc3339(self.start_time))
-        subject = f"{API}.CONSUMER.CREATE.{self.stream}.{self.consumer}.{self.filter_subject}"
-        body = {"stream_name": self.stream, "config": config, "action": "create"}
-        reply = await self._nc.request(subject, json.dumps(body).encode(), timeout=2.0)
+        for attempt in range(1, CREATE_ATTEMPTS + 1):
+            subject = f"{API}.CONSUMER.CREATE.{self.stream}.{self.consumer}.{self.filter_subject}"
+            body = {"stream_name": self.stream, "config": config, "action": "create"}
+            try:
+                reply = await self._nc.request(subject, json.dumps(body).encode(), timeout=2.0)
+                break
+            except TimeoutError:  # placed on a peer still starting: another name, another peer
+                if attempt == CREATE_ATTEMPTS:
+                    raise
+                self.consumer = config["name"] = secrets.token_hex(11)
         info = json.loads(reply.data or b"{}")
         if "error" in info:
             raise LookupError(f"{self.stream}: {info['error'].get('description', info['error'])}")
@@ -117,15 +126,24 @@ async def read_until_end(
     start_seq: int = 0,
     last_per_subject: bool = False,
     quiet_s: float = 10.0,
+    ask_leader: bool = False,
 ) -> None:
     """Hand ``visit`` every message of ``stream`` on ``filter_subject`` in order (from
     ``start_time`` if given), up to sequence ``upto`` or the end of what was there when reading
     began, or until ``visit`` returns True; what ``visit`` raises is raised here. ``start_seq``:
     from that sequence on; ``last_per_subject``: only the latest message of each subject.
-    ``TimeoutError`` when nothing arrives for ``quiet_s``."""
+    ``TimeoutError`` when nothing arrives for ``quiet_s``.
+
+    The reader's consumer delivers from the copy of whichever server JetStream placed it on (a
+    replicated stream's R1 consumer goes to a random live peer), and its "nothing pending" is
+    that copy's: on a replica still catching up it comes early. With ``upto`` and
+    ``ask_leader`` (the principal may get messages: ``STREAM.MSG.GET``) the read ends there
+    only once the stream's leader has no message on the filter after the last one read and
+    at most ``upto``; else it reads on as the copy catches up."""
     done = asyncio.Event()
     failed: list[BaseException] = []
     last = upto if upto is not None else 2**63
+    check = ask_leader and upto is not None
     loop = asyncio.get_running_loop()
     arrived = [loop.time()]  # when the latest message came
 
@@ -136,10 +154,12 @@ async def read_until_end(
         seq = _stream_seq(msg) or 0
         try:
             stop = bool(await visit(msg)) if seq <= last else True
+            if not stop and seq < last and (msg.metadata.num_pending or 0) == 0:
+                stop = not check or not await _behind(nc, stream, filter_subject, seq, last)
         except Exception as exc:  # handed to the reading caller, not to nats-py's error_cb
             failed.append(exc)
             stop = True
-        if stop or seq >= last or (msg.metadata.num_pending or 0) == 0:
+        if stop or seq >= last:
             done.set()
 
     reader = Reader(
@@ -147,7 +167,9 @@ async def read_until_end(
         start_seq=start_seq, last_per_subject=last_per_subject,
     )  # fmt: skip
     await reader.create()
-    if reader.pending == 0:
+    if reader.pending == 0 and not (
+        check and await _behind(nc, stream, filter_subject, max(start_seq, 1) - 1, last)
+    ):
         return
     await ContinuousPull.start(reader)
     try:  # woken once at the end, not per message; quiet for quiet_s since the latest: timeout
@@ -163,6 +185,21 @@ async def read_until_end(
         await reader.stop()
     if failed:
         raise failed[0]
+
+
+async def _behind(nc: Client, stream: str, filter_subject: str, after: int, upto: int) -> bool:
+    """Whether the stream's leader (only it answers ``STREAM.MSG.GET``) holds a message on
+    ``filter_subject`` after sequence ``after`` and at most ``upto``: a read that has had
+    nothing after ``after`` is served by a copy that is behind. ``LookupError`` if refused."""
+    body = {"seq": after + 1, "next_by_subj": filter_subject}
+    reply = await nc.request(f"{API}.STREAM.MSG.GET.{stream}", json.dumps(body).encode(), 2.0)
+    answer = json.loads(reply.data or b"{}")
+    error = answer.get("error")
+    if error is not None:
+        if error.get("err_code") == NO_MESSAGE_FOUND:
+            return False
+        raise LookupError(f"{stream}: {error.get('description', error)}")
+    return int(answer["message"]["seq"]) <= upto
 
 
 __all__ = ["READER_INACTIVE_S", "Reader", "Visit", "read_until_end"]
