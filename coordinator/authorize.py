@@ -33,6 +33,7 @@ from ledger.identity import NonceWindow, Principal, check_requester, verify_requ
 from ledger.kernel import ActionRequest, Decision, Kernel, decide
 from ledger.mission import MISSION_SCOPE, ActionRecord
 from ledger.protocol import (
+    AUTHORIZE_RESERVATION_PREFIX,
     AuthorizeReply,
     AuthorizeRequest,
     ErrorBody,
@@ -320,8 +321,7 @@ class Authorizer:
             # finds what Redis holds (the script is idempotent); unretried, the sweeper returns
             # it and records that once Redis answers again.
             metrics.reservations.add(1, {FLEET_RESERVATION_OUTCOME: "unreachable"})
-            until = self.journal.clock.now() + timedelta(seconds=self.lease_s)
-            self.undecided.add(req.mission_id, rid, action.action_id, until)
+            self._undecided(req.mission_id, rid, self.lease_s)
             raise Unreachable(
                 f"budget store unreachable: nothing was decided or recorded (fail closed): "
                 f"{exc.message}. Retry the same action id; if Redis held its money, an "
@@ -340,8 +340,10 @@ class Authorizer:
     ) -> Stored:
         """Append the decision's message. A failed publish is ambiguous (the server may have
         stored it): never give the money back then; retry with the same message id (JetStream
-        de-duplicates it); if it still fails, the committed reservation holds until the same
-        request is retried. Stored under the requester's nonce: the stream republishes it."""
+        de-duplicates it); if it still fails, the committed reservation is undecided: a retry of
+        the same request within the lease decides it, else the reconciler follows the record
+        (or returns the money the record does not hold). Stored under the requester's nonce:
+        the stream republishes it."""
         attempts = APPEND_ATTEMPTS
         while True:
             try:
@@ -356,16 +358,37 @@ class Authorizer:
                 # what Redis holds is the new owner's to reconcile, never ours to give back
                 raise
             except InvalidInput:
-                # JetStream refused the message outright (not ambiguous): nothing is stored,
-                # so give back what Redis committed for it before failing the request
+                # JetStream refused this attempt outright; an earlier one of the same message
+                # may be stored all the same (its ack lost, a stream leader changing between
+                # them). What Redis committed for it is returned the one way money is freed:
+                # recorded first (a return the record refuses, because the decision counting
+                # the reservation is stored, frees nothing), then freed; if that fails too, it
+                # stays undecided and the reconciler returns it by the record
                 if reservation_id is not None:
-                    with contextlib.suppress(FleetError):
-                        await self.budget.release(mission_id, reservation_id)
+                    await self._give_back(mission_id, reservation_id)
                 raise
             except FleetError:
                 attempts -= 1
                 if attempts == 0:
+                    if reservation_id is not None:  # stored or not: decided by the record
+                        self._undecided(mission_id, reservation_id, self.lease_s)
                     raise
+
+    def _undecided(self, mission_id: str, reservation_id: str, after_s: float) -> None:
+        """The reservation's decision may or may not be stored: in ``after_s`` the reconciler
+        follows the record if it holds the reservation, else returns the money (a retry of
+        the action decides it before then)."""
+        action_id = reservation_id.removeprefix(AUTHORIZE_RESERVATION_PREFIX)
+        until = self.journal.clock.now() + timedelta(seconds=after_s)
+        self.undecided.add(mission_id, reservation_id, action_id, until)
+
+    async def _give_back(self, mission_id: str, reservation_id: str) -> None:
+        """Return what Redis holds for a decision whose append was refused: recorded, then
+        freed (``return_unrecorded``); undecided until done (due at once)."""
+        self._undecided(mission_id, reservation_id, 0)
+        with contextlib.suppress(FleetError):
+            await return_unrecorded(self.journal, self.budget, mission_id, reservation_id)
+            self.undecided.discard(mission_id, reservation_id)
 
     def _count(self, decision: Decision) -> None:
         metrics = self.telemetry.metrics

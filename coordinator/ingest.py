@@ -21,10 +21,10 @@ from coordinator.journal import Journal, Receipts
 from coordinator.riskboard import RiskBoard
 from coordinator.snapshots import Restored
 from fleetbus.bus import Bus, StreamMessage
-from ledger.errors import FleetError
+from ledger.errors import FleetError, InvalidInput
 from ledger.events import DecisionRecorded, Event, RiskOpened, RiskTreated, read_message
 from ledger.identity import Principal, as_of, check_origins
-from ledger.mission import MissionState
+from ledger.mission import MissionState, apply_message
 from ledger.partition import is_epoch_subject
 from ledger.protocol import ErrorBody, check_message, deadletter_subject
 from telemetry import Telemetry
@@ -204,9 +204,10 @@ def fold_message(
     """The one admission of a stored message, at ingest and at replay alike: parse it (once),
     check its subject says what it carries (``check_message``; else rejected whole), then who
     produced each event and may they (``check_origins``, with the directory: one signature
-    for the whole message) and the fold's own rules. Each event comes back with the problem
-    that kept it out, if any. ``own``: the events of a message this coordinator appended
-    itself (already checked)."""
+    for the whole message) and the fold's own rules, the message applied whole or not at all
+    (``apply_message``). Each event comes back with the problem that kept it out, if any (a
+    refused message: each of its events, the first refused with its own reason). ``own``: the
+    events of a message this coordinator appended itself (already checked)."""
     origins: Sequence[FleetError | None]
     if is_epoch_subject(subject):  # a partition's fence (coordinator.leases): no event
         return []
@@ -220,22 +221,33 @@ def fold_message(
             origins = check_origins(message, directory)  # who produced it, and may they
     except FleetError as exc:
         return [(None, exc)]
-    out: Applied = []
-    for event, origin in zip(events, origins, strict=True):
-        if origin is not None:
-            out.append((event, origin))
-            continue
-        state = states.get(event.mission_id)
-        if state is None:
-            state = MissionState(event.mission_id)
-        try:
-            state.apply(event)
-        except FleetError as exc:
-            out.append((event, exc))
-            continue
-        states[event.mission_id] = state
-        out.append((event, None))
-    return out
+    refused = next(((i, o) for i, o in enumerate(origins) if o is not None), None)
+    mission = events[0].mission_id  # one mission per message (``check_message``)
+    state = states.get(mission)
+    fresh = state is None
+    if state is None:
+        state = MissionState(mission)
+    if refused is None:
+        refused = apply_message(state, events)  # all of its events, or none
+    if refused is None:
+        if fresh:
+            states[mission] = state
+        return [(event, None) for event in events]
+    index, problem = refused
+    first = events[index]
+    return [
+        (
+            event,
+            problem
+            if i == index
+            else InvalidInput(
+                f"event {event.event_id} ({event.kind}) was not applied: its message is applied "
+                f"whole or not at all, and its event {first.event_id} ({first.kind}) was "
+                f"refused: {problem.message}"
+            ),
+        )
+        for i, event in enumerate(events)
+    ]
 
 
 @contextlib.contextmanager

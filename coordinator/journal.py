@@ -404,9 +404,12 @@ class Journal:
                             partition=p,
                         ) from None
                 seq = stored  # our own earlier, ambiguous attempt was stored before the fence
-            except InvalidInput:  # refused outright: nothing was stored
+            except InvalidInput:  # this attempt refused outright: it stored nothing
                 self._own.pop(body, None)
-                raise
+                stored = await self._stored_before(subject, msg_id) if unsure else None
+                if stored is None:
+                    raise
+                seq = stored  # an earlier, ambiguous attempt of the same message was stored
             except BaseException:
                 self._own.pop(body, None)
                 self._unsure.add(last.mission_id)
@@ -418,8 +421,10 @@ class Journal:
         return seq
 
     async def _stored_before(self, subject: str, msg_id: str) -> Stored | None:
-        """After an ambiguous attempt, a fence refusal may follow our own stored write (its
-        retry then meets the newer marker): the subject's last message, if it is ours."""
+        """After an ambiguous attempt, a refusal may follow our own stored write (its retry
+        then meets a newer marker, or a stream leader still electing): the subject's last
+        message, if it is ours. None if it is not, or cannot be read (then the refusal
+        stands, and what it decided is settled by the record: ``settle`` folds to the end)."""
         stored = await self.bus.last_on(subject)
         if stored is None or (stored.headers or {}).get("Nats-Msg-Id") != msg_id:
             return None

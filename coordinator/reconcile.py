@@ -61,9 +61,9 @@ async def unrecorded_return(
     """What Redis holds for a reservation the ledger does not record, as the events that record
     it (reserve, commit) and its return (released); none if it holds nothing. Nothing is freed
     here: a return frees money, so it is recorded first, and Redis frees it (``follow``) only
-    once these events are on the record. A record that drops them (a duplicate of a stored
-    decision that counts the reservation) frees nothing. Raises ``Unreachable`` while Redis
-    cannot say (the caller keeps it undecided)."""
+    once these events are on the record. A record that holds the reservation by then (a
+    decision that counts it was stored first) refuses the whole return: it frees nothing.
+    Raises ``Unreachable`` while Redis cannot say (the caller keeps it undecided)."""
     found = await budget.reservation(mission_id, reservation_id)
     if found is None:  # the script never ran
         return []
@@ -71,11 +71,17 @@ async def unrecorded_return(
     if held not in ("held", "committed"):  # resolved, or expiring: the sweeper has it
         return []
     grant_id = reserved.grant_id
-    events = [
-        journal.event(r.ledger_payload(), mission_id, at=r.at, grant_id=grant_id)
-        for r in (reserved, committed)
-        if r is not None
-    ]
+    # marked unrecorded: should the record hold the reservation by the time this is stored (a
+    # decision that counts it, stored meanwhile or not yet folded here), the fold refuses the
+    # whole return, and ``follow`` then frees nothing (the record holds it)
+    events = [journal.event(reserved.ledger_payload(unrecorded=True), mission_id, at=reserved.at,
+                            grant_id=grant_id)]  # fmt: skip
+    if committed is not None:
+        events.append(
+            journal.event(
+                committed.ledger_payload(), mission_id, at=committed.at, grant_id=grant_id
+            )
+        )
     released = BudgetReleased(reservation_id=reservation_id)
     return [*events, journal.event(released, mission_id, grant_id=grant_id)]
 
@@ -85,15 +91,15 @@ async def return_unrecorded(
 ) -> bool:
     """Give back what Redis holds for a reservation the ledger does not record: record what
     Redis did and the release, then free it in Redis. True if money was returned, False if
-    Redis held none. Raises ``FleetError`` (Redis or the stream cannot answer): the caller
+    Redis held none or the record held the reservation after all (the return was refused).
+    Raises ``FleetError`` (Redis or the stream cannot answer): the caller
     keeps it undecided, and the next attempt finds the return on the record if it landed.
     Call under the mission's lock."""
     events = await unrecorded_return(journal, budget, mission_id, reservation_id)
     if not events:
         return False
     await journal.commit(events)
-    await follow(journal, budget, mission_id, reservation_id)
-    return True
+    return await follow(journal, budget, mission_id, reservation_id)
 
 
 async def follow(journal: Journal, budget: Budget, mission_id: str, reservation_id: str) -> bool:
@@ -408,7 +414,7 @@ class Reconciler:
             reserved = found[0]
             events = [
                 self.journal.event(p, mission_id, at=t, grant_id=reserved.grant_id)
-                for p, t in ((reserved.ledger_payload(), reserved.at),
+                for p, t in ((reserved.ledger_payload(unrecorded=True), reserved.at),
                              (BudgetExpired(reservation_id=rid), at))
             ]  # fmt: skip
             self.unapplied.add(mission_id, rid, self.journal.clock.now())

@@ -4,8 +4,10 @@
 over the original's: a read of an entry hands out a private shallow copy of it (kept in the layer),
 a write lands in the layer, and the original is never changed. So checking what a change would do
 costs what the change touches, not the size of the state (docs/development.md: nothing proportional
-to a mission's history per request). A draft is for checking only: it answers the state's own
-queries, but ``dataclasses.asdict`` and ``copy`` of it see the layers, not a state.
+to a mission's history per request). A draft answers the state's own queries, but
+``dataclasses.asdict`` and ``copy`` of it see the layers, not a state; what it holds becomes the
+original's with ``merge`` (then the draft is done with): several changes checked together and
+applied together or not at all, for what the changes touch.
 
 The state's entries must be either immutable or mutated only through their own attributes (a
 shallow copy then keeps them apart); nested containers inside an entry are never mutated in
@@ -155,4 +157,26 @@ def draft(state: _S) -> _S:
     return new
 
 
-__all__ = ["Layer", "Seen", "Tail", "draft"]
+def merge(drafted: Any, into: Any) -> None:
+    """Make ``into`` (the state ``drafted`` was drafted from) hold what the draft holds: each
+    layer's entries written through, its deletions made, its appended items appended; every
+    other field taken as the draft has it. Costs what the draft touched; the draft is not to be
+    used after."""
+    for f in dataclasses.fields(into):
+        name = f.name
+        value = getattr(drafted, name)
+        if isinstance(value, Layer):
+            base = value._base
+            assert isinstance(base, dict)
+            for key in value._gone:
+                base.pop(key, None)
+            base.update(value._own)
+        elif isinstance(value, Tail):
+            value._base.extend(value._own)
+        elif isinstance(value, Seen):
+            value._base.update(value._own)
+        else:
+            object.__setattr__(into, name, value)
+
+
+__all__ = ["Layer", "Seen", "Tail", "draft", "merge"]

@@ -258,6 +258,10 @@ class BudgetReserved(_Payload):
     grant_id: Ident | None = None  # None: the mission scope only (omitted in JSON)
     amount: Micros
     lease_until: UtcDatetime
+    # True: recorded after the fact from what Redis holds, for a reservation the record did not
+    # hold (a return, an unrecorded expiry); the fold takes it only while it still does not
+    # (omitted in JSON when None, so earlier events keep their bytes)
+    unrecorded: Literal[True] | None = None
 
 
 class BudgetCommitted(_Payload):

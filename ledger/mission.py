@@ -26,8 +26,8 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ledger.authority import UNBOUNDED, Authority, intersect
-from ledger.draft import draft
-from ledger.errors import ErrorCode, InvalidInput, Rule, RuleViolation
+from ledger.draft import draft, merge
+from ledger.errors import ErrorCode, FleetError, InvalidInput, Rule, RuleViolation
 from ledger.events import (
     OWNER_ROLE,
     ActionRequested,
@@ -378,6 +378,31 @@ def admit(state: MissionState, events: Iterable[Event]) -> None:
         checked.apply(event)
 
 
+def apply_message(state: MissionState, events: Sequence[Event]) -> tuple[int, FleetError] | None:
+    """Apply the events of one stored message to ``state``, in order, all of them or none: a
+    message is one write (a decision with the money it takes, a return with what it returns),
+    so the fold never keeps part of one (a return's release without the reservation it was
+    built for, a decision without its reservation). None once every event is applied; else
+    ``(index, refusal)`` of the first event the fold would not take, ``state`` unchanged. A
+    single event is applied in place (``apply`` validates fully before it changes anything);
+    several on a draft that becomes the state only once all of them applied (``merge``): the
+    cost is what the message touches, as applying it."""
+    if len(events) == 1:
+        try:
+            state.apply(events[0])
+        except FleetError as exc:
+            return 0, exc
+        return None
+    checked = draft(state)
+    for index, event in enumerate(events):
+        try:
+            checked.apply(event)
+        except FleetError as exc:
+            return index, exc
+    merge(checked, state)
+    return None
+
+
 def fold(
     events: Iterable[Event], state: MissionState | None = None, *, mission_id: str | None = None
 ) -> MissionState:
@@ -676,6 +701,12 @@ def _approval_granted(s: MissionState, e: Event, p: ApprovalGranted) -> None:
 def _budget_reserved(s: MissionState, e: Event, p: BudgetReserved) -> _Unchanged | None:
     existing = s.reservations.get(p.reservation_id)
     scopes = s.scopes(p.grant_id)
+    if existing is not None and p.unrecorded:
+        raise RuleViolation(
+            Rule.BUDGET_RECORD,
+            f"reservation {p.reservation_id} is on the record already ({existing.state}): what "
+            "was recorded for it after the fact, as one the record did not hold, does not apply",
+        )
     if existing is not None:
         if existing.state.resolved:
             raise RuleViolation(

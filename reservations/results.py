@@ -93,10 +93,14 @@ class ReserveResult:
     def scopes(self) -> tuple[str, ...]:
         return (*self.chain, MISSION_SCOPE)
 
-    def ledger_payload(self) -> BudgetReserved:
+    def ledger_payload(self, *, unrecorded: bool = False) -> BudgetReserved:
+        """``unrecorded``: recorded after the fact for a reservation the ledger does not hold
+        (a return or an expiry of it); the fold refuses it, and its whole message, once the
+        ledger holds the reservation (``BudgetReserved.unrecorded``)."""
         return BudgetReserved(
             reservation_id=self.reservation_id, grant_id=self.grant_id,
             amount=self.amount, lease_until=self.lease_until,
+            unrecorded=True if unrecorded else None,
         )  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ledger.errors import FleetError
 from ledger.events import DecisionRecorded, Event
-from ledger.mission import MISSION_SCOPE, MissionState
+from ledger.mission import MISSION_SCOPE, MissionState, apply_message
 from ledger.money import format_amount
 
 # --- the history ------------------------------------------------------------------------------
@@ -253,13 +253,14 @@ def fold_record(mission: str, messages: list[Message], snapshot_at: Iterable[int
                             f"risk(s) {sorted(set(blocked) | set(blocked_at_cut))} blocked it "
                             f"(cut_seq {p.cut_seq})"
                         )
-            try:
-                state.apply(event)
-            except FleetError as exc:
-                rejected.append((msg.seq, event.kind, exc.message))
-                continue
-            if isinstance(p, DecisionRecorded):
-                decisions[p.action_id].append((msg.seq, event))
+        refused = apply_message(state, msg.events)  # whole or not at all, as ingest folds it
+        if refused is not None:
+            index, exc = refused
+            rejected.append((msg.seq, msg.events[index].kind, exc.message))
+        else:
+            for event in msg.events:
+                if isinstance(event.payload, DecisionRecorded):
+                    decisions[event.payload.action_id].append((msg.seq, event))
         after = _risks(state)
         if after != before:
             open_risks.append((msg.seq, after))

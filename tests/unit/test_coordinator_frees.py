@@ -13,9 +13,10 @@ from datetime import timedelta
 
 import pytest
 
+from fleetbus.bus import Stored
 from ledger.authority import Authority
 from ledger.clock import ManualClock
-from ledger.errors import ComponentTimeout, FleetError, Unreachable
+from ledger.errors import ComponentTimeout, FleetError, InvalidInput, Unreachable
 from tests.fakes.budget import FakeBudget
 from tests.fakes.bus import FakeBus
 from tests.unit.builders import DAY, T0
@@ -278,3 +279,112 @@ async def test_redis_calls_on_a_reservation_declare_the_chain_the_ledger_records
         ("commit", "r-a1", ("g",)), ("settle", "r-a1", ("g",)), ("release", "r-a2", ("g",)),
     ]  # fmt: skip
     assert {d[2] for d in fleet.budget.declared if d[1] == "r-a3"} == {("g",)}
+
+
+class RefusedRetryBus(FakeBus):
+    """A bus whose next publish is stored with its PubAck lost, and whose publish after that is
+    refused outright (a stream leader still electing answers the retry with an API error)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refuse_retry = False
+
+    async def publish(
+        self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
+    ) -> Stored:
+        if self.refuse_retry and not self.lose_acks:
+            self.refuse_retry = False
+            raise InvalidInput(f"JetStream refused {subject}: JetStream cluster not ready")
+        return await super().publish(subject, data, msg_id=msg_id, headers=headers)
+
+
+@pytest.fixture
+async def refused() -> AsyncIterator[Fleet]:
+    clock = ManualClock(T0)
+    bus, budget = RefusedRetryBus(), FakeBudget(clock)
+    co = new_coordinator(bus, budget, clock)
+    await co.start()
+    f = Fleet(co, bus, budget, clock)
+    await f.manage(
+        "mission.create",
+        {"purpose": "pay", "owner": "olga", "ceiling": 1_000, "expires_at": T0 + DAY},
+    )
+    authority = Authority.of(["pay"], may_delegate=True).model_dump(mode="json")
+    await f.manage(
+        "grant.issue",
+        {"grant_id": "g", "holder": "agent-1", "purpose": "pay", "owner": "olga",
+         "authority": authority, "budget": 500},
+    )  # fmt: skip
+    try:
+        yield f
+    finally:
+        await co.stop()
+
+
+async def test_a_decision_stored_then_refused_on_its_retry_keeps_its_money(
+    refused: Fleet,
+) -> None:
+    """The cluster chaos run's "Redis released a reservation the ledger settled" (seed
+    1846087107): a decision's first publish was stored with its ack lost, its retry refused
+    outright; the refusal was taken for "nothing stored" and Redis freed the money at once,
+    while the record held it committed and the action ran. Its effect ("unknown") was then
+    refused by Redis, and its settle left Redis released and the ledger settled."""
+    bus = refused.bus
+    assert isinstance(bus, RefusedRetryBus)
+    bus.lose_acks, bus.refuse_retry = 1, True
+    reply = await refused.authorize("a1", cost=100)  # answered from the stored decision
+    assert reply.decision.allowed and reply.reservation_id == "r-a1"
+    state = refused.co.states[MID]
+    assert state.reservations["r-a1"].state == "committed"
+    assert redis_state(refused, "r-a1") == "committed"
+    assert refused.budget.used[(MID, "mission")] == 100
+    unknown = await refused.manage(
+        "effect.record", {"action_id": "a1", "outcome": "unknown"}
+    )  # commits in Redis: refused before, Redis having freed it
+    assert unknown.ok
+    ok = await refused.manage("effect.record", SETTLE)
+    assert ok.ok and redis_state(refused, "r-a1") == "settled"
+    assert refused.budget.used[(MID, "mission")] == 60 == state.level("mission").used
+
+
+async def test_a_refused_decision_returns_its_money_through_the_record(refused: Fleet) -> None:
+    """A decision refused outright (nothing stored) gives back what Redis committed for it only
+    by recording the return first; had an earlier attempt been stored unseen, the record
+    refuses that return and nothing is freed."""
+    bus = refused.bus
+    assert isinstance(bus, RefusedRetryBus)
+    bus.refuse_retry = True
+    with pytest.raises(InvalidInput, match="cluster not ready"):
+        await refused.authorize("a1", cost=100)
+    state = refused.co.states[MID]
+    assert state.reservations["r-a1"].state == "released"  # recorded, then freed
+    assert redis_state(refused, "r-a1") == "released"
+    assert refused.budget.used[(MID, "mission")] == 0
+    assert (MID, "r-a1") not in refused.co.reconciler.undecided
+
+
+async def test_a_decision_whose_every_append_failed_is_decided_by_the_record(
+    fleet: Fleet,
+) -> None:
+    """Every attempt of a decision's append ambiguous: its money was held for good unless the
+    same request came again. It is undecided now: once its time is up, the reconciler follows
+    the record (the decision was stored: it holds) or returns it."""
+    from coordinator.authorize import APPEND_ATTEMPTS
+
+    fleet.bus.lose_acks = APPEND_ATTEMPTS  # stored the first time, every ack lost
+    with pytest.raises(ComponentTimeout):
+        await fleet.authorize("a1", cost=100)
+    fleet.bus.fail_next = [Unreachable("NATS is down")] * APPEND_ATTEMPTS
+    with pytest.raises(Unreachable):
+        await fleet.authorize("a2", cost=100)  # never stored
+    assert (MID, "r-a1") in fleet.co.reconciler.undecided
+    assert (MID, "r-a2") in fleet.co.reconciler.undecided
+    fleet.clock.advance(timedelta(seconds=LEASE_S + 1))
+    assert await fleet.co.sweep_once() == 1  # a2's money returned; a1's is the record's
+    state = fleet.co.states[MID]
+    assert state.reservations["r-a1"].state == "committed"
+    assert redis_state(fleet, "r-a1") == "committed"
+    assert state.reservations["r-a2"].state == "released"
+    assert redis_state(fleet, "r-a2") == "released"
+    assert fleet.budget.used[(MID, "mission")] == 100 == state.level("mission").used
+    assert len(fleet.co.reconciler.undecided) == 0
