@@ -21,7 +21,7 @@ from coordinator.journal import Journal, Receipts
 from coordinator.riskboard import RiskBoard
 from coordinator.snapshots import Restored
 from fleetbus.bus import Bus, StreamMessage
-from ledger.errors import FleetError, InvalidInput
+from ledger.errors import FleetError, InvalidInput, RuleViolation
 from ledger.events import DecisionRecorded, Event, RiskOpened, RiskTreated, read_message
 from ledger.identity import Principal, as_of, check_origins
 from ledger.mission import MissionState, apply_message
@@ -234,20 +234,22 @@ def fold_message(
             states[mission] = state
         return [(event, None) for event in events]
     index, problem = refused
-    first = events[index]
     return [
-        (
-            event,
-            problem
-            if i == index
-            else InvalidInput(
-                f"event {event.event_id} ({event.kind}) was not applied: its message is applied "
-                f"whole or not at all, and its event {first.event_id} ({first.kind}) was "
-                f"refused: {problem.message}"
-            ),
-        )
+        (event, origins[i] or (problem if i == index else _with(problem, event, events[index])))
         for i, event in enumerate(events)
     ]
+
+
+def _with(problem: FleetError, event: Event, refused: Event) -> FleetError:
+    """Why ``event`` was not applied: its message's ``refused`` event was (``problem``), and a
+    message is applied whole or not at all; the same rule, or the same code, as the refusal."""
+    why = (
+        f"event {event.event_id} ({event.kind}) was not applied: its message is applied whole "
+        f"or not at all, and its event {refused.event_id} ({refused.kind}) was refused"
+    )
+    if isinstance(problem, RuleViolation):
+        return RuleViolation(problem.rule, f"{why}: {problem.reason}")
+    return InvalidInput(f"{why}: {problem.message}", code=problem.code)
 
 
 @contextlib.contextmanager

@@ -1,13 +1,14 @@
 """Drafts: a dataclass state that reads through to another and copies only what it touches.
 
-``draft(state)`` is a new instance of the state's class whose tables (dicts, lists, sets) are layers
-over the original's: a read of an entry hands out a private shallow copy of it (kept in the layer),
-a write lands in the layer, and the original is never changed. So checking what a change would do
-costs what the change touches, not the size of the state (docs/development.md: nothing proportional
-to a mission's history per request). A draft answers the state's own queries, but
-``dataclasses.asdict`` and ``copy`` of it see the layers, not a state; what it holds becomes the
-original's with ``merge`` (then the draft is done with): several changes checked together and
-applied together or not at all, for what the changes touch.
+``draft(state)`` is a new instance of a subclass of the state's class whose fields are layered
+over the original's as they are first read (dicts, lists and sets as layers): a read of an entry
+hands out a private shallow copy of it (kept in the layer), a write lands in the layer, and the
+original is never changed. So checking what a change would do costs what the change touches, not
+the size of the state (docs/development.md: nothing proportional to a mission's history per
+request). A draft answers the state's own queries, but ``dataclasses.asdict`` and ``copy`` of it
+see the layers, not a state; what it holds becomes the original's with ``merge`` (then the draft
+is done with): several changes checked together and applied together or not at all, for what
+the changes touch.
 
 The state's entries must be either immutable or mutated only through their own attributes (a
 shallow copy then keeps them apart); nested containers inside an entry are never mutated in
@@ -59,8 +60,7 @@ class Layer(MutableMapping[_K, _V]):
             raise KeyError(key)
         value = self._base[key]
         if _mutable(value):
-            value = copy.copy(value)
-            own[key] = value
+            value = own[key] = _shallow(value)
         return value
 
     def __contains__(self, key: object) -> bool:
@@ -142,29 +142,73 @@ def _layered(value: Any) -> Any:
     if isinstance(value, set):
         return Seen(value)
     if _mutable(value):  # a nested state object (e.g. the mission's terms): its own copy
-        return copy.copy(value)
+        return _shallow(value)
     return value
 
 
+def _shallow(value: Any) -> Any:
+    """A shallow copy: a container's ``copy()``; an instance with a ``__dict__`` made anew with
+    a copy of it (what ``copy.copy`` does for a plain class, without its dispatch: a draft
+    copies every entry it reads); anything else by ``copy.copy``."""
+    if isinstance(value, _CONTAINERS):
+        return value.copy()
+    attrs = getattr(value, "__dict__", None)
+    if attrs is None or hasattr(type(value), "__slots__"):
+        return copy.copy(value)
+    new = object.__new__(type(value))
+    new.__dict__.update(attrs)
+    return new
+
+
+class _LayeredField:
+    """A field of a draft: layered over the original's on first read, then the draft's own (a
+    non-data descriptor: the value it stores in the instance hides it from then on, and a write
+    lands there too), so a draft costs the fields a change touches, not every field."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        value = _layered(getattr(instance.__dict__["_origin"], self.name))
+        instance.__dict__[self.name] = value
+        return value
+
+
+_draft_classes: dict[type, type] = {}
+
+
+def _draft_class(kind: type) -> type:
+    """``kind``'s draft class (made once): a subclass whose every field is layered on touch."""
+    made = _draft_classes.get(kind)
+    if made is None:
+        fields = {f.name: _LayeredField(f.name) for f in dataclasses.fields(kind)}
+        made = _draft_classes[kind] = type(f"Draft{kind.__name__}", (kind,), fields)
+    return made
+
+
 def draft(state: _S) -> _S:
-    """A draft of the dataclass ``state``: the same class, every field layered over the
-    original's; changes to the draft never reach ``state``. O(number of fields)."""
+    """A draft of the dataclass ``state``: an instance of a subclass of its class whose fields
+    are layered over the original's as they are first read; changes to the draft never reach
+    ``state``. O(1) to make; each field touched costs one layer."""
     if not dataclasses.is_dataclass(state) or isinstance(state, type):
         raise TypeError(f"draft needs a dataclass instance, not {type(state).__name__}")
-    new = object.__new__(type(state))
-    for f in dataclasses.fields(state):
-        object.__setattr__(new, f.name, _layered(getattr(state, f.name)))
-    return new
+    new: Any = object.__new__(_draft_class(type(state)))
+    new.__dict__["_origin"] = state
+    return new  # type: ignore[no-any-return]
 
 
 def merge(drafted: Any, into: Any) -> None:
     """Make ``into`` (the state ``drafted`` was drafted from) hold what the draft holds: each
-    layer's entries written through, its deletions made, its appended items appended; every
-    other field taken as the draft has it. Costs what the draft touched; the draft is not to be
-    used after."""
-    for f in dataclasses.fields(into):
-        name = f.name
-        value = getattr(drafted, name)
+    touched field's layer written through (its entries, deletions, appended items), every other
+    touched field taken as the draft has it. Costs what the draft touched; the draft is not to
+    be used after."""
+    for name, value in drafted.__dict__.items():
+        if name == "_origin":
+            continue
         if isinstance(value, Layer):
             base = value._base
             assert isinstance(base, dict)

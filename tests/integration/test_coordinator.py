@@ -649,7 +649,7 @@ async def test_the_answer_is_the_stored_receipt_republished_by_the_stream(
     assert view.budget.committed == "0.25"
 
 
-async def test_a_bad_event_inside_a_bundle_is_dead_lettered_alone(
+async def test_a_bundle_with_a_bad_event_is_dead_lettered_whole(
     fleet: FleetClient, coordinator: Coordinator, nats_url: str
 ) -> None:
     mid = mission_id()
@@ -672,11 +672,17 @@ async def test_a_bad_event_inside_a_bundle_is_dead_lettered_alone(
             f"fleet.ledger.{mid}.evidence.registered", bundle_json([good, twice])
         )
         await coordinator.wait_applied(ack.seq, 5)
-        reason = json.loads((await dead.next_msg(timeout=5)).data)
-        assert reason["seq"] == ack.seq and reason["event_id"] == str(twice.event_id)
+        reasons = [json.loads((await dead.next_msg(timeout=5)).data) for _ in range(2)]
     finally:
         await nc.close()
-    assert "ev-1" in coordinator.states[mid].evidence
+    # a message is one write: applied whole or not at all, each of its events dead-lettered
+    assert [(r["seq"], r["event_id"]) for r in reasons] == [
+        (ack.seq, str(good.event_id)),
+        (ack.seq, str(twice.event_id)),
+    ]
+    assert "whole or not at all" in reasons[0]["error"]["message"]
+    assert "ev-1" in reasons[1]["error"]["message"]
+    assert "ev-1" not in coordinator.states[mid].evidence
 
 
 async def test_a_ledger_stream_from_before_receipts_were_republished_gains_the_rule() -> None:
