@@ -407,24 +407,34 @@ class Reconciler:
 
     async def _expire_unrecorded(self, mission_id: str, at: datetime, rid: str) -> int:
         """A reservation whose lease passed that the record never knew (a branch's whose worker
-        died before it was recorded): record what Redis did and its expiry, then free it.
-        Returns how many were recorded (0 or 1)."""
+        died before it was recorded): record what Redis did and its expiry, then free it. If
+        the record held it by the time that was stored (recorded meanwhile: the fold refuses
+        the expiry, marked unrecorded), Redis is left to follow the record instead. Returns how
+        many were recorded (0 or 1)."""
         found = await self.budget.reservation(mission_id, rid)
-        if found is not None and found[2] == "expiring":
-            reserved = found[0]
-            events = [
-                self.journal.event(p, mission_id, at=t, grant_id=reserved.grant_id)
-                for p, t in ((reserved.ledger_payload(unrecorded=True), reserved.at),
-                             (BudgetExpired(reservation_id=rid), at))
-            ]  # fmt: skip
-            self.unapplied.add(mission_id, rid, self.journal.clock.now())
-            await self.journal.commit(events)
+        if found is None or found[2] != "expiring":
+            await self.budget.expire(mission_id, [rid])  # nothing held to record
+            return 0
+        reserved = found[0]
+        events = [
+            self.journal.event(p, mission_id, at=t, grant_id=reserved.grant_id)
+            for p, t in ((reserved.ledger_payload(unrecorded=True), reserved.at),
+                         (BudgetExpired(reservation_id=rid), at))
+        ]  # fmt: skip
+        self.unapplied.add(mission_id, rid, self.journal.clock.now())
+        await self.journal.commit(events)
+        known = self.journal.state(mission_id).reservations.get(rid)
+        if known is None or known.state is not ReservationState.EXPIRED:
             log.warning(
-                "lease returned reservation %s of mission %s, recorded now", rid, mission_id
-            )
+                "reservation %s of mission %s was recorded meanwhile (%s); its expiry from Redis "
+                "was refused, and Redis follows the record", rid, mission_id,
+                known.state if known is not None else "not at all",
+            )  # fmt: skip
+            return 0  # ``follow_ledger`` applies a resolution; a held one is swept as any
+        log.warning("lease returned reservation %s of mission %s, recorded now", rid, mission_id)
         await self.budget.expire(mission_id, [rid])
         self.unapplied.discard(mission_id, rid)
-        return 0 if found is None or found[2] != "expiring" else 1
+        return 1
 
     async def settle_undecided(self) -> int:
         """Return the money of undecided reservations whose time is up, recording what Redis
