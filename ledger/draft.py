@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any, TypeVar
 
 _K = TypeVar("_K")
@@ -66,6 +66,22 @@ class Layer(MutableMapping[_K, _V]):
     def __contains__(self, key: object) -> bool:
         return key in self._own or (key not in self._gone and key in self._base)
 
+    # ``get`` and ``setdefault`` without the mixins' KeyError for a missing key (the fold asks
+    # for entries that are not there yet at nearly every event)
+    def get(self, key: _K, default: Any = None) -> Any:
+        own = self._own
+        if key in own:
+            return own[key]
+        if key in self._gone or key not in self._base:
+            return default
+        return self[key]
+
+    def setdefault(self, key: _K, default: Any = None) -> Any:
+        if key in self:
+            return self[key]
+        self[key] = default
+        return default
+
     def __setitem__(self, key: _K, value: _V) -> None:
         self._own[key] = value
         self._gone.discard(key)
@@ -103,6 +119,10 @@ class Tail:
     def append(self, item: Any) -> None:
         self._own.append(item)
 
+    def write_through(self) -> None:
+        """Append to the original what was appended here (``merge``)."""
+        self._base.extend(self._own)
+
     def __iter__(self) -> Iterator[Any]:
         yield from self._base
         yield from self._own
@@ -127,6 +147,10 @@ class Seen:
     def add(self, item: Any) -> None:
         self._own.add(item)
 
+    def write_through(self) -> None:
+        """Add to the original what was added here (``merge``)."""
+        self._base.update(self._own)
+
     def __contains__(self, item: object) -> bool:
         return item in self._own or item in self._base
 
@@ -135,6 +159,9 @@ class Seen:
 
 
 def _layered(value: Any) -> Any:
+    layer = _LAYERS.get(type(value))
+    if layer is not None:
+        return layer(value)
     if isinstance(value, dict):
         return Layer(value)
     if isinstance(value, list):
@@ -144,6 +171,9 @@ def _layered(value: Any) -> Any:
     if _mutable(value):  # a nested state object (e.g. the mission's terms): its own copy
         return _shallow(value)
     return value
+
+
+_LAYERS: dict[type, Callable[[Any], Any]] = {dict: Layer, list: Tail, set: Seen}
 
 
 def _shallow(value: Any) -> Any:
@@ -207,19 +237,15 @@ def merge(drafted: Any, into: Any) -> None:
     touched field taken as the draft has it. Costs what the draft touched; the draft is not to
     be used after."""
     for name, value in drafted.__dict__.items():
-        if name == "_origin":
-            continue
-        if isinstance(value, Layer):
+        kind = type(value)  # exact types: ``isinstance`` of an ABC's subclass is slow
+        if kind is Layer:
             base = value._base
-            assert isinstance(base, dict)
             for key in value._gone:
                 base.pop(key, None)
             base.update(value._own)
-        elif isinstance(value, Tail):
-            value._base.extend(value._own)
-        elif isinstance(value, Seen):
-            value._base.update(value._own)
-        else:
+        elif kind is Tail or kind is Seen:
+            value.write_through()
+        elif name != "_origin":
             object.__setattr__(into, name, value)
 
 
