@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from fleetbus.bus import RequestHandler, Stored, StreamHandler, StreamMessage
 from fleetbus.pull import Refused
 from ledger.errors import ComponentTimeout, Fenced, FleetError
-from ledger.protocol import mission_filter
+from ledger.protocol import SUBJECT_PREFIX, mission_filter
 
 
 @dataclass
@@ -29,7 +29,8 @@ class FakeRequest:
 
 class FakeBus:
     def __init__(self) -> None:
-        self.messages: list[StreamMessage] = []
+        self.messages: list[StreamMessage] = []  # the ledger stream
+        self.elsewhere: list[tuple[str, bytes]] = []  # what went to other streams (dead letters)
         self.risks: dict[str, bytes] = {}
         self.handlers: dict[str, RequestHandler] = {}
         self.fail_next: list[FleetError] = []  # raised by the next publishes, in order
@@ -48,6 +49,9 @@ class FakeBus:
     ) -> Stored:
         if self.fail_next:
             raise self.fail_next.pop(0)
+        if not subject.startswith(f"{SUBJECT_PREFIX}."):  # another stream's (dead letters)
+            self.elsewhere.append((subject, data))
+            return Stored(len(self.elsewhere))
         self._check_expected(subject, headers or {})  # before de-duplication, as R1 does
         if msg_id in self._ids:  # de-duplicated, as JetStream does within its window
             if self.lose_acks:

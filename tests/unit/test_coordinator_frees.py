@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,8 @@ from fleetbus.bus import Stored
 from ledger.authority import Authority
 from ledger.clock import ManualClock
 from ledger.errors import ComponentTimeout, FleetError, InvalidInput, Unreachable
+from ledger.events import bundle_json
+from ledger.protocol import subject_of
 from tests.fakes.budget import FakeBudget
 from tests.fakes.bus import FakeBus
 from tests.unit.builders import DAY, T0
@@ -388,3 +391,33 @@ async def test_a_decision_whose_every_append_failed_is_decided_by_the_record(
     assert redis_state(fleet, "r-a2") == "released"
     assert fleet.budget.used[(MID, "mission")] == 100 == state.level("mission").used
     assert len(fleet.co.reconciler.undecided) == 0
+
+
+async def test_an_unrecorded_expiry_the_record_refuses_frees_nothing_until_it_stands(
+    fleet: Fleet,
+) -> None:
+    """A branch's reservation Redis holds past its lease, not on the record when the sweep
+    read it, recorded by someone else just before the sweep's expiry is stored: the fold
+    refuses that expiry (its reserve is marked unrecorded), so Redis must not free it then; the
+    next sweep records the expiry of the reservation as the record holds it, then frees it."""
+    held = fleet.budget.hold(MID, ["g"], "b-1", 200, lease_s=LEASE_S)
+    fleet.clock.advance(timedelta(seconds=LEASE_S + 1))
+    journal, bus = fleet.co.journal, fleet.bus
+    racing = journal.event(held.ledger_payload(), MID, at=held.at, grant_id="g")
+    publish = bus.publish
+
+    async def first_the_racing_record(subject: str, data: bytes, **kw: Any) -> Stored:
+        bus.publish = publish  # type: ignore[method-assign]
+        await publish(subject_of(racing), bundle_json([racing]), msg_id=str(racing.event_id))
+        return await publish(subject, data, **kw)
+
+    bus.publish = first_the_racing_record  # type: ignore[method-assign]
+    assert await fleet.co.sweep_once(every_mission=True) == 0  # its expiry was refused
+    state = fleet.co.states[MID]
+    assert state.reservations["b-1"].state == "held"  # as the racing record has it
+    assert redis_state(fleet, "b-1") == "expiring"  # still counted, not freed
+    assert fleet.budget.used[(MID, "g")] == 200 == state.level("g").used
+    assert await fleet.co.sweep_once() == 1  # recorded expired, then freed
+    assert state.reservations["b-1"].state == "expired"
+    assert redis_state(fleet, "b-1") == "expired"
+    assert fleet.budget.used[(MID, "g")] == 0 == state.level("g").used
