@@ -25,8 +25,9 @@ from coordinator.reconcile import (
     return_unrecorded,
     unrecorded_return,
 )
+from coordinator.unapplied import Unapplied
 from fleetbus.bus import Request, Stored
-from ledger.errors import FleetError, InvalidInput, NotOwner, RuleViolation, Unreachable
+from ledger.errors import FleetError, InvalidInput, NotOwner, Rule, RuleViolation, Unreachable
 from ledger.events import MAX_EVENT_BYTES, DecisionRecorded, Event
 from ledger.idempotency import check_same_terms
 from ledger.identity import NonceWindow, Principal, check_requester, verify_request
@@ -77,10 +78,13 @@ class Authorizer:
         lease_s: float,
         kernel: Kernel = decide,
         principals: Directory | None = None,
+        unapplied: Unapplied | None = None,
     ) -> None:
         """``principals``: the fleet's directory; with it, a request must be signed by a
-        principal that may ask for that grant (``ledger.identity.check_requester``)."""
+        principal that may ask for that grant (``ledger.identity.check_requester``).
+        ``unapplied``: the reconciler's, which makes Redis follow what the record resolved."""
         self.journal, self.budget, self.undecided = journal, budget, undecided
+        self.unapplied = unapplied if unapplied is not None else Unapplied()
         self.kernel = kernel
         self.telemetry = telemetry
         self.lease_s = lease_s
@@ -194,6 +198,19 @@ class Authorizer:
         parent = requested.event_id if existing is None else None
         rid = authorize_reservation_id(action.action_id)
         reservation_id: str | None = None
+        if rid in state.reservations and decision.allowed and action.cost > 0:
+            # the record holds this action's reservation with no decision: its money was
+            # returned (an earlier attempt's append was refused). Redis would answer a reserve
+            # under the same id with that reservation, and the fold refuses a message reserving
+            # it again: the id's money is spent, so the action is refused, recorded, and Redis
+            # follows the record for it
+            self._follow_record(mid, rid)
+            decision = decision.model_copy(update={
+                "allowed": False, "rule": Rule.BUDGET_RECORD,
+                "reason": f"budget record: the money of action {action.action_id} was returned "
+                          f"({rid} is {state.reservations[rid].state} on the record); ask again "
+                          "under a new action id",
+            })  # fmt: skip
         if decision.allowed and action.cost > 0:
             chain = [s for s in state.scopes(action.grant_id) if s != MISSION_SCOPE]
             decision, reserved = await self._reserve(req, decision, chain, rid)
@@ -245,6 +262,10 @@ class Authorizer:
         once that message is stored (a duplicate of a stored decision that counts it frees
         nothing; the undecided entry then follows the record). None: nothing to return."""
         if (mid, rid) not in self.undecided:
+            return []
+        if rid in self.journal.state(mid).reservations:  # recorded already: Redis follows that
+            self.undecided.discard(mid, rid)
+            self._follow_record(mid, rid)
             return []
         with contextlib.suppress(Unreachable):  # still unknown: the reconciler retries
             back = await unrecorded_return(self.journal, self.budget, mid, rid)
@@ -373,6 +394,13 @@ class Authorizer:
                     if reservation_id is not None:  # stored or not: decided by the record
                         self._undecided(mission_id, reservation_id, self.lease_s)
                     raise
+
+    def _follow_record(self, mission_id: str, reservation_id: str) -> None:
+        """Redis is to follow the record's resolution of the reservation (the reconciler
+        applies it; it may hold the money still, its free having failed)."""
+        res = self.journal.state(mission_id).reservations.get(reservation_id)
+        if res is not None and res.state.resolved:
+            self.unapplied.add(mission_id, reservation_id, self.journal.clock.now())
 
     def _undecided(self, mission_id: str, reservation_id: str, after_s: float) -> None:
         """The reservation's decision may or may not be stored: in ``after_s`` the reconciler

@@ -397,6 +397,10 @@ class Reconciler:
             for rid in ids:  # until freed: a failure below leaves them to ``follow_ledger``
                 self.unapplied.add(mission_id, rid, journal.clock.now())
             await journal.commit(chunk)
+            # freed only as the record stands (a message is folded whole or not at all: one
+            # refused event keeps every one of them held): the rest wait for the next sweep
+            recorded = journal.state(mission_id).reservations
+            ids = [r for r in ids if recorded[r].state is ReservationState.EXPIRED]
             await budget.expire(mission_id, ids)
             for rid in ids:
                 self.unapplied.discard(mission_id, rid)

@@ -111,7 +111,7 @@ class Coordinator:
         undecided, unapplied = Undecided(), Unapplied(keep_s=s.duplicate_window_s)
         self.authorizer = Authorizer(
             self.journal, budget, undecided, self.telemetry, lease_s=s.lease_s,
-            principals=principals, kernel=kernel,
+            principals=principals, kernel=kernel, unapplied=unapplied,
         )  # fmt: skip
         self.manager = Manager(
             self.journal, budget, self.telemetry, unapplied, principals=principals

@@ -421,3 +421,73 @@ async def test_an_unrecorded_expiry_the_record_refuses_frees_nothing_until_it_st
     assert state.reservations["b-1"].state == "expired"
     assert redis_state(fleet, "b-1") == "expired"
     assert fleet.budget.used[(MID, "g")] == 0 == state.level("g").used
+
+
+async def returned_not_freed(refused: Fleet) -> None:
+    """a1's decision refused outright, its money returned on the record, Redis's free failed."""
+    bus = refused.bus
+    assert isinstance(bus, RefusedRetryBus)
+    bus.refuse_retry = True
+    refused.budget.failing = {"release"}  # Redis flaps just as the return is followed
+    with pytest.raises(InvalidInput, match="cluster not ready"):
+        await refused.authorize("a1", cost=100)
+    refused.budget.failing = set()
+    assert refused.co.states[MID].reservations["r-a1"].state == "released"
+    assert redis_state(refused, "r-a1") == "committed"
+
+
+async def test_a_retry_of_an_action_whose_money_was_returned_is_refused_on_the_record(
+    refused: Fleet,
+) -> None:
+    """Found by review: the retry was allowed under r-a1 (Redis answers a reserve under the same
+    id with the reservation it holds), answered before the fold, and the fold refused its whole
+    message (r-a1 released already): an action ran on a receipt the ledger never kept. The
+    id's money is spent: the retry is denied (budget_record), recorded, and Redis follows the
+    record's return."""
+    await returned_not_freed(refused)
+    reply = await refused.authorize("a1", cost=100)
+    assert not reply.decision.allowed and reply.decision.rule == "budget_record"
+    assert "new action id" in (reply.decision.reason or "")
+    state = refused.co.states[MID]
+    assert state.actions["a1"].status.value == "rejected"  # the answer is the record's
+    assert reply.decision_seq is not None and refused.co.applied_seq >= reply.decision_seq
+    await refused.co.sweep_once()
+    assert redis_state(refused, "r-a1") == "released"
+    assert refused.budget.used[(MID, "mission")] == 0 == state.level("mission").used
+    again = await refused.authorize("a2", cost=100)  # a new id spends as ever
+    assert again.decision.allowed and redis_state(refused, "r-a2") == "committed"
+
+
+async def test_a_denied_retry_after_a_return_is_recorded(refused: Fleet) -> None:
+    """Found by review: a denied retry bundled a second return of r-a1 with its denial; the
+    fold refused the return, and with it the denial the requester held."""
+    await returned_not_freed(refused)
+    reply = await refused.authorize("a1", cost=600)  # over the grant's 500: denied
+    assert not reply.decision.allowed
+    state = refused.co.states[MID]
+    assert "a1" in state.actions and reply.decision_seq is not None
+    await refused.co.sweep_once()
+    assert redis_state(refused, "r-a1") == "released"
+
+
+async def test_an_unrecorded_expiry_on_a_grant_an_overrun_blocks_is_recorded(
+    fleet: Fleet,
+) -> None:
+    """Found by review: a branch's reservation Redis admitted before an overrun blocked its
+    grant, never recorded, its lease passed: the fold refused its expiry (the scope is
+    blocked), so the money stayed counted in Redis and every sweep appended one more refused
+    message. Redis admitted it before the block: a reserve recorded after the fact checks the
+    ceilings only."""
+    fleet.budget.hold(MID, ["g"], "b-1", 200, lease_s=LEASE_S)  # a branch, before the overrun
+    await fleet.authorize("a1", cost=100)
+    ok = await fleet.manage(
+        "effect.record", {"action_id": "a1", "outcome": "verified_success", "actual": 150}
+    )  # an overrun: g is blocked until treated
+    assert ok.ok
+    state = fleet.co.states[MID]
+    assert "g" in state.blocked_scopes
+    fleet.clock.advance(timedelta(seconds=LEASE_S + 1))
+    assert await fleet.co.sweep_once(every_mission=True) == 1
+    assert state.reservations["b-1"].state == "expired"
+    assert redis_state(fleet, "b-1") == "expired"
+    assert fleet.budget.used[(MID, "g")] == 150 == state.level("g").used
