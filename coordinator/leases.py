@@ -30,6 +30,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from fleetbus.bus import while_electing
 from ledger.errors import Fenced, InvalidInput, NotOwner
 from ledger.partition import EPOCH_SUBJECT_PREFIX, epoch_subject, marker_epoch, partition_of
 from ledger.protocol import LEASE_BUCKET, STREAM
@@ -179,7 +180,14 @@ async def ensure_lease_bucket(js: JetStreamContext, *, ttl_s: float, replicas: i
     """The lease bucket (created with a bucket TTL of ``ttl_s`` and history 1 if missing). A
     bucket created again (deleted by an operator, or its store lost) starts its revisions
     above every epoch the ledger's markers name: Redis stores those, and refuses a lower one
-    for good."""
+    for good. Asked again while a fresh cluster elects its meta leader (``while_electing``):
+    coordinators started at once on one timed out here and exited."""
+    return await while_electing(
+        "open or create the lease bucket", lambda: _lease_bucket(js, ttl_s=ttl_s, replicas=replicas)
+    )
+
+
+async def _lease_bucket(js: JetStreamContext, *, ttl_s: float, replicas: int) -> LeaseBucket:
     try:
         return LeaseBucket(js, await js.key_value(LEASE_BUCKET))
     except (NotFoundError, BucketNotFoundError):

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, Self
+from typing import Protocol, Self, TypeVar
 
 import nats
 from nats.aio.client import Client
@@ -104,23 +104,32 @@ async def ensure_streams(
         await _ensure_stream(js, config)
 
 
+_T = TypeVar("_T")
 ENSURE_WITHIN_S = 60.0  # a fresh cluster's meta leader may answer slowly, or not yet
 
 
 async def _ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> None:
-    """Create or update one stream; concurrent coordinators (a deployment's replicas start at
-    once) and a cluster still electing its meta leader are waited for and tried again, up to
-    ``ENSURE_WITHIN_S``, then ``Unreachable`` naming the stream."""
+    """Create or update one stream (``while_electing``)."""
+
+    async def ensure() -> None:
+        try:
+            await js.stream_info(config.name or "")
+            await js.update_stream(config)
+        except NotFoundError:
+            await js.add_stream(config)
+
+    await while_electing(f"create or update stream {config.name}", ensure)
+
+
+async def while_electing(what: str, call: Callable[[], Awaitable[_T]]) -> _T:
+    """``call()``, asked again while a fresh cluster's meta leader is still being elected or a
+    concurrent coordinator (a deployment's replicas start at once) created the same thing
+    meanwhile, up to ``ENSURE_WITHIN_S``; then ``Unreachable`` naming ``what``."""
     deadline = time.monotonic() + ENSURE_WITHIN_S
     delay = 0.2
     while True:
         try:
-            try:
-                await js.stream_info(config.name or "")
-                await js.update_stream(config)
-            except NotFoundError:
-                await js.add_stream(config)
-            return
+            return await call()
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
                 nats.js.errors.ServiceUnavailableError) as exc:  # fmt: skip
             problem = type(exc).__name__
@@ -130,8 +139,8 @@ async def _ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> None
             problem = "created meanwhile by another"
         if time.monotonic() + delay > deadline:
             raise Unreachable(
-                f"JetStream did not create or update stream {config.name} within "
-                f"{ENSURE_WITHIN_S:g}s ({problem}); is the NATS cluster up, with a meta leader?"
+                f"JetStream did not {what} within {ENSURE_WITHIN_S:g}s ({problem}); is the "
+                "NATS cluster up, with a meta leader?"
             )
         await asyncio.sleep(delay)  # backoff before asking again
         delay = min(delay * 2, 2.0)
