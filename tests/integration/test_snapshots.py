@@ -103,9 +103,16 @@ async def snapshotted(fleet: Fleet) -> tuple[int, int]:
         assert snapshotter is not None
         # a round once the stream is ``every`` past the mark: the last stands within that
         await until(lambda: snapshotter.mark > seq - co.settings.snapshot_every)
-        mark = snapshotter.mark
         # a tail that stays short of the next round: with the mark up to ``every`` - 1 behind,
-        # five more could cross it, and a snapshot taken after them leaves no tail at all
+        # five more could cross it, and a snapshot taken after them leaves no tail at all; a
+        # mark exactly ``every`` - 1 behind leaves room for none (CI: no tail, the replays ended
+        # at m-a's last message, not the stream's): one more of m-b's brings the next round
+        more = 20
+        while snapshotter.every - 1 - (seq - snapshotter.mark) < 1:
+            seq = await build(fleet, "m-b", range(more, more + 1))
+            more += 1
+            await until(lambda upto=seq: snapshotter.mark > upto - co.settings.snapshot_every)
+        mark = snapshotter.mark
         tail = min(5, snapshotter.every - 1 - (seq - mark))
         last = await build(fleet, "m-a", range(MISSION_EVENTS, MISSION_EVENTS + tail))
         await co.wait_applied(last)
