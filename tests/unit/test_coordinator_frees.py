@@ -191,10 +191,10 @@ class LateBus(FakeBus):
         return await super().publish(subject, data, msg_id=msg_id)
 
 
-@pytest.fixture
-async def late() -> AsyncIterator[Fleet]:
+async def over(bus: FakeBus) -> AsyncIterator[Fleet]:
+    """A started coordinator over ``bus``, with mission m1 and grant g (500 of 1,000)."""
     clock = ManualClock(T0)
-    bus, budget = LateBus(), FakeBudget(clock)
+    budget = FakeBudget(clock)
     co = new_coordinator(bus, budget, clock)
     await co.start()
     f = Fleet(co, bus, budget, clock)
@@ -212,6 +212,12 @@ async def late() -> AsyncIterator[Fleet]:
         yield f
     finally:
         await co.stop()
+
+
+@pytest.fixture
+async def late() -> AsyncIterator[Fleet]:
+    async for f in over(LateBus()):
+        yield f
 
 
 async def test_an_effect_append_that_lands_late_is_still_applied_in_redis(late: Fleet) -> None:
@@ -303,25 +309,8 @@ class RefusedRetryBus(FakeBus):
 
 @pytest.fixture
 async def refused() -> AsyncIterator[Fleet]:
-    clock = ManualClock(T0)
-    bus, budget = RefusedRetryBus(), FakeBudget(clock)
-    co = new_coordinator(bus, budget, clock)
-    await co.start()
-    f = Fleet(co, bus, budget, clock)
-    await f.manage(
-        "mission.create",
-        {"purpose": "pay", "owner": "olga", "ceiling": 1_000, "expires_at": T0 + DAY},
-    )
-    authority = Authority.of(["pay"], may_delegate=True).model_dump(mode="json")
-    await f.manage(
-        "grant.issue",
-        {"grant_id": "g", "holder": "agent-1", "purpose": "pay", "owner": "olga",
-         "authority": authority, "budget": 500},
-    )  # fmt: skip
-    try:
+    async for f in over(RefusedRetryBus()):
         yield f
-    finally:
-        await co.stop()
 
 
 async def test_a_decision_stored_then_refused_on_its_retry_keeps_its_money(
