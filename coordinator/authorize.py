@@ -22,6 +22,7 @@ from coordinator.reconcile import (
     Undecided,
     authorize_reservation_id,
     follow,
+    outcome_msg_id,
     return_unrecorded,
     unrecorded_return,
 )
@@ -60,11 +61,13 @@ DECISION_RECORD_SLACK = 8 * 1024
 Respond = Callable[[AuthorizeReply], Awaitable[None]]
 
 
-def decision_msg_id(events: list[Event]) -> str:
-    """The ``Nats-Msg-Id`` of an action's decision: the same for every attempt at it."""
-    receipt = events[-1].payload
-    assert isinstance(receipt, DecisionRecorded)
-    return f"decision:{events[-1].mission_id}:{receipt.action_id}"
+def decision_msg_id(mission_id: str, action_id: str, *, after_return: bool = False) -> str:
+    """The ``Nats-Msg-Id`` of an action's decision: the same for every attempt at it, and for
+    the return that stands in for it (``outcome_msg_id``), so the stream keeps one of them. A
+    decision made once that return is on the record (``after_return``: its reservation there,
+    no decision) has an id of its own, the same for each of its attempts."""
+    first = outcome_msg_id(mission_id, action_id)
+    return f"{first}:after-return" if after_return else first
 
 
 class Authorizer:
@@ -198,7 +201,11 @@ class Authorizer:
         parent = requested.event_id if existing is None else None
         rid = authorize_reservation_id(action.action_id)
         reservation_id: str | None = None
-        if rid in state.reservations and decision.allowed and action.cost > 0:
+        # the record holds this action's reservation with no decision: its return stands in
+        # for the first decision (under that one's message id); this one has an id of its own
+        after_return = rid in state.reservations
+        msg_id = decision_msg_id(mid, action.action_id, after_return=after_return)
+        if after_return and decision.allowed and action.cost > 0:
             # the record holds this action's reservation with no decision: its money was
             # returned (an earlier attempt's append was refused). Redis would answer a reserve
             # under the same id with that reservation, and the fold refuses a message reserving
@@ -230,8 +237,8 @@ class Authorizer:
         )  # fmt: skip
         events.append(receipt)
         seq = await self._record(
-            mid, events, receipt_stream_subject(mid, action.action_id, nonce), reservation_id,
-            lease,
+            mid, events, receipt_stream_subject(mid, action.action_id, nonce), msg_id,
+            reservation_id, lease,
         )  # fmt: skip
         if seq.duplicate:  # another attempt's decision for this action is stored: it stands
             return await self._answer_stored(req, seq, reservation_id)
@@ -290,6 +297,15 @@ class Authorizer:
         journal, mid, action = self.journal, req.mission_id, req.request
         await journal.wait_applied(seq)
         state = journal.state(mid)
+        if action.action_id not in state.actions:
+            # what the stream holds under the decision's id is the return that stood in for
+            # it (``outcome_msg_id``), stored before this was decided: the record keeps that
+            # return, Redis follows it, and the action is decided again on it
+            self._follow_record(mid, authorize_reservation_id(action.action_id))
+            raise Unreachable(
+                f"action {action.action_id}'s money was returned on the record while this "
+                "was decided; nothing was recorded for this attempt: ask again"
+            )
         if reservation_id is not None and reservation_id not in state.reservations:
             # undecided until returned (recorded, then freed): if that fails, the reconciler does
             self.undecided.add(mid, reservation_id, action.action_id, journal.clock.now())
@@ -356,6 +372,7 @@ class Authorizer:
         mission_id: str,
         events: list[Event],
         subject: str,
+        msg_id: str,
         reservation_id: str | None,
         lease: Held | None = None,
     ) -> Stored:
@@ -371,9 +388,7 @@ class Authorizer:
                 # one message id per action's decision: however many attempts (a coordinator
                 # that gave up or died with an append in flight, its successor), JetStream
                 # stores one decision and answers the others as duplicates of it
-                return await self.journal.append(
-                    events, subject, msg_id=decision_msg_id(events), lease=lease
-                )
+                return await self.journal.append(events, subject, msg_id=msg_id, lease=lease)
             except NotOwner:
                 # another coordinator owns the mission now (fenced): nothing was stored, and
                 # what Redis holds is the new owner's to reconcile, never ours to give back
@@ -412,10 +427,17 @@ class Authorizer:
 
     async def _give_back(self, mission_id: str, reservation_id: str) -> None:
         """Return what Redis holds for a decision whose append was refused: recorded, then
-        freed (``return_unrecorded``); undecided until done (due at once)."""
+        freed (``return_unrecorded``); undecided until done (due at once). An earlier attempt
+        of that decision may be stored unseen (its ack lost, its entry committed by a stream
+        leader elected since): the return stands in for it, under its message id, so the
+        stream keeps that decision (the return is a duplicate, nothing is freed) or the
+        return."""
         self._undecided(mission_id, reservation_id, 0)
+        action_id = reservation_id.removeprefix(AUTHORIZE_RESERVATION_PREFIX)
         with contextlib.suppress(FleetError):
-            await return_unrecorded(self.journal, self.budget, mission_id, reservation_id)
+            await return_unrecorded(
+                self.journal, self.budget, mission_id, reservation_id, instead_of=action_id
+            )
             self.undecided.discard(mission_id, reservation_id)
 
     def _count(self, decision: Decision) -> None:

@@ -55,6 +55,14 @@ def authorize_reservation_id(action_id: str) -> str:
     return f"{AUTHORIZE_RESERVATION_PREFIX}{action_id}"
 
 
+def outcome_msg_id(mission_id: str, action_id: str) -> str:
+    """The ``Nats-Msg-Id`` of what becomes of an action's reservation (``r-<action id>``): the
+    decision that counts it, or the return of its money when that decision may or may not be
+    stored. The same id for both, so JetStream stores one of them: a return racing the
+    decision it stands in for (stored unseen, its ack lost) is answered as a duplicate."""
+    return f"decision:{mission_id}:{action_id}"
+
+
 async def unrecorded_return(
     journal: Journal, budget: Budget, mission_id: str, reservation_id: str
 ) -> list[Event]:
@@ -87,18 +95,26 @@ async def unrecorded_return(
 
 
 async def return_unrecorded(
-    journal: Journal, budget: Budget, mission_id: str, reservation_id: str
+    journal: Journal,
+    budget: Budget,
+    mission_id: str,
+    reservation_id: str,
+    *,
+    instead_of: str | None = None,
 ) -> bool:
     """Give back what Redis holds for a reservation the ledger does not record: record what
     Redis did and the release, then free it in Redis. True if money was returned, False if
     Redis held none or the record held the reservation after all (the return was refused).
     Raises ``FleetError`` (Redis or the stream cannot answer): the caller
     keeps it undecided, and the next attempt finds the return on the record if it landed.
-    Call under the mission's lock."""
+    ``instead_of``: the action whose decision, perhaps stored unseen, the return stands in for:
+    it is stored under that decision's message id (``outcome_msg_id``), so the stream keeps
+    the decision or the return, never both. Call under the mission's lock."""
     events = await unrecorded_return(journal, budget, mission_id, reservation_id)
     if not events:
         return False
-    await journal.commit(events)
+    msg_id = outcome_msg_id(mission_id, instead_of) if instead_of is not None else None
+    await journal.commit(events, msg_id=msg_id)  # a duplicate: the decision stands, it follows
     return await follow(journal, budget, mission_id, reservation_id)
 
 
@@ -459,8 +475,10 @@ class Reconciler:
                         self.unapplied.add(mission_id, rid, journal.clock.now())
                     self.undecided.discard(mission_id, rid)
                     continue
-                try:
-                    done = await return_unrecorded(journal, self.budget, mission_id, rid)
+                try:  # its decision may be stored unseen still: the stream keeps one of them
+                    done = await return_unrecorded(
+                        journal, self.budget, mission_id, rid, instead_of=action_id
+                    )
                 except Unreachable:
                     continue  # still down: try again next round (the record says if it landed)
                 if done:
@@ -505,6 +523,7 @@ __all__ = [
     "Undecided",
     "authorize_reservation_id",
     "follow",
+    "outcome_msg_id",
     "return_unrecorded",
     "unrecorded_return",
 ]

@@ -480,3 +480,140 @@ async def test_an_unrecorded_expiry_on_a_grant_an_overrun_blocks_is_recorded(
     assert state.reservations["b-1"].state == "expired"
     assert redis_state(fleet, "b-1") == "expired"
     assert fleet.budget.used[(MID, "g")] == 150 == state.level("g").used
+
+
+class CommittedLateBus(FakeBus):
+    """A bus whose next publish times out unstored, its retry is refused outright, and the
+    first attempt is stored only as the publish after that arrives (a stream leader elected
+    meanwhile committing the entry its predecessor took: the lookup after the refusal saw
+    nothing yet)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.held: list[tuple[str, bytes, str, dict[str, str] | None]] = []
+        self.refused_once = False
+
+    async def publish(
+        self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
+    ) -> Stored:
+        if self.armed and not self.held:
+            self.held.append((subject, data, msg_id, headers))
+            raise ComponentTimeout(f"JetStream did not acknowledge {subject} (electing)")
+        if self.armed and not self.refused_once:
+            self.refused_once = True
+            raise InvalidInput(f"JetStream refused {subject}: JetStream cluster not ready")
+        if self.armed:  # the next write: the first attempt was committed just before it
+            self.armed = False
+            first, body, first_id, first_headers = self.held.pop()
+            await super().publish(first, body, msg_id=first_id, headers=first_headers)
+        return await super().publish(subject, data, msg_id=msg_id, headers=headers)
+
+
+async def test_a_return_racing_the_decision_it_stands_in_for_is_not_stored() -> None:
+    """The cluster chaos run's "fold rejects nothing" (seed 20261204): a decision's first
+    publish timed out, its retry was refused outright, and the look-up for the first found
+    nothing; the money was returned on the record, but the first attempt was committed just
+    before the return was stored. The fold refused the return (its reservation committed on
+    the record): nothing was freed, but a dead letter was written for a safe, expected race.
+    The return now carries the decision's message id: the stream keeps one of them."""
+    async for f in over(CommittedLateBus()):
+        bus = f.bus
+        assert isinstance(bus, CommittedLateBus)
+        bus.armed = True
+        with pytest.raises(InvalidInput, match="cluster not ready"):
+            await f.authorize("a1", cost=100)
+        state = f.co.states[MID]
+        assert state.reservations["r-a1"].state == "committed"  # the decision stands
+        assert [s for s, _ in bus.elsewhere] == []  # no dead letter: the return was a duplicate
+        assert redis_state(f, "r-a1") == "committed"
+        assert f.budget.used[(MID, "mission")] == 100 == state.level("mission").used
+        reply = await f.authorize("a1", cost=100)  # its retry: the stored decision
+        assert reply.decision.allowed and reply.replayed and reply.reservation_id == "r-a1"
+
+
+class UnseenBus(FakeBus):
+    """A bus whose publishes time out unstored while ``holding``; the first of them is stored
+    just before the next publish once ``holding`` ends (an entry committed late)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = False
+        self.held: list[tuple[str, bytes, str, dict[str, str] | None]] = []
+
+    async def publish(
+        self, subject: str, data: bytes, *, msg_id: str, headers: dict[str, str] | None = None
+    ) -> Stored:
+        if self.holding:
+            self.held.append((subject, data, msg_id, headers))
+            raise ComponentTimeout(f"JetStream did not acknowledge {subject} (electing)")
+        if self.held:
+            first, body, first_id, first_headers = self.held[0]
+            self.held.clear()
+            await super().publish(first, body, msg_id=first_id, headers=first_headers)
+        return await super().publish(subject, data, msg_id=msg_id, headers=headers)
+
+
+async def test_the_reconciler_s_return_racing_a_late_decision_is_not_stored() -> None:
+    """The same race on the reconciler's side: every attempt of a decision's append timed
+    out, and its first was committed only as the reconciler stored the return of its money
+    (the lease over): that return stands in for the decision, under its message id."""
+    async for f in over(UnseenBus()):
+        bus = f.bus
+        assert isinstance(bus, UnseenBus)
+        bus.holding = True
+        with pytest.raises(ComponentTimeout):
+            await f.authorize("a1", cost=100)
+        bus.holding = False
+        assert (MID, "r-a1") in f.co.reconciler.undecided
+        f.clock.advance(timedelta(seconds=LEASE_S + 1))
+        assert await f.co.sweep_once() == 0  # nothing returned: the decision was stored
+        state = f.co.states[MID]
+        assert state.reservations["r-a1"].state == "committed"
+        assert [s for s, _ in bus.elsewhere] == []
+        assert redis_state(f, "r-a1") == "committed"
+        assert f.budget.used[(MID, "mission")] == 100 == state.level("mission").used
+        assert len(f.co.reconciler.undecided) == 0
+
+
+async def test_a_decision_meeting_the_return_under_its_id_is_decided_again_on_it(
+    fleet: Fleet,
+) -> None:
+    """The other order: the return is stored first (under the decision's message id) and
+    reaches this coordinator's fold late; a retry decided meanwhile is a duplicate of it. The
+    retry is answered "ask again" (nothing of it was recorded), and asked again it is decided
+    on the return: denied (budget_record), under an id of its own, and recorded."""
+    import asyncio
+
+    from coordinator.reconcile import outcome_msg_id
+    from ledger.events import BudgetReleased, make_event
+
+    reserved, committed = await fleet.budget.reserve_committed(MID, ["g"], "r-a1", 100, LEASE_S)
+    at = fleet.clock.now()
+    back = [
+        make_event(reserved.ledger_payload(unrecorded=True), mission_id=MID, at=at, grant_id="g"),
+        make_event(committed.ledger_payload(), mission_id=MID, at=at, grant_id="g"),
+        make_event(BudgetReleased(reservation_id="r-a1"), mission_id=MID, at=at, grant_id="g"),
+    ]
+    fleet.bus.delivering.clear()  # stored, not yet folded here
+    await fleet.bus.publish(
+        subject_of(back[-1]), bundle_json(back), msg_id=outcome_msg_id(MID, "a1")
+    )
+    fleet.budget.calls.clear()
+    retry = asyncio.create_task(fleet.authorize("a1", cost=100))
+    for _ in range(1000):  # until the retry has reserved (Redis answers with what it holds)
+        if "reserve_committed" in fleet.budget.calls or retry.done():
+            break
+        await asyncio.sleep(0)
+    fleet.bus.delivering.set()
+    with pytest.raises(Unreachable, match="returned on the record while this was decided"):
+        await retry
+    state = fleet.co.states[MID]
+    assert state.reservations["r-a1"].state == "released" and "a1" not in state.actions
+    again = await fleet.authorize("a1", cost=100)
+    assert not again.decision.allowed and again.decision.rule == "budget_record"
+    assert "a1" in fleet.co.states[MID].actions and again.decision_seq is not None
+    await fleet.co.sweep_once()
+    assert redis_state(fleet, "r-a1") == "released"
+    assert fleet.budget.used[(MID, "mission")] == 0 == state.level("mission").used
+    assert fleet.bus.elsewhere == []

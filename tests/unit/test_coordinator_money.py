@@ -195,7 +195,7 @@ async def test_a_decision_an_earlier_attempt_stored_is_the_answer_not_a_second_o
     earlier = [requested, denied]
     await fleet.bus.publish(
         receipt_stream_subject(MID, "a1", None), bundle_json(earlier),
-        msg_id=decision_msg_id(earlier),
+        msg_id=decision_msg_id(MID, "a1"),
     )  # fmt: skip
     reply = await fleet.authorize("a1", cost=100)  # decided before the earlier one arrived
     assert reply.decision is not None and not reply.decision.allowed
@@ -285,7 +285,7 @@ async def test_money_a_stored_decision_counts_is_never_returned_by_a_retry_dedup
     fleet.bus.delivering.clear()  # stored, not yet folded here
     await fleet.bus.publish(
         receipt_stream_subject(MID, "a1", None), bundle_json(earlier),
-        msg_id=decision_msg_id(earlier),
+        msg_id=decision_msg_id(MID, "a1"),
     )  # fmt: skip
     fleet.budget.failing = {"reserve_committed"}
     with pytest.raises(Unreachable, match="budget store unreachable"):
