@@ -51,6 +51,7 @@ from ledger.clock import Clock
 from ledger.errors import Fenced, FleetError, InvalidInput, NotOwner, Unreachable
 from ledger.events import Event, bundle_json, make_event
 from ledger.identity import seal_message
+from ledger.message_ids import message_id
 from ledger.mission import MissionState
 from ledger.protocol import subject_of
 from telemetry import (
@@ -384,7 +385,8 @@ class Journal:
                 headers = {**(headers or {}), **self.fences.headers(last.mission_id)}
             if len(self._own) < OWN_CACHE_LIMIT:
                 self._own[body] = tuple(events)
-            msg_id = msg_id or str(last.event_id)
+            # a name (``decision:...``) keyed: nobody without the coordinator key can take it
+            msg_id = message_id(msg_id, self.seed) if msg_id else str(last.event_id)
             unsure = last.mission_id in self._unsure
             try:
                 seq = await self.bus.publish(subject, body, msg_id=msg_id, headers=headers)

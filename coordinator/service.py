@@ -45,6 +45,7 @@ from fleetbus.identity import KeyStore, seed_of
 from ledger.clock import Clock, SystemClock
 from ledger.errors import Fenced, FleetError
 from ledger.kernel import Kernel, decide
+from ledger.message_ids import message_id
 from ledger.mission import MissionState
 from ledger.partition import epoch_subject, marker_epoch
 from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT, partition_subject
@@ -330,10 +331,9 @@ class Coordinator:
                     partition=partition,
                 )
             expect = {EXPECTED_LAST_SUBJECT_SEQ: str(last.seq if last is not None else 0)}
+            msg_id = message_id(f"epoch:{partition}:{epoch}", self.journal.seed)  # unguessable
             with contextlib.suppress(Fenced):  # refused: another marker came in between
-                stored = await self.bus.publish(
-                    subject, marker, msg_id=f"epoch:{partition}:{epoch}", headers=expect
-                )
+                stored = await self.bus.publish(subject, marker, msg_id=msg_id, headers=expect)
                 return int(stored)
         raise Fenced(
             f"partition {partition}: other markers kept coming while epoch {epoch} was written "

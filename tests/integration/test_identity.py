@@ -494,3 +494,45 @@ async def test_the_role_cli_binds_lists_and_refuses_bad_input(
         "controller",
     )  # fmt: skip
     assert code == 0
+
+
+async def test_a_node_key_cannot_pre_empt_a_decision_by_its_message_id(
+    secured: tuple[Path, str, Coordinator],
+) -> None:
+    """Found thinking as the agent: a node key may publish its observations on the ledger
+    stream, with any ``Nats-Msg-Id``. Stored first under the id the coordinator gives an
+    action's decision (``decision:<mission>:<action>``, known to whoever names the action),
+    a junk message made JetStream answer the decision as its duplicate: nothing was stored,
+    and the action could never be decided (likewise an effect, or a takeover's epoch
+    marker). The coordinator's message ids are keyed with the fleet's coordinator key now."""
+    import nats
+
+    from fleetbus.identity import KeyStore
+    from ledger.kernel import ActionRequest
+
+    root, url, co = secured
+    await grant_mission(secured, "m-preempt")
+    keys = KeyStore(root)
+    raw = await nats.connect(url, nkeys_seed_str=keys.seed("node-1"))
+    node = await FleetClient.connect(
+        url, seed=keys.seed("node-1"), node_id="node-1", agent_id="claude",
+        principals=keys.directory,
+    )  # fmt: skip
+    try:
+        before = co.dead_letters
+        for name in ("decision:m-preempt:a1", "effect:m-preempt:a1:accepted"):
+            await raw.publish(  # no ack to wait for: a node may not read the API's answers
+                "fleet.ledger.m-preempt.item.captured", b"{}", headers={"Nats-Msg-Id": name}
+            )
+        await raw.flush()
+        async with asyncio.timeout(10):  # stored: the coordinator dead-letters the junk
+            while co.dead_letters < before + 2:
+                await asyncio.sleep(0.02)
+        req = ActionRequest(action_id="a1", grant_id="g", action="git.push", cost=5,
+                            idempotency_key="k-a1")  # fmt: skip
+        reply = await node.authorize("m-preempt", req)
+        assert reply.decision is not None and reply.decision.allowed, reply
+        assert co.states["m-preempt"].actions["a1"].status.value == "accepted"
+    finally:
+        await node.close()
+        await raw.close()
