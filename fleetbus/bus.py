@@ -463,6 +463,8 @@ class JetStreamBus:
             raw = await self.js.get_msg(STREAM, seq)
         except NotFoundError:
             return None
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
         return StreamMessage(seq, raw.subject or "", raw.data or b"", raw.headers)
 
     async def last_on(self, subject: str) -> StreamMessage | None:

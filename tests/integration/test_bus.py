@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
+
 import nats
+import pytest
 
 from fleetbus.bus import JetStreamBus
+from ledger.errors import Unreachable
 from ledger.ids import new_id
 
 
@@ -30,3 +36,30 @@ async def test_a_request_sent_the_moment_serve_returns_is_answered(nats_url: str
     finally:
         await asker.close()
         await bus.close()
+
+
+async def test_reads_of_a_paused_nats_fail_closed_naming_it(tmp_path: Path) -> None:
+    """Found by the cluster chaos run (seed 20261204): a retried authorize is answered from its
+    stored receipt, read from the stream by sequence; with NATS not answering, that read raised
+    nats' own timeout, the request handler died with a traceback and the requester heard
+    nothing. Every read of the adapter fails as ``Unreachable`` naming JetStream."""
+    from fleetledger.servers import EmbeddedServers
+
+    with EmbeddedServers(tmp_path) as servers:
+        bus = await JetStreamBus.connect(servers.nats_url, name="test-paused")
+        try:
+            stored = await bus.publish("fleet.ledger.m1.item.captured", b"{}", msg_id="x1")
+            assert (await bus.message(int(stored))) is not None
+            nats_proc = servers.nats
+            assert nats_proc is not None
+            os.kill(nats_proc.proc.pid, signal.SIGSTOP)
+            try:
+                for read in (lambda: bus.message(int(stored)),
+                             lambda: bus.last_on("fleet.ledger.m1.item.captured"),
+                             bus.last_seq):  # fmt: skip
+                    with pytest.raises(Unreachable, match="JetStream is unreachable"):
+                        await read()
+            finally:
+                os.kill(nats_proc.proc.pid, signal.SIGCONT)
+        finally:
+            await bus.close()
