@@ -300,8 +300,13 @@ class Authorizer:
         if action.action_id not in state.actions:
             # what the stream holds under the decision's id is the return that stood in for
             # it (``outcome_msg_id``), stored before this was decided: the record keeps that
-            # return, Redis follows it, and the action is decided again on it
-            self._follow_record(mid, authorize_reservation_id(action.action_id))
+            # return, Redis follows it, and the action is decided again on it. Anything else
+            # there (refused by the fold) leaves this attempt's money undecided: the record
+            # decides it after the lease
+            rid = authorize_reservation_id(action.action_id)
+            self._follow_record(mid, rid)
+            if reservation_id is not None and reservation_id not in state.reservations:
+                self._undecided(mid, reservation_id, self.lease_s)
             raise Unreachable(
                 f"action {action.action_id}'s money was returned on the record while this "
                 "was decided; nothing was recorded for this attempt: ask again"

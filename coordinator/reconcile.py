@@ -38,7 +38,7 @@ from coordinator.branches import BranchRecorder
 from coordinator.journal import Journal
 from coordinator.unapplied import Unapplied
 from fleetbus.bus import cancel_requested
-from ledger.errors import FleetError, InvalidInput, RuleViolation, Unreachable
+from ledger.errors import FleetError, InvalidInput, RuleViolation
 from ledger.events import MAX_BUNDLE_EVENTS, BudgetExpired, BudgetReleased, Event
 from ledger.mission import ReservationState
 from ledger.protocol import AUTHORIZE_RESERVATION_PREFIX  # authorize reserves r-<action id>
@@ -114,8 +114,12 @@ async def return_unrecorded(
     if not events:
         return False
     msg_id = outcome_msg_id(mission_id, instead_of) if instead_of is not None else None
-    await journal.commit(events, msg_id=msg_id)  # a duplicate: the decision stands, it follows
-    return await follow(journal, budget, mission_id, reservation_id)
+    stored = await journal.commit(events, msg_id=msg_id)
+    if stored.duplicate and reservation_id not in journal.state(mission_id).reservations:
+        # what holds the id is no decision counting the money (one the fold refused): none
+        # can be stored under it now, so the return is stored under its own
+        await journal.commit(events)
+    return await follow(journal, budget, mission_id, reservation_id)  # a decision: it stands
 
 
 async def follow(journal: Journal, budget: Budget, mission_id: str, reservation_id: str) -> bool:
@@ -479,8 +483,12 @@ class Reconciler:
                     done = await return_unrecorded(
                         journal, self.budget, mission_id, rid, instead_of=action_id
                     )
-                except Unreachable:
-                    continue  # still down: try again next round (the record says if it landed)
+                except FleetError as exc:  # Redis or the stream could not (a decision under
+                    # the same id still in flight is refused as "in process"): next round, the
+                    # record says if either landed; the rest of this round goes on
+                    log.warning("returning %s of mission %s postponed: %s", rid, mission_id,
+                                exc.message)  # fmt: skip
+                    continue
                 if done:
                     returned += 1
                     log.warning(

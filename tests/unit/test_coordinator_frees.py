@@ -617,3 +617,58 @@ async def test_a_decision_meeting_the_return_under_its_id_is_decided_again_on_it
     assert redis_state(fleet, "r-a1") == "released"
     assert fleet.budget.used[(MID, "mission")] == 0 == state.level("mission").used
     assert fleet.bus.elsewhere == []
+
+
+async def test_a_return_the_stream_refuses_postpones_it_and_the_round_goes_on(
+    fleet: Fleet,
+) -> None:
+    """Found by review: the reconciler's return now shares the message id of a decision that
+    may still be in flight, which JetStream refuses outright ("duplicate message id is in
+    process"); that refusal escaped the sweep and ended its round, the other returns and the
+    expiries with it. It is postponed to the next round; the rest goes on."""
+    from coordinator.authorize import APPEND_ATTEMPTS
+
+    for aid in ("a1", "a2"):
+        fleet.bus.fail_next = [Unreachable("NATS is down")] * APPEND_ATTEMPTS
+        with pytest.raises(Unreachable):
+            await fleet.authorize(aid, cost=100)  # never stored: undecided
+    fleet.clock.advance(timedelta(seconds=LEASE_S + 1))
+    fleet.bus.fail_next = [InvalidInput("duplicate message id is in process")]
+    assert await fleet.co.sweep_once() == 1  # one returned, the other postponed
+    assert len(fleet.co.reconciler.undecided) == 1
+    assert await fleet.co.sweep_once() == 1  # the next round returns it
+    state = fleet.co.states[MID]
+    assert {state.reservations[r].state for r in ("r-a1", "r-a2")} == {"released"}
+    assert fleet.budget.used[(MID, "mission")] == 0 == state.level("mission").used
+
+
+async def test_money_of_a_decision_meeting_a_refused_message_under_its_id_stays_undecided(
+    fleet: Fleet,
+) -> None:
+    """Found by review: what the stream holds under the decision's id may be a message the
+    fold refused (neither that decision nor its return). The attempt is answered "ask again",
+    and the money it reserved was neither recorded nor undecided: held in Redis for good. It
+    is undecided now, and returned after the lease under an id of its own (no decision can be
+    stored under the taken one)."""
+    from coordinator.authorize import decision_msg_id
+    from ledger.events import DecisionRecorded, make_event
+
+    refused = make_event(
+        DecisionRecorded(
+            action_id="zz", action="pay", allowed=True, reason="ok", cut=1, policy_version="p"
+        ),
+        mission_id=MID,
+        at=fleet.clock.now(),
+        grant_id="g",
+    )  # fmt: skip  (a decision of no requested action: the fold refuses it)
+    await fleet.bus.publish(
+        subject_of(refused), bundle_json([refused]), msg_id=decision_msg_id(MID, "a1")
+    )
+    with pytest.raises(Unreachable, match="ask again"):
+        await fleet.authorize("a1", cost=100)
+    assert (MID, "r-a1") in fleet.co.reconciler.undecided
+    fleet.clock.advance(timedelta(seconds=LEASE_S + 1))
+    assert await fleet.co.sweep_once() == 1
+    assert fleet.co.states[MID].reservations["r-a1"].state == "released"
+    assert redis_state(fleet, "r-a1") == "released"
+    assert fleet.budget.used[(MID, "mission")] == 0
