@@ -22,11 +22,11 @@ from coordinator.riskboard import RiskBoard
 from coordinator.snapshots import Restored
 from fleetbus.bus import Bus, StreamMessage
 from ledger.errors import FleetError, InvalidInput, RuleViolation
-from ledger.events import DecisionRecorded, Event, RiskOpened, RiskTreated, read_message
-from ledger.identity import Principal, as_of, check_origins
+from ledger.events import DecisionRecorded, Event, RiskOpened, RiskTreated
+from ledger.identity import Principal, admit, as_of
 from ledger.mission import MissionState, apply_message
 from ledger.partition import is_epoch_subject
-from ledger.protocol import ErrorBody, check_message, deadletter_subject
+from ledger.protocol import ErrorBody, deadletter_subject
 from telemetry import Telemetry
 
 log = logging.getLogger("fleetledger.coordinator.ingest")
@@ -215,10 +215,7 @@ def fold_message(
         if own is not None:
             events, origins = own, [None] * len(own)
         else:
-            message = read_message(data)
-            events = message.events
-            check_message(subject, events)
-            origins = check_origins(message, directory)  # who produced it, and may they
+            events, origins = admit(subject, data, directory)  # who produced it, may they
     except FleetError as exc:
         return [(None, exc)]
     refused = next(((i, o) for i, o in enumerate(origins) if o is not None), None)

@@ -33,10 +33,11 @@ from ledger.events import (
     LedgerMessage,
     acts_for,
     message_head,
+    read_message,
     seal,
 )
 from ledger.invariants import holds_role
-from ledger.protocol import NODE_KIND_PREFIXES
+from ledger.protocol import NODE_KIND_PREFIXES, check_message
 
 _USER_SEED = (18 << 3, 20 << 3)  # nkeys: 'S' seed prefix, then 'U' user type
 _PREFIX_USER = 20 << 3
@@ -233,6 +234,19 @@ def check_origins(
             continue
         out.append(None)
     return out
+
+
+def admit(
+    subject: str, data: bytes, principals: Mapping[str, Principal] | None
+) -> tuple[tuple[Event, ...], list[RuleViolation | None]]:
+    """The one check of a stored message before anything believes it (ingest, replay, a node
+    following the stream): parsed once; its subject says what it carries (``check_message``);
+    who produced each event, and may they (``check_origins``). Each event with the violation
+    that keeps it out, or None; ``FleetError`` when the message is unreadable or its subject
+    lies (none of it can be believed)."""
+    message = read_message(data)
+    check_message(subject, message.events)
+    return message.events, check_origins(message, principals)
 
 
 def receipt_signer(message: LedgerMessage, principals: Mapping[str, Principal]) -> Principal:
@@ -589,6 +603,7 @@ __all__ = [
     "NonceWindow",
     "Principal",
     "Role",
+    "admit",
     "as_of",
     "canonical",
     "check_acting_as",

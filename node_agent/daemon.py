@@ -96,8 +96,9 @@ class NodeAgent:
             self.store, settings.consequential, self._fleet, node_id=settings.node_id
         )
         self.follower = FleetFollower(
-            self.store, self.execution, follow_resources=settings.follow_fleet
-        )
+            self.store, self.execution, follow_resources=settings.follow_fleet,
+            principals=self._directory(),
+        )  # fmt: skip
         wake = self._wake
         self.routes: dict[str, Route] = {
             **TurnRoutes(settings, self.ledger, self.execution, wake).routes(),

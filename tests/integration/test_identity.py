@@ -536,3 +536,76 @@ async def test_a_node_key_cannot_pre_empt_a_decision_by_its_message_id(
     finally:
         await node.close()
         await raw.close()
+
+
+async def test_a_node_follows_only_the_resource_changes_their_nodes_signed(
+    tmp_path: Path,
+) -> None:
+    """Found by review: the follow stream copies every ``resource.modified`` as it is stored,
+    before a coordinator checked it, and any node key may publish one for any mission; the
+    follower folded them unchecked, so a node could make every other node block writes as
+    stale, or overwrite a real change's row and hide it. The follower admits each message as
+    the coordinator does (``ledger.identity.admit``): one claiming another node, or unsigned,
+    is skipped; one its node signed is folded."""
+    import shutil
+    import tempfile
+
+    import nats
+
+    from fleetbus.identity import KeyStore
+    from ledger.events import ResourceModified, bundle_json, make_event
+    from ledger.identity import seal_message
+    from ledger.protocol import subject_of
+    from node_agent.daemon import NodeAgent
+    from node_agent.settings import NodeSettings
+
+    keys = fleet_keys(tmp_path, ["node-1", "node-2"])
+    store = KeyStore(keys.root)
+    with EmbeddedServers(tmp_path, keys=keys) as servers:
+        settings = CoordinatorSettings(
+            nats_url=servers.nats_url, redis_url=servers.redis_url, http_port=0,
+            principal="coordinator", identity_dir=keys.root,
+        )  # fmt: skip
+        co = await Coordinator.from_settings(settings)
+        await co.start()
+        state_dir = Path(tempfile.mkdtemp(prefix="fl-follow-", dir="/tmp"))
+        agent = NodeAgent(
+            NodeSettings(state_dir=state_dir, node_id="node-1", nats_url=servers.nats_url,
+                         mission="m-res", principal="node-1", identity_dir=keys.root)
+        )  # fmt: skip
+        await agent.start()
+        raw = await nats.connect(servers.nats_url, nkeys_seed_str=store.seed("node-2"))
+        try:
+            async with asyncio.timeout(10):
+                while agent.follower.resources is None:
+                    await asyncio.sleep(0.02)
+
+            def modified(resource: str, node: str) -> Any:
+                payload = ResourceModified(resource_id=resource, version="v9")
+                return make_event(payload, mission_id="m-res", at=datetime.now(UTC), node_id=node)
+
+            forged = modified("claims-node-3", "node-3")  # node-2 signs what node-3 did
+            unsigned = modified("unsigned", "node-2")
+            real = modified("real", "node-2")
+            for event, body in (
+                (forged, seal_message([forged], store.seed("node-2"))),
+                (unsigned, bundle_json([unsigned])),
+                (real, seal_message([real], store.seed("node-2"))),
+            ):
+                await raw.publish(
+                    subject_of(event), body, headers={"Nats-Msg-Id": str(event.event_id)}
+                )
+            await raw.flush()
+            async with asyncio.timeout(10):
+                while agent.follower.folded < 1:
+                    await asyncio.sleep(0.02)
+            execution = agent.follower.execution
+            assert execution.last_modification("real") is not None
+            assert execution.last_modification("claims-node-3") is None
+            assert execution.last_modification("unsigned") is None
+            assert agent.follower.refused == 2
+        finally:
+            await raw.close()
+            await agent.stop()
+            await co.stop()
+            shutil.rmtree(state_dir, ignore_errors=True)
