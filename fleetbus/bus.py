@@ -65,6 +65,15 @@ def cancel_requested() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+# The record and its dead letters are append-only: no message deleted, no purge (nats-server
+# refuses to undo either by a later update), and none of the header features that let a
+# publisher remove what others stored (``Nats-Rollup``) or have it expire (``Nats-TTL``).
+def _append_only(config: api.StreamConfig) -> api.StreamConfig:
+    config.deny_delete = config.deny_purge = True
+    config.allow_rollup_hdrs = config.allow_msg_ttl = False
+    return config
+
+
 async def ensure_streams(
     js: JetStreamContext, *, replicas: int = 1, duplicate_window_s: float = 120.0
 ) -> None:
@@ -74,21 +83,25 @@ async def ensure_streams(
 
     The ledger stream republishes each stored decision receipt to its requester's receipt
     subject: an authorize answer is the durable receipt itself."""
-    ledger = api.StreamConfig(
-        name=STREAM,
-        subjects=[f"{SUBJECT_PREFIX}.>"],
-        storage=api.StorageType.FILE,
-        num_replicas=replicas,
-        duplicate_window=duplicate_window_s,
-        retention=api.RetentionPolicy.LIMITS,
-        max_msg_size=64 * 1024,
-        republish=api.RePublish(src=RECEIPT_REPUBLISH_SOURCE, dest=RECEIPT_REPUBLISH_DEST),
+    ledger = _append_only(
+        api.StreamConfig(
+            name=STREAM,
+            subjects=[f"{SUBJECT_PREFIX}.>"],
+            storage=api.StorageType.FILE,
+            num_replicas=replicas,
+            duplicate_window=duplicate_window_s,
+            retention=api.RetentionPolicy.LIMITS,
+            max_msg_size=64 * 1024,
+            republish=api.RePublish(src=RECEIPT_REPUBLISH_SOURCE, dest=RECEIPT_REPUBLISH_DEST),
+        )
     )
-    dead = api.StreamConfig(
-        name=DEADLETTER_STREAM,
-        subjects=[f"{DEADLETTER_PREFIX}.>"],
-        storage=api.StorageType.FILE,
-        num_replicas=replicas,
+    dead = _append_only(
+        api.StreamConfig(
+            name=DEADLETTER_STREAM,
+            subjects=[f"{DEADLETTER_PREFIX}.>"],
+            storage=api.StorageType.FILE,
+            num_replicas=replicas,
+        )
     )
     follow = api.StreamConfig(
         name=FOLLOW_STREAM,

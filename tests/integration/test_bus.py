@@ -63,3 +63,38 @@ async def test_reads_of_a_paused_nats_fail_closed_naming_it(tmp_path: Path) -> N
                 os.kill(nats_proc.proc.pid, signal.SIGCONT)
         finally:
             await bus.close()
+
+
+async def test_the_record_and_its_dead_letters_are_append_only(tmp_path: Path) -> None:
+    """Found by review: the ledger stream allowed purges and message deletes, and nothing kept
+    the header features that let a publisher remove what others stored (``Nats-Rollup``) or
+    have it expire (``Nats-TTL``) off; one setting away from a node key wiping the record.
+    Both streams are created (or updated) append-only, and nats-server refuses to undo it."""
+    import nats.js.errors
+
+    from fleetledger.servers import EmbeddedServers
+    from ledger.protocol import DEADLETTER_STREAM, STREAM
+
+    with EmbeddedServers(tmp_path) as servers:
+        bus = await JetStreamBus.connect(servers.nats_url, name="test-append-only")
+        try:
+            await bus.publish("fleet.ledger.m1.item.captured", b"{}", msg_id="x1")
+            for name in (STREAM, DEADLETTER_STREAM):
+                config = (await bus.js.stream_info(name)).config
+                assert config.deny_delete and config.deny_purge, name
+                assert not config.allow_rollup_hdrs and not config.allow_msg_ttl, name
+            with pytest.raises(nats.js.errors.Error, match="purge not permitted"):
+                await bus.js.purge_stream(STREAM)
+            with pytest.raises(nats.js.errors.Error, match="delete not permitted"):
+                await bus.js.delete_msg(STREAM, 1)
+            with pytest.raises(nats.js.errors.Error, match="rollup"):
+                await bus.js.publish(
+                    "fleet.ledger.m1.item.captured", b"{}", headers={"Nats-Rollup": "all"}
+                )
+            undo = (await bus.js.stream_info(STREAM)).config
+            undo.deny_purge = undo.deny_delete = False
+            with pytest.raises(nats.js.errors.Error, match="can not cancel deny"):
+                await bus.js.update_stream(undo)
+            assert (await bus.js.stream_info(STREAM)).state.messages == 1
+        finally:
+            await bus.close()
