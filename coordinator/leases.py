@@ -42,7 +42,8 @@ LEASE_SUBJECTS = f"$KV.{LEASE_BUCKET}"
 MEMBER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 PARTITION_KEY = "p."
 MEMBER_KEY = "m."
-MEMBER_P = " partitions="  # a member key's value: "<id> partitions=<P>" (its FLEET_PARTITIONS)
+MEMBER_P = " partitions="  # a member key's value: "<id> partitions=<P> ids=<key>" (its
+MEMBER_IDS = " ids="  # FLEET_PARTITIONS, and the fingerprint of the key of its message ids)
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 
@@ -238,10 +239,13 @@ class Leases:
         ttl_s: float,
         takeover: Takeover,
         lost: Lost,
+        ids: str = "",
     ) -> None:
         """``me``: this coordinator's id in the bucket, unique in the fleet and the same across
         its restarts (``FLEET_NODE_ID``): a restarted coordinator takes its own leases over at
-        once instead of waiting for them to expire."""
+        once instead of waiting for them to expire. ``ids``: the fingerprint of the key of its
+        message ids (``ledger.message_ids.fingerprint``), the same on every coordinator of a
+        fleet, or de-duplication between them fails."""
         if not MEMBER_ID.fullmatch(me):
             raise InvalidInput(
                 f"coordinator id {me!r} cannot name a lease (FLEET_NODE_ID: letters, digits, "
@@ -250,6 +254,7 @@ class Leases:
         self.js, self.kv = bucket.js, bucket.kv
         self.fences, self.me, self.ttl_s = fences, me, ttl_s
         self.takeover, self.lost = takeover, lost
+        self.ids = ids
         self._revs: dict[str, int] = {}  # key we hold -> its last revision
         # key -> when its last acknowledged renew was sent (the server's TTL runs from no
         # later than that)
@@ -304,19 +309,28 @@ class Leases:
         for p in sorted(self.fences.held):
             if not await self._renew(PARTITION_KEY + str(p)):
                 await self._lose(p)
-        counts, owners = await self._read()
+        counts, owners, keys = await self._read()
         others = {m: n for m, n in counts.items() if n is not None and n != self.fences.partitions}
-        if others and starting:  # two P would put one mission in two owners' partitions
-            with contextlib.suppress(nats.errors.Error, OSError):
-                await self.kv.delete(MEMBER_KEY + self.me)
+        strangers = {m: k for m, k in keys.items() if k and k != self.ids}
+        if (others or strangers) and starting:  # two P would put one mission in two owners'
+            with contextlib.suppress(nats.errors.Error, OSError):  # partitions; two keys, one
+                await self.kv.delete(MEMBER_KEY + self.me)  # action's decision stored twice
+            if others:
+                raise InvalidInput(
+                    f"FLEET_PARTITIONS is {self.fences.partitions} here but "
+                    + ", ".join(f"{n} on coordinator {m}" for m, n in sorted(others.items()))
+                    + ": it must be the same on every coordinator of a fleet (docs/partitions.md)"
+                )
             raise InvalidInput(
-                f"FLEET_PARTITIONS is {self.fences.partitions} here but "
-                + ", ".join(f"{n} on coordinator {m}" for m, n in sorted(others.items()))
-                + ": it must be the same on every coordinator of a fleet (docs/partitions.md)"
+                f"coordinators {', '.join(sorted(strangers))} run with another coordinator key "
+                "(FLEET_PRINCIPAL): every coordinator of a fleet runs as the same coordinator "
+                "principal, whose key names their writes (docs/partitions.md)"
             )
         if others:
             log.error("coordinators %s run with another FLEET_PARTITIONS; not counted", others)
-        members = {m for m in counts if m not in others}
+        if strangers:
+            log.error("coordinators %s run with another coordinator key; not counted", strangers)
+        members = {m for m in counts if m not in others and m not in strangers}
         self.members = members
         self.fences.owners = owners
         for p in sorted(p for p, owner in owners.items() if owner == self.me):
@@ -354,7 +368,7 @@ class Leases:
     def _value(self, key: str) -> bytes:
         """A partition key holds its owner's id; a member key also its P."""
         if key.startswith(MEMBER_KEY):
-            return f"{self.me}{MEMBER_P}{self.fences.partitions}".encode()
+            return f"{self.me}{MEMBER_P}{self.fences.partitions}{MEMBER_IDS}{self.ids}".encode()
         return self.me.encode()
 
     async def _create(self, key: str, value: bytes) -> int:
@@ -414,9 +428,10 @@ class Leases:
             self._wake.set()
         await asyncio.gather(*(self.lost(p) for p in expired))
 
-    async def _read(self) -> tuple[dict[str, int | None], dict[int, str]]:
+    async def _read(self) -> tuple[dict[str, int | None], dict[int, str], dict[str, str]]:
         """The bucket's live keys: each member with its P (None: not said), each partition with
-        its owner. One stream-info call lists them, one get per key reads its value (no
+        its owner, each member with its message-id key's fingerprint ('' if not said). One
+        stream-info call lists them, one get per key reads its value (no
         watcher: an expired key leaves nothing a watcher would see). Only APIs of the lease
         stream itself (``fleetbus.permissions``: the coordinator's)."""
         info = await self.js.stream_info(LEASE_STREAM, subjects_filter=f"{LEASE_SUBJECTS}.>")
@@ -424,16 +439,18 @@ class Leases:
         got = await asyncio.gather(*(self._last(subject) for subject in subjects))
         members: dict[str, int | None] = {}
         owners: dict[int, str] = {}
+        keys: dict[str, str] = {}
         for subject, owner in zip(subjects, got, strict=True):
             key = subject.removeprefix(LEASE_SUBJECTS + ".")
             if not owner:  # deleted, purged or expired since listed
                 continue
             if key.startswith(MEMBER_KEY):
-                said = owner.partition(MEMBER_P)[2]
+                said, _, ids = owner.partition(MEMBER_P)[2].partition(MEMBER_IDS)
                 members[key.removeprefix(MEMBER_KEY)] = int(said) if said.isdigit() else None
+                keys[key.removeprefix(MEMBER_KEY)] = ids
             elif key.startswith(PARTITION_KEY) and key.removeprefix(PARTITION_KEY).isdigit():
                 owners[int(key.removeprefix(PARTITION_KEY))] = owner
-        return members, owners
+        return members, owners, keys
 
     async def _last(self, subject: str) -> str:
         """The value of a key ('' when deleted or gone)."""

@@ -45,7 +45,7 @@ from fleetbus.identity import KeyStore, seed_of
 from ledger.clock import Clock, SystemClock
 from ledger.errors import Fenced, FleetError
 from ledger.kernel import Kernel, decide
-from ledger.message_ids import message_id
+from ledger.message_ids import fingerprint, message_id
 from ledger.mission import MissionState
 from ledger.partition import epoch_subject, marker_epoch
 from ledger.protocol import AUTHORIZE_SUBJECT, MANAGE_SUBJECT, VIEW_SUBJECT, partition_subject
@@ -150,7 +150,7 @@ class Coordinator:
             budget.fence_with(self.fences.epoch)  # every script carries the mission's epoch
             self.leases = Leases(
                 leases, self.fences, me=self.member, ttl_s=s.partition_lease_s,
-                takeover=self._takeover, lost=self._lost,
+                takeover=self._takeover, lost=self._lost, ids=fingerprint(self.journal.seed),
             )  # fmt: skip
 
     @classmethod

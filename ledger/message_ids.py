@@ -34,4 +34,12 @@ def message_id(name: str, seed: str | None) -> str:
     return f"{kind}:{digest}"
 
 
-__all__ = ["message_id"]
+def fingerprint(seed: str | None) -> str:
+    """A short name of the key ``message_id`` uses, to compare between coordinators without
+    telling it ('open' without identity)."""
+    if seed is None:
+        return "open"
+    return hashlib.blake2b(_key(seed), digest_size=6, person=b"fleet-msg-id-fp").hexdigest()
+
+
+__all__ = ["fingerprint", "message_id"]

@@ -18,14 +18,14 @@ class Member:
     """One coordinator's leases over the shared in-memory bucket, recording its takeovers and
     the partitions it stopped serving."""
 
-    def __init__(self, bucket: MemoryBucket, name: str, partitions: int) -> None:
+    def __init__(self, bucket: MemoryBucket, name: str, partitions: int, ids: str = "k1") -> None:
         self.taken: list[tuple[int, int]] = []
         self.lost: list[int] = []
         self.during: Any = None  # awaited inside the next takeover (a stall)
         shared: Any = bucket
         self.leases = Leases(
             LeaseBucket(js=shared, kv=shared), Fences(partitions), me=name, ttl_s=3.0,
-            takeover=self._takeover, lost=self._lost,
+            takeover=self._takeover, lost=self._lost, ids=ids,
         )  # fmt: skip
 
     async def _takeover(self, p: int, epoch: int) -> int:
@@ -72,6 +72,34 @@ async def test_a_coordinator_whose_partition_count_is_not_the_fleets_is_refused_
         assert "m.b" not in bucket.keys  # it left the bucket: nobody waits for it
         await running.leases.tick()
         assert sorted(running.leases.fences.held) == [0, 1, 2, 3]  # its share is not halved
+    finally:
+        await running.leases.stop()
+
+
+async def test_a_coordinator_running_with_another_coordinator_key_is_refused_at_start() -> None:
+    """Found by review: the message ids of the coordinator's writes are keyed with its key, so
+    coordinators of one fleet with two keys would give one action's decision two ids, and a
+    retry at one of an append in flight at the other would store a second decision."""
+    bucket = MemoryBucket()
+    running = Member(bucket, "a", 4, ids="k1")
+    await running.leases.start()
+    try:
+        wrong = Member(bucket, "b", 4, ids="k2")
+        with pytest.raises(InvalidInput, match="same coordinator principal"):
+            await wrong.leases.start()
+        assert wrong.taken == [] and not wrong.leases.fences.held
+        assert "m.b" not in bucket.keys
+        await bucket.create("m.z", b"z partitions=4 ids=k3")  # registered anyway: not counted
+        await running.leases.tick()
+        assert sorted(running.leases.fences.held) == [0, 1, 2, 3]
+        del bucket.keys["m.z"]  # gone (it stopped): one of the fleet's key takes its share
+        same = Member(bucket, "c", 4, ids="k1")
+        await same.leases.start()  # not refused
+        for _ in range(4):  # handed its share over the next rounds
+            await running.leases.tick()
+            await same.leases.tick()
+        assert len(same.leases.fences.held) == 2
+        await same.leases.stop()
     finally:
         await running.leases.stop()
 
