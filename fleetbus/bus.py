@@ -465,10 +465,15 @@ class JetStreamBus:
         try:
             while (item := await got.get()) is not None:
                 yield item
-            await reading  # its error, if it ended on one
-        finally:
+            try:
+                await reading  # its error, if it ended on one
+            except (nats.errors.Error, OSError, TimeoutError) as exc:
+                raise Unreachable(f"JetStream is unreachable: {type(exc).__name__}") from None
+        finally:  # stopped early, or its error raised above: the read's end is not news
             reading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(
+                asyncio.CancelledError, nats.errors.Error, OSError, TimeoutError
+            ):
                 await reading
 
     async def message(self, seq: int) -> StreamMessage | None:

@@ -39,10 +39,11 @@ async def test_a_request_sent_the_moment_serve_returns_is_answered(nats_url: str
 
 
 async def test_reads_of_a_paused_nats_fail_closed_naming_it(tmp_path: Path) -> None:
-    """Found by the cluster chaos run (seed 20261204): a retried authorize is answered from its
-    stored receipt, read from the stream by sequence; with NATS not answering, that read raised
-    nats' own timeout, the request handler died with a traceback and the requester heard
-    nothing. Every read of the adapter fails as ``Unreachable`` naming JetStream."""
+    """Found by the cluster chaos runs (seeds 20261204, 4242): a retried authorize is answered
+    from its stored receipt, read from the stream by sequence, and a view of a mission not held
+    here folds its history from the stream; with NATS not answering, those reads raised nats'
+    own timeout, the request handler died with a traceback and the requester heard nothing.
+    Every read of the adapter fails as ``Unreachable`` naming JetStream."""
     from fleetledger.servers import EmbeddedServers
 
     with EmbeddedServers(tmp_path) as servers:
@@ -59,6 +60,10 @@ async def test_reads_of_a_paused_nats_fail_closed_naming_it(tmp_path: Path) -> N
                              bus.last_seq):  # fmt: skip
                     with pytest.raises(Unreachable, match="JetStream is unreachable"):
                         await read()
+                with pytest.raises(Unreachable, match="JetStream is unreachable"):
+                    # a mission's history (a view folds it from the stream: seed 4242's
+                    # coordinator logs, the same traceback from the view request handler)
+                    _ = [m async for m in bus.history(int(stored), mission="m1")]
             finally:
                 os.kill(nats_proc.proc.pid, signal.SIGCONT)
         finally:
