@@ -26,6 +26,7 @@ from coordinator.reconcile import (
     return_unrecorded,
     unrecorded_return,
 )
+from coordinator.settings import APPEND_ATTEMPTS
 from coordinator.unapplied import Unapplied
 from fleetbus.bus import Request, Stored
 from ledger.errors import FleetError, InvalidInput, NotOwner, Rule, RuleViolation, Unreachable
@@ -54,7 +55,6 @@ from telemetry.conventions import (
 
 log = logging.getLogger("fleetledger.coordinator.authorize")
 
-APPEND_ATTEMPTS = 3  # publishes of one decision's events before the request fails
 # room a decision's message needs besides the action: reservation records and the receipt
 DECISION_RECORD_SLACK = 8 * 1024
 
@@ -453,4 +453,4 @@ class Authorizer:
             metrics.denials.add(1, {FLEET_DECISION_RULE: rule})
 
 
-__all__ = ["APPEND_ATTEMPTS", "Authorizer"]
+__all__ = ["Authorizer"]

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from fleetbus.bus import PUBLISH_TIMEOUT_S
 from fleetbus.settings import FleetBaseSettings
 from ledger.partition import DEFAULT_PARTITIONS, MAX_PARTITIONS
 from ledger.protocol import CONSUMER
+
+APPEND_ATTEMPTS = 3  # publishes of one decision's events, one message id, before it fails
+# JetStream must remember a decision's first attempt while its last may still be published
+# under the same id, else an ambiguous first one and a retry are both stored
+MIN_DUPLICATE_WINDOW_S = APPEND_ATTEMPTS * PUBLISH_TIMEOUT_S
 
 
 class CoordinatorSettings(FleetBaseSettings):
@@ -20,7 +26,7 @@ class CoordinatorSettings(FleetBaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)  # 0: pick a free port
     stream_replicas: int = Field(default=1, ge=1, le=5)
-    duplicate_window_s: float = Field(default=120.0, gt=0)
+    duplicate_window_s: float = Field(default=120.0, ge=MIN_DUPLICATE_WINDOW_S)
     lease_s: float = Field(default=300.0, gt=0)  # reservation lease for authorised actions
     cut_timeout_s: float = Field(default=2.0, gt=0)  # how long to wait to reach a sender's cut
     sweep_interval_s: float = Field(default=1.0, gt=0)

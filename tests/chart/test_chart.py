@@ -175,6 +175,18 @@ def test_schema_runs_one_nats_server_or_a_cluster_of_three(count: int) -> None:
         jsonschema.validate(values, SCHEMA)
 
 
+def test_schema_takes_a_duplicate_window_of_one_decisions_publishes_at_least() -> None:
+    """FLEET_DUPLICATE_WINDOW_S below 6 s is refused by the coordinator at start (an ambiguous
+    first publish of a decision and its retry under one message id would both be stored): the
+    values say so before anything renders."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    values["coordinator"]["settings"]["duplicateWindowS"] = 6
+    jsonschema.validate(values, SCHEMA)
+    values["coordinator"]["settings"]["duplicateWindowS"] = 1
+    with pytest.raises(jsonschema.ValidationError, match="1 is less than the minimum of 6"):
+        jsonschema.validate(values, SCHEMA)
+
+
 def test_schema_requires_an_external_url_when_nats_is_not_deployed() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     values["nats"]["enabled"] = False

@@ -21,8 +21,13 @@ def fleetledger(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("FLEET_PARTITIONS", "0"), ("FLEET_HTTP_PORT", "99999"), ("FLEET_PARTITION_LEASE_S", "x")],
-)
+    [
+        ("FLEET_PARTITIONS", "0"), ("FLEET_HTTP_PORT", "99999"), ("FLEET_PARTITION_LEASE_S", "x"),
+        # shorter than one decision's three publishes under one message id: an ambiguous
+        # first and its retry would both be stored (found by review)
+        ("FLEET_DUPLICATE_WINDOW_S", "1"),
+    ],
+)  # fmt: skip
 def test_coordinator_run_refuses_a_bad_setting_naming_it(name: str, value: str) -> None:
     done = fleetledger("coordinator", "run", **{name: value})
     assert done.returncode == 2, done.stderr

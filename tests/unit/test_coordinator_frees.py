@@ -361,7 +361,7 @@ async def test_a_decision_whose_every_append_failed_is_decided_by_the_record(
     """Every attempt of a decision's append ambiguous: its money was held for good unless the
     same request came again. It is undecided now: once its time is up, the reconciler follows
     the record (the decision was stored: it holds) or returns it."""
-    from coordinator.authorize import APPEND_ATTEMPTS
+    from coordinator.settings import APPEND_ATTEMPTS
 
     fleet.bus.lose_acks = APPEND_ATTEMPTS  # stored the first time, every ack lost
     with pytest.raises(ComponentTimeout):
@@ -626,7 +626,7 @@ async def test_a_return_the_stream_refuses_postpones_it_and_the_round_goes_on(
     may still be in flight, which JetStream refuses outright ("duplicate message id is in
     process"); that refusal escaped the sweep and ended its round, the other returns and the
     expiries with it. It is postponed to the next round; the rest goes on."""
-    from coordinator.authorize import APPEND_ATTEMPTS
+    from coordinator.settings import APPEND_ATTEMPTS
 
     for aid in ("a1", "a2"):
         fleet.bus.fail_next = [Unreachable("NATS is down")] * APPEND_ATTEMPTS
