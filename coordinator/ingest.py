@@ -117,7 +117,8 @@ class Ingest:
     async def _ingest(self, msg: StreamMessage) -> None:
         mission = _mission_of(msg.subject)
         if mission is not None and not self.journal.folds(mission):  # another's: not folded
-            self.journal.disown(mission, msg.data)
+            if self.journal.knows(mission) or self._creates(msg):
+                self.journal.disown(mission, msg.data)
             self.journal.applied_seq = msg.seq
             self.journal.progressed()
             return
@@ -133,6 +134,17 @@ class Ingest:
                 assert isinstance(payload, RiskOpened | RiskTreated)
                 await self.board.put(self.journal.states[event.mission_id], payload.risk_id)
         self.journal.progressed()
+
+    def _creates(self, msg: StreamMessage) -> bool:
+        """Whether another's message creates its mission (admitted and folded onto nothing, as
+        its owner folds it): only then is a mission not held here worth remembering. The
+        rest of a mission never created is refused by its owner, and remembering each name
+        would let any key that may publish grow every other coordinator's memory without
+        bound, a name a message (found by review)."""
+        if b"mission.created" not in msg.data:
+            return False
+        applied = self._fold({}, msg, own=None)
+        return bool(applied) and all(problem is None for _, problem in applied)
 
     def _apply(self, msg: StreamMessage) -> Applied:
         """Apply one stream message (an event or a bundle), each event in order; return each

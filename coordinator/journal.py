@@ -219,6 +219,10 @@ class Journal:
         fences = self.fences
         return fences is None or self.owns(mission_id) or fences.of(mission_id) in self.taking
 
+    def knows(self, mission_id: str) -> bool:
+        """Whether the mission is held here, in memory or cold (another's too)."""
+        return mission_id in self.states or mission_id in self.cold
+
     def disown(self, mission_id: str, data: bytes) -> None:
         """A message of another's mission (``folds`` is False), not folded: the mission goes
         cold with a fresh negative mark (a load under way is not kept: it missed this), so

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -105,6 +106,33 @@ async def test_each_coordinator_folds_only_its_own_missions_and_views_read_the_r
             for mid in by_partition.values():
                 view = await unaware.view(mid)
                 assert [d.allowed for d in view.decisions] == [True]
+
+
+async def test_a_mission_never_created_leaves_nothing_at_any_coordinator(
+    pair: list[Coordinator], own_servers: EmbeddedServers
+) -> None:
+    """Found by review: another's message made its mission cold here whatever its name (a
+    negative mark; a risk's, on the risky list too), so any key that may publish on the
+    ledger grew every other coordinator's memory by a name per message, for missions that do
+    not exist (their owners refuse all of it). Only a mission created (its creation admitted
+    and folded, as its owner does) is remembered; the rest leaves nothing anywhere."""
+    by_partition = missions_per_partition()
+    junk = [f"junk-{os.urandom(3).hex()}-{i}" for i in range(2 * P)]
+    risk = RiskOpened(risk_id="k1", blocks=frozenset({"credit.issue"}), owner="o", summary="s")
+    async with await FleetClient.connect(own_servers.nats_url, partitions=P) as fleet:
+        for mid in by_partition.values():
+            await make_mission(fleet, mid)
+        for mid in junk:  # a risk of a mission never created, one name each
+            await fleet.publish(make_event(risk, mission_id=mid, at=datetime.now(UTC)))
+        last = (await fleet.js.stream_info("FLEET_LEDGER")).state.last_seq
+        for co in pair:
+            await co.wait_applied(last, 10)
+    for mid in by_partition.values():  # a mission created: its owner folds it, the other knows it
+        owner, other = owner_of(pair, mid)
+        assert mid in owner.journal.states and other.journal.cold[mid] < 0
+    for co in pair:
+        held = set(co.journal.cold) | co.journal.risky | set(co.journal.states)
+        assert not held & set(junk), sorted(held & set(junk))
 
 
 async def test_a_takeover_decides_from_what_the_older_owner_stored(
