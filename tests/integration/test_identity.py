@@ -532,6 +532,8 @@ async def test_a_node_key_cannot_pre_empt_a_decision_by_its_message_id(
                             idempotency_key="k-a1")  # fmt: skip
         reply = await node.authorize("m-preempt", req)
         assert reply.decision is not None and reply.decision.allowed, reply
+        assert reply.decision_seq is not None
+        await co.wait_applied(reply.decision_seq)  # the answer comes once stored, before the fold
         assert co.states["m-preempt"].actions["a1"].status.value == "accepted"
     finally:
         await node.close()
